@@ -1,0 +1,87 @@
+# meshmoe — see README.md. Targets: all run check bench clean. CUDA=1|0 (default: on when nvcc is found).
+BUILD    ?= build
+CXX      := mpicxx
+OPT      ?= -O2 -march=x86-64-v2
+CXXFLAGS ?= $(OPT) -g
+PKGS     := hdf5-openmpi openblas tomlplusplus
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+ALL_CXXFLAGS = -std=c++20 -DOMPI_SKIP_MPICXX -Wall -Wextra -Wno-unused-parameter -MMD -MP -Isrc $(PKG_CFLAGS) $(CXXFLAGS)
+LDLIBS   := $(PKG_LIBS) -lm
+
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
+ifeq ($(NVCC),)
+  CUDA ?= 0
+else
+  CUDA ?= 1
+endif
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH  ?= -gencode arch=compute_90,code=sm_90
+MPI_CFLAGS := $(shell pkg-config --cflags ompi-cxx 2>/dev/null)
+
+# SRC_DIRS / TEST_SRC narrow a build to some parts (used while several people work on the tree).
+SRC_DIRS ?= src
+SRC      := $(shell find $(SRC_DIRS) -name '*.cpp' ! -path src/main.cpp | sort)
+CU_SRC   :=
+ifeq ($(CUDA),1)
+  CU_SRC := $(shell find $(SRC_DIRS) -name '*.cu' | sort)
+  ALL_CXXFLAGS += -DMESHMOE_CUDA=1 -I$(CUDA_HOME)/include
+  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lnccl
+endif
+TEST_SRC ?= $(shell find tests -name '*.cpp' | sort)
+OBJ      := $(SRC:%.cpp=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
+TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
+VERSION  := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+
+.PHONY: all tests run check bench clean deps features readme
+all: features $(BUILD)/meshmoe
+
+features:
+	@printf '%s MPI (mpicxx)\n' "$$(command -v mpicxx >/dev/null && echo ✓ || echo ✗)"
+	@printf '%s parallel HDF5, OpenBLAS, toml++\n' "$$(pkg-config --exists $(PKGS) && echo ✓ || echo ✗)"
+	@printf '%s CUDA + cuBLAS + NCCL%s\n' "$$([ '$(CUDA)' = 1 ] && echo ✓ || echo ✗)" "$$([ '$(CUDA)' = 1 ] && echo " ($(NVCC))" || echo " (nvcc not found or CUDA=0)")"
+
+deps:
+	@tools/install-deps.sh
+
+$(BUILD)/lib.a: $(OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/meshmoe: $(BUILD)/obj/src/main.o $(BUILD)/lib.a
+	$(CXX) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/meshmoe_tests: $(TEST_OBJ) $(BUILD)/lib.a
+	$(CXX) -o $@ $^ $(LDLIBS)
+
+tests: $(BUILD)/meshmoe $(BUILD)/meshmoe_tests
+
+$(BUILD)/obj/src/main.o: ALL_CXXFLAGS += -DMESHMOE_VERSION='"$(VERSION)"'
+$(BUILD)/obj/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(ALL_CXXFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -std=c++20 -O2 $(CUDA_ARCH) -Isrc $(MPI_CFLAGS) -DMESHMOE_CUDA=1 -ccbin g++ -Xcompiler -fPIC -MMD -MP -c $< -o $@
+
+run: deps
+	@$(MAKE) --no-print-directory all
+	tools/make-run.sh
+
+check: deps
+	@$(MAKE) --no-print-directory tests
+	tests/run-tests.sh
+
+bench: deps
+	@$(MAKE) --no-print-directory tests
+	bench/run.sh
+
+# Regenerates the deck reference between the markers in README.md from `meshmoe deck-doc`.
+readme: $(BUILD)/meshmoe
+	tools/update-readme.sh
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/obj/src/main.d

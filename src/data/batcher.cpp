@@ -1,0 +1,119 @@
+#include "data/batcher.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.hpp"
+#include "core/philox.hpp"
+
+namespace meshmoe {
+
+Batch Batch::slice(int row_begin, int row_end) const {
+  if (row_begin < 0 || row_end > rows || row_begin > row_end)
+    throw Error("Batch::slice: rows [" + std::to_string(row_begin) + ", " + std::to_string(row_end) +
+                ") outside a batch of " + std::to_string(rows));
+  Batch b;
+  b.rows = row_end - row_begin;
+  b.seq_len = seq_len;
+  const size_t lo = size_t(row_begin) * size_t(seq_len), hi = size_t(row_end) * size_t(seq_len);
+  b.inputs.assign(inputs.begin() + lo, inputs.begin() + hi);
+  b.targets.assign(targets.begin() + lo, targets.begin() + hi);
+  b.lang.assign(lang.begin() + lo, lang.begin() + hi);
+  b.mask.assign(mask.begin() + lo, mask.begin() + hi);
+  return b;
+}
+
+Batcher::Batcher(const Dataset& data, int seq_len, uint64_t seed, bool shuffle)
+    : data_(data), seq_len_(seq_len), seed_(seed), shuffle_(shuffle) {
+  if (seq_len < 1) throw InputError("batcher: seq_len must be >= 1 (got " + std::to_string(seq_len) + ")");
+  if (data.num_tokens() == 0)
+    throw InputError(data.path() + " (split /" + data.split_name() + "): holds no tokens; nothing to train or evaluate on");
+  if (data.num_examples() > UINT32_MAX) throw InputError(data.path() + ": more than 2^32 examples");
+  set_epoch(0);
+}
+
+std::vector<uint32_t> Batcher::epoch_order(uint64_t epoch) const {
+  const size_t n = data_.num_examples();
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  if (!shuffle_) return order;
+  // A uniformly random permutation: sort by a 64-bit Philox key per example (ties by index).
+  const Rng rng{seed_, uint32_t(epoch), 0, RngPurpose::DataShuffle};
+  std::vector<uint64_t> key(n);
+  for (size_t i = 0; i < n; ++i) {
+    const auto b = rng.bits(i);
+    key[i] = uint64_t(b[0]) << 32 | b[1];
+  }
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return key[a] != key[b] ? key[a] < key[b] : a < b; });
+  return order;
+}
+
+void Batcher::set_epoch(uint64_t epoch) {
+  cursor_ = DataCursor{epoch, 0};
+  order_ = epoch_order(epoch);
+}
+
+void Batcher::restore(DataCursor c) {
+  if (c.position > data_.num_examples())
+    throw InputError("batcher: data cursor position " + std::to_string(c.position) + " beyond the " +
+                     std::to_string(data_.num_examples()) + " examples of " + data_.path() +
+                     " (was the checkpoint written with another dataset?)");
+  if (c.epoch != cursor_.epoch) order_ = epoch_order(c.epoch);
+  cursor_ = c;
+}
+
+void Batcher::pack_row(int32_t* tok, uint8_t* msk, int32_t* lng) {
+  const DataSplit& s = data_.split();
+  const size_t cap = size_t(seq_len_) + 1;
+  std::fill(tok, tok + cap, Tokenizer::kPad);
+  std::fill(msk, msk + cap, uint8_t(0));
+  std::fill(lng, lng + cap, -1);
+  size_t fill = 0;
+  while (fill < cap) {
+    if (cursor_.position == order_.size()) set_epoch(cursor_.epoch + 1);
+    const uint32_t e = order_[cursor_.position];
+    const size_t len = s.example_size(e), begin = s.example_begin(e);
+    if (fill > 0 && fill + len > cap) break;  // does not fit: PAD the tail, start the next row with it
+    const size_t take = std::min(len, cap - fill);  // truncates only an example longer than a row
+    for (size_t j = 0; j < take; ++j) {
+      tok[fill + j] = int32_t(s.token(begin + j));
+      msk[fill + j] = s.loss_mask[begin + j];
+      lng[fill + j] = s.lang[e];
+    }
+    fill += take;
+    ++cursor_.position;
+  }
+}
+
+Batch Batcher::next(int batch_size) { return next(batch_size, 0, batch_size); }
+
+Batch Batcher::next(int batch_size, int row_begin, int row_end) {
+  if (batch_size < 1 || row_begin < 0 || row_end > batch_size || row_begin > row_end)
+    throw Error("Batcher::next: rows [" + std::to_string(row_begin) + ", " + std::to_string(row_end) +
+                ") of a batch of " + std::to_string(batch_size));
+  const size_t L = size_t(seq_len_), cap = L + 1;
+  Batch b;
+  b.rows = row_end - row_begin;
+  b.seq_len = seq_len_;
+  b.inputs.resize(size_t(b.rows) * L);
+  b.targets.resize(size_t(b.rows) * L);
+  b.lang.resize(size_t(b.rows) * L);
+  b.mask.resize(size_t(b.rows) * L);
+  std::vector<int32_t> tok(cap), lng(cap);
+  std::vector<uint8_t> msk(cap);
+  // Every row of the global batch is packed (the cursor must advance the same on every rank).
+  for (int r = 0; r < batch_size; ++r) {
+    pack_row(tok.data(), msk.data(), lng.data());
+    if (r < row_begin || r >= row_end) continue;
+    const size_t o = size_t(r - row_begin) * L;
+    for (size_t j = 0; j < L; ++j) {
+      b.inputs[o + j] = tok[j];
+      b.targets[o + j] = tok[j + 1];
+      b.mask[o + j] = float(msk[j + 1]);
+      b.lang[o + j] = lng[j + 1];
+    }
+  }
+  return b;
+}
+
+}  // namespace meshmoe

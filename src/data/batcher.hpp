@@ -1,0 +1,67 @@
+// Packs dataset examples into fixed-length training sequences.
+//
+// A sequence holds seq_len + 1 tokens: inputs = the first seq_len, targets = the same shifted by
+// one. Examples are laid back to back in a seeded order; when the next example does not fit in what
+// is left of a sequence, the tail is filled with PAD (mask 0) and the example starts the next
+// sequence; an example longer than seq_len + 1 is truncated. The batcher always builds the GLOBAL
+// batch of a step, so the data does not depend on the rank layout; a rank keeps rows
+// [row_begin, row_end) of it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "data/dataset.hpp"
+
+namespace meshmoe {
+
+struct Batch {
+  int rows = 0, seq_len = 0;
+  std::vector<int32_t> inputs;   // [rows, seq_len]
+  std::vector<int32_t> targets;  // [rows, seq_len]
+  std::vector<int32_t> lang;     // [rows, seq_len] language index of the target's example, -1 on PAD
+  std::vector<float> mask;       // [rows, seq_len] 1 where the target counts in the loss
+  // Rows [row_begin, row_end) as a batch of their own.
+  Batch slice(int row_begin, int row_end) const;
+};
+
+// Where the batcher stands: the next example is order(epoch)[position]. Plain integers, so a
+// checkpoint stores and restores it exactly.
+struct DataCursor {
+  uint64_t epoch = 0;
+  uint64_t position = 0;
+  bool operator==(const DataCursor&) const = default;
+};
+
+class Batcher {
+ public:
+  // shuffle: visit examples in a per-epoch permutation drawn from Philox keyed by (seed, epoch,
+  // RngPurpose::DataShuffle); otherwise in file order. Throws InputError on seq_len < 1 or a
+  // dataset without tokens.
+  Batcher(const Dataset& data, int seq_len, uint64_t seed, bool shuffle);
+
+  // The next global batch of batch_size sequences.
+  Batch next(int batch_size);
+  // The next global batch, of which only rows [row_begin, row_end) are returned.
+  Batch next(int batch_size, int row_begin, int row_end);
+
+  DataCursor cursor() const { return cursor_; }
+  void restore(DataCursor c);
+  int seq_len() const { return seq_len_; }
+
+  // Example indices in the visiting order of an epoch (a pure function of seed and epoch).
+  std::vector<uint32_t> epoch_order(uint64_t epoch) const;
+
+ private:
+  // Fills one sequence of seq_len + 1 tokens (token, loss mask, language) from the cursor on.
+  void pack_row(int32_t* tok, uint8_t* msk, int32_t* lng);
+  void set_epoch(uint64_t epoch);
+
+  const Dataset& data_;
+  int seq_len_;
+  uint64_t seed_;
+  bool shuffle_;
+  DataCursor cursor_;
+  std::vector<uint32_t> order_;  // of cursor_.epoch
+};
+
+}  // namespace meshmoe

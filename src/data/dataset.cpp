@@ -1,0 +1,57 @@
+#include "data/dataset.hpp"
+
+#include "core/error.hpp"
+
+namespace meshmoe {
+
+void DataSplit::add_example(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& mask, int32_t language) {
+  if (tokens.size() != mask.size()) throw Error("DataSplit::add_example: tokens and mask differ in length");
+  for (int32_t t : tokens) {
+    if (wide) tokens32.push_back(uint32_t(t));
+    else tokens16.push_back(uint16_t(t));
+  }
+  loss_mask.insert(loss_mask.end(), mask.begin(), mask.end());
+  doc_offsets.push_back(int64_t(loss_mask.size()));
+  lang.push_back(language);
+}
+
+Dataset Dataset::from_memory(DatasetInfo info, DataSplit split, std::string name) {
+  Dataset d;
+  d.info_ = std::move(info);
+  d.split_ = std::move(split);
+  d.path_ = std::move(name);
+  d.split_name_ = "memory";
+  d.validate();
+  return d;
+}
+
+void Dataset::validate() const {
+  const std::string where = path_ + " (split /" + split_name_ + ")";
+  auto bad = [&](const std::string& what) {
+    throw InputError(where + ": " + what + "; rewrite the file with `meshmoe prep`");
+  };
+  const int64_t want_vocab = Tokenizer::kFirstLang + int64_t(info_.languages.size());
+  if (info_.tokenizer != Tokenizer::kName)
+    bad("tokenizer '" + info_.tokenizer + "' is not the one meshmoe reads ('" + Tokenizer::kName + "')");
+  if (info_.vocab_size != want_vocab)
+    bad("vocab_size " + std::to_string(info_.vocab_size) + " does not match 260 + " +
+        std::to_string(info_.languages.size()) + " languages");
+  if (info_.pad_id != Tokenizer::kPad || info_.bos_id != Tokenizer::kBos || info_.eos_id != Tokenizer::kEos ||
+      info_.sep_id != Tokenizer::kSep)
+    bad("special token ids differ from pad=256 bos=257 eos=258 sep=259");
+  const DataSplit& s = split_;
+  const size_t n = s.lang.size(), t = s.loss_mask.size();
+  if ((s.wide ? s.tokens32.size() : s.tokens16.size()) != t) bad("tokens and loss_mask differ in length");
+  if (s.doc_offsets.size() != n + 1) bad("doc_offsets must hold one more entry than lang");
+  if (s.doc_offsets.front() != 0 || s.doc_offsets.back() != int64_t(t)) bad("doc_offsets must run from 0 to the token count");
+  for (size_t i = 0; i < n; ++i)
+    if (s.doc_offsets[i + 1] < s.doc_offsets[i]) bad("doc_offsets decrease at example " + std::to_string(i));
+  for (size_t i = 0; i < n; ++i)
+    if (s.lang[i] < 0 || size_t(s.lang[i]) >= info_.languages.size())
+      bad("lang[" + std::to_string(i) + "] = " + std::to_string(s.lang[i]) + " is not a language index");
+  for (size_t i = 0; i < t; ++i)
+    if (int64_t(s.token(i)) >= info_.vocab_size)
+      bad("token " + std::to_string(s.token(i)) + " at " + std::to_string(i) + " is outside the vocabulary");
+}
+
+}  // namespace meshmoe

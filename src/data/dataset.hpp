@@ -1,0 +1,87 @@
+// A tokenized dataset: what `meshmoe prep` writes and the trainer reads.
+//
+// File layout (HDF5), one group per split:
+//   /train, /valid
+//     tokens       [T]    uint16 (uint32 when vocab_size > 65535), examples back to back
+//     doc_offsets  [n+1]  int64, example i = tokens[doc_offsets[i] : doc_offsets[i+1]]
+//     lang         [n]    int32, index of the example's language in /languages/name
+//     loss_mask    [T]    uint8, 1 = this token is a prediction target counted in the loss
+//   /languages/name [L] strings (sorted; tag token of language i = 260 + i)
+//   /languages/train_pairs, /languages/valid_pairs [L] int64
+//   /sources        [S] strings (catalogs or text files read)
+//   root attributes: tokenizer, vocab_size, pad_id, bos_id, eos_id, sep_id, languages, created_by, root
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "data/tokenizer.hpp"
+
+namespace meshmoe {
+
+struct DataSplit {
+  bool wide = false;                    // tokens held as uint32 (vocab_size > 65535), else uint16
+  std::vector<uint16_t> tokens16;       // [T] when !wide
+  std::vector<uint32_t> tokens32;       // [T] when wide
+  std::vector<int64_t> doc_offsets{0};  // [n+1]
+  std::vector<int32_t> lang;            // [n]
+  std::vector<uint8_t> loss_mask;       // [T]
+
+  size_t num_examples() const { return lang.size(); }
+  size_t num_tokens() const { return loss_mask.size(); }
+  uint32_t token(size_t i) const { return wide ? tokens32[i] : tokens16[i]; }
+  size_t example_begin(size_t e) const { return size_t(doc_offsets[e]); }
+  size_t example_size(size_t e) const { return size_t(doc_offsets[e + 1] - doc_offsets[e]); }
+  // Appends one example; `tokens` and `mask` have the same length.
+  void add_example(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& mask, int32_t language);
+};
+
+// What the file says about itself (root attributes and the small datasets).
+struct DatasetInfo {
+  std::string tokenizer = Tokenizer::kName;
+  int64_t vocab_size = 0;
+  int64_t pad_id = Tokenizer::kPad, bos_id = Tokenizer::kBos, eos_id = Tokenizer::kEos, sep_id = Tokenizer::kSep;
+  std::vector<std::string> languages;              // sorted
+  std::vector<int64_t> train_pairs, valid_pairs;  // per language
+  std::vector<std::string> sources;
+  std::string created_by, root;
+
+  Tokenizer tokenizer_object() const { return Tokenizer(languages); }
+};
+
+// 64-bit FNV-1a: the hash that assigns an example to the train or valid split.
+inline uint64_t fnv1a64(std::string_view s) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Writes a dataset file (one process; no collective). Throws Error on an I/O failure.
+void write_dataset(const std::string& path, const DatasetInfo& info, const DataSplit& train, const DataSplit& valid);
+
+// One split of a dataset file, held in memory. Every rank that calls open() reads the file itself.
+class Dataset {
+ public:
+  // split = "train" or "valid". Throws InputError naming the file and what is wrong when it is
+  // missing, not HDF5, not a meshmoe dataset, or inconsistent.
+  static Dataset open(const std::string& path, const std::string& split);
+  // For tests and tools: a dataset built in memory (validated like a file).
+  static Dataset from_memory(DatasetInfo info, DataSplit split, std::string name = "<memory>");
+
+  const DatasetInfo& info() const { return info_; }
+  const DataSplit& split() const { return split_; }
+  const std::string& path() const { return path_; }
+  const std::string& split_name() const { return split_name_; }
+  int vocab_size() const { return int(info_.vocab_size); }
+  size_t num_examples() const { return split_.num_examples(); }
+  size_t num_tokens() const { return split_.num_tokens(); }
+
+ private:
+  void validate() const;  // throws InputError
+  DatasetInfo info_;
+  DataSplit split_;
+  std::string path_, split_name_;
+};
+
+}  // namespace meshmoe

@@ -1,0 +1,62 @@
+// `meshmoe prep`: turns text sources into a dataset file (layout in data/dataset.hpp).
+//   prep gettext: pairs (translation, English msgid) from the GNU gettext catalogs of a locale tree;
+//     example = <lang> translation-bytes SEP english-bytes EOS, loss on the English bytes and EOS.
+//   prep text: one example per line (or paragraph) of UTF-8 files;
+//     example = <text> bytes EOS, loss on the bytes and EOS.
+// The split is a pure function of the English text (gettext) or the line (text): FNV-1a 64 of it,
+// valid when hash % 100 < valid_percent, so one English string never lands on both sides.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "data/dataset.hpp"
+
+namespace meshmoe {
+
+struct PrepGettextOptions {
+  std::string root = "/usr/share/locale";  // scanned as <root>/<lang>/LC_MESSAGES/*.mo
+  std::string output;                      // -o, the dataset file to write
+  int64_t max_len = 256;                   // drop pairs whose example is longer (tokens)
+  int64_t valid_percent = 2;               // 0..100
+  int64_t min_pairs = 1;                   // drop languages with fewer pairs
+  std::vector<std::string> languages;      // keep only these (empty = all)
+  bool quiet = false;                      // no progress lines
+};
+
+struct PrepTextOptions {
+  std::vector<std::string> files;
+  std::string output;
+  int64_t max_len = 256;      // longer lines are cut into pieces of at most this many tokens
+  int64_t valid_percent = 2;  // 0..100
+  bool paragraphs = false;    // one example per paragraph (blank-line separated) instead of per line
+  bool quiet = false;
+};
+
+struct PrepStats {
+  int64_t catalogs = 0, catalogs_skipped = 0;  // read / skipped as corrupt
+  int64_t entries = 0;                         // translated entries seen (header excluded)
+  int64_t untranslated = 0, identical = 0, duplicates = 0, too_long = 0;
+  int64_t languages_dropped = 0;               // fewer than min_pairs pairs
+  int64_t pairs_dropped_with_languages = 0;
+  int64_t train_examples = 0, valid_examples = 0, train_tokens = 0, valid_tokens = 0;
+  int64_t pieces_cut = 0;                      // prep text: extra pieces from cutting long lines
+  double seconds = 0;
+};
+
+struct PreparedDataset {
+  DatasetInfo info;
+  DataSplit train, valid;
+  PrepStats stats;
+};
+
+// Build the dataset in memory; progress and warnings go to `log`. Throw InputError on bad options
+// or sources (missing root, unknown language, no pairs, unreadable text file).
+PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log);
+PreparedDataset prepare_text(const PrepTextOptions& opt, std::ostream& log);
+
+// One-line-per-item summary for the user.
+std::string prep_summary(const PreparedDataset& d);
+
+}  // namespace meshmoe

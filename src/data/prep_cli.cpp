@@ -1,0 +1,94 @@
+#include "data/prep_cli.hpp"
+
+#include <mpi.h>
+
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace meshmoe {
+
+std::string prep_summary(const PreparedDataset& d) {
+  const PrepStats& s = d.stats;
+  std::ostringstream o;
+  o << d.info.created_by << ": " << s.train_examples + s.valid_examples << " examples (" << s.train_examples
+    << " train, " << s.valid_examples << " valid), " << d.info.languages.size() << " languages, "
+    << s.train_tokens + s.valid_tokens << " tokens (" << s.train_tokens << " train, " << s.valid_tokens
+    << " valid), vocab_size " << d.info.vocab_size << ", " << s.seconds << " s\n";
+  if (d.info.created_by == "meshmoe prep gettext") {
+    o << "  catalogs read " << s.catalogs << ", skipped as corrupt " << s.catalogs_skipped << "; entries " << s.entries
+      << ": untranslated " << s.untranslated << ", identical to English " << s.identical << ", duplicates "
+      << s.duplicates << ", longer than --max-len " << s.too_long << "\n";
+    if (s.languages_dropped > 0)
+      o << "  languages dropped (fewer than --min-pairs pairs): " << s.languages_dropped << " with "
+        << s.pairs_dropped_with_languages << " pairs\n";
+  } else if (s.pieces_cut > 0) {
+    o << "  long lines cut into " << s.pieces_cut << " extra pieces (--max-len)\n";
+  }
+  return o.str();
+}
+
+namespace {
+
+// Rank 0 runs `work`; its InputError (if any) is broadcast and raised on every rank.
+int on_rank0(const std::function<void()>& work) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::string error;
+  if (rank == 0) {
+    try {
+      work();
+    } catch (const InputError& e) {
+      error = e.what();
+      if (error.empty()) error = "prep failed";
+    }
+  }
+  int n = int(error.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  error.resize(size_t(n));
+  MPI_Bcast(error.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (n > 0) throw InputError(error);
+  return kExitOk;
+}
+
+// Checked before the work starts, so a typo in -o costs nothing.
+void check_output(const std::string& cmd, const std::string& output) {
+  if (output.empty()) throw InputError(cmd + ": give the output file with -o FILE.h5");
+  const auto parent = std::filesystem::path(output).parent_path();
+  std::error_code ec;
+  if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
+    throw InputError(cmd + ": the directory of the output file " + output + " does not exist");
+}
+
+void write_output(const std::string& cmd, const std::string& output, const PreparedDataset& d) {
+  try {
+    write_dataset(output, d.info, d.train, d.valid);
+  } catch (const Error& e) {
+    throw InputError(cmd + ": cannot write " + output + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+int prep_gettext_main(const PrepGettextOptions& opt) {
+  return on_rank0([&] {
+    check_output("prep gettext", opt.output);
+    const PreparedDataset d = prepare_gettext(opt, std::cerr);
+    write_output("prep gettext", opt.output, d);
+    std::cout << prep_summary(d) << "  wrote " << opt.output << "\n" << std::flush;
+  });
+}
+
+int prep_text_main(const PrepTextOptions& opt) {
+  return on_rank0([&] {
+    check_output("prep text", opt.output);
+    const PreparedDataset d = prepare_text(opt, std::cerr);
+    write_output("prep text", opt.output, d);
+    std::cout << prep_summary(d) << "  wrote " << opt.output << "\n" << std::flush;
+  });
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,174 @@
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <ostream>
+#include <unordered_set>
+
+#include "core/error.hpp"
+#include "data/mo_file.hpp"
+#include "data/prep.hpp"
+
+namespace meshmoe {
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Catalog {
+  std::string language, path, relative;  // relative to root: "de/LC_MESSAGES/apt.mo"
+};
+
+// <root>/<lang>/LC_MESSAGES/*.mo, sorted by language then file name.
+std::vector<Catalog> scan_catalogs(const std::string& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec))
+    throw InputError("prep gettext: --root " + root + " is not a directory (a locale tree like /usr/share/locale)");
+  std::vector<Catalog> out;
+  for (const auto& lang_dir : fs::directory_iterator(root, fs::directory_options::skip_permission_denied, ec)) {
+    const std::string lang = lang_dir.path().filename().string();
+    const fs::path msgs = lang_dir.path() / "LC_MESSAGES";
+    std::error_code ec2;
+    if (!fs::is_directory(msgs, ec2)) continue;
+    for (const auto& f : fs::directory_iterator(msgs, fs::directory_options::skip_permission_denied, ec2)) {
+      std::error_code ec3;
+      if (f.path().extension() != ".mo" || !fs::is_regular_file(f.path(), ec3)) continue;
+      out.push_back(Catalog{lang, f.path().string(), lang + "/LC_MESSAGES/" + f.path().filename().string()});
+    }
+  }
+  if (ec) throw InputError("prep gettext: cannot list " + root + ": " + ec.message());
+  std::sort(out.begin(), out.end(), [](const Catalog& a, const Catalog& b) { return a.relative < b.relative; });
+  return out;
+}
+
+// The pairs of one language, kept as bytes until the vocabulary (set of languages) is known.
+struct LanguagePairs {
+  std::string name;
+  std::string bytes;  // translation then English, pair after pair
+  struct Pair {
+    uint64_t offset;
+    uint32_t src_len, eng_len;
+  };
+  std::vector<Pair> pairs;
+  std::vector<std::string> sources;
+};
+
+}  // namespace
+
+PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opt.max_len < 4) throw InputError("prep gettext: --max-len must be >= 4 (got " + std::to_string(opt.max_len) + ")");
+  if (opt.valid_percent < 0 || opt.valid_percent > 100)
+    throw InputError("prep gettext: --valid-percent must be in 0..100 (got " + std::to_string(opt.valid_percent) + ")");
+  if (opt.min_pairs < 0) throw InputError("prep gettext: --min-pairs must be >= 0");
+
+  std::vector<Catalog> catalogs = scan_catalogs(opt.root);
+  if (!opt.languages.empty()) {
+    std::vector<std::string> unknown;
+    for (const auto& l : opt.languages)
+      if (std::none_of(catalogs.begin(), catalogs.end(), [&](const Catalog& c) { return c.language == l; }))
+        unknown.push_back(l);
+    if (!unknown.empty()) {
+      std::string u;
+      for (const auto& x : unknown) u += (u.empty() ? "" : ", ") + x;
+      throw InputError("prep gettext: --languages names languages without catalogs under " + opt.root + ": " + u);
+    }
+    std::erase_if(catalogs, [&](const Catalog& c) {
+      return std::find(opt.languages.begin(), opt.languages.end(), c.language) == opt.languages.end();
+    });
+  }
+  if (catalogs.empty())
+    throw InputError("prep gettext: no catalogs <lang>/LC_MESSAGES/*.mo under " + opt.root);
+
+  PreparedDataset out;
+  PrepStats& st = out.stats;
+  std::vector<LanguagePairs> langs;
+  std::unordered_set<std::string> seen;  // (msgid, msgstr) of the current language
+  // Catalogs are sorted by language, so one language's catalogs are consecutive.
+  for (size_t ci = 0; ci < catalogs.size(); ++ci) {
+    const Catalog& c = catalogs[ci];
+    if (langs.empty() || langs.back().name != c.language) {
+      langs.push_back(LanguagePairs{c.language, {}, {}, {}});
+      seen.clear();
+    }
+    LanguagePairs& lp = langs.back();
+    const MoCatalog mo = read_mo_file(c.path);
+    if (!mo.ok()) {
+      log << "prep gettext: warning: skipping " << mo.error << "\n";
+      ++st.catalogs_skipped;
+      continue;
+    }
+    ++st.catalogs;
+    lp.sources.push_back(c.relative);
+    for (const MoEntry& e : mo.entries) {
+      ++st.entries;
+      if (e.msgstr.empty()) { ++st.untranslated; continue; }
+      if (e.msgstr == e.msgid) { ++st.identical; continue; }
+      // <lang> translation SEP English EOS
+      if (int64_t(e.msgstr.size() + e.msgid.size() + 3) > opt.max_len) { ++st.too_long; continue; }
+      if (!seen.insert(e.msgid + '\0' + e.msgstr).second) { ++st.duplicates; continue; }
+      lp.pairs.push_back({lp.bytes.size(), uint32_t(e.msgstr.size()), uint32_t(e.msgid.size())});
+      lp.bytes += e.msgstr;
+      lp.bytes += e.msgid;
+    }
+    if (!opt.quiet && (ci + 1) % 500 == 0) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      log << "prep gettext: " << ci + 1 << "/" << catalogs.size() << " catalogs, language " << c.language << ", "
+          << s << " s\n" << std::flush;
+    }
+  }
+
+  // Languages with too few pairs leave the vocabulary.
+  std::vector<std::string> kept;
+  for (const auto& lp : langs) {
+    if (int64_t(lp.pairs.size()) >= opt.min_pairs) {
+      kept.push_back(lp.name);
+    } else {
+      ++st.languages_dropped;
+      st.pairs_dropped_with_languages += int64_t(lp.pairs.size());
+    }
+  }
+  if (kept.empty())
+    throw InputError("prep gettext: no language under " + opt.root + " has at least " + std::to_string(opt.min_pairs) +
+                     " translated pairs (lower --min-pairs or raise --max-len)");
+
+  const Tokenizer tok(kept);
+  DatasetInfo& info = out.info;
+  info.vocab_size = tok.vocab_size();
+  info.languages = tok.languages();
+  info.train_pairs.assign(kept.size(), 0);
+  info.valid_pairs.assign(kept.size(), 0);
+  info.created_by = "meshmoe prep gettext";
+  info.root = opt.root;
+  out.train.wide = out.valid.wide = info.vocab_size > 65535;
+
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  for (const auto& lp : langs) {
+    const int li = tok.language_index(lp.name);
+    if (li < 0) continue;
+    info.sources.insert(info.sources.end(), lp.sources.begin(), lp.sources.end());
+    for (const auto& p : lp.pairs) {
+      const std::string_view src(lp.bytes.data() + p.offset, p.src_len);
+      const std::string_view eng(lp.bytes.data() + p.offset + p.src_len, p.eng_len);
+      ids.clear();
+      ids.push_back(Tokenizer::kFirstLang + li);
+      Tokenizer::encode_bytes(src, ids);
+      ids.push_back(Tokenizer::kSep);
+      Tokenizer::encode_bytes(eng, ids);
+      ids.push_back(Tokenizer::kEos);
+      // Loss on what the model predicts after SEP: the English bytes and EOS.
+      mask.assign(ids.size(), 0);
+      std::fill(mask.begin() + 2 + p.src_len, mask.end(), uint8_t(1));
+      const bool valid = fnv1a64(eng) % 100 < uint64_t(opt.valid_percent);
+      (valid ? out.valid : out.train).add_example(ids, mask, li);
+      ++(valid ? info.valid_pairs : info.train_pairs)[size_t(li)];
+    }
+  }
+  st.train_examples = int64_t(out.train.num_examples());
+  st.valid_examples = int64_t(out.valid.num_examples());
+  st.train_tokens = int64_t(out.train.num_tokens());
+  st.valid_tokens = int64_t(out.valid.num_tokens());
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace meshmoe

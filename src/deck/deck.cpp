@@ -1,0 +1,477 @@
+// The input deck: TOML text (toml++) -> validated Config, --set overrides, cross-key checks,
+// effective deck, rank-0 read + broadcast. Every problem is collected and thrown together.
+#include "deck/deck.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "core/error.hpp"
+#include "deck/schema.hpp"
+
+namespace meshmoe {
+namespace {
+
+using deck::KeySpec;
+using deck::KeyType;
+using deck::Value;
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+std::string describe_node(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "string " + deck::toml_string(*n.value<std::string>());
+    case toml::node_type::integer: return "integer " + std::to_string(*n.value<int64_t>());
+    case toml::node_type::floating_point: return "float " + deck::toml_value(Value(*n.value<double>()));
+    case toml::node_type::boolean: return std::string("boolean ") + (*n.value<bool>() ? "true" : "false");
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    default: return "nothing";
+  }
+}
+
+const char* expected(KeyType t) {
+  switch (t) {
+    case KeyType::Int: return "expected an integer";
+    case KeyType::Float: return "expected a number";
+    case KeyType::Bool: return "expected a boolean (true or false)";
+    case KeyType::String: return "expected a string";
+  }
+  return "";
+}
+
+// The value of a TOML node as the key's type, or the reason it is not one (type, then constraint).
+std::variant<Value, std::string> convert(const KeySpec& k, const toml::node& n) {
+  Value v;
+  switch (k.type) {
+    case KeyType::Int:
+      if (!n.is_integer()) return std::string(expected(k.type)) + ", got " + describe_node(n);
+      v = *n.value<int64_t>();
+      break;
+    case KeyType::Float:
+      // TOML keeps 1 and 1.0 apart; a float key accepts both.
+      if (n.is_integer()) v = double(*n.value<int64_t>());
+      else if (n.is_floating_point()) v = *n.value<double>();
+      else return std::string(expected(k.type)) + ", got " + describe_node(n);
+      if (!std::isfinite(std::get<double>(v))) return "expected a finite number, got " + describe_node(n);
+      break;
+    case KeyType::Bool:
+      if (!n.is_boolean()) return std::string(expected(k.type)) + ", got " + describe_node(n);
+      v = *n.value<bool>();
+      break;
+    case KeyType::String:
+      if (!n.is_string()) return std::string(expected(k.type)) + ", got " + describe_node(n);
+      v = *n.value<std::string>();
+      break;
+  }
+  if (std::string why = k.constraint.check(v); !why.empty()) return why;
+  return v;
+}
+
+// The nearest valid key to section.key: same section preferred on ties; a key that contains the
+// typed one (or the other way round) counts as close. Empty when nothing is close.
+std::string suggest_key(const std::string& section, const std::string& key) {
+  const KeySpec* best = nullptr;
+  std::pair<size_t, int> best_score{0, 0};
+  for (const auto& k : deck::schema()) {
+    size_t d = deck::edit_distance(key, k.key);
+    if (key.size() >= 3 && (k.key.find(key) != std::string::npos || key.find(k.key) != std::string::npos))
+      d = std::min<size_t>(d, 1);
+    const std::pair<size_t, int> score{d, k.section == section ? 0 : 1};
+    if (!best || score < best_score) best = &k, best_score = score;
+  }
+  if (best && best_score.first <= std::max<size_t>(2, key.size() / 3)) return best->name();
+  return "";
+}
+
+std::string suggest_section(const std::string& section) {
+  std::string best;
+  size_t best_d = 0;
+  for (const auto& s : deck::sections()) {
+    size_t d = deck::edit_distance(section, s);
+    if (section.size() >= 3 && (s.find(section) != std::string::npos || section.find(s) != std::string::npos))
+      d = std::min<size_t>(d, 1);
+    if (best.empty() || d < best_d) best = s, best_d = d;
+  }
+  return best_d <= std::max<size_t>(1, section.size() / 3) ? best : "";
+}
+
+std::string did_you_mean(const std::string& s) { return s.empty() ? "" : "; did you mean " + s + "?"; }
+
+std::string section_list() {
+  std::string s;
+  for (const auto& x : deck::sections()) s += (s.empty() ? "[" : ", [") + x + "]";
+  return s;
+}
+
+struct Diag {
+  int group;  // 0 file, 1 --set, 2 cross-key: file problems in file order come first
+  uint32_t line, col;
+  std::string msg;
+};
+
+class Parser {
+ public:
+  explicit Parser(std::string path) : path_(std::move(path)) {}
+
+  void parse_text(const std::string& text) {
+    toml::table root;
+    try {
+      root = toml::parse(text, path_);
+    } catch (const toml::parse_error& e) {
+      const auto& b = e.source().begin;
+      add(0, b.line, b.column, at(b) + "TOML syntax error: " + std::string(e.description()));
+      syntax_error_ = true;
+      return;
+    }
+    for (auto&& [name, node] : root) {
+      const std::string sec(name.str());
+      const auto& b = name.source().begin;
+      if (!node.is_table()) {
+        if (deck::is_section(sec)) {
+          add(0, b.line, b.column, at(b) + sec + ": expected a section [" + sec + "], got " + describe_node(node));
+        } else {
+          add(0, b.line, b.column,
+              at(b) + sec + ": keys belong in a section (" + section_list() + ")" + did_you_mean(suggest_key("", sec)));
+        }
+        continue;
+      }
+      if (!deck::is_section(sec)) {
+        const std::string s = suggest_section(sec);
+        add(0, b.line, b.column,
+            at(b) + "[" + sec + "]: unknown section" + (s.empty() ? "" : "; did you mean [" + s + "]?") +
+                " (sections: " + section_list() + ")");
+        continue;
+      }
+      for (auto&& [kname, value] : *node.as_table()) {
+        const std::string key(kname.str());
+        const auto& kb = kname.source().begin;
+        const KeySpec* spec = deck::find_key(sec, key);
+        if (!spec) {
+          add(0, kb.line, kb.column, at(kb) + sec + "." + key + ": unknown key" + did_you_mean(suggest_key(sec, key)));
+          continue;
+        }
+        const auto& vb = value.source().begin;
+        set(*spec, convert(*spec, value), 0, vb.line, vb.column, at(vb));
+      }
+    }
+  }
+
+  void apply_override(const std::string& ov) {
+    const std::string loc = "--set " + ov + ": ";
+    const size_t eq = ov.find('=');
+    const std::string name = trim(ov.substr(0, eq));
+    const size_t dot = name.find('.');
+    if (eq == std::string::npos || dot == std::string::npos) {
+      add(1, 0, 0, loc + "expected section.key=value (e.g. --set moe.num_experts=16)");
+      return;
+    }
+    const std::string sec = name.substr(0, dot), key = name.substr(dot + 1);
+    if (!deck::is_section(sec)) {
+      const std::string s = suggest_section(sec);
+      add(1, 0, 0,
+          loc + "[" + sec + "]: unknown section" + (s.empty() ? "" : "; did you mean [" + s + "]?") + " (sections: " +
+              section_list() + ")");
+      return;
+    }
+    const KeySpec* spec = deck::find_key(sec, key);
+    if (!spec) {
+      add(1, 0, 0, loc + name + ": unknown key" + did_you_mean(suggest_key(sec, key)));
+      return;
+    }
+    const std::string raw = trim(ov.substr(eq + 1));
+    // The value is read as a TOML value (16, 1e-3, true, "x"); a string key also takes bare text.
+    std::optional<toml::table> parsed;
+    try {
+      parsed = toml::parse("v = " + raw);
+    } catch (const toml::parse_error&) {
+    }
+    const toml::node* node = parsed && parsed->size() == 1 ? parsed->get("v") : nullptr;
+    std::variant<Value, std::string> v;
+    if (node && (spec->type != KeyType::String || node->is_string())) {
+      v = convert(*spec, *node);
+    } else if (spec->type == KeyType::String && !raw.empty() && (raw[0] == '"' || raw[0] == '\'')) {
+      v = std::string("expected a string, got malformed TOML string ") + raw;
+    } else if (spec->type == KeyType::String) {
+      v = convert(*spec, toml::value<std::string>(raw));
+    } else {
+      v = std::string(expected(spec->type)) + ", got \"" + raw + "\"";
+    }
+    set(*spec, v, 1, 0, 0, loc);
+  }
+
+  void cross_checks();
+
+  std::vector<std::string> messages() {
+    std::stable_sort(diags_.begin(), diags_.end(), [](const Diag& a, const Diag& b) {
+      if (a.group != b.group) return a.group < b.group;
+      if (a.group != 0) return false;
+      return std::pair(a.line, a.col) < std::pair(b.line, b.col);
+    });
+    std::vector<std::string> m;
+    for (auto& d : diags_) m.push_back(d.msg);
+    return m;
+  }
+
+  Config cfg;
+
+ private:
+  std::string at(const toml::source_position& p) const {
+    return path_ + ":" + std::to_string(p.line) + ":" + std::to_string(p.column) + ": ";
+  }
+  void add(int group, uint32_t line, uint32_t col, std::string msg) {
+    diags_.push_back(Diag{group, line, col, std::move(msg)});
+  }
+  void set(const KeySpec& k, const std::variant<Value, std::string>& v, int group, uint32_t line, uint32_t col,
+           const std::string& loc) {
+    if (const auto* why = std::get_if<std::string>(&v)) {
+      add(group, line, col, loc + k.name() + ": " + *why);
+      bad_.insert(k.name());
+      return;
+    }
+    k.set(cfg, std::get<Value>(v));
+    bad_.erase(k.name());  // a valid --set repairs a bad file value for the cross-key checks
+    where_[k.name()] = loc;
+  }
+
+  // A cross-key rule over `keys`; skipped when one of them already has its own error. The message
+  // is placed at the first of the keys that the deck or --set gave.
+  void rule(std::initializer_list<const char*> keys, bool ok, const std::string& msg) {
+    for (const char* k : keys)
+      if (bad_.count(k)) return;
+    if (ok) return;
+    std::string loc = path_ + ": ";
+    for (const char* k : keys)
+      if (auto it = where_.find(k); it != where_.end()) {
+        loc = it->second;
+        break;
+      }
+    add(2, 0, 0, loc + msg);
+  }
+  bool any_bad(std::initializer_list<const char*> keys) const {
+    for (const char* k : keys)
+      if (bad_.count(k)) return true;
+    return false;
+  }
+
+  std::string path_;
+  bool syntax_error_ = false;  // the file's values are unknown: no cross-key verdicts on guesses
+  std::vector<Diag> diags_;
+  std::set<std::string> bad_;                   // keys whose value was rejected
+  std::map<std::string, std::string> where_;    // key -> "file:line:col: " or "--set ...: "
+};
+
+std::string kv(const char* name, int64_t v) { return std::string(name) + " = " + std::to_string(v); }
+
+void Parser::cross_checks() {
+  if (syntax_error_) return;
+  const auto& m = cfg.model;
+  const auto& e = cfg.moe;
+  const auto& mesh = cfg.mesh;
+  const auto& o = cfg.optim;
+  const bool moe_layers = e.every > 0;
+
+  rule({"model.d_model", "model.num_heads"}, m.d_model % m.num_heads == 0,
+       kv("model.d_model", m.d_model) + " is not divisible by " + kv("model.num_heads", m.num_heads) +
+           " (each head gets d_model / num_heads channels)");
+  rule({"model.num_heads", "mesh.tensor"}, m.num_heads % mesh.tensor == 0,
+       kv("model.num_heads", m.num_heads) + " is not divisible by " + kv("mesh.tensor", mesh.tensor) +
+           " (attention heads are split over the tensor axis)");
+  rule({"model.d_ff", "mesh.tensor"}, m.d_ff % mesh.tensor == 0,
+       kv("model.d_ff", m.d_ff) + " is not divisible by " + kv("mesh.tensor", mesh.tensor) +
+           " (feed-forward hidden units are split over the tensor axis)");
+  // Switch section 5.5: with experts over data, each expert's hidden layer is split over tensor.
+  // (expert_d_ff = 0 means model.d_ff, checked just above.)
+  if (moe_layers && e.expert_axis == "data" && mesh.tensor > 1 && e.expert_d_ff > 0)
+    rule({"moe.expert_d_ff", "mesh.tensor", "moe.expert_axis", "moe.every"}, e.expert_d_ff % mesh.tensor == 0,
+         kv("moe.expert_d_ff", e.expert_d_ff) + " is not divisible by " + kv("mesh.tensor", mesh.tensor) +
+             " (with moe.expert_axis = \"data\" each expert's hidden units are split over the tensor axis)");
+  if (moe_layers) {
+    const bool on_data = e.expert_axis == "data";
+    const int64_t axis = on_data ? mesh.data : mesh.tensor;
+    const char* axis_key = on_data ? "mesh.data" : "mesh.tensor";
+    rule({"moe.num_experts", axis_key, "moe.expert_axis", "moe.every"}, e.num_experts % axis == 0,
+         kv("moe.num_experts", e.num_experts) + " is not divisible by " + kv(axis_key, axis) +
+             " (moe.expert_axis = \"" + e.expert_axis + "\": every rank of that axis holds the same number of experts)");
+  }
+  rule({"model.num_layers", "mesh.pipe"}, m.num_layers % mesh.pipe == 0,
+       kv("model.num_layers", m.num_layers) + " is not divisible by " + kv("mesh.pipe", mesh.pipe) +
+           " (every pipeline stage holds the same number of layers)");
+  const int64_t shards = mesh.data * o.micro_batches;
+  const bool batch_ok = o.batch_size % shards == 0;
+  rule({"optim.batch_size", "mesh.data", "optim.micro_batches"}, batch_ok,
+       kv("optim.batch_size", o.batch_size) + " is not divisible by mesh.data * optim.micro_batches = " +
+           std::to_string(mesh.data) + " * " + std::to_string(o.micro_batches) + " = " + std::to_string(shards));
+  if (moe_layers && batch_ok && !any_bad({"optim.batch_size", "mesh.data", "optim.micro_batches"})) {
+    const int64_t seqs = o.batch_size / shards, tokens = seqs * m.seq_len;
+    rule({"moe.group_size", "model.seq_len", "optim.batch_size", "mesh.data", "optim.micro_batches", "moe.every"},
+         tokens % e.group_size == 0,
+         "tokens per micro-batch on each data rank, optim.batch_size / (mesh.data * optim.micro_batches) * "
+         "model.seq_len = " +
+             std::to_string(seqs) + " * " + std::to_string(m.seq_len) + " = " + std::to_string(tokens) +
+             ", is not divisible by " + kv("moe.group_size", e.group_size) +
+             " (each rank holds whole routing groups)");
+  }
+  rule({"moe.every", "model.num_layers"}, e.every <= m.num_layers,
+       kv("moe.every", e.every) + " is greater than " + kv("model.num_layers", m.num_layers) +
+           ": no layer would be an MoE layer (moe.every = 0 makes a dense model)");
+  if (moe_layers && e.router == "topk")
+    rule({"moe.top_k", "moe.num_experts", "moe.router"}, e.top_k <= e.num_experts,
+         kv("moe.top_k", e.top_k) + " is greater than " + kv("moe.num_experts", e.num_experts) +
+             " (moe.router = \"topk\" sends each token to top_k different experts)");
+  if (moe_layers && e.router == "top2")
+    rule({"moe.router", "moe.num_experts"}, e.num_experts >= 2,
+         "moe.router = \"top2\" needs moe.num_experts >= 2, got " + kv("moe.num_experts", e.num_experts) +
+             " (use moe.router = \"top1\" for a 1-expert MoE)");
+  if (mesh.pipe > 1)
+    rule({"mesh.pipe", "optim.micro_batches"}, o.micro_batches >= mesh.pipe,
+         kv("mesh.pipe", mesh.pipe) + " needs optim.micro_batches >= " + std::to_string(mesh.pipe) + ", got " +
+             kv("optim.micro_batches", o.micro_batches) + " (the 1F1B schedule keeps every stage busy)");
+  const auto& c = cfg.checkpoint;
+  if (c.every > 0 && c.keep_every > 0)
+    rule({"checkpoint.keep_every", "checkpoint.every"}, c.keep_every % c.every == 0,
+         kv("checkpoint.keep_every", c.keep_every) + " is not a multiple of " + kv("checkpoint.every", c.every) +
+             " (checkpoints are written only every checkpoint.every steps)");
+}
+
+std::string effective_toml(const Config& cfg) {
+  std::string out = "# meshmoe effective deck: every key with the value in force (defaults and --set included)\n";
+  std::string section;
+  for (const auto& k : deck::schema()) {
+    if (k.section != section) {
+      section = k.section;
+      out += "\n[" + section + "]\n";
+    }
+    out += k.key + " = " + deck::toml_value(k.get(cfg)) + "\n";
+  }
+  return out;
+}
+
+std::string read_deck_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw InputError(path + ": cannot read the input deck: it is a directory");
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw InputError(path + ": cannot read the input deck: " + std::strerror(errno));
+  std::string text;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  const bool failed = std::ferror(f);
+  const int err = errno;
+  std::fclose(f);
+  if (failed) throw InputError(path + ": cannot read the input deck: " + std::strerror(err));
+  return text;
+}
+
+}  // namespace
+
+Deck parse_deck(const std::string& text, const std::string& path, const std::vector<std::string>& overrides) {
+  Parser p(path);
+  p.parse_text(text);
+  for (const auto& ov : overrides) p.apply_override(ov);
+  p.cross_checks();
+  if (auto msgs = p.messages(); !msgs.empty()) throw InputError(std::move(msgs));
+  Deck d;
+  d.cfg = p.cfg;
+  d.path = path;
+  d.effective_toml = effective_toml(d.cfg);
+  return d;
+}
+
+Deck load_deck(const std::string& path, const std::vector<std::string>& overrides, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  // header: {ok, payload bytes}; payload: the deck text, or the messages separated by '\0'.
+  long long header[2] = {0, 0};
+  std::string payload;
+  Deck deck;
+  if (rank == 0) {
+    try {
+      payload = read_deck_file(path);
+      deck = parse_deck(payload, path, overrides);
+      header[0] = 1;
+    } catch (const InputError& e) {
+      payload.clear();
+      for (const auto& m : e.messages()) payload += m + '\0';
+    } catch (const std::exception& e) {
+      payload = path + ": " + e.what() + '\0';
+    }
+    if (header[0] && payload.size() > size_t(1) << 30) {
+      header[0] = 0;
+      payload = path + ": the input deck is larger than 1 GiB" + '\0';
+    }
+    header[1] = (long long)payload.size();
+  }
+  MPI_Bcast(header, 2, MPI_LONG_LONG, 0, comm);
+  payload.resize(size_t(header[1]));
+  MPI_Bcast(payload.data(), int(header[1]), MPI_CHAR, 0, comm);
+  if (!header[0]) {
+    std::vector<std::string> msgs;
+    std::string cur;
+    for (char ch : payload) {
+      if (ch == '\0') msgs.push_back(std::move(cur)), cur.clear();
+      else cur += ch;
+    }
+    if (!cur.empty()) msgs.push_back(cur);
+    throw InputError(std::move(msgs));
+  }
+  // Every rank parses the same text the same way; rank 0 already has.
+  if (rank != 0) deck = parse_deck(payload, path, overrides);
+  return deck;
+}
+
+void check_world_size(const Config& cfg, int world_size) {
+  const auto& m = cfg.mesh;
+  const int64_t need = m.pipe * m.data * m.tensor;
+  if (need == world_size) return;
+  throw InputError("mesh pipe*data*tensor = " + std::to_string(m.pipe) + "x" + std::to_string(m.data) + "x" +
+                   std::to_string(m.tensor) + " = " + std::to_string(need) + " rank" + (need == 1 ? "" : "s") +
+                   ", but the job has " + std::to_string(world_size) + " rank" + (world_size == 1 ? "" : "s") +
+                   " (mpirun -np / srun --ntasks); launch " + std::to_string(need) +
+                   " ranks or change [mesh] (e.g. --set mesh.data=...)");
+}
+
+std::string deck_reference_markdown() {
+  // A table cell: '|' would end the cell, '<' could open an HTML tag (runs/<name>), '*' emphasis.
+  auto cell = [](const std::string& s) {
+    std::string out;
+    for (char ch : s) {
+      if (ch == '|' || ch == '<' || ch == '*') out += '\\';
+      out += ch;
+    }
+    return out;
+  };
+  std::ostringstream md;
+  md << "An input deck is a TOML file with one table per section below; a key left out takes its default, "
+        "and an unknown key, a wrong type or a value out of range is an error that names the file, line and "
+        "key. `--set section.key=value` overrides any key from the command line (repeatable). An integer is "
+        "accepted for a float key. Every run stores its effective deck (all keys) as deck.toml in its run directory.\n";
+  std::string section;
+  for (const auto& k : deck::schema()) {
+    if (k.section != section) {
+      section = k.section;
+      md << "\n### [" << section << "]\n\n";
+      md << "| key | type | default | allowed | meaning |\n";
+      md << "| --- | --- | --- | --- | --- |\n";
+    }
+    md << "| `" << k.key << "` | " << deck::type_name(k.type) << " | `" << cell(deck::toml_value(k.default_value()))
+       << "` | " << cell(k.constraint.describe(true)) << " | " << cell(k.doc) << " |\n";
+  }
+  return md.str();
+}
+
+}  // namespace meshmoe

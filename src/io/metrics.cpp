@@ -1,0 +1,227 @@
+// The metrics file: see metrics.hpp.
+#include "io/metrics.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+namespace meshmoe {
+
+namespace {
+
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+std::string normalize(const std::string& name) {
+  size_t b = name.find_first_not_of('/');
+  return b == std::string::npos ? "" : name.substr(b);
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t end = std::min(s.find('/', start), s.size());
+    parts.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return parts;
+}
+
+bool matches(const std::string& pattern, const std::string& name) {
+  auto p = split(pattern), n = split(name);
+  if (p.size() != n.size()) return false;
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i] != "*" && p[i] != n[i]) return false;
+  return true;
+}
+
+struct Known {
+  const char* pattern;
+  MetricInfo info;
+};
+
+const std::vector<Known>& known_metrics() {
+  static const std::vector<Known> table = {
+      {"step", {"1", "optimizer step; row r of every series belongs to step[r]"}},
+      {"loss", {"nats/token", "training cross-entropy, mean over the tokens of the step"}},
+      {"aux_loss", {"1", "MoE auxiliary load-balancing loss (GShard 2.2, Switch eq. 4), summed over MoE layers"}},
+      {"z_loss", {"1", "router z-loss (mean squared log-sum-exp of router logits), summed over MoE layers"}},
+      {"total_loss", {"1", "loss + weighted auxiliary losses: the quantity differentiated"}},
+      {"lr", {"1", "learning rate applied at this step"}},
+      {"grad_norm", {"1", "global L2 norm of the gradient before clipping"}},
+      {"tokens_per_s", {"tokens/s", "training throughput over the step, all ranks together"}},
+      {"mfu", {"1", "model FLOPs utilization"}},
+      {"time/*", {"s", "wall time of this phase during the step (max over ranks)"}},
+      {"moe/*/dropped_fraction", {"1", "fraction of token-to-expert assignments dropped for lack of capacity"}},
+      {"moe/*/expert_load", {"1", "fraction of the tokens routed to each expert; row per step, column per expert"}},
+      {"moe/*/router_entropy", {"nats", "mean entropy of the router's softmax over experts"}},
+      {"eval/loss", {"nats/token", "evaluation cross-entropy, mean over the evaluation tokens"}},
+      {"eval/lang/*", {"nats/token", "evaluation cross-entropy for one language tag"}},
+      {"eval/*", {"nats/token", "evaluation cross-entropy of one evaluation set"}},
+  };
+  return table;
+}
+
+// Every extendible dataset under `loc`, by path relative to the file root.
+void collect_series(const h5::Location& loc, const std::string& prefix, std::vector<std::string>& out) {
+  for (const auto& child : loc.children()) {
+    std::string path = prefix.empty() ? child : prefix + "/" + child;
+    if (loc.is_group(child)) {
+      collect_series(loc.group(child), path, out);
+    } else if (loc.is_dataset(child)) {
+      h5::Dims m = loc.dataset(child).max_dims();
+      if (!m.empty() && m[0] < 0) out.push_back(path);
+    }
+  }
+}
+
+}  // namespace
+
+MetricInfo MetricsFile::default_info(const std::string& name) {
+  std::string n = normalize(name);
+  for (const auto& k : known_metrics())
+    if (matches(k.pattern, n)) return k.info;
+  return {"", ""};
+}
+
+MetricsFile::MetricsFile(const std::string& path, const std::string& deck_text,
+                         const std::map<std::string, std::string>& attrs, std::optional<int64_t> resume_after_step)
+    : path_(path) {
+  bool resume = resume_after_step.has_value() && std::filesystem::exists(path);
+  if (resume) {
+    file_ = h5::File::open(path, h5::Access::ReadWrite);
+    if (!file_.is_dataset("step"))
+      throw Error(path + ": not a meshmoe metrics file (no /step dataset); move it away to start a new one");
+    step_ = file_.dataset("step");
+    // Keep the rows up to and including the resume step; steps increase along the file.
+    std::vector<int64_t> steps = step_.read<int64_t>();
+    auto keep = static_cast<int64_t>(std::upper_bound(steps.begin(), steps.end(), *resume_after_step) - steps.begin());
+    std::vector<std::string> names;
+    collect_series(file_, "", names);
+    for (const auto& n : names) {
+      h5::Dataset d = file_.dataset(n);
+      h5::Dims s = d.shape();
+      if (s[0] > keep) {
+        s[0] = keep;
+        d.resize(s);
+      }
+    }
+    rows_ = keep;
+    if (keep > 0) last_step_ = steps[static_cast<size_t>(keep - 1)];
+    std::vector<int64_t> resumed;
+    if (file_.has_attr("resumed_after_steps")) resumed = file_.attr<std::vector<int64_t>>("resumed_after_steps");
+    resumed.push_back(*resume_after_step);
+    file_.set_attr("resumed_after_steps", resumed);
+    if (file_.exists("deck")) file_.remove("deck");
+  } else {
+    file_ = h5::File::create(path);
+    step_ = file_.create_series<int64_t>("step");
+    MetricInfo i = default_info("step");
+    step_.set_attr("units", i.units);
+    step_.set_attr("description", i.description);
+    file_.set_attr("format", std::string("meshmoe metrics 1"));
+  }
+  h5::Dataset deck = file_.write_string("deck", deck_text);
+  deck.set_attr("description", std::string("effective input deck (TOML, after --set overrides)"));
+  for (const auto& [k, v] : attrs) file_.set_attr(k, v);
+  file_.flush();
+}
+
+MetricsFile::~MetricsFile() {
+  try {
+    pad_all();
+    file_.flush();
+  } catch (const std::exception&) {
+    // A destructor cannot report; the rows appended so far were flushed already.
+  }
+}
+
+void MetricsFile::describe(const std::string& name, const std::string& units, const std::string& description) {
+  described_[normalize(name)] = {units, description};
+}
+
+h5::Dataset& MetricsFile::series(const std::string& raw_name, int64_t width) {
+  std::string name = normalize(raw_name);
+  if (name.empty() || name == "step" || name == "deck")
+    throw Error(path_ + ": '" + raw_name + "' cannot be used as a metric name");
+  auto it = series_.find(name);
+  if (it == series_.end()) {
+    h5::Dataset d;
+    if (file_.exists(name)) {
+      d = file_.dataset(name);
+    } else {
+      d = width == 0 ? file_.create_series<double>(name) : file_.create_series<double>(name, {width});
+      auto di = described_.find(name);
+      MetricInfo info = di != described_.end() ? di->second : default_info(name);
+      d.set_attr("units", info.units);
+      d.set_attr("description", info.description);
+    }
+    it = series_.emplace(name, std::move(d)).first;
+  }
+  h5::Dims s = it->second.shape();
+  bool ok = width == 0 ? s.size() == 1 : (s.size() == 2 && s[1] == width);
+  if (!ok)
+    throw Error(path_ + ": metric '" + name + "' was logged as " +
+                (s.size() == 1 ? std::string("a scalar") : "a row of " + std::to_string(s.back())) + ", now as " +
+                (width == 0 ? std::string("a scalar") : "a row of " + std::to_string(width)));
+  return it->second;
+}
+
+namespace {
+// Extends a series to `n` rows with NaN: the logged steps at which this metric was missing.
+void pad_nan(h5::Dataset& d, int64_t n) {
+  h5::Dims s = d.shape();
+  int64_t old = s[0], width = s.size() == 2 ? s[1] : 1;
+  if (old >= n) return;
+  s[0] = n;
+  d.resize(s);
+  std::vector<double> nan(static_cast<size_t>((n - old) * width), kNaN);
+  h5::Dims off(s.size(), 0), cnt = s;
+  off[0] = old;
+  cnt[0] = n - old;
+  d.write_block(off, cnt, nan.data());
+}
+}  // namespace
+
+void MetricsFile::write_at_current_row(h5::Dataset& d, const std::vector<double>& values) {
+  pad_nan(d, rows_ - 1);
+  h5::Dims s = d.shape();
+  if (s[0] < rows_) {
+    s[0] = rows_;
+    d.resize(s);
+  }
+  d.write_row(rows_ - 1, values.data(), static_cast<int64_t>(values.size()));
+}
+
+void MetricsFile::append(int64_t step, const std::map<std::string, double>& scalars) {
+  if (last_step_ && step < *last_step_)
+    throw Error(path_ + ": step " + std::to_string(step) + " logged after step " + std::to_string(*last_step_));
+  if (!last_step_ || step > *last_step_) {
+    step_.append(&step, 1);
+    ++rows_;
+    last_step_ = step;
+  }
+  for (const auto& [name, value] : scalars) write_at_current_row(series(name, 0), {value});
+  file_.flush();
+}
+
+void MetricsFile::append_row(const std::string& name, const std::vector<double>& row) {
+  if (rows_ == 0) throw Error(path_ + ": append_row('" + name + "') before any append(step, ...)");
+  if (row.empty()) throw Error(path_ + ": append_row('" + name + "') with an empty row");
+  write_at_current_row(series(name, static_cast<int64_t>(row.size())), row);
+  file_.flush();
+}
+
+void MetricsFile::pad_all() {
+  if (!file_.valid()) return;
+  std::vector<std::string> names;
+  collect_series(file_, "", names);
+  for (const auto& n : names) {
+    if (n == "step") continue;
+    h5::Dataset d = file_.dataset(n);
+    pad_nan(d, rows_);
+  }
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,75 @@
+// The metrics file of a run (runs/<name>/metrics.h5), written by rank 0 only (serial HDF5).
+//
+// Layout: /step (int64, one row per logged step) and one extendible float64 dataset per metric,
+// named by the caller ("loss", "time/forward", "moe/3/dropped_fraction", "eval/lang/en"; '/'
+// makes groups), plus 2-D series [step, n] from append_row ("moe/3/expert_load" [step, E]).
+// Row r of every series belongs to step /step[r]: a metric missing at some logged step holds NaN
+// there (eval metrics every N steps, say), and a series shorter than /step has no values at the
+// later steps yet. Every dataset carries `units` and `description` attributes, set when it is
+// created (from describe() or the built-in table, default_info()). /deck holds the effective
+// deck text; the root carries the caller's attributes. Each append is flushed, and the file is
+// not locked, so h5py can read it while the run goes on:
+//   f = h5py.File("metrics.h5", "r"); plt.plot(f["step"][()], f["loss"][()])
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/h5.hpp"
+
+namespace meshmoe {
+
+struct MetricInfo {
+  std::string units;        // "nats/token", "s", "tokens/s", "1" (dimensionless)
+  std::string description;  // one sentence
+};
+
+class MetricsFile {
+ public:
+  // Creates `path` (truncating any old file). With `resume_after_step`, opens an existing file
+  // instead (creating it when missing) and drops every row logged after that step, so a run
+  // resumed from the checkpoint at that step continues the series without duplicates; /deck is
+  // replaced and the attributes are updated.
+  MetricsFile(const std::string& path, const std::string& deck_text,
+              const std::map<std::string, std::string>& attrs = {},
+              std::optional<int64_t> resume_after_step = std::nullopt);
+  ~MetricsFile();  // pads every series to the length of /step, closes the file
+  MetricsFile(const MetricsFile&) = delete;
+  MetricsFile& operator=(const MetricsFile&) = delete;
+
+  // Units and description for a series created later (overrides the built-in table).
+  void describe(const std::string& name, const std::string& units, const std::string& description);
+
+  // Logs `scalars` at `step`. A step equal to the last one logged adds to that row (e.g. eval
+  // metrics after the training metrics of the same step); a smaller step is an error.
+  void append(int64_t step, const std::map<std::string, double>& scalars);
+  // Logs a row of a 2-D series at the last logged step (call append(step, ...) first). The row
+  // length is fixed by the first call.
+  void append_row(const std::string& name, const std::vector<double>& row);
+
+  int64_t rows() const { return rows_; }                // rows of /step
+  std::optional<int64_t> last_step() const { return last_step_; }
+  const std::string& path() const { return path_; }
+  void flush() { file_.flush(); }
+
+  // Built-in units/description for the metric names the trainer writes ('*' = one path
+  // component); {"", ""} for unknown names.
+  static MetricInfo default_info(const std::string& name);
+
+ private:
+  h5::Dataset& series(const std::string& name, int64_t width);  // opens or creates
+  void write_at_current_row(h5::Dataset& d, const std::vector<double>& values);
+  void pad_all();
+
+  std::string path_;
+  h5::File file_;
+  h5::Dataset step_;
+  std::map<std::string, h5::Dataset> series_;  // closed before file_ (declared after it)
+  std::map<std::string, MetricInfo> described_;
+  int64_t rows_ = 0;
+  std::optional<int64_t> last_step_;
+};
+
+}  // namespace meshmoe

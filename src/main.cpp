@@ -1,0 +1,134 @@
+// meshmoe: command line and wiring. Subcommands: train, plan, prep, deck-doc; --version.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "deck/deck.hpp"
+#include "data/prep.hpp"
+#include "data/prep_cli.hpp"
+#include "mesh/mesh.hpp"
+#include "train/trainer.hpp"
+
+#ifndef MESHMOE_VERSION
+#define MESHMOE_VERSION "unknown"
+#endif
+
+namespace meshmoe {
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// Reads the deck on rank 0, broadcasts it, checks the launch and builds the mesh.
+struct Setup {
+  Deck deck;
+  Mesh mesh;
+};
+Setup setup(const std::string& path, const std::vector<std::string>& overrides) {
+  Deck deck = load_deck(path, overrides, MPI_COMM_WORLD);
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  check_world_size(deck.cfg, world);
+  Mesh mesh(MPI_COMM_WORLD, int(deck.cfg.mesh.pipe), int(deck.cfg.mesh.data), int(deck.cfg.mesh.tensor));
+  return Setup{std::move(deck), std::move(mesh)};
+}
+
+int cmd_plan(const std::string& path, const std::vector<std::string>& overrides) {
+  Setup s = setup(path, overrides);
+  const std::string text = s.mesh.describe();
+  if (world_rank() == 0) std::cout << text << std::flush;
+  return kExitOk;
+}
+
+int cmd_train(const std::string& path, const std::vector<std::string>& overrides) {
+  Setup s = setup(path, overrides);
+  if (world_rank() == 0) std::cout << "# effective deck (" << s.deck.path << ")\n" << s.deck.effective_toml << std::flush;
+  return train_main(s.deck, s.mesh);
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"meshmoe: sharded Mixture-of-Experts Transformer training (GShard, Switch, Pipeline-MoE)"};
+  app.set_version_flag("--version", std::string("meshmoe ") + MESHMOE_VERSION);
+  app.require_subcommand(1);
+
+  std::string deck_path;
+  std::vector<std::string> overrides;
+  auto* train = app.add_subcommand("train", "Train the model described by an input deck");
+  train->add_option("deck", deck_path, "Input deck (TOML)")->required();
+  train->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  auto* plan = app.add_subcommand("plan", "Print the device mesh and the plan of a deck without training");
+  plan->add_option("deck", deck_path, "Input deck (TOML)")->required();
+  plan->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  auto* deck_doc = app.add_subcommand("deck-doc", "Print the reference of every deck key as markdown");
+
+  auto* prep = app.add_subcommand("prep", "Turn text sources into a dataset file (HDF5)");
+  prep->require_subcommand(1);
+  PrepGettextOptions gettext_opt;
+  auto* prep_gettext = prep->add_subcommand("gettext", "English msgid -> translation pairs from every gettext catalog");
+  prep_gettext->add_option("-o,--output", gettext_opt.output, "Dataset file to write")->required();
+  prep_gettext->add_option("--root", gettext_opt.root, "Locale tree scanned as ROOT/<lang>/LC_MESSAGES/*.mo")
+      ->capture_default_str();
+  prep_gettext->add_option("--max-len", gettext_opt.max_len, "Drop pairs whose example is longer (tokens)")
+      ->capture_default_str();
+  prep_gettext->add_option("--valid-percent", gettext_opt.valid_percent, "Percent of English strings held out")
+      ->capture_default_str();
+  prep_gettext->add_option("--min-pairs", gettext_opt.min_pairs, "Drop languages with fewer pairs")->capture_default_str();
+  prep_gettext->add_option("--languages", gettext_opt.languages, "Keep only these languages (comma-separated)")
+      ->delimiter(',');
+  prep_gettext->add_flag("-q,--quiet", gettext_opt.quiet, "No progress lines");
+  PrepTextOptions text_opt;
+  auto* prep_text = prep->add_subcommand("text", "One example per line (or paragraph) of UTF-8 text files");
+  prep_text->add_option("files", text_opt.files, "Text files")->required();
+  prep_text->add_option("-o,--output", text_opt.output, "Dataset file to write")->required();
+  prep_text->add_option("--max-len", text_opt.max_len, "Cut longer lines into pieces of this many tokens")
+      ->capture_default_str();
+  prep_text->add_option("--valid-percent", text_opt.valid_percent, "Percent of lines held out")->capture_default_str();
+  prep_text->add_flag("--paragraphs", text_opt.paragraphs, "One example per blank-line separated paragraph");
+  prep_text->add_flag("-q,--quiet", text_opt.quiet, "No progress lines");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = world_rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
+    return rc == 0 ? kExitOk : kExitInputError;
+  }
+  if (*deck_doc) {
+    if (world_rank() == 0) std::cout << deck_reference_markdown();
+    return kExitOk;
+  }
+  if (*prep_gettext) return prep_gettext_main(gettext_opt);
+  if (*prep_text) return prep_text_main(text_opt);
+  if (*plan) return cmd_plan(deck_path, overrides);
+  if (*train) return cmd_train(deck_path, overrides);
+  return kExitInputError;
+}
+
+}  // namespace
+}  // namespace meshmoe
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rc = meshmoe::kExitFailure;
+  try {
+    rc = meshmoe::run(argc, argv);
+  } catch (const meshmoe::InputError& e) {
+    // Every rank reaches an InputError together (the verdict was broadcast): rank 0 speaks.
+    if (meshmoe::world_rank() == 0)
+      for (const auto& m : e.messages()) std::fprintf(stderr, "meshmoe: error: %s\n", m.c_str());
+    rc = meshmoe::kExitInputError;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meshmoe: rank %d: fatal: %s\n", meshmoe::world_rank(), e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, meshmoe::kExitFailure);
+  }
+  MPI_Finalize();
+  return rc;
+}

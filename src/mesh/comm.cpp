@@ -1,0 +1,46 @@
+// Backend-independent pieces of Comm.
+#include "mesh/comm.hpp"
+
+namespace meshmoe {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::F64: return 8;
+    case DType::I32: return 4;
+    case DType::I64: return 8;
+    case DType::U64: return 8;
+    case DType::U8: return 1;
+  }
+  throw Error("dtype_size: unknown DType");
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "float32";
+    case DType::F64: return "float64";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+    case DType::U64: return "uint64";
+    case DType::U8: return "uint8";
+  }
+  return "?";
+}
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::Sum: return "sum";
+    case Op::Max: return "max";
+    case Op::Min: return "min";
+  }
+  return "?";
+}
+
+void Comm::check_rank(int r, const char* what, bool allow_none) const {
+  if (allow_none && r == kNoRank) return;
+  if (r < 0 || r >= size())
+    throw Error(name() + ": " + what + " rank " + std::to_string(r) + " is outside the group (0.." +
+                std::to_string(size() - 1) + ")");
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,169 @@
+// Mesh: axis communicators by MPI_Comm_split, and the plan text.
+#include "mesh/mesh.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+
+#ifdef MESHMOE_CUDA
+#include "mesh/nccl_comm.hpp"
+#endif
+
+namespace meshmoe {
+
+const char* axis_name(Axis a) {
+  switch (a) {
+    case Axis::Pipe: return "pipe";
+    case Axis::Data: return "data";
+    case Axis::Tensor: return "tensor";
+  }
+  return "?";
+}
+
+int MeshShape::extent(Axis a) const {
+  switch (a) {
+    case Axis::Pipe: return pipe;
+    case Axis::Data: return data;
+    case Axis::Tensor: return tensor;
+  }
+  return 0;
+}
+
+std::array<int, 3> MeshShape::coords(int world_rank) const {
+  // world = (p * data + d) * tensor + t
+  return {world_rank / (data * tensor), (world_rank / tensor) % data, world_rank % tensor};
+}
+
+int MeshShape::rank_of(const std::array<int, 3>& c) const { return (c[0] * data + c[1]) * tensor + c[2]; }
+
+std::vector<int> MeshShape::group_of(Axis a, int world_rank) const {
+  std::array<int, 3> c = coords(world_rank);
+  std::vector<int> g;
+  for (int i = 0; i < extent(a); ++i) {
+    c[size_t(a)] = i;
+    g.push_back(rank_of(c));
+  }
+  return g;
+}
+
+std::vector<std::vector<int>> MeshShape::groups(Axis a) const {
+  std::vector<std::vector<int>> gs;
+  for (int r = 0; r < size(); ++r)
+    if (coords(r)[size_t(a)] == 0) gs.push_back(group_of(a, r));  // r is its group's smallest rank
+  return gs;
+}
+
+std::string MeshShape::str() const {
+  return "pipe=" + std::to_string(pipe) + " x data=" + std::to_string(data) + " x tensor=" + std::to_string(tensor) +
+         " = " + std::to_string(size()) + " ranks";
+}
+
+std::vector<MeshShape> MeshShape::all_for(int world_size) {
+  std::vector<MeshShape> out;
+  for (int p = 1; p <= world_size; ++p)
+    for (int d = 1; d <= world_size; ++d)
+      if (world_size % (p * d) == 0) out.push_back({p, d, world_size / (p * d)});
+  return out;
+}
+
+Mesh::Mesh(MPI_Comm world, int pipe, int data, int tensor) : shape_{pipe, data, tensor} {
+  int world_size = 0;
+  MPI_Comm_size(world, &world_size);
+  MPI_Comm_rank(world, &rank_);
+  // Every rank sees the same arguments and world size, so every rank throws alike (no hang).
+  if (pipe < 1 || data < 1 || tensor < 1)
+    throw InputError("mesh: every extent must be >= 1, got pipe=" + std::to_string(pipe) + " data=" +
+                     std::to_string(data) + " tensor=" + std::to_string(tensor));
+  const int64_t product = int64_t(pipe) * data * tensor;
+  if (product != world_size)
+    throw InputError("mesh: pipe=" + std::to_string(pipe) + " x data=" + std::to_string(data) + " x tensor=" +
+                     std::to_string(tensor) + " = " + std::to_string(product) + " ranks, but the job has " +
+                     std::to_string(world_size) + "; launch " + std::to_string(product) +
+                     " ranks or change [mesh]");
+
+  MPI_Comm dup = MPI_COMM_NULL;
+  if (MPI_Comm_dup(world, &dup) != MPI_SUCCESS) throw Error("mesh: MPI_Comm_dup failed");
+  world_ = std::make_unique<MpiComm>(dup, "world");
+  coords_ = shape_.coords(rank_);
+  for (Axis a : kAxes) {
+    // Same group <=> same coordinates on the other two axes: colour by the group's first rank;
+    // key by the coordinate along the axis, so the axis rank is the coordinate.
+    std::array<int, 3> first = coords_;
+    first[size_t(a)] = 0;
+    MPI_Comm sub = MPI_COMM_NULL;
+    if (MPI_Comm_split(dup, shape_.rank_of(first), coords_[size_t(a)], &sub) != MPI_SUCCESS)
+      throw Error(std::string("mesh: MPI_Comm_split for the ") + axis_name(a) + " axis failed");
+    axes_[size_t(a)] = std::make_unique<MpiComm>(sub, std::string(axis_name(a)) + " axis");
+  }
+}
+
+Mesh::~Mesh() = default;
+
+std::string Mesh::describe() const {
+  Comm& world = *world_;
+  const int n = shape_.size();
+
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(host, &len);
+  std::vector<char> hosts(size_t(n) * MPI_MAX_PROCESSOR_NAME);
+  world.all_gather(host, MPI_MAX_PROCESSOR_NAME, hosts.data());
+
+  std::vector<int32_t> coords(size_t(n) * 3);
+  const int32_t mine[3] = {coords_[0], coords_[1], coords_[2]};
+  world.all_gather(mine, 3, coords.data());
+
+  // The groups as the communicators have them: each rank learns its group's world ranks from
+  // its axis communicator, then rank 0 collects every rank's view.
+  std::array<std::vector<std::vector<int>>, 3> groups;
+  for (Axis a : kAxes) {
+    const size_t e = size_t(shape_.extent(a));
+    std::vector<int32_t> members(e), all(e * size_t(n));
+    const int32_t me = rank_;
+    axes_[size_t(a)]->all_gather(&me, 1, members.data());
+    world.all_gather(members.data(), e, all.data());
+    for (int r = 0; r < n; ++r) {
+      std::vector<int> g(all.begin() + long(r * e), all.begin() + long((r + 1) * e));
+      if (std::find(groups[size_t(a)].begin(), groups[size_t(a)].end(), g) == groups[size_t(a)].end())
+        groups[size_t(a)].push_back(g);
+    }
+    std::sort(groups[size_t(a)].begin(), groups[size_t(a)].end());
+  }
+  if (rank_ != 0) return "";
+
+  std::ostringstream os;
+  os << "mesh: " << shape_.str() << "\n";
+  for (int r = 0; r < n; ++r) {
+    const char* h = hosts.data() + size_t(r) * MPI_MAX_PROCESSOR_NAME;
+    os << "rank " << r << "  host " << std::string(h, strnlen(h, MPI_MAX_PROCESSOR_NAME)) << "  pipe "
+       << coords[size_t(r) * 3] << " data " << coords[size_t(r) * 3 + 1] << " tensor " << coords[size_t(r) * 3 + 2]
+       << "\n";
+  }
+  for (Axis a : kAxes) {
+    os << axis_name(a) << " groups:";
+    for (const auto& g : groups[size_t(a)]) {
+      os << " [";
+      for (size_t i = 0; i < g.size(); ++i) os << (i ? " " : "") << g[i];
+      os << "]";
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+#ifdef MESHMOE_CUDA
+void Mesh::enable_device() {
+  if (device_enabled()) return;
+  select_local_device(world_->mpi());
+  for (Axis a : kAxes)
+    dev_axes_[size_t(a)] = std::make_unique<NcclComm>(*axes_[size_t(a)], std::string(axis_name(a)) + " axis (nccl)");
+}
+
+Comm& Mesh::device_axis(Axis a) {
+  if (!dev_axes_[size_t(a)]) throw Error("mesh: device_axis() before enable_device()");
+  return *dev_axes_[size_t(a)];
+}
+#endif
+
+}  // namespace meshmoe

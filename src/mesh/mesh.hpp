@@ -1,0 +1,89 @@
+// The device mesh: pipe x data x tensor, outermost to innermost (DESIGN "The mesh").
+// World rank = (p * data + d) * tensor + t, so tensor groups are neighbouring ranks (same node).
+// Each axis group has its own communicator; Mesh::axis(a) is the Comm every layer uses to talk
+// along that axis.
+#pragma once
+#include <mpi.h>
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mesh/comm.hpp"
+#include "mesh/mpi_comm.hpp"
+
+namespace meshmoe {
+
+enum class Axis { Pipe = 0, Data = 1, Tensor = 2 };
+inline constexpr std::array<Axis, 3> kAxes{Axis::Pipe, Axis::Data, Axis::Tensor};
+const char* axis_name(Axis a);  // "pipe", "data", "tensor"
+
+// The shape and the rank <-> coordinate arithmetic; no MPI.
+struct MeshShape {
+  int pipe = 1, data = 1, tensor = 1;
+
+  int size() const { return pipe * data * tensor; }
+  int extent(Axis a) const;
+  // coords[int(Axis)] of a world rank.
+  std::array<int, 3> coords(int world_rank) const;
+  int rank_of(const std::array<int, 3>& coords) const;
+  // World ranks of every group along `a`: groups in increasing order of their smallest rank,
+  // members in order of their coordinate along `a` (= their rank in the axis communicator).
+  std::vector<std::vector<int>> groups(Axis a) const;
+  // World ranks of the group along `a` that contains `world_rank`.
+  std::vector<int> group_of(Axis a, int world_rank) const;
+  std::string str() const;  // "pipe=1 x data=2 x tensor=2 = 4 ranks"
+  // Every shape with pipe * data * tensor == world_size (for tests that sweep meshes).
+  static std::vector<MeshShape> all_for(int world_size);
+  bool operator==(const MeshShape&) const = default;
+};
+
+class Mesh {
+ public:
+  // Collective over `world`. Throws InputError (on every rank alike) unless every extent is >= 1
+  // and pipe * data * tensor equals the size of `world`. The mesh works on its own duplicate of
+  // `world`, so its traffic never matches messages of other code.
+  Mesh(MPI_Comm world, int pipe, int data, int tensor);
+  Mesh(Mesh&&) noexcept = default;
+  Mesh& operator=(Mesh&&) noexcept = default;
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+  ~Mesh();
+
+  const MeshShape& shape() const { return shape_; }
+  Comm& axis(Axis a) { return *axes_[size_t(a)]; }
+  int coord(Axis a) const { return coords_[size_t(a)]; }
+  int extent(Axis a) const { return shape_.extent(a); }
+  int rank() const { return rank_; }
+  int size() const { return shape_.size(); }
+  MPI_Comm world() const { return world_->mpi(); }
+  // Comm over all ranks of the mesh (rank = world rank), e.g. for run-wide metrics.
+  Comm& world_comm() { return *world_; }
+
+  // Collective over the world. Rank 0 gets the text `meshmoe plan` prints (shape, every rank's
+  // coordinates and host, the world ranks of every axis group as the communicators report them);
+  // other ranks get "".
+  std::string describe() const;
+
+#ifdef MESHMOE_CUDA
+  // Collective over the world: selects this rank's GPU (node-local rank modulo the device count)
+  // and creates one NCCL communicator per axis group. Needs a GPU per rank of a node.
+  void enable_device();
+  bool device_enabled() const { return dev_axes_[0] != nullptr; }
+  // The NCCL Comm of an axis (device buffers); Error before enable_device().
+  Comm& device_axis(Axis a);
+#endif
+
+ private:
+  MeshShape shape_;
+  int rank_ = 0;
+  std::array<int, 3> coords_{};
+  std::unique_ptr<MpiComm> world_;
+  std::array<std::unique_ptr<MpiComm>, 3> axes_;
+#ifdef MESHMOE_CUDA
+  std::array<std::unique_ptr<Comm>, 3> dev_axes_;
+#endif
+};
+
+}  // namespace meshmoe

@@ -1,0 +1,173 @@
+// MpiComm: every operation is one MPI call on the group's communicator (blocking).
+#include "mesh/mpi_comm.hpp"
+
+#include <climits>
+#include <utility>
+
+namespace meshmoe {
+
+static_assert(sizeof(size_t) == sizeof(uint64_t), "counts travel as MPI_UINT64_T");
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::I32: return MPI_INT32_T;
+    case DType::I64: return MPI_INT64_T;
+    case DType::U64: return MPI_UINT64_T;
+    case DType::U8: return MPI_UINT8_T;
+  }
+  throw Error("mpi_type: unknown DType");
+}
+
+MPI_Op mpi_op(Op op) {
+  switch (op) {
+    case Op::Sum: return MPI_SUM;
+    case Op::Max: return MPI_MAX;
+    case Op::Min: return MPI_MIN;
+  }
+  throw Error("mpi_op: unknown Op");
+}
+
+MpiComm::MpiComm(MPI_Comm comm, std::string label) : comm_(comm), label_(std::move(label)) {
+  if (comm_ == MPI_COMM_NULL) throw Error("MpiComm(" + label_ + "): null communicator");
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+}
+
+MpiComm::~MpiComm() { release(); }
+
+MpiComm::MpiComm(MpiComm&& o) noexcept
+    : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), label_(std::move(o.label_)), rank_(o.rank_), size_(o.size_) {}
+
+MpiComm& MpiComm::operator=(MpiComm&& o) noexcept {
+  if (this != &o) {
+    release();
+    comm_ = std::exchange(o.comm_, MPI_COMM_NULL);
+    label_ = std::move(o.label_);
+    rank_ = o.rank_;
+    size_ = o.size_;
+  }
+  return *this;
+}
+
+void MpiComm::release() noexcept {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  // MPI_Comm_free after MPI_Finalize is erroneous; by then the library has released everything.
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+  comm_ = MPI_COMM_NULL;
+}
+
+std::string MpiComm::name() const { return label_ + " (" + std::to_string(size_) + " ranks)"; }
+
+void MpiComm::check(int rc, const char* call) const {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(name() + ": " + call + " failed: " + std::string(msg, size_t(len)));
+}
+
+int MpiComm::count(size_t n, const char* what) const {
+  if (n > size_t(INT_MAX))
+    throw Error(name() + ": " + what + " of " + std::to_string(n) +
+                " elements exceeds the MPI count limit (INT_MAX); split the transfer");
+  return int(n);
+}
+
+void MpiComm::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+void MpiComm::all_reduce_raw(void* buf, size_t n, DType t, Op op) {
+  check(MPI_Allreduce(MPI_IN_PLACE, buf, count(n, "all_reduce"), mpi_type(t), mpi_op(op), comm_), "MPI_Allreduce");
+}
+
+void MpiComm::broadcast_raw(void* buf, size_t n, DType t, int root) {
+  check_rank(root, "broadcast root");
+  check(MPI_Bcast(buf, count(n, "broadcast"), mpi_type(t), root, comm_), "MPI_Bcast");
+}
+
+void MpiComm::all_gather_raw(const void* send, size_t n, void* recv, DType t) {
+  count(n * size_t(size_), "all_gather result");
+  const int c = count(n, "all_gather");
+  check(MPI_Allgather(send, c, mpi_type(t), recv, c, mpi_type(t), comm_), "MPI_Allgather");
+}
+
+void MpiComm::reduce_scatter_raw(const void* send, void* recv, size_t n, DType t, Op op) {
+  count(n * size_t(size_), "reduce_scatter input");
+  check(MPI_Reduce_scatter_block(send, recv, count(n, "reduce_scatter"), mpi_type(t), mpi_op(op), comm_),
+        "MPI_Reduce_scatter_block");
+}
+
+void MpiComm::all_to_all_raw(const void* send, void* recv, size_t n, DType t) {
+  count(n * size_t(size_), "all_to_all buffer");
+  const int c = count(n, "all_to_all");
+  check(MPI_Alltoall(send, c, mpi_type(t), recv, c, mpi_type(t), comm_), "MPI_Alltoall");
+}
+
+void MpiComm::all_to_allv_raw(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
+                              DType t) {
+  // Displacements are prefix sums of the counts; both must fit MPI's int.
+  const size_t p = static_cast<size_t>(size_);
+  std::vector<int> sc(p), sd(p), rc(p), rd(p);
+  size_t s_off = 0, r_off = 0;
+  for (size_t i = 0; i < p; ++i) {
+    sc[i] = count(send_counts[i], "all_to_allv send count");
+    rc[i] = count(recv_counts[i], "all_to_allv receive count");
+    sd[i] = count(s_off, "all_to_allv send displacement");
+    rd[i] = count(s_off, "all_to_allv receive displacement");
+    s_off += send_counts[i];
+    r_off += recv_counts[i];
+  }
+  count(s_off, "all_to_allv send total");
+  count(r_off, "all_to_allv receive total");
+  check(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type(t), recv, rc.data(), rd.data(), mpi_type(t), comm_),
+        "MPI_Alltoallv");
+}
+
+std::vector<size_t> MpiComm::exchange_counts(std::span<const size_t> send_counts) {
+  check_counts(send_counts, "send_counts");
+  std::vector<size_t> recv_counts(static_cast<size_t>(size_));
+  // Blocking: the host waits here for every peer's counts (the named wait point, comm.hpp).
+  check(MPI_Alltoall(send_counts.data(), 1, MPI_UINT64_T, recv_counts.data(), 1, MPI_UINT64_T, comm_),
+        "MPI_Alltoall (counts)");
+  return recv_counts;
+}
+
+void MpiComm::permute_raw(const void* send, size_t n_send, int dest, void* recv, size_t n_recv, int source,
+                          DType t) {
+  check_rank(dest, "permute destination", /*allow_none=*/true);
+  check_rank(source, "permute source", /*allow_none=*/true);
+  const int d = dest == kNoRank ? MPI_PROC_NULL : dest, s = source == kNoRank ? MPI_PROC_NULL : source;
+  constexpr int kPermuteTag = 7001;
+  MPI_Status st;
+  check(MPI_Sendrecv(send, count(n_send, "permute send"), mpi_type(t), d, kPermuteTag, recv,
+                     count(n_recv, "permute receive"), mpi_type(t), s, kPermuteTag, comm_, &st),
+        "MPI_Sendrecv");
+  if (s != MPI_PROC_NULL) {
+    int got = 0;
+    MPI_Get_count(&st, mpi_type(t), &got);
+    if (size_t(got) != n_recv)
+      throw Error(name() + ": permute expected " + std::to_string(n_recv) + " elements from rank " +
+                  std::to_string(source) + " but got " + std::to_string(got));
+  }
+}
+
+void MpiComm::send_raw(const void* buf, size_t n, DType t, int dest, int tag) {
+  check_rank(dest, "send destination");
+  check(MPI_Send(buf, count(n, "send"), mpi_type(t), dest, tag, comm_), "MPI_Send");
+}
+
+void MpiComm::recv_raw(void* buf, size_t n, DType t, int source, int tag) {
+  check_rank(source, "receive source");
+  MPI_Status st;
+  check(MPI_Recv(buf, count(n, "recv"), mpi_type(t), source, tag, comm_, &st), "MPI_Recv");
+  int got = 0;
+  MPI_Get_count(&st, mpi_type(t), &got);
+  if (size_t(got) != n)
+    throw Error(name() + ": recv expected " + std::to_string(n) + " elements from rank " + std::to_string(source) +
+                " (tag " + std::to_string(tag) + ") but got " + std::to_string(got));
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,163 @@
+#include "model/attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.hpp"
+#include "tensor/blas.hpp"
+
+namespace meshmoe {
+
+template <typename T>
+static void ensure(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+template <typename T>
+CausalSelfAttention<T>::CausalSelfAttention(int d_model, int num_heads, double dropout, uint32_t layer_id,
+                                            int head_offset, int local_heads)
+    : M_(d_model), H_(num_heads), dropout_(dropout, layer_id) {
+  if (num_heads < 1 || d_model % num_heads != 0)
+    throw InputError("model.d_model = " + std::to_string(d_model) + " must be divisible by model.num_heads = " +
+                     std::to_string(num_heads));
+  D_ = M_ / H_;
+  h0_ = head_offset;
+  LH_ = local_heads < 0 ? H_ : local_heads;
+  if (h0_ < 0 || LH_ < 1 || h0_ + LH_ > H_)
+    throw std::logic_error("CausalSelfAttention: head block out of range");
+  L_ = LH_ * D_;
+}
+
+template <typename T>
+void CausalSelfAttention<T>::declare(ParamStore<T>& store, const std::string& prefix) {
+  const int64_t M = M_, L = L_, off = int64_t(h0_) * D_;
+  const std::pair<const char*, ParamView<T>*> in_proj[] = {{".wq", &wq}, {".wk", &wk}, {".wv", &wv}};
+  for (const auto& [name, view] : in_proj) {
+    auto& p = store.add_block(prefix + name, {M, M}, {M, L}, {0, off}, InitKind::TruncNormal, M_, view);
+    if (sharded()) p.shard_axis = ShardAxis::Tensor;
+  }
+  auto& p = store.add_block(prefix + ".wo", {M, M}, {L, M}, {off, 0}, InitKind::TruncNormal, M_, &wo);
+  if (sharded()) p.shard_axis = ShardAxis::Tensor;
+}
+
+// x [N, M] -> y [N, M]
+template <typename T>
+void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, int N, int T_seq) {
+  if (T_seq < 1 || N % T_seq != 0)
+    throw Error("CausalSelfAttention: " + std::to_string(N) + " tokens are not whole sequences of " +
+                std::to_string(T_seq));
+  T_ = T_seq;
+  const int B = N / T_, Tq = T_, L = L_, D = D_;
+  const size_t NL = size_t(N) * L;
+  x_.assign(x, x + size_t(N) * M_);
+  ensure(qkv_, 3 * NL);
+  ensure(p_, size_t(B) * LH_ * Tq * Tq);
+  ensure(att_, NL);
+  T* q = qkv_.data();
+  T* k = q + NL;
+  T* v = k + NL;
+  // q, k, v [N, L] = x [N, M] W [M, L]
+  matmul(false, false, N, L, M_, x, wq.w, q);
+  matmul(false, false, N, L, M_, x, wk.w, k);
+  matmul(false, false, N, L, M_, x, wv.w, v);
+  const T scale = T(1) / std::sqrt(T(D));
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < LH_; ++h) {
+      const size_t base = size_t(b) * Tq * L + size_t(h) * D;  // row b*T, column h*D of an [N, L] buffer
+      T* P = p_.data() + (size_t(b) * LH_ + h) * Tq * Tq;
+      // S [T, T] = scale * Q_bh [T, D] K_bh^T
+      gemm(false, true, Tq, Tq, D, scale, q + base, L, k + base, L, T(0), P, Tq);
+      // causal row softmax over j <= i
+      for (int i = 0; i < Tq; ++i) {
+        T* row = P + size_t(i) * Tq;
+        T mx = row[0];
+        for (int j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
+        T sum = 0;
+        for (int j = 0; j <= i; ++j) {
+          row[j] = std::exp(row[j] - mx);
+          sum += row[j];
+        }
+        const T inv = T(1) / sum;
+        for (int j = 0; j <= i; ++j) row[j] *= inv;
+        for (int j = i + 1; j < Tq; ++j) row[j] = T(0);
+      }
+      // O_bh [T, D] = P [T, T] V_bh [T, D]
+      gemm(false, false, Tq, D, Tq, T(1), P, Tq, v + base, L, T(0), att_.data() + base, L);
+    }
+  }
+  // y [N, M] = att [N, L] wo [L, M]  (partial over heads when sharded)
+  matmul(false, false, N, M_, L, att_.data(), wo.w, y);
+  if (sharded() && tensor_allreduce) tensor_allreduce(y, size_t(N) * M_);
+  dropout_.forward(ctx, y, N, M_);
+}
+
+// dy [N, M] -> dx [N, M] (+=)
+template <typename T>
+void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
+  if (T_ == 0) throw std::logic_error("CausalSelfAttention::backward before forward");
+  const int B = N / T_, Tq = T_, L = L_, D = D_;
+  const size_t NL = size_t(N) * L;
+  ensure(dy_, size_t(N) * M_);
+  ensure(datt_, NL);
+  ensure(dqkv_, 3 * NL);
+  ensure(dp_, size_t(Tq) * Tq);
+  std::copy(dy, dy + size_t(N) * M_, dy_.data());
+  dropout_.backward(ctx, dy_.data(), N, M_);
+  // wo.g [L, M] += att^T dy; datt [N, L] = dy wo^T
+  matmul(true, false, L, M_, N, att_.data(), dy_.data(), wo.g, true);
+  matmul(false, true, N, L, M_, dy_.data(), wo.w, datt_.data());
+  const T* q = qkv_.data();
+  const T* k = q + NL;
+  const T* v = k + NL;
+  T* dq = dqkv_.data();
+  T* dk = dq + NL;
+  T* dv = dk + NL;
+  const T scale = T(1) / std::sqrt(T(D));
+  T* dP = dp_.data();
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < LH_; ++h) {
+      const size_t base = size_t(b) * Tq * L + size_t(h) * D;
+      const T* P = p_.data() + (size_t(b) * LH_ + h) * Tq * Tq;
+      const T* dO = datt_.data() + base;
+      // dP [T, T] = dO V^T; dV [T, D] = P^T dO
+      gemm(false, true, Tq, Tq, D, T(1), dO, L, v + base, L, T(0), dP, Tq);
+      gemm(true, false, Tq, D, Tq, T(1), P, Tq, dO, L, T(0), dv + base, L);
+      // softmax backward: dS = P * (dP - sum_j P dP); zero above the diagonal since P is
+      for (int i = 0; i < Tq; ++i) {
+        const T* pr = P + size_t(i) * Tq;
+        T* dr = dP + size_t(i) * Tq;
+        T dot = 0;
+        for (int j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+        for (int j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
+        for (int j = i + 1; j < Tq; ++j) dr[j] = T(0);
+      }
+      // dQ = scale dS K; dK = scale dS^T Q
+      gemm(false, false, Tq, D, Tq, scale, dP, Tq, k + base, L, T(0), dq + base, L);
+      gemm(true, false, Tq, D, Tq, scale, dP, Tq, q + base, L, T(0), dk + base, L);
+    }
+  }
+  // W.g [M, L] += x^T dW-input; dx [N, M] += dq wq^T + dk wk^T + dv wv^T
+  matmul(true, false, M_, L, N, x_.data(), dq, wq.g, true);
+  matmul(true, false, M_, L, N, x_.data(), dk, wk.g, true);
+  matmul(true, false, M_, L, N, x_.data(), dv, wv.g, true);
+  if (sharded() && tensor_allreduce) {
+    // The partial input gradient must be summed over the tensor axis before it joins dx
+    // (which may already hold the residual branch's gradient).
+    ensure(dxs_, size_t(N) * M_);
+    matmul(false, true, N, M_, L, dq, wq.w, dxs_.data());
+    matmul(false, true, N, M_, L, dk, wk.w, dxs_.data(), true);
+    matmul(false, true, N, M_, L, dv, wv.w, dxs_.data(), true);
+    tensor_allreduce(dxs_.data(), size_t(N) * M_);
+    for (size_t i = 0; i < size_t(N) * M_; ++i) dx[i] += dxs_[i];
+  } else {
+    matmul(false, true, N, M_, L, dq, wq.w, dx, true);
+    matmul(false, true, N, M_, L, dk, wk.w, dx, true);
+    matmul(false, true, N, M_, L, dv, wv.w, dx, true);
+  }
+}
+
+template class CausalSelfAttention<float>;
+template class CausalSelfAttention<double>;
+
+}  // namespace meshmoe

@@ -1,0 +1,58 @@
+// Causal multi-head self-attention (Vaswani et al. 2017), no biases, output dropout.
+// wq, wk, wv [M, M]: column = head*D + d; wo [M, M]: row = head*D + d; D = M / num_heads.
+//
+// Tensor parallelism (Megatron): a rank may hold the contiguous block of heads
+// [head_offset, head_offset + local_heads): its wq/wk/wv block is [M, L] and its wo block [L, M]
+// with L = local_heads*D (logical shapes stay [M, M]). The output projection then yields a partial
+// sum over heads, and the input gradient a partial sum too; both go through `tensor_allreduce`
+// (set by the parallel code to the tensor axis' all-reduce) before dropout / before being added
+// to dx. With all heads local the hook is never called.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/context.hpp"
+#include "model/dropout.hpp"
+#include "model/params.hpp"
+
+namespace meshmoe {
+
+template <typename T>
+class CausalSelfAttention {
+ public:
+  // local_heads < 0 means all heads. layer_id keys the dropout stream (unique per dropout site).
+  CausalSelfAttention(int d_model, int num_heads, double dropout, uint32_t layer_id, int head_offset = 0,
+                      int local_heads = -1);
+
+  // prefix.wq, .wk, .wv, .wo (truncated normal, fan_in M); sharded blocks via add_block.
+  void declare(ParamStore<T>& store, const std::string& prefix);
+
+  // x [N, M] -> y [N, M]; N = B*T tokens, B sequences of T_seq tokens each, contiguous.
+  void forward(const StepContext& ctx, const T* x, T* y, int N, int T_seq);
+  // dy [N, M] -> dx [N, M] (+=), wq/wk/wv/wo .g (+=)
+  void backward(const StepContext& ctx, const T* dy, T* dx, int N);
+
+  ParamView<T> wq, wk, wv, wo;
+  std::function<void(T*, size_t)> tensor_allreduce;  // sum over the tensor axis, in place
+
+  int num_heads() const { return H_; }
+  int local_heads() const { return LH_; }
+  int head_offset() const { return h0_; }
+  bool sharded() const { return LH_ != H_; }
+
+ private:
+  int M_, H_, D_, h0_, LH_, L_;
+  int T_ = 0;
+  Dropout<T> dropout_;
+  // saved by forward
+  std::vector<T> x_;    // [N, M]
+  std::vector<T> qkv_;  // q, k, v each [N, L]
+  std::vector<T> p_;    // softmax probabilities [B, LH, T, T] (zero above the diagonal)
+  std::vector<T> att_;  // attention output before wo [N, L]
+  // backward scratch
+  std::vector<T> dy_, datt_, dqkv_, dp_, dxs_;
+};
+
+}  // namespace meshmoe

@@ -1,0 +1,18 @@
+// What a layer needs to know about the current step besides its inputs.
+#pragma once
+#include <cstdint>
+
+#include "core/timers.hpp"
+
+namespace meshmoe {
+
+struct StepContext {
+  uint64_t seed = 0;          // run.seed
+  uint32_t step = 0;          // optimizer step (keys the random streams)
+  bool training = true;       // dropout, jitter and random routing only in training
+  uint64_t token_offset = 0;  // global index of this rank's first token in the step's batch, so
+                              // random numbers are keyed by global token index (DESIGN.md principle 1)
+  PhaseTimers* timers = nullptr;  // optional: layers time their stages with ScopedPhase(ctx.timers, "gate")
+};
+
+}  // namespace meshmoe

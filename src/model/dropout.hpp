@@ -1,0 +1,44 @@
+// Inverted dropout (Srivastava et al. 2014) keyed by the global token index: element (token g,
+// column c) is kept when Rng{seed, step, layer, purpose}.uniform(g * ceil(C/4) + c/4, lane c%4) >= rate,
+// so a sharded run drops exactly the elements the single-rank run drops (DESIGN.md principle 1).
+// Active only when ctx.training and rate > 0.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/philox.hpp"
+#include "model/context.hpp"
+
+namespace meshmoe {
+
+template <typename T>
+class Dropout {
+ public:
+  Dropout() = default;
+  // layer_id must be unique per dropout site (it keys the random stream).
+  Dropout(double rate, uint32_t layer_id, RngPurpose purpose = RngPurpose::Dropout)
+      : rate_(rate), layer_(layer_id), purpose_(purpose) {}
+
+  bool active(const StepContext& ctx) const { return ctx.training && rate_ > 0; }
+  double rate() const { return rate_; }
+
+  // x [N, C] in place: x = x * keep / (1 - rate). Saves the keep mask for backward.
+  void forward(const StepContext& ctx, T* x, int N, int C);
+  // d [N, C] in place: d = d * keep / (1 - rate), with the mask of the last forward.
+  void backward(const StepContext& ctx, T* d, int N, int C) const;
+
+  // The keep decision for one element (also the test oracle's definition of the mask).
+  static bool keep(const Rng& rng, double rate, uint64_t global_token, int c, int C) {
+    const uint64_t per_token = (uint64_t(C) + 3) / 4;
+    return rng.uniform_double(global_token * per_token + uint64_t(c / 4), c % 4) >= rate;
+  }
+
+ private:
+  double rate_ = 0;
+  uint32_t layer_ = 0;
+  RngPurpose purpose_ = RngPurpose::Dropout;
+  bool was_active_ = false;
+  std::vector<uint8_t> keep_;  // [N, C]
+};
+
+}  // namespace meshmoe

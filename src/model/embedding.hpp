@@ -1,0 +1,61 @@
+// Token + learned position embedding, and the output projection (tied to the token embedding or
+// its own matrix).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/context.hpp"
+#include "model/params.hpp"
+
+namespace meshmoe {
+
+template <typename T>
+class Embedding {
+ public:
+  // vocab V, max_seq_len T (rows of wpe), width M.
+  Embedding(int vocab, int max_seq_len, int d_model) : V_(vocab), Tmax_(max_seq_len), M_(d_model) {}
+
+  // prefix.wte [V, M], prefix.wpe [T, M]; both truncated normal with fan_in M.
+  void declare(ParamStore<T>& store, const std::string& prefix);
+
+  // tokens [N] (B sequences of T tokens, contiguous) -> x [N, M] = wte[token] + wpe[n % T]
+  void forward(const StepContext& ctx, const int32_t* tokens, T* x, int N, int T_seq);
+  // dx [N, M] -> adds into wte.g and wpe.g (tokens saved by forward)
+  void backward(const StepContext& ctx, const T* dx, int N);
+
+  ParamView<T> wte, wpe;
+  int vocab() const { return V_; }
+  int d_model() const { return M_; }
+
+ private:
+  int V_, Tmax_, M_;
+  int T_ = 0;
+  std::vector<int32_t> tokens_;  // [N]
+};
+
+// logits [N, V] = x W^T, W [V, M] = the token embedding (tied) or prefix.wout (untied).
+template <typename T>
+class OutputHead {
+ public:
+  OutputHead(int vocab, int d_model) : V_(vocab), M_(d_model) {}
+
+  // Untied: registers prefix.wout [V, M] (fan_in M). Tied: pass the embedding's wte view; its
+  // gradient then receives both contributions.
+  void declare(ParamStore<T>& store, const std::string& prefix, ParamView<T>* tied = nullptr);
+
+  // x [N, M] -> logits [N, V]
+  void forward(const StepContext& ctx, const T* x, T* logits, int N);
+  // dlogits [N, V] -> adds into W.g and dx [N, M]
+  void backward(const StepContext& ctx, const T* dlogits, T* dx, int N);
+
+  ParamView<T> wout;  // used when untied
+  bool tied() const { return W_ != &wout; }
+
+ private:
+  int V_, M_;
+  ParamView<T>* W_ = &wout;
+  std::vector<T> x_;  // [N, M]
+};
+
+}  // namespace meshmoe

@@ -1,0 +1,78 @@
+#include "model/mlp.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "tensor/blas.hpp"
+
+namespace meshmoe {
+
+template <typename T>
+static void ensure(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+template <typename T>
+MLP<T>::MLP(int d_model, int d_ff, Activation act, double dropout, uint32_t layer_id, int hidden_offset,
+            int local_hidden)
+    : M_(d_model), H_(d_ff), h0_(hidden_offset), LH_(local_hidden < 0 ? d_ff : local_hidden), act_(act),
+      dropout_(dropout, layer_id) {
+  if (h0_ < 0 || LH_ < 1 || h0_ + LH_ > H_) throw std::logic_error("MLP: hidden block out of range");
+  W_ = activation_in_width(act_, LH_);
+}
+
+template <typename T>
+void MLP<T>::declare(ParamStore<T>& store, const std::string& prefix) {
+  const int64_t M = M_, H = H_, LH = LH_, h0 = h0_;
+  ParamInfo* p = nullptr;
+  if (act_ == Activation::Geglu)
+    p = &store.add_block(prefix + ".w_in", {M, 2, H}, {M, 2, LH}, {0, 0, h0}, InitKind::TruncNormal, M_, &w_in);
+  else
+    p = &store.add_block(prefix + ".w_in", {M, H}, {M, LH}, {0, h0}, InitKind::TruncNormal, M_, &w_in);
+  if (sharded()) p->shard_axis = ShardAxis::Tensor;
+  p = &store.add_block(prefix + ".w_out", {H, M}, {LH, M}, {h0, 0}, InitKind::TruncNormal, H_, &w_out);
+  if (sharded()) p->shard_axis = ShardAxis::Tensor;
+}
+
+// x [N, M] -> y [N, M]
+template <typename T>
+void MLP<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
+  x_.assign(x, x + size_t(N) * M_);
+  ensure(pre_, size_t(N) * W_);
+  ensure(h_, size_t(N) * LH_);
+  // pre [N, W] = x [N, M] w_in [M, W]; h [N, LH] = act(pre); y [N, M] = h w_out [LH, M]
+  matmul(false, false, N, W_, M_, x, w_in.w, pre_.data());
+  activation_forward(act_, pre_.data(), h_.data(), N, LH_);
+  matmul(false, false, N, M_, LH_, h_.data(), w_out.w, y);
+  if (sharded() && tensor_allreduce) tensor_allreduce(y, size_t(N) * M_);
+  dropout_.forward(ctx, y, N, M_);
+}
+
+// dy [N, M] -> dx [N, M] (+=)
+template <typename T>
+void MLP<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
+  ensure(dy_, size_t(N) * M_);
+  ensure(dh_, size_t(N) * LH_);
+  ensure(dpre_, size_t(N) * W_);
+  std::copy(dy, dy + size_t(N) * M_, dy_.data());
+  dropout_.backward(ctx, dy_.data(), N, M_);
+  // w_out.g [LH, M] += h^T dy; dh [N, LH] = dy w_out^T
+  matmul(true, false, LH_, M_, N, h_.data(), dy_.data(), w_out.g, true);
+  matmul(false, true, N, LH_, M_, dy_.data(), w_out.w, dh_.data());
+  activation_backward(act_, pre_.data(), dh_.data(), dpre_.data(), N, LH_);
+  // w_in.g [M, W] += x^T dpre; dx [N, M] += dpre w_in^T
+  matmul(true, false, M_, W_, N, x_.data(), dpre_.data(), w_in.g, true);
+  if (sharded() && tensor_allreduce) {
+    ensure(dxs_, size_t(N) * M_);
+    matmul(false, true, N, M_, W_, dpre_.data(), w_in.w, dxs_.data());
+    tensor_allreduce(dxs_.data(), size_t(N) * M_);
+    for (size_t i = 0; i < size_t(N) * M_; ++i) dx[i] += dxs_[i];
+  } else {
+    matmul(false, true, N, M_, W_, dpre_.data(), w_in.w, dx, true);
+  }
+}
+
+template class MLP<float>;
+template class MLP<double>;
+
+}  // namespace meshmoe

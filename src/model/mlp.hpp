@@ -1,0 +1,54 @@
+// Dense feed-forward: y = dropout(act(x W_in) W_out), no biases (T5/Switch).
+// w_in [M, H] for relu/gelu; for geglu its logical shape is [M, 2, H] (the same row-major bytes as
+// [M, 2H]: columns [0, H) go through gelu, [H, 2H) are the linear gate, see activation.hpp), so that
+// a tensor-parallel block of hidden units [h0, h0+LH) is one contiguous block [M, 2, LH].
+// w_out [H, M].
+//
+// Tensor parallelism (Megatron): a rank may hold hidden units [hidden_offset, hidden_offset +
+// local_hidden); the output and the input gradient are then partial sums that go through
+// `tensor_allreduce` (see attention.hpp). With all hidden units local the hook is never called.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/activation.hpp"
+#include "model/context.hpp"
+#include "model/dropout.hpp"
+#include "model/params.hpp"
+
+namespace meshmoe {
+
+template <typename T>
+class MLP {
+ public:
+  // local_hidden < 0 means all H hidden units. layer_id keys the dropout stream.
+  MLP(int d_model, int d_ff, Activation act, double dropout, uint32_t layer_id, int hidden_offset = 0,
+      int local_hidden = -1);
+
+  // prefix.w_in (fan_in M), prefix.w_out (fan_in H)
+  void declare(ParamStore<T>& store, const std::string& prefix);
+
+  // x [N, M] -> y [N, M]
+  void forward(const StepContext& ctx, const T* x, T* y, int N);
+  // dy [N, M] -> dx [N, M] (+=), w_in.g, w_out.g (+=)
+  void backward(const StepContext& ctx, const T* dy, T* dx, int N);
+
+  ParamView<T> w_in, w_out;
+  std::function<void(T*, size_t)> tensor_allreduce;  // sum over the tensor axis, in place
+
+  Activation activation() const { return act_; }
+  bool sharded() const { return LH_ != H_; }
+
+ private:
+  int M_, H_, h0_, LH_, W_;  // W_ = local input-projection width (LH or 2 LH)
+  Activation act_;
+  Dropout<T> dropout_;
+  std::vector<T> x_;    // [N, M]
+  std::vector<T> pre_;  // [N, W]
+  std::vector<T> h_;    // [N, LH]
+  std::vector<T> dy_, dh_, dpre_, dxs_;
+};
+
+}  // namespace meshmoe

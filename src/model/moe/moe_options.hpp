@@ -1,0 +1,98 @@
+// Settings of one MoE layer, filled by the trainer from the deck's [moe] section (moe_options(cfg)),
+// and the capacity rule shared by the router, the dispatchers and the sharding code.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "core/error.hpp"
+#include "deck/config.hpp"
+#include "model/activation.hpp"
+
+namespace meshmoe {
+
+enum class RouterKind { Top1, Top2, TopK };
+enum class SecondExpertPolicy { Random, Always, Threshold };
+
+struct MoeOptions {
+  int d_model = 0;          // M
+  int num_experts = 0;      // E (global)
+  int d_ff = 0;             // H of each expert
+  Activation activation = Activation::Relu;
+  RouterKind router = RouterKind::Top2;
+  int top_k = 2;            // used when router = TopK
+  int group_size = 0;       // S
+  double capacity_factor_train = 1.25;
+  double capacity_factor_eval = 2.0;
+  bool dropless = false;
+  SecondExpertPolicy second_expert = SecondExpertPolicy::Random;
+  double second_expert_threshold = 0.2;
+  bool no_token_left_behind = false;
+  double jitter_eps = 0.0;
+  double expert_dropout = 0.0;
+  uint32_t layer_id = 0;    // keys this layer's random streams (Rng layer field)
+
+  // Choices per token: 1, 2 or top_k.
+  int k() const { return router == RouterKind::Top1 ? 1 : router == RouterKind::Top2 ? 2 : top_k; }
+
+  // Capacity per group per expert (DESIGN.md): C = ceil(k * S * factor / E), the factor chosen by
+  // training/eval; dropless -> C = S. C is also capped at S: one expert can receive at most S tokens of
+  // a group (a token goes to an expert at most once), so the cap changes no routing decision, only
+  // the buffer size. The ceil forgives 1e-9 relative rounding (0.7 * 10 must give 7, not 8).
+  int capacity(bool training) const {
+    if (dropless) return group_size;
+    const double cf = training ? capacity_factor_train : capacity_factor_eval;
+    const double v = double(k()) * group_size * cf / num_experts;
+    const double r = std::round(v);
+    const int64_t c = std::abs(v - r) <= 1e-9 * std::max(1.0, v) ? int64_t(r) : int64_t(std::ceil(v));
+    return int(std::clamp<int64_t>(c, 1, group_size));
+  }
+
+  // Throws InputError for settings the layer cannot run (the deck schema checks ranges; this checks
+  // the combinations).
+  void validate() const {
+    auto bad = [](const std::string& m) { throw InputError(m); };
+    if (d_model < 1 || d_ff < 1 || group_size < 1) bad("moe: d_model, expert d_ff and moe.group_size must be >= 1");
+    if (num_experts < 1) bad("moe.num_experts must be >= 1");
+    if (k() < 1) bad("moe.top_k must be >= 1");
+    if (k() > num_experts)
+      bad("moe: " + std::to_string(k()) + " experts per token (moe.router / moe.top_k) but only moe.num_experts = " +
+          std::to_string(num_experts) + " experts; use fewer choices or more experts");
+    if (jitter_eps < 0 || jitter_eps >= 1) bad("moe.jitter_eps must be in [0, 1)");
+    if (expert_dropout < 0 || expert_dropout >= 1) bad("moe.expert_dropout must be in [0, 1)");
+  }
+};
+
+// [moe] and [model] keys -> options of MoE layer `layer_id`.
+inline MoeOptions moe_options(const Config& cfg, uint32_t layer_id) {
+  MoeOptions o;
+  o.d_model = int(cfg.model.d_model);
+  o.num_experts = int(cfg.moe.num_experts);
+  o.d_ff = int(cfg.moe.expert_d_ff > 0 ? cfg.moe.expert_d_ff : cfg.model.d_ff);
+  o.activation = parse_activation(cfg.model.activation);
+  const std::string& r = cfg.moe.router;
+  if (r == "top1") o.router = RouterKind::Top1;
+  else if (r == "top2") o.router = RouterKind::Top2;
+  else if (r == "topk") o.router = RouterKind::TopK;
+  else throw InputError("moe.router = '" + r + "': expected top1, top2 or topk");
+  o.top_k = int(cfg.moe.top_k);
+  o.group_size = int(cfg.moe.group_size);
+  o.capacity_factor_train = cfg.moe.capacity_factor_train;
+  o.capacity_factor_eval = cfg.moe.capacity_factor_eval;
+  o.dropless = cfg.moe.dropless;
+  const std::string& s = cfg.moe.second_expert;
+  if (s == "random") o.second_expert = SecondExpertPolicy::Random;
+  else if (s == "always") o.second_expert = SecondExpertPolicy::Always;
+  else if (s == "threshold") o.second_expert = SecondExpertPolicy::Threshold;
+  else throw InputError("moe.second_expert = '" + s + "': expected random, always or threshold");
+  o.second_expert_threshold = cfg.moe.second_expert_threshold;
+  o.no_token_left_behind = cfg.moe.no_token_left_behind;
+  o.jitter_eps = cfg.moe.jitter_eps;
+  o.expert_dropout = cfg.moe.expert_dropout;
+  o.layer_id = layer_id;
+  o.validate();
+  return o;
+}
+
+}  // namespace meshmoe

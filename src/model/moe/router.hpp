@@ -1,0 +1,72 @@
+// The MoE router: softmax gating, top-k choice with per-group expert capacity, random routing of the
+// second expert, No-Token-Left-Behind, load-balancing and z losses (GShard section 2.2 / Algorithm 1,
+// Switch sections 2.1-2.4 and appendices B, C, F).
+//
+// Its output is a list of (expert, slot, gate) triples, one per (token, choice): the index form that
+// the dispatchers consume. The einsum oracle builds GShard's dense dispatch/combine tensors from the
+// same triples.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/context.hpp"
+#include "model/moe/moe_options.hpp"
+#include "model/params.hpp"
+
+namespace meshmoe {
+
+// Routing decisions for N = G * S local tokens, k choices each. Choice c = n * k + i is the i-th
+// choice of token n (i = 0 the best expert); its slot is a position in the buffer of expert
+// expert[c] for group n / S.
+template <typename T>
+struct Routing {
+  int N = 0, k = 0, S = 0, G = 0, C = 0, E = 0;
+  static constexpr int kDropped = -1;   // expert[c] of a choice lost to capacity
+  static constexpr int kDeclined = -2;  // expert[c] of a second choice not taken by random/threshold routing
+  std::vector<int> expert;    // [N*k] expert of the choice, < 0 when not dispatched (kDropped, kDeclined)
+  std::vector<int> slot;      // [N*k] slot in [0, C), -1 when not dispatched
+  std::vector<T> gate;        // [N*k] combine weight, 0 when not dispatched
+  std::vector<int64_t> load;  // [E] choices dispatched to each expert (all local groups)
+  int64_t wanted = 0;         // choices meant to be dispatched (N*k - declined)
+  int64_t dropped = 0;        // of those, choices lost to capacity (after NTLB rerouting)
+  int64_t rerouted = 0;       // choices placed by NTLB
+  int64_t declined = 0;       // second choices not dispatched by random / threshold routing
+};
+
+template <typename T>
+class Router {
+ public:
+  explicit Router(const MoeOptions& opt) : opt_(opt) {}
+
+  // prefix.wg [M, E], fan_in M.
+  void declare(ParamStore<T>& store, const std::string& prefix);
+
+  // x [N, M] -> routing(), aux_sum (sum over local groups of Switch eq. 4 without alpha),
+  // z_sum (sum over tokens of logsumexp(logits)^2). N must be a multiple of group_size.
+  void forward(const StepContext& ctx, const T* x, int N);
+  // dgate [N*k] (d loss / d gate of each choice; ignored where not dispatched) -> dx [N, M] (added),
+  // wg.g (added). The aux and z terms enter with weights aux_weight and z_weight (the trainer's
+  // coef / total groups and coef / total tokens).
+  void backward(const StepContext& ctx, const T* dgate, T* dx, int N, double aux_weight, double z_weight);
+
+  const Routing<T>& routing() const { return r_; }
+  const std::vector<T>& probs() const { return probs_; }  // [N, E] softmax of the router logits
+  double aux_sum = 0, z_sum = 0;
+  ParamView<T> wg;  // [M, E]
+
+ private:
+  MoeOptions opt_;
+  bool jittered_ = false;
+  std::vector<T> jitter_;     // [N, M] multipliers in [1-eps, 1+eps) (training with jitter only)
+  std::vector<T> xj_;         // [N, M] jittered router input
+  std::vector<T> logits_;     // [N, E]
+  std::vector<T> probs_;      // [N, E]
+  std::vector<double> lse_;   // [N] logsumexp of the logits
+  std::vector<int> top_;      // [N*k] the token's k best experts, best first (before capacity)
+  std::vector<double> norm_;  // [N] gate normaliser Z (sum of the top-k probabilities; 1 for top1)
+  std::vector<double> frac_;  // [G, E] Switch eq. 5: fraction of the group's tokens with top-1 = e
+  Routing<T> r_;
+};
+
+}  // namespace meshmoe

@@ -1,0 +1,139 @@
+// All parameters of a model in one flat allocation, gradients in a second one of the same layout
+// (llm.c style): one call all-reduces every gradient, one call writes a checkpoint, and optimizer
+// state is offset arithmetic. Each parameter keeps its logical (unsharded) shape and the block this
+// rank holds, so that init, checkpoints and gradient sync can use logical indices.
+//
+// Use: layers call add(...) with the address of a ParamView member while the model is built, the
+// model calls allocate() once, and every registered view is then pointed at its slice. Layers must
+// not move in memory after add() (hold them in std::deque / std::unique_ptr, or reserve vectors).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/philox.hpp"
+
+namespace meshmoe {
+
+template <typename T>
+struct ParamView {
+  T* w = nullptr;  // values
+  T* g = nullptr;  // gradient (backward adds into it)
+  size_t size = 0;
+};
+
+enum class InitKind { TruncNormal, Zeros, Ones };
+
+// Which mesh axis a parameter is split over (its gradient is reduced over the other axes it is
+// replicated on). Filled by the sharding code; a single-rank model leaves the defaults.
+enum class ShardAxis { None, Data, Tensor };
+
+struct ParamInfo {
+  std::string name;                      // e.g. "blocks.3.attn.qkv.w"
+  std::vector<int64_t> logical_shape;    // unsharded
+  std::vector<int64_t> local_shape;      // this rank's block
+  std::vector<int64_t> offset;           // block start in logical coordinates
+  InitKind init = InitKind::TruncNormal;
+  double fan_in = 1;                     // truncated normal std = sqrt(init_scale / fan_in)
+  ShardAxis shard_axis = ShardAxis::None;
+  size_t flat_offset = 0;                // start in the flat buffers
+  size_t size = 0;                       // local element count
+  bool no_weight_decay = false;          // biases, LayerNorm gains
+};
+
+template <typename T>
+class ParamStore {
+ public:
+  // Registers a parameter whose local block equals its logical shape.
+  ParamInfo& add(std::string name, std::vector<int64_t> shape, InitKind init, double fan_in, ParamView<T>* view) {
+    return add_block(std::move(name), shape, shape, std::vector<int64_t>(shape.size(), 0), init, fan_in, view);
+  }
+  // Registers a parameter of which this rank holds block [offset, offset+local_shape).
+  ParamInfo& add_block(std::string name, std::vector<int64_t> logical_shape, std::vector<int64_t> local_shape,
+                       std::vector<int64_t> offset, InitKind init, double fan_in, ParamView<T>* view) {
+    if (allocated()) throw std::logic_error("ParamStore::add after allocate: " + name);
+    ParamInfo p;
+    p.name = std::move(name);
+    p.logical_shape = std::move(logical_shape);
+    p.local_shape = std::move(local_shape);
+    p.offset = std::move(offset);
+    p.init = init;
+    p.fan_in = fan_in;
+    p.size = std::accumulate(p.local_shape.begin(), p.local_shape.end(), size_t(1),
+                             [](size_t a, int64_t b) { return a * size_t(b); });
+    p.flat_offset = total_;
+    total_ += p.size;
+    infos_.push_back(std::move(p));
+    views_.push_back(view);
+    return infos_.back();
+  }
+
+  void allocate() {
+    allocated_ = true;
+    weights_.assign(total_, T(0));
+    grads_.assign(total_, T(0));
+    for (size_t i = 0; i < infos_.size(); ++i) {
+      if (!views_[i]) continue;
+      views_[i]->w = weights_.data() + infos_[i].flat_offset;
+      views_[i]->g = grads_.data() + infos_[i].flat_offset;
+      views_[i]->size = infos_[i].size;
+    }
+  }
+  bool allocated() const { return allocated_; }
+
+  // Initialises every parameter from (seed, parameter ordinal, logical element index), so a
+  // sharded model gets exactly the values of the unsharded one.
+  void init(uint64_t seed, double init_scale) {
+    for (size_t i = 0; i < infos_.size(); ++i) {
+      const ParamInfo& p = infos_[i];
+      T* w = weights_.data() + p.flat_offset;
+      if (p.init == InitKind::Zeros || p.init == InitKind::Ones) {
+        std::fill(w, w + p.size, p.init == InitKind::Ones ? T(1) : T(0));
+        continue;
+      }
+      const Rng rng{seed, 0, uint32_t(i), RngPurpose::Init};
+      const double std = std::sqrt(init_scale / p.fan_in);
+      for (size_t local = 0; local < p.size; ++local) w[local] = T(std * rng.truncated_normal(logical_index(p, local)));
+    }
+  }
+
+  // Logical (row-major, unsharded) index of local element `local` of parameter p.
+  static uint64_t logical_index(const ParamInfo& p, size_t local) {
+    uint64_t logical = 0;
+    size_t rem = local;
+    std::vector<int64_t> coord(p.local_shape.size());
+    for (size_t d = p.local_shape.size(); d-- > 0;) {
+      coord[d] = int64_t(rem % size_t(p.local_shape[d])) + p.offset[d];
+      rem /= size_t(p.local_shape[d]);
+    }
+    for (size_t d = 0; d < coord.size(); ++d) logical = logical * uint64_t(p.logical_shape[d]) + uint64_t(coord[d]);
+    return logical;
+  }
+
+  void zero_grad() { std::fill(grads_.begin(), grads_.end(), T(0)); }
+
+  T* weights() { return weights_.data(); }
+  T* grads() { return grads_.data(); }
+  const T* weights() const { return weights_.data(); }
+  const T* grads() const { return grads_.data(); }
+  size_t size() const { return total_; }
+  const std::vector<ParamInfo>& infos() const { return infos_; }
+  std::vector<ParamInfo>& infos() { return infos_; }
+  const ParamInfo* find(const std::string& name) const {
+    for (const auto& p : infos_)
+      if (p.name == name) return &p;
+    return nullptr;
+  }
+
+ private:
+  std::vector<ParamInfo> infos_;
+  std::vector<ParamView<T>*> views_;
+  std::vector<T> weights_, grads_;
+  size_t total_ = 0;
+  bool allocated_ = false;
+};
+
+}  // namespace meshmoe

@@ -1,0 +1,167 @@
+#include "model/transformer.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "model/activation.hpp"
+#include "model/moe/moe_options.hpp"
+
+namespace meshmoe {
+
+ModelShape model_shape(const Config& cfg, int vocab) {
+  ModelShape s;
+  s.vocab = vocab;
+  s.seq_len = int(cfg.model.seq_len);
+  s.d_model = int(cfg.model.d_model);
+  s.num_layers = int(cfg.model.num_layers);
+  s.num_heads = int(cfg.model.num_heads);
+  s.d_ff = int(cfg.model.d_ff);
+  s.moe_every = int(cfg.moe.every);
+  return s;
+}
+
+double train_flops_per_token(const Config& cfg, const ModelShape& s) {
+  const double M = s.d_model, T = s.seq_len, V = s.vocab;
+  const Activation act = parse_activation(cfg.model.activation);
+  auto ffn = [&](double H) { return 2.0 * M * activation_in_width(act, int(H)) + 2.0 * H * M; };
+  double fwd = 2.0 * M * V;  // output projection
+  for (int i = 0; i < s.num_layers; ++i) {
+    fwd += 8.0 * M * M + 4.0 * T * M;  // q, k, v, o projections; scores and weighted sum
+    if (s.is_moe_block(i)) {
+      const MoeOptions o = moe_options(cfg, 0);
+      fwd += 2.0 * M * o.num_experts + o.k() * ffn(o.d_ff);
+    } else {
+      fwd += ffn(s.d_ff);
+    }
+  }
+  return 3.0 * fwd;
+}
+
+template <typename T>
+Transformer<T>::Block::Block(const Config& cfg, const ModelShape& s, int i)
+    : ln1(s.d_model, cfg.model.layernorm_eps),
+      ln2(s.d_model, cfg.model.layernorm_eps),
+      attn(s.d_model, s.num_heads, cfg.model.dropout, uint32_t(16 * i + 1)) {
+  if (s.is_moe_block(i))
+    moe = std::make_unique<MoeLayer<T>>(moe_options(cfg, uint32_t(16 * i + 3)));
+  else
+    mlp = std::make_unique<MLP<T>>(s.d_model, s.d_ff, parse_activation(cfg.model.activation), cfg.model.dropout,
+                                   uint32_t(16 * i + 2));
+}
+
+template <typename T>
+Transformer<T>::Transformer(const Config& cfg, int vocab)
+    : cfg_(cfg),
+      shape_(model_shape(cfg, vocab)),
+      emb_(vocab, int(cfg.model.seq_len), int(cfg.model.d_model)),
+      lnf_(int(cfg.model.d_model), cfg.model.layernorm_eps),
+      head_(vocab, int(cfg.model.d_model)) {
+  emb_.declare(params_, "embed");
+  for (int i = 0; i < shape_.num_layers; ++i) {
+    Block& b = blocks_.emplace_back(cfg, shape_, i);
+    const std::string p = "blocks." + std::to_string(i);
+    b.ln1.declare(params_, p + ".ln1");
+    b.attn.declare(params_, p + ".attn");
+    b.ln2.declare(params_, p + ".ln2");
+    if (b.moe)
+      b.moe->declare(params_, p + ".moe");
+    else
+      b.mlp->declare(params_, p + ".mlp");
+  }
+  lnf_.declare(params_, "ln_f");
+  head_.declare(params_, "head", cfg.model.tied_embeddings ? &emb_.wte : nullptr);
+  params_.allocate();
+}
+
+template <typename T>
+void Transformer<T>::init(uint64_t seed, double init_scale) {
+  params_.init(seed, init_scale);
+}
+
+template <typename T>
+std::vector<const MoeLayer<T>*> Transformer<T>::moe_layers() const {
+  std::vector<const MoeLayer<T>*> out;
+  for (const Block& b : blocks_)
+    if (b.moe) out.push_back(b.moe.get());
+  return out;
+}
+
+template <typename T>
+ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w) {
+  T_ = mb.seq_len;
+  N_ = mb.rows * mb.seq_len;
+  const int M = shape_.d_model, V = shape_.vocab;
+  if (T_ > shape_.seq_len) throw Error("micro-batch sequence length exceeds model.seq_len");
+  const size_t NM = size_t(N_) * M;
+  x_.resize(NM);
+  h_.resize(NM);
+  f_.resize(NM);
+  logits_.resize(size_t(N_) * V);
+
+  emb_.forward(ctx, mb.inputs, x_.data(), N_, T_);
+  ForwardStats st;
+  for (Block& b : blocks_) {
+    b.ln1.forward(ctx, x_.data(), h_.data(), N_);
+    {
+      ScopedPhase t(ctx.timers, "attention");
+      b.attn.forward(ctx, h_.data(), f_.data(), N_, T_);
+    }
+    for (size_t i = 0; i < NM; ++i) x_[i] += f_[i];
+    b.ln2.forward(ctx, x_.data(), h_.data(), N_);
+    if (b.moe) {
+      b.moe->forward(ctx, h_.data(), f_.data(), N_);
+      st.aux_sum += b.moe->stats().aux_sum;
+      st.z_sum += b.moe->stats().z_sum;
+    } else {
+      ScopedPhase t(ctx.timers, "dense_ffn");
+      b.mlp->forward(ctx, h_.data(), f_.data(), N_);
+    }
+    for (size_t i = 0; i < NM; ++i) x_[i] += f_[i];
+  }
+  lnf_.forward(ctx, x_.data(), h_.data(), N_);
+  {
+    ScopedPhase t(ctx.timers, "head_loss");
+    head_.forward(ctx, h_.data(), logits_.data(), N_);
+    std::vector<T> mask(mb.mask, mb.mask + N_);
+    ce_.forward(ctx, logits_.data(), mb.targets, mask.data(), N_, V, w.ce);
+    for (double l : ce_.per_token_loss()) st.ce_sum += l;
+    st.mask_sum = ce_.count();
+  }
+  return st;
+}
+
+template <typename T>
+void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w) {
+  const size_t NM = size_t(N_) * shape_.d_model;
+  d_.assign(NM, T(0));
+  dh_.assign(NM, T(0));
+  {
+    ScopedPhase t(ctx.timers, "head_loss");
+    ce_.backward(ctx, logits_.data(), logits_.data(), N_);  // logits_ now holds dlogits
+    head_.backward(ctx, logits_.data(), dh_.data(), N_);
+  }
+  lnf_.backward(ctx, dh_.data(), d_.data(), N_);
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+    Block& b = *it;
+    std::fill(dh_.begin(), dh_.end(), T(0));
+    if (b.moe) {
+      b.moe->backward(ctx, d_.data(), dh_.data(), N_, w.aux, w.z);
+    } else {
+      ScopedPhase t(ctx.timers, "dense_ffn");
+      b.mlp->backward(ctx, d_.data(), dh_.data(), N_);
+    }
+    b.ln2.backward(ctx, dh_.data(), d_.data(), N_);  // d_ = residual grad + ln2 path
+    std::fill(dh_.begin(), dh_.end(), T(0));
+    {
+      ScopedPhase t(ctx.timers, "attention");
+      b.attn.backward(ctx, d_.data(), dh_.data(), N_);
+    }
+    b.ln1.backward(ctx, dh_.data(), d_.data(), N_);
+  }
+  emb_.backward(ctx, d_.data(), N_);
+}
+
+template class Transformer<float>;
+template class Transformer<double>;
+
+}  // namespace meshmoe

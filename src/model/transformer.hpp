@@ -1,0 +1,107 @@
+// The decoder-only MoE Transformer: token + position embedding, pre-LayerNorm blocks of causal
+// self-attention and a feed-forward that is dense or MoE (every moe.every-th block, as GShard and
+// Switch), final LayerNorm, output projection (tied or untied) and the masked cross-entropy.
+//   block:  x += attn(ln1(x));  x += ffn(ln2(x))
+// The model is defined without the mesh (DESIGN.md principle 1): it sees only this rank's tokens
+// and the weights that make the losses of the whole step exact ("sum then scale").
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deck/config.hpp"
+#include "model/attention.hpp"
+#include "model/context.hpp"
+#include "model/cross_entropy.hpp"
+#include "model/embedding.hpp"
+#include "model/layernorm.hpp"
+#include "model/mlp.hpp"
+#include "model/moe/moe_layer.hpp"
+#include "model/params.hpp"
+
+namespace meshmoe {
+
+// Sizes that follow from the deck and the dataset.
+struct ModelShape {
+  int vocab = 0, seq_len = 0, d_model = 0, num_layers = 0, num_heads = 0, d_ff = 0;
+  int moe_every = 0;  // block i has an MoE feed-forward when moe_every > 0 and (i + 1) % moe_every == 0
+  bool is_moe_block(int i) const { return moe_every > 0 && (i + 1) % moe_every == 0; }
+  int num_moe_layers() const {
+    int n = 0;
+    for (int i = 0; i < num_layers; ++i) n += is_moe_block(i);
+    return n;
+  }
+};
+ModelShape model_shape(const Config& cfg, int vocab);
+
+// Model FLOPs per token of one training step (forward + backward = 3 x forward matmul FLOPs;
+// attention counted over the full context, MoE experts at k choices per token, the router included).
+double train_flops_per_token(const Config& cfg, const ModelShape& s);
+
+// One micro-batch of this rank: B sequences of T tokens.
+struct MicroBatch {
+  int rows = 0, seq_len = 0;
+  const int32_t* inputs = nullptr;   // [B, T]
+  const int32_t* targets = nullptr;  // [B, T]
+  const float* mask = nullptr;       // [B, T]
+};
+
+// Weights that turn this rank's sums into the step's means (sum then scale), the same on every rank.
+struct LossWeights {
+  double ce = 0;   // 1 / masked target tokens of the step (all ranks, all micro-batches)
+  double aux = 0;  // moe.aux_loss_coef / routing groups of the step (per MoE layer)
+  double z = 0;    // moe.z_loss_coef / tokens of the step (per MoE layer)
+};
+
+// What one forward produced (sums over this rank's tokens, before the weights).
+struct ForwardStats {
+  double ce_sum = 0;      // sum of masked per-token cross-entropy
+  double mask_sum = 0;    // masked target tokens
+  double aux_sum = 0;     // sum over MoE layers and local groups of the load-balancing loss
+  double z_sum = 0;       // sum over MoE layers and local tokens of the z-loss
+};
+
+template <typename T>
+class Transformer {
+ public:
+  struct Block {
+    Block(const Config& cfg, const ModelShape& s, int index);
+    LayerNorm<T> ln1, ln2;
+    CausalSelfAttention<T> attn;
+    std::unique_ptr<MLP<T>> mlp;       // dense feed-forward, or
+    std::unique_ptr<MoeLayer<T>> moe;  // MoE feed-forward
+  };
+
+  Transformer(const Config& cfg, int vocab);
+  // Allocates and initialises the parameters from run.seed and model.init_scale.
+  void init(uint64_t seed, double init_scale);
+
+  // Runs one micro-batch forward (and the loss). Keeps what backward needs.
+  ForwardStats forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w);
+  // Backward of the last forward: adds every parameter gradient.
+  void backward(const StepContext& ctx, const LossWeights& w);
+
+  const ModelShape& shape() const { return shape_; }
+  ParamStore<T>& params() { return params_; }
+  const ParamStore<T>& params() const { return params_; }
+  std::deque<Block>& blocks() { return blocks_; }
+  const CrossEntropy<T>& loss() const { return ce_; }
+  // MoE layers in block order (for their statistics).
+  std::vector<const MoeLayer<T>*> moe_layers() const;
+
+ private:
+  Config cfg_;
+  ModelShape shape_;
+  ParamStore<T> params_;
+  Embedding<T> emb_;
+  std::deque<Block> blocks_;  // deque: layers must not move after declare()
+  LayerNorm<T> lnf_;
+  OutputHead<T> head_;
+  CrossEntropy<T> ce_;
+  int N_ = 0, T_ = 0;
+  std::vector<T> x_, h_, f_, logits_, d_, dh_;
+};
+
+}  // namespace meshmoe

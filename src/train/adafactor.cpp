@@ -1,0 +1,126 @@
+#include "train/adafactor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace meshmoe {
+
+AdafactorOptions AdafactorOptions::from_config(const Config& cfg) {
+  return AdafactorOptions{cfg.optim.adafactor_decay, cfg.optim.adafactor_eps, cfg.optim.adafactor_clip};
+}
+
+namespace {
+bool split(const ParamInfo& p, size_t dim) { return p.local_shape[dim] < p.logical_shape[dim]; }
+
+std::vector<int64_t> drop_dim(std::vector<int64_t> s, size_t dim) {
+  s.erase(s.begin() + ptrdiff_t(dim));
+  return s;
+}
+}  // namespace
+
+Adafactor::Adafactor(const ParamStore<float>& store, std::vector<size_t> owned, AdafactorOptions opt, DimReduce reduce)
+    : Optimizer(store, std::move(owned)), opt_(opt), reduce_(std::move(reduce)) {
+  for (size_t e : owned_) {
+    Entry en;
+    en.info = store.infos()[e];
+    const auto& s = en.info.local_shape;
+    if (factored(en.info)) {
+      en.rows = size_t(s[s.size() - 2]);
+      en.cols = size_t(s[s.size() - 1]);
+      en.batch = en.rows * en.cols == 0 ? 0 : en.info.size / (en.rows * en.cols);
+      en.v_row.assign(en.batch * en.rows, 0.0f);
+      en.v_col.assign(en.batch * en.cols, 0.0f);
+    } else {
+      en.v.assign(en.info.size, 0.0f);
+    }
+    entries_.push_back(std::move(en));
+  }
+  last_rms_over_d_.assign(entries_.size(), 0.0);
+}
+
+void Adafactor::reduce(const ParamInfo& p, int dim, double* buf, size_t n) const {
+  if (!reduce_)
+    throw std::logic_error("Adafactor: parameter " + p.name + " is split along dim " + std::to_string(dim) +
+                           " but no DimReduce was given");
+  reduce_(p, dim, buf, n);
+}
+
+void Adafactor::step(ParamStore<float>& store, double lr, int64_t t) {
+  check_layout(store, t);
+  const double beta = 1.0 - std::pow(double(t), -opt_.decay);
+  const double eps1 = opt_.eps1;
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    Entry& en = entries_[k];
+    const ParamInfo& p = en.info;
+    float* x = store.weights() + p.flat_offset;  // x [local_shape]
+    const float* g = store.grads() + p.flat_offset;
+    u_.assign(p.size, 0.0);
+    if (factored(p)) {
+      const size_t nd = p.local_shape.size(), B = en.batch, n = en.rows, m = en.cols;
+      const double n_logical = double(p.logical_shape[nd - 2]), m_logical = double(p.logical_shape[nd - 1]);
+      // g [B, n, m]; row sums [B, n] over m, column sums [B, m] over n
+      std::vector<double> row(B * n, 0.0), col(B * m, 0.0), rsum(B, 0.0);
+      for (size_t b = 0; b < B; ++b)
+        for (size_t i = 0; i < n; ++i)
+          for (size_t j = 0; j < m; ++j) {
+            const double g2 = double(g[(b * n + i) * m + j]) * double(g[(b * n + i) * m + j]);
+            row[b * n + i] += g2;
+            col[b * m + j] += g2;
+          }
+      if (split(p, nd - 1)) reduce(p, int(nd - 1), row.data(), row.size());
+      if (split(p, nd - 2)) reduce(p, int(nd - 2), col.data(), col.size());
+      for (size_t r = 0; r < B * n; ++r)
+        en.v_row[r] = float(beta * en.v_row[r] + (1.0 - beta) * (row[r] / m_logical + eps1));
+      for (size_t c = 0; c < B * m; ++c)
+        en.v_col[c] = float(beta * en.v_col[c] + (1.0 - beta) * (col[c] / n_logical + eps1));
+      for (size_t b = 0; b < B; ++b)
+        for (size_t i = 0; i < n; ++i) rsum[b] += en.v_row[b * n + i];
+      if (split(p, nd - 2)) reduce(p, int(nd - 2), rsum.data(), rsum.size());
+      for (size_t b = 0; b < B; ++b) {
+        const double rmean = rsum[b] / n_logical;
+        for (size_t i = 0; i < n; ++i)
+          for (size_t j = 0; j < m; ++j) {
+            const size_t e = (b * n + i) * m + j;
+            const double v = double(en.v_row[b * n + i]) * double(en.v_col[b * m + j]) / rmean;
+            u_[e] = double(g[e]) / std::sqrt(v);
+          }
+      }
+    } else {
+      for (size_t e = 0; e < p.size; ++e) {
+        en.v[e] = float(beta * en.v[e] + (1.0 - beta) * (double(g[e]) * double(g[e]) + eps1));
+        u_[e] = double(g[e]) / std::sqrt(double(en.v[e]));
+      }
+    }
+    // Update clipping (S&S section 6): RMS over the whole logical parameter.
+    double sumsq = 0.0, count = 1.0;
+    for (size_t e = 0; e < p.size; ++e) sumsq += u_[e] * u_[e];
+    for (size_t d = 0; d < p.local_shape.size(); ++d) {
+      if (split(p, d)) reduce(p, int(d), &sumsq, 1);
+      count *= double(p.logical_shape[d]);
+    }
+    const double rms_over_d = (count > 0 ? std::sqrt(sumsq / count) : 0.0) / opt_.clip;
+    last_rms_over_d_[k] = rms_over_d;
+    const double step = lr / std::max(1.0, rms_over_d);
+    for (size_t e = 0; e < p.size; ++e) x[e] = float(double(x[e]) - step * u_[e]);
+  }
+}
+
+std::vector<StateTensor> Adafactor::state() {
+  std::vector<StateTensor> s;
+  for (Entry& en : entries_) {
+    const ParamInfo& p = en.info;
+    if (factored(p)) {
+      const size_t nd = p.local_shape.size();
+      s.push_back({p.name + "/v_row", drop_dim(p.logical_shape, nd - 1), drop_dim(p.local_shape, nd - 1),
+                   drop_dim(p.offset, nd - 1), &en.v_row});
+      s.push_back({p.name + "/v_col", drop_dim(p.logical_shape, nd - 2), drop_dim(p.local_shape, nd - 2),
+                   drop_dim(p.offset, nd - 2), &en.v_col});
+    } else {
+      s.push_back({p.name + "/v", p.logical_shape, p.local_shape, p.offset, &en.v});
+    }
+  }
+  return s;
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,58 @@
+#include "train/adamw.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace meshmoe {
+
+AdamWOptions AdamWOptions::from_config(const Config& cfg) {
+  return AdamWOptions{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+}
+
+AdamW::AdamW(const ParamStore<float>& store, std::vector<size_t> owned, AdamWOptions opt)
+    : Optimizer(store, std::move(owned)), opt_(opt) {
+  for (size_t e : owned_) {
+    infos_.push_back(store.infos()[e]);
+    m_.emplace_back(infos_.back().size, 0.0f);
+    v_.emplace_back(infos_.back().size, 0.0f);
+  }
+}
+
+void AdamW::step(ParamStore<float>& store, double lr, int64_t t) {
+  check_layout(store, t);
+  // Scalars in double, as torch computes them in Python; element-wise work in float, in torch's
+  // operation order, each scalar rounded to float once.
+  const double bc1 = 1.0 - std::pow(opt_.beta1, double(t));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(opt_.beta2, double(t)));
+  const float decay = float(1.0 - lr * opt_.weight_decay);
+  const float b1 = float(opt_.beta1), one_m_b1 = float(1.0 - opt_.beta1);
+  const float b2 = float(opt_.beta2), one_m_b2 = float(1.0 - opt_.beta2);
+  const float bc2s = float(bc2_sqrt), eps = float(opt_.eps), neg_step = float(-(lr / bc1));
+  for (size_t k = 0; k < infos_.size(); ++k) {
+    const ParamInfo& p = infos_[k];
+    float* x = store.weights() + p.flat_offset;  // x [local_shape]
+    const float* g = store.grads() + p.flat_offset;
+    float* m = m_[k].data();
+    float* v = v_[k].data();
+    const bool decayed = !p.no_weight_decay && opt_.weight_decay != 0.0;
+    for (size_t i = 0; i < p.size; ++i) {
+      if (decayed) x[i] = x[i] * decay;
+      m[i] = m[i] * b1 + one_m_b1 * g[i];
+      v[i] = v[i] * b2 + one_m_b2 * g[i] * g[i];
+      const float denom = std::sqrt(v[i]) / bc2s + eps;
+      x[i] = x[i] + neg_step * m[i] / denom;
+    }
+  }
+}
+
+std::vector<StateTensor> AdamW::state() {
+  std::vector<StateTensor> s;
+  for (size_t k = 0; k < infos_.size(); ++k) {
+    const ParamInfo& p = infos_[k];
+    s.push_back({p.name + "/exp_avg", p.logical_shape, p.local_shape, p.offset, &m_[k]});
+    s.push_back({p.name + "/exp_avg_sq", p.logical_shape, p.local_shape, p.offset, &v_[k]});
+  }
+  return s;
+}
+
+}  // namespace meshmoe

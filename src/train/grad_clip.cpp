@@ -1,0 +1,61 @@
+#include "train/grad_clip.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace meshmoe {
+
+namespace {
+std::vector<size_t> entries_where(const ParamStore<float>& store, bool split) {
+  std::vector<size_t> out;
+  for (size_t e = 0; e < store.infos().size(); ++e)
+    if ((store.infos()[e].local_shape != store.infos()[e].logical_shape) == split) out.push_back(e);
+  return out;
+}
+}  // namespace
+
+std::vector<size_t> whole_entries(const ParamStore<float>& store) { return entries_where(store, false); }
+std::vector<size_t> split_entries(const ParamStore<float>& store) { return entries_where(store, true); }
+
+double grad_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries) {
+  double s = 0.0;
+  for (size_t e : entries) {
+    const ParamInfo& p = store.infos()[e];
+    const float* g = store.grads() + p.flat_offset;
+    for (size_t i = 0; i < p.size; ++i) s += double(g[i]) * double(g[i]);
+  }
+  return s;
+}
+
+double grad_sum_squares(const ParamStore<float>& store) {
+  double s = 0.0;
+  const float* g = store.grads();
+  for (size_t i = 0; i < store.size(); ++i) s += double(g[i]) * double(g[i]);
+  return s;
+}
+
+double clip_scale(double global_norm, double max_norm) {
+  if (!std::isfinite(global_norm)) return std::numeric_limits<double>::quiet_NaN();
+  if (max_norm <= 0) return 1.0;
+  const double c = max_norm / (global_norm + 1e-6);
+  return c < 1.0 ? c : 1.0;
+}
+
+void scale_grads(ParamStore<float>& store, const std::vector<size_t>& entries, double scale) {
+  if (scale == 1.0) return;
+  const float s = float(scale);
+  for (size_t e : entries) {
+    const ParamInfo& p = store.infos()[e];
+    float* g = store.grads() + p.flat_offset;
+    for (size_t i = 0; i < p.size; ++i) g[i] *= s;
+  }
+}
+
+void scale_grads(ParamStore<float>& store, double scale) {
+  if (scale == 1.0) return;
+  const float s = float(scale);
+  float* g = store.grads();
+  for (size_t i = 0; i < store.size(); ++i) g[i] *= s;
+}
+
+}  // namespace meshmoe

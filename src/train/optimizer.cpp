@@ -1,0 +1,37 @@
+#include "train/optimizer.hpp"
+
+#include <stdexcept>
+
+#include "core/error.hpp"
+#include "train/adafactor.hpp"
+#include "train/adamw.hpp"
+
+namespace meshmoe {
+
+Optimizer::Optimizer(const ParamStore<float>& store, std::vector<size_t> owned)
+    : owned_(std::move(owned)), store_size_(store.size()) {
+  if (!store.allocated()) throw std::logic_error("optimizer built before ParamStore::allocate()");
+  for (size_t e : owned_)
+    if (e >= store.infos().size()) throw std::logic_error("optimizer: owned entry out of range");
+}
+
+void Optimizer::check_layout(const ParamStore<float>& store, int64_t t) const {
+  if (store.size() != store_size_) throw std::logic_error("optimizer: ParamStore layout changed after construction");
+  if (t < 1) throw std::logic_error("optimizer: step number t must be >= 1 (1-based), got " + std::to_string(t));
+}
+
+std::vector<size_t> all_entries(const ParamStore<float>& store) {
+  std::vector<size_t> e(store.infos().size());
+  for (size_t i = 0; i < e.size(); ++i) e[i] = i;
+  return e;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const Config& cfg, const ParamStore<float>& store, std::vector<size_t> owned,
+                                          DimReduce reduce) {
+  if (cfg.optim.name == "adamw") return std::make_unique<AdamW>(store, std::move(owned), AdamWOptions::from_config(cfg));
+  if (cfg.optim.name == "adafactor")
+    return std::make_unique<Adafactor>(store, std::move(owned), AdafactorOptions::from_config(cfg), std::move(reduce));
+  throw InputError("optim.name = \"" + cfg.optim.name + "\" is not an optimizer; use \"adamw\" or \"adafactor\"");
+}
+
+}  // namespace meshmoe

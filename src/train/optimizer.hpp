@@ -1,0 +1,75 @@
+// The optimizer interface: an optimizer updates the parameters a rank owns, in place, in the flat
+// ParamStore (src/model/params.hpp), from the gradients in the same store.
+//
+// Contract shared by AdamW and Adafactor:
+// - "Owned entries" are indices into store.infos(). A rank updates only those; the trainer decides
+//   ownership (all entries on a single rank; later a subset per rank). State is allocated for the
+//   owned entries at construction and the store's layout must not change afterwards.
+// - step(store, lr, t): t is the 1-based number of this update (the first update is t = 1); lr is
+//   the learning rate of this update, from the Schedule (schedule.hpp). Gradients are read, never
+//   changed: global-norm clipping (grad_clip.hpp) is applied by the caller before step().
+//   Neither optimizer keeps a step counter: a resumed run passes the checkpointed t.
+// - state(): every piece of optimizer state as a named tensor (for checkpoints), in owned-entry
+//   order. Names are "<param name>/<slot>"; slots: AdamW "exp_avg", "exp_avg_sq" (param's shape);
+//   Adafactor "v" (unfactored, param's shape), or "v_row" (shape without the last dim) and
+//   "v_col" (shape without the second-to-last dim) for factored params. Shapes and offsets are in
+//   logical (unsharded) coordinates like ParamInfo, so a checkpoint writes them as hyperslabs;
+//   a factored accumulator of a param split along the reduced dim is replicated over the ranks
+//   holding that param's blocks (identical values on each).
+// - A parameter whose block is split along a dimension that Adafactor reduces over (row/column
+//   means, RMS of the update) needs sums over the ranks holding the other blocks: the optimizer calls
+//   the DimReduce given at construction. AdamW is element-wise and needs none.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deck/config.hpp"
+#include "model/params.hpp"
+
+namespace meshmoe {
+
+struct StateTensor {
+  std::string name;                    // "<param name>/<slot>", e.g. "blocks.0.mlp.w1/exp_avg"
+  std::vector<int64_t> logical_shape;  // unsharded
+  std::vector<int64_t> local_shape;    // the block this rank holds
+  std::vector<int64_t> offset;         // block start in logical coordinates
+  std::vector<float>* data = nullptr;  // local values, row-major in local_shape; owned by the optimizer
+};
+
+// Sums buf[0..n) element-wise, in place, over the ranks that hold the other blocks of parameter p
+// along dimension `dim` (ranks whose blocks differ from this one only in that dimension). Called
+// only for dims with local_shape[dim] < logical_shape[dim], by every rank of that group in the same
+// order (owned-entry order), so it may be a collective. Empty = every owned param is whole.
+using DimReduce = std::function<void(const ParamInfo& p, int dim, double* buf, size_t n)>;
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual void step(ParamStore<float>& store, double lr, int64_t t) = 0;
+  virtual std::vector<StateTensor> state() = 0;
+  virtual const char* name() const = 0;
+  const std::vector<size_t>& owned() const { return owned_; }
+
+ protected:
+  Optimizer(const ParamStore<float>& store, std::vector<size_t> owned);
+  // Throws std::logic_error when the store no longer matches the layout seen at construction.
+  void check_layout(const ParamStore<float>& store, int64_t t) const;
+  std::vector<size_t> owned_;
+  size_t store_size_ = 0;
+};
+
+// Every entry of the store (what a single rank owns).
+std::vector<size_t> all_entries(const ParamStore<float>& store);
+
+// The optimizer named by cfg.optim.name ("adamw" | "adafactor"), with its cfg.optim settings.
+// Throws InputError for an unknown name.
+std::unique_ptr<Optimizer> make_optimizer(const Config& cfg, const ParamStore<float>& store,
+                                          std::vector<size_t> owned, DimReduce reduce = {});
+inline std::unique_ptr<Optimizer> make_optimizer(const Config& cfg, const ParamStore<float>& store) {
+  return make_optimizer(cfg, store, all_entries(store));
+}
+
+}  // namespace meshmoe

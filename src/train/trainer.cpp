@@ -1,0 +1,357 @@
+#include "train/trainer.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include "core/error.hpp"
+#include "core/timers.hpp"
+#include "data/batcher.hpp"
+#include "data/dataset.hpp"
+#include "io/metrics.hpp"
+#include "mesh/comm.hpp"
+#include "model/transformer.hpp"
+#include "tensor/blas.hpp"
+#include "train/grad_clip.hpp"
+#include "train/optimizer.hpp"
+#include "train/schedule.hpp"
+
+namespace meshmoe {
+
+std::string run_directory(const Config& cfg) {
+  return cfg.run.out_dir.empty() ? "runs/" + cfg.run.name : cfg.run.out_dir;
+}
+
+double measure_peak_flops() {
+  const int n = 512;
+  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
+  matmul(false, false, n, n, n, a.data(), b.data(), c.data());  // warm-up
+  double best = 0, spent = 0;
+  while (spent < 0.2) {
+    const double t0 = wall_seconds();
+    matmul(false, false, n, n, n, a.data(), b.data(), c.data());
+    const double dt = wall_seconds() - t0;
+    spent += dt;
+    best = std::max(best, 2.0 * n * n * n / dt);
+  }
+  return best;
+}
+
+namespace {
+
+std::string format_eta(double seconds) {
+  char buf[32];
+  const long s = long(std::max(0.0, seconds));
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, (s / 60) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  return buf;
+}
+
+// Rank 0 creates the run directory and writes deck.toml; every rank learns whether it worked.
+void prepare_run_directory(const Deck& deck, const std::string& dir, Comm& world) {
+  int ok = 1;
+  std::string why;
+  if (world.rank() == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    std::ofstream out(dir + "/deck.toml");
+    out << "# effective deck of run " << deck.cfg.run.name << " (from " << deck.path << ")\n" << deck.effective_toml;
+    out.flush();
+    if (ec || !out) {
+      ok = 0;
+      why = "cannot write the run directory " + dir + (ec ? ": " + ec.message() : "") +
+            " (set run.out_dir to a writable place)";
+    }
+  }
+  world.broadcast(&ok, 1, 0);
+  if (!ok) throw InputError(why.empty() ? "cannot write the run directory " + dir : why);
+}
+
+// The step's global batch is split into micro-batches of consecutive rows, and each micro-batch
+// over the data axis: the token groups, and so the routing, do not depend on the mesh.
+struct RowRange {
+  int begin = 0, end = 0;
+};
+RowRange rows_of(int batch, int micro_batches, int micro, int data, int d) {
+  const int per_micro = batch / micro_batches, per_rank = per_micro / data;
+  const int b = micro * per_micro + d * per_rank;
+  return {b, b + per_rank};
+}
+
+struct EvalResult {
+  double loss = 0, tokens = 0;
+  std::vector<double> lang_loss, lang_tokens;  // per language
+};
+
+}  // namespace
+
+namespace {
+
+class Trainer {
+ public:
+  Trainer(const Deck& deck, Mesh& mesh)
+      : deck_(deck),
+        cfg_(deck.cfg),
+        mesh_(mesh),
+        data_comm_(mesh.axis(Axis::Data)),
+        dir_(run_directory(cfg_)),
+        train_(Dataset::open(cfg_.data.path, "train")),
+        valid_(Dataset::open(cfg_.data.path, "valid")) {
+    if (mesh.extent(Axis::Tensor) > 1 || mesh.extent(Axis::Pipe) > 1)
+      throw InputError("mesh.tensor > 1 and mesh.pipe > 1 are not implemented yet (see the README status); "
+                       "use mesh.data for parallel runs");
+    vocab_ = cfg_.model.vocab_size > 0 ? int(cfg_.model.vocab_size) : train_.vocab_size();
+    if (vocab_ < train_.vocab_size())
+      throw InputError("model.vocab_size = " + std::to_string(vocab_) + " is smaller than the vocabulary of " +
+                       cfg_.data.path + " (" + std::to_string(train_.vocab_size()) + "); set it to 0 to use the dataset's");
+    prepare_run_directory(deck, dir_, mesh.world_comm());
+    model_ = std::make_unique<Transformer<float>>(cfg_, vocab_);
+    model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
+    optimizer_ = make_optimizer(cfg_, model_->params());
+    schedule_ = Schedule::from_config(cfg_);
+    batcher_ = std::make_unique<Batcher>(train_, int(cfg_.model.seq_len), uint64_t(cfg_.run.seed), cfg_.data.shuffle);
+    flops_per_token_ = train_flops_per_token(cfg_, model_->shape());
+    peak_ = measure_peak_flops();
+    data_comm_.all_reduce(&peak_, 1, Op::Sum);  // the data ranks' combined peak
+    if (mesh.rank() == 0) {
+      std::string languages;
+      for (const auto& l : train_.info().languages) languages += (languages.empty() ? "" : ",") + l;
+      metrics_ = std::make_unique<MetricsFile>(
+          dir_ + "/metrics.h5", deck.effective_toml,
+          std::map<std::string, std::string>{{"run_name", cfg_.run.name},
+                                             {"mesh", mesh.shape().str()},
+                                             {"languages", languages},
+                                             {"data_path", cfg_.data.path}});
+      metrics_->describe("skipped", "1", "1 when the update was skipped for a non-finite loss or gradient norm");
+      metrics_->describe("mfu", "1", "model FLOPs utilisation against the fp32 sgemm peak measured at start-up");
+      metrics_->describe("eval/tokens", "tokens", "masked target tokens in the validation batches");
+      metrics_->describe("eval/lang_tokens", "tokens", "masked target tokens per language (root attribute languages)");
+      metrics_->describe("eval/lang_loss", "nats/token", "validation cross-entropy per language (root attribute languages)");
+    }
+  }
+
+  int run() {
+    const int64_t steps = cfg_.run.steps;
+    if (mesh_.rank() == 0) print_header();
+    double interval_start = wall_seconds(), run_start = interval_start;
+    int64_t interval_tokens = 0;
+    for (int64_t step = 1; step <= steps; ++step) {
+      const StepStats s = train_step(step);
+      interval_tokens += int64_t(cfg_.optim.batch_size) * cfg_.model.seq_len;
+      if (step % cfg_.run.log_every == 0 || step == steps) {
+        const double now = wall_seconds();
+        const double tokens_per_s = double(interval_tokens) / (now - interval_start);
+        log_step(step, s, tokens_per_s, (now - run_start) / double(step) * double(steps - step));
+        interval_start = wall_seconds();
+        interval_tokens = 0;
+      }
+      if (cfg_.eval.every > 0 && (step % cfg_.eval.every == 0 || step == steps)) evaluate(step);
+    }
+    if (mesh_.rank() == 0)
+      std::printf("done: %lld steps in %s; run directory %s\n", (long long)steps,
+                  format_eta(wall_seconds() - run_start).c_str(), dir_.c_str());
+    return kExitOk;
+  }
+
+ private:
+  struct StepStats {
+    double loss = 0, aux = 0, z = 0, grad_norm = 0, lr = 0;
+    std::vector<std::vector<double>> load;  // [moe layer][E] fraction of the step's dispatched choices
+    std::vector<double> dropped;            // [moe layer] dropped fraction
+    bool skipped = false;
+  };
+
+  StepStats train_step(int64_t step) {
+    const int B = int(cfg_.optim.batch_size), T = int(cfg_.model.seq_len), MB = int(cfg_.optim.micro_batches);
+    const int D = mesh_.extent(Axis::Data), d = mesh_.coord(Axis::Data);
+    const Batch batch = batcher_->next(B);
+    double mask_total = 0;
+    for (float m : batch.mask) mask_total += m;
+    const LossWeights w = loss_weights(mask_total, double(B) * T);
+
+    auto& P = model_->params();
+    P.zero_grad();
+    const auto moe = model_->moe_layers();
+    const size_t E = size_t(cfg_.moe.num_experts);
+    // Sums over micro-batches (then over ranks): ce, mask, aux, z, and per MoE layer load[E], wanted, dropped.
+    std::vector<double> sums(4 + moe.size() * (E + 2), 0.0);
+    for (int m = 0; m < MB; ++m) {
+      const RowRange r = rows_of(B, MB, m, D, d);
+      const Batch mb = batch.slice(r.begin, r.end);
+      StepContext ctx{uint64_t(cfg_.run.seed), uint32_t(step), true, uint64_t(r.begin) * T, &timers_};
+      const ForwardStats f = model_->forward(ctx, MicroBatch{mb.rows, T, mb.inputs.data(), mb.targets.data(), mb.mask.data()}, w);
+      model_->backward(ctx, w);
+      sums[0] += f.ce_sum;
+      sums[1] += f.mask_sum;
+      sums[2] += f.aux_sum;
+      sums[3] += f.z_sum;
+      for (size_t l = 0; l < moe.size(); ++l) {
+        double* o = &sums[4 + l * (E + 2)];
+        const MoeStats& ms = moe[l]->stats();
+        for (size_t e = 0; e < E; ++e) o[e] += double(ms.load[e]);
+        o[E] += double(ms.wanted);
+        o[E + 1] += double(ms.dropped);
+      }
+    }
+    {
+      ScopedPhase t(&timers_, "grad_allreduce");
+      if (D > 1) data_comm_.all_reduce(P.grads(), P.size(), Op::Sum);
+      data_comm_.all_reduce(sums.data(), sums.size(), Op::Sum);
+    }
+    StepStats s;
+    const double groups = double(B) * T / double(cfg_.moe.group_size);
+    s.loss = sums[0] / std::max(1.0, sums[1]);
+    s.aux = moe.empty() ? 0 : sums[2] / groups;
+    s.z = moe.empty() ? 0 : sums[3] / (double(B) * T);
+    for (size_t l = 0; l < moe.size(); ++l) {
+      const double* o = &sums[4 + l * (E + 2)];
+      double total = 0;
+      for (size_t e = 0; e < E; ++e) total += o[e];
+      std::vector<double> load(E);
+      for (size_t e = 0; e < E; ++e) load[e] = total > 0 ? o[e] / total : 0;
+      s.load.push_back(std::move(load));
+      s.dropped.push_back(o[E] > 0 ? o[E + 1] / o[E] : 0);
+    }
+    ScopedPhase t(&timers_, "optimizer");
+    s.grad_norm = std::sqrt(grad_sum_squares(P));
+    s.lr = schedule_(step);
+    if (!std::isfinite(s.grad_norm) || !std::isfinite(s.loss)) {
+      s.skipped = true;
+      ++bad_steps_;
+      if (mesh_.rank() == 0) std::fprintf(stderr, "meshmoe: warning: step %lld: non-finite loss or gradient norm; update skipped\n", (long long)step);
+      if (bad_steps_ >= cfg_.run.max_bad_steps)
+        throw Error("stopping: " + std::to_string(bad_steps_) + " consecutive non-finite steps (run.max_bad_steps)");
+      return s;
+    }
+    bad_steps_ = 0;
+    ++updates_;
+    const double scale = clip_scale(s.grad_norm, cfg_.optim.grad_clip);
+    scale_grads(P, scale);
+    optimizer_->step(P, s.lr, updates_);  // t counts applied updates (bias correction)
+    return s;
+  }
+
+  LossWeights loss_weights(double mask_total, double tokens) const {
+    LossWeights w;
+    w.ce = 1.0 / std::max(1.0, mask_total);
+    const double groups = tokens / double(cfg_.moe.group_size);
+    w.aux = cfg_.moe.aux_loss_coef / groups;
+    w.z = cfg_.moe.z_loss_coef / tokens;
+    return w;
+  }
+
+  void print_header() const {
+    const auto& p = model_->params();
+    std::printf("meshmoe train: run %s -> %s\n", cfg_.run.name.c_str(), dir_.c_str());
+    std::printf("  mesh %s; data %s: %zu train / %zu valid examples, vocab %d\n", mesh_.shape().str().c_str(),
+                cfg_.data.path.c_str(), train_.num_examples(), valid_.num_examples(), vocab_);
+    std::printf("  model: %d layers (%d MoE), d_model %lld, %zu parameters; %.3g train FLOPs/token; peak %.1f GFLOP/s\n",
+                model_->shape().num_layers, model_->shape().num_moe_layers(), (long long)cfg_.model.d_model,
+                p.size(), flops_per_token_, peak_ / 1e9);
+    std::fflush(stdout);
+  }
+
+  void log_step(int64_t step, const StepStats& s, double tokens_per_s, double eta) {
+    // Per-phase times: max over ranks (the slowest rank sets the pace).
+    std::vector<std::string> names;
+    std::vector<double> secs;
+    for (const auto& [n, v] : timers_.totals()) {
+      names.push_back(n);
+      secs.push_back(v);
+    }
+    mesh_.world_comm().all_reduce(secs.data(), secs.size(), Op::Max);
+    timers_.reset();
+    const double mfu = tokens_per_s * flops_per_token_ / peak_;
+    if (mesh_.rank() != 0) return;
+    std::printf("step %6lld/%lld | loss %.4f | aux %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | MFU %5.1f%% | ETA %s%s\n",
+                (long long)step, (long long)cfg_.run.steps, s.loss, s.aux, s.lr, s.grad_norm, tokens_per_s,
+                100 * mfu, format_eta(eta).c_str(), s.skipped ? " | SKIPPED" : "");
+    std::fflush(stdout);
+    std::map<std::string, double> row{{"loss", s.loss},       {"aux_loss", s.aux},          {"z_loss", s.z},
+                                      {"lr", s.lr},           {"grad_norm", s.grad_norm},   {"tokens_per_s", tokens_per_s},
+                                      {"mfu", mfu},           {"skipped", s.skipped ? 1.0 : 0.0}};
+    for (size_t i = 0; i < names.size(); ++i) row["time/" + names[i]] = secs[i];
+    for (size_t l = 0; l < s.load.size(); ++l) row[moe_name(l) + "/dropped_fraction"] = s.dropped[l];
+    metrics_->append(step, row);
+    for (size_t l = 0; l < s.load.size(); ++l) metrics_->append_row(moe_name(l) + "/expert_load", s.load[l]);
+  }
+
+  // metrics.h5 group of the l-th MoE layer: moe/layer<block index>.
+  std::string moe_name(size_t l) const {
+    size_t seen = 0;
+    for (int i = 0; i < model_->shape().num_layers; ++i)
+      if (model_->shape().is_moe_block(i) && seen++ == l) return "moe/layer" + std::to_string(i);
+    return "moe/unknown";
+  }
+
+  void evaluate(int64_t step) {
+    const int B = int(cfg_.optim.batch_size), T = int(cfg_.model.seq_len), MB = int(cfg_.optim.micro_batches);
+    const int D = mesh_.extent(Axis::Data), d = mesh_.coord(Axis::Data);
+    const size_t L = train_.info().languages.size();
+    Batcher batcher(valid_, T, uint64_t(cfg_.run.seed), true);  // the same seeded sample of every language each time
+    std::vector<double> sums(2 + 2 * L, 0.0);  // loss, tokens, per-language loss, per-language tokens
+    ScopedPhase t(&timers_, "eval");
+    for (int64_t b = 0; b < cfg_.eval.batches; ++b) {
+      const Batch batch = batcher.next(B);
+      for (int m = 0; m < MB; ++m) {
+        const RowRange r = rows_of(B, MB, m, D, d);
+        const Batch mb = batch.slice(r.begin, r.end);
+        StepContext ctx{uint64_t(cfg_.run.seed), uint32_t(step), false, uint64_t(r.begin) * T, nullptr};
+        const ForwardStats f = model_->forward(ctx, MicroBatch{mb.rows, T, mb.inputs.data(), mb.targets.data(), mb.mask.data()}, LossWeights{});
+        sums[0] += f.ce_sum;
+        sums[1] += f.mask_sum;
+        const auto& per_token = model_->loss().per_token_loss();
+        for (size_t n = 0; n < per_token.size(); ++n) {
+          const int lang = mb.lang[n];
+          if (lang < 0 || size_t(lang) >= L || mb.mask[n] == 0) continue;
+          sums[2 + size_t(lang)] += per_token[n];
+          sums[2 + L + size_t(lang)] += 1;
+        }
+      }
+    }
+    data_comm_.all_reduce(sums.data(), sums.size(), Op::Sum);
+    if (mesh_.rank() != 0) return;
+    const double loss = sums[0] / std::max(1.0, sums[1]);
+    std::vector<double> lang_loss(L);
+    for (size_t l = 0; l < L; ++l) lang_loss[l] = sums[2 + L + l] > 0 ? sums[2 + l] / sums[2 + L + l] : std::nan("");
+    std::printf("eval step %lld | valid loss %.4f over %.0f tokens\n", (long long)step, loss, sums[1]);
+    std::fflush(stdout);
+    metrics_->append(step, {{"eval/loss", loss}, {"eval/tokens", sums[1]}});
+    metrics_->append_row("eval/lang_loss", lang_loss);
+    metrics_->append_row("eval/lang_tokens", std::vector<double>(sums.begin() + 2 + long(L), sums.end()));
+  }
+
+  const Deck& deck_;
+  const Config& cfg_;
+  Mesh& mesh_;
+  Comm& data_comm_;
+  std::string dir_;
+  Dataset train_, valid_;
+  int vocab_ = 0;
+  std::unique_ptr<Transformer<float>> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  Schedule schedule_;
+  std::unique_ptr<Batcher> batcher_;
+  std::unique_ptr<MetricsFile> metrics_;
+  PhaseTimers timers_;
+  double flops_per_token_ = 0, peak_ = 0;
+  int64_t bad_steps_ = 0;
+  int64_t updates_ = 0;
+};
+
+}  // namespace
+
+int train_main(const Deck& deck, Mesh& mesh) {
+  Trainer trainer(deck, mesh);
+  return trainer.run();
+}
+
+}  // namespace meshmoe

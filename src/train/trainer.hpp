@@ -1,0 +1,20 @@
+// `meshmoe train`: the training loop. Reads the dataset, builds the model on this rank's part of
+// the mesh, trains run.steps optimizer steps, evaluates, and writes runs/<name>/ (DESIGN.md
+// "Files a run writes").
+#pragma once
+#include "deck/deck.hpp"
+#include "mesh/mesh.hpp"
+
+namespace meshmoe {
+
+// Returns the process exit code (kExitOk when the run finished).
+int train_main(const Deck& deck, Mesh& mesh);
+
+// The run directory of a deck: run.out_dir, or runs/<run.name>.
+std::string run_directory(const Config& cfg);
+
+// Sustained fp32 GEMM rate of this rank (FLOP/s), measured with OpenBLAS sgemm for ~0.2 s: the
+// peak against which model FLOPs utilisation is reported.
+double measure_peak_flops();
+
+}  // namespace meshmoe

@@ -1,0 +1,8 @@
+# Environment for running meshmoe's tests and examples under Open MPI on a small machine:
+# root is allowed, more ranks than cores is allowed, one BLAS thread per rank.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_mpi_yield_when_idle=1
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+export PYTHON=/usr/bin/python3

@@ -1,0 +1,575 @@
+// Data pipeline: tokenizer, .mo reader, prep gettext / prep text, dataset files, batcher.
+// Oracles: hand-written expected values (exact), catalogs compiled by GNU msgfmt from .po text
+// written here, FNV-1a reference vectors, and a brute-force re-derivation of packing properties.
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "core/philox.hpp"
+#include "data/batcher.hpp"
+#include "data/mo_file.hpp"
+#include "data/prep.hpp"
+#include "data/prep_cli.hpp"
+#include "data/tokenizer.hpp"
+#include "io/h5.hpp"
+#include "../test_util.hpp"
+
+using namespace meshmoe;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory of this rank (these tests are not [mpi]; each rank works alone).
+std::string fresh_dir(const std::string& name) {
+  const fs::path d = fs::path(test::scratch_dir()) /
+                     ("data-" + name + "-r" + std::to_string(test::world_rank()) + "-" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path, std::ios::binary) << text;
+}
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Compiles .po text with GNU msgfmt (extra = e.g. "--endianness=big").
+void msgfmt(const std::string& po_text, const std::string& mo_path, const std::string& extra = "") {
+  const std::string po = mo_path + ".po";
+  write_text(po, "msgid \"\"\nmsgstr \"Content-Type: text/plain; charset=UTF-8\\n\"\n\n" + po_text);
+  const std::string cmd = "msgfmt " + extra + " -o '" + mo_path + "' '" + po + "'";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  fs::remove(po);
+}
+
+const char* kCatalogPo =
+    "msgid \"Open\"\nmsgstr \"Öffnen\"\n\n"
+    "msgid \"Close\"\nmsgstr \"Schließen\"\n\n"
+    "msgid \"File\"\nmsgstr \"File\"\n\n"  // identical to English
+    "msgid \"Save\"\nmsgstr \"\"\n\n"      // untranslated: msgfmt leaves it out
+    "#, fuzzy\nmsgid \"Quit\"\nmsgstr \"Beenden\"\n\n"  // fuzzy: msgfmt leaves it out
+    "msgctxt \"menu\"\nmsgid \"Open\"\nmsgstr \"Öffnen\"\n\n"
+    "msgid \"%d file\"\nmsgid_plural \"%d files\"\nmsgstr[0] \"%d Datei\"\nmsgstr[1] \"%d Dateien\"\n\n";
+
+std::multiset<std::pair<std::string, std::string>> as_set(const MoCatalog& c) {
+  std::multiset<std::pair<std::string, std::string>> s;
+  for (const auto& e : c.entries) s.insert({e.msgid, e.msgstr});
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("tokenizer: bytes, specials and sorted language tags", "[data]") {
+  const Tokenizer tok({"sr@latin", "pt_BR", "de"});
+  CHECK(tok.vocab_size() == 263);
+  CHECK(tok.languages() == std::vector<std::string>{"de", "pt_BR", "sr@latin"});
+  CHECK(tok.lang_token("de") == 260);
+  CHECK(tok.lang_token("pt_BR") == 261);
+  CHECK(tok.lang_token("sr@latin") == 262);
+  CHECK(tok.language_index("fr") == -1);
+  CHECK_THROWS_AS(tok.lang_token("fr"), InputError);
+  CHECK_THROWS_AS(Tokenizer({"a b"}), InputError);
+
+  std::string all;
+  for (int b = 0; b < 256; ++b) all += char(b);
+  all += "Grüße, мир";
+  const auto ids = tok.encode(all);
+  REQUIRE(ids.size() == all.size());
+  for (int b = 0; b < 256; ++b) CHECK(ids[size_t(b)] == b);
+  CHECK(tok.decode(ids) == all);
+
+  CHECK(tok.decode({261, 'o', 'i', 259, 'h', 'i', 258, 256, 257}) == "<pt_BR>oi<sep>hi<eos><pad><bos>");
+  CHECK_THROWS_AS(tok.decode({263}), Error);
+  CHECK_THROWS_AS(tok.decode({-1}), Error);
+}
+
+TEST_CASE("fnv1a64 matches the reference vectors", "[data]") {
+  CHECK(fnv1a64("") == 0xcbf29ce484222325ull);
+  CHECK(fnv1a64("a") == 0xaf63dc4c8601ec8cull);
+  CHECK(fnv1a64("foobar") == 0x85944171f73967e8ull);
+}
+
+TEST_CASE(".mo reader: msgfmt catalogs in both byte orders", "[data]") {
+  const std::string dir = fresh_dir("mo");
+  const std::multiset<std::pair<std::string, std::string>> want{
+      {"Open", "Öffnen"}, {"Close", "Schließen"}, {"File", "File"}, {"Open", "Öffnen"} /* context stripped */,
+      {"%d file", "%d Datei"}};
+  for (const std::string order : {"little", "big"}) {
+    const std::string mo = dir + "/" + order + ".mo";
+    msgfmt(kCatalogPo, mo, "--endianness=" + order);
+    const std::string bytes = read_bytes(mo);
+    REQUIRE(bytes.size() > 28);
+    // The magic as the file holds it tells the byte order we asked for.
+    CHECK(uint8_t(bytes[0]) == (order == "little" ? 0xde : 0x95));
+    const MoCatalog c = read_mo_file(mo);
+    INFO(order << ": " << c.error);
+    REQUIRE(c.ok());
+    CHECK(as_set(c) == want);  // header, fuzzy and untranslated entries absent
+  }
+}
+
+TEST_CASE(".mo reader: truncated, corrupt and garbage files give errors, never a crash", "[data]") {
+  const std::string dir = fresh_dir("mo-bad");
+  const std::string mo = dir + "/x.mo";
+  msgfmt(kCatalogPo, mo);
+  const std::string good = read_bytes(mo);
+  REQUIRE(parse_mo(good).ok());
+  // Every truncation that cuts more than the final NUL loses part of a string or table.
+  for (size_t n = 0; n + 1 < good.size(); ++n) {
+    const MoCatalog c = parse_mo(std::string_view(good).substr(0, n));
+    INFO("truncated to " << n << " of " << good.size() << " bytes");
+    CHECK_FALSE(c.ok());
+    CHECK(c.entries.empty());
+  }
+  CHECK(parse_mo(std::string_view(good).substr(0, good.size() - 1)).ok());
+
+  // Bad magic.
+  std::string bad = good;
+  bad[0] = 'X';
+  CHECK(parse_mo(bad).error.find("magic") != std::string::npos);
+  // Unknown major revision.
+  bad = good;
+  bad[7] = 2;
+  CHECK_FALSE(parse_mo(bad).ok());
+  // A string offset pointing far past the end (first entry of the original table).
+  bad = good;
+  const uint32_t orig = uint8_t(good[12]) | uint8_t(good[13]) << 8 | uint8_t(good[14]) << 16 | uint32_t(uint8_t(good[15])) << 24;
+  for (int k = 0; k < 4; ++k) bad[orig + 4 + k] = char(0xff);
+  CHECK_FALSE(parse_mo(bad).ok());
+  // N = 2^32 - 1 with tables that cannot hold it: an error, not a huge allocation.
+  bad = good;
+  for (int k = 8; k < 12; ++k) bad[size_t(k)] = char(0xff);
+  CHECK_FALSE(parse_mo(bad).ok());
+  // Random headers and tables after a valid magic: must not crash or read out of bounds (run
+  // under ASan/valgrind to see the latter); most are rejected.
+  const Rng rng{7, 0, 0, RngPurpose::Test};
+  int rejected = 0;
+  for (uint64_t trial = 0; trial < 2000; ++trial) {
+    std::string g = good;
+    const int flips = 1 + int(rng.bits(trial)[0] % 8);
+    for (int f = 0; f < flips; ++f) {
+      const auto b = rng.bits(trial, uint32_t(f + 1));
+      g[4 + b[0] % (g.size() - 4)] = char(b[1]);
+    }
+    rejected += parse_mo(g).ok() ? 0 : 1;
+  }
+  CHECK(rejected > 0);
+  // A file that does not exist, and one of random bytes: the error names the file.
+  CHECK(read_mo_file(dir + "/missing.mo").error.find("missing.mo") != std::string::npos);
+  write_text(dir + "/noise.mo", "this is not a catalog at all, just text");
+  CHECK(read_mo_file(dir + "/noise.mo").error.find("noise.mo") != std::string::npos);
+}
+
+namespace {
+
+// A small locale tree with known content. Expected pairs (translation differs from English,
+// non-empty, de-duplicated, example <= 256 tokens):
+//   de       (a.mo, b.mo): Open/Öffnen, Close/Schließen, %d file/%d Datei, Open/Aufmachen, Help/Hilfe = 5
+//   pt_BR    (a.mo): Open/Abrir, Close/Fechar, Help/Ajuda = 3
+//   sr@latin (a.mo, broken.mo skipped): Open/Otvori = 1
+//   en       (a.mo): only an identical entry = 0 -> dropped (min_pairs 1)
+// FNV-1a 64 % 100: Open 93, Close 63, %d file 78, Help 14 (see the fnv1a64 test). With
+// valid_percent = 70: Close and Help are valid, Open and %d file train.
+std::string make_locale_tree(const std::string& dir) {
+  const std::string root = dir + "/locale";
+  msgfmt(std::string(kCatalogPo) + "msgid \"" + std::string(150, 'L') + "\"\nmsgstr \"" + std::string(150, 'M') + "\"\n\n",
+         root + "/de/LC_MESSAGES/a.mo");
+  msgfmt("msgid \"Open\"\nmsgstr \"Aufmachen\"\n\nmsgid \"Close\"\nmsgstr \"Schließen\"\n\nmsgid \"Help\"\nmsgstr \"Hilfe\"\n\n",
+         root + "/de/LC_MESSAGES/b.mo");
+  msgfmt("msgid \"Open\"\nmsgstr \"Abrir\"\n\nmsgid \"Close\"\nmsgstr \"Fechar\"\n\nmsgid \"Help\"\nmsgstr \"Ajuda\"\n\n",
+         root + "/pt_BR/LC_MESSAGES/a.mo");
+  msgfmt("msgid \"Open\"\nmsgstr \"Otvori\"\n\n", root + "/sr@latin/LC_MESSAGES/a.mo");
+  write_text(root + "/sr@latin/LC_MESSAGES/broken.mo", std::string("\xde\x12\x04\x95garbage", 11));
+  msgfmt("msgid \"Open\"\nmsgstr \"Open\"\n\n", root + "/en/LC_MESSAGES/a.mo");
+  write_text(root + "/de/LC_MESSAGES/notes.txt", "not a catalog");
+  fs::create_directories(root + "/xx/LC_TIME");
+  return root;
+}
+
+// The English text of an example: the bytes between SEP and EOS.
+std::string english_of(const DataSplit& s, size_t e) {
+  std::string out;
+  bool after_sep = false;
+  for (size_t i = s.example_begin(e); i < s.example_begin(e) + s.example_size(e); ++i) {
+    const uint32_t t = s.token(i);
+    if (t == uint32_t(Tokenizer::kSep)) after_sep = true;
+    else if (after_sep && t < 256) out += char(t);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("prep gettext: exact pairs, split by English text, example layout", "[data]") {
+  const std::string dir = fresh_dir("prep");
+  const std::string root = make_locale_tree(dir);
+  PrepGettextOptions opt;
+  opt.root = root;
+  opt.valid_percent = 70;
+  opt.quiet = true;
+  std::ostringstream log;
+  const PreparedDataset d = prepare_gettext(opt, log);
+
+  CHECK(log.str().find("broken.mo") != std::string::npos);  // the warning names the skipped file
+  CHECK(d.info.languages == std::vector<std::string>{"de", "pt_BR", "sr@latin"});
+  CHECK(d.info.vocab_size == 263);
+  CHECK(d.info.train_pairs == std::vector<int64_t>{3, 1, 1});
+  CHECK(d.info.valid_pairs == std::vector<int64_t>{2, 2, 0});
+  CHECK(d.info.sources == std::vector<std::string>{"de/LC_MESSAGES/a.mo", "de/LC_MESSAGES/b.mo",
+                                                   "pt_BR/LC_MESSAGES/a.mo", "sr@latin/LC_MESSAGES/a.mo"});
+  const PrepStats& st = d.stats;
+  CHECK(st.catalogs == 5);
+  CHECK(st.catalogs_skipped == 1);
+  CHECK(st.entries == 14);  // de 6 + 3, en 1, pt_BR 3, sr@latin 1 = 9 pairs + 2 identical + 2 dup + 1 long
+  CHECK(st.identical == 2);
+  CHECK(st.duplicates == 2);
+  CHECK(st.too_long == 1);
+  CHECK(st.languages_dropped == 1);
+  CHECK(st.train_examples == 5);
+  CHECK(st.valid_examples == 4);
+
+  // The pairs themselves, per split.
+  const Tokenizer tok(d.info.languages);
+  auto pairs_of = [&](const DataSplit& s) {
+    std::multiset<std::string> out;
+    for (size_t e = 0; e < s.num_examples(); ++e) {
+      std::vector<int32_t> ids;
+      for (size_t i = s.example_begin(e); i < s.example_begin(e) + s.example_size(e); ++i) ids.push_back(int32_t(s.token(i)));
+      out.insert(tok.decode(ids));
+    }
+    return out;
+  };
+  CHECK(pairs_of(d.train) == std::multiset<std::string>{"<de>%d Datei<sep>%d file<eos>", "<de>Aufmachen<sep>Open<eos>",
+                                                        "<de>Öffnen<sep>Open<eos>", "<pt_BR>Abrir<sep>Open<eos>",
+                                                        "<sr@latin>Otvori<sep>Open<eos>"});
+  CHECK(pairs_of(d.valid) == std::multiset<std::string>{"<de>Schließen<sep>Close<eos>", "<de>Hilfe<sep>Help<eos>",
+                                                        "<pt_BR>Fechar<sep>Close<eos>", "<pt_BR>Ajuda<sep>Help<eos>"});
+  // No English string on both sides; every example on the side its hash says.
+  std::set<std::string> train_en, valid_en;
+  for (size_t e = 0; e < d.train.num_examples(); ++e) train_en.insert(english_of(d.train, e));
+  for (size_t e = 0; e < d.valid.num_examples(); ++e) valid_en.insert(english_of(d.valid, e));
+  for (const auto& s : train_en) CHECK((valid_en.count(s) == 0 && fnv1a64(s) % 100 >= 70));
+  for (const auto& s : valid_en) CHECK(fnv1a64(s) % 100 < 70);
+
+  // Layout and loss mask of every example: <lang> src SEP eng EOS, mask 1 exactly after SEP.
+  for (const DataSplit* s : {&d.train, &d.valid}) {
+    for (size_t e = 0; e < s->num_examples(); ++e) {
+      const size_t b = s->example_begin(e), n = s->example_size(e);
+      CHECK(s->token(b) == uint32_t(Tokenizer::kFirstLang + s->lang[e]));
+      CHECK(s->token(b + n - 1) == uint32_t(Tokenizer::kEos));
+      size_t sep = 0;
+      for (size_t i = b; i < b + n; ++i)
+        if (s->token(i) == uint32_t(Tokenizer::kSep)) sep = i;
+      REQUIRE(sep > b);
+      for (size_t i = b; i < b + n; ++i) CHECK(s->loss_mask[i] == (i > sep ? 1 : 0));
+    }
+  }
+
+  SECTION("--min-pairs drops small languages from the vocabulary") {
+    PrepGettextOptions o2 = opt;
+    o2.min_pairs = 2;
+    const PreparedDataset d2 = prepare_gettext(o2, log);
+    CHECK(d2.info.languages == std::vector<std::string>{"de", "pt_BR"});
+    CHECK(d2.info.vocab_size == 262);
+    CHECK(d2.stats.languages_dropped == 2);
+  }
+  SECTION("--languages filters; an unknown language is an input error") {
+    PrepGettextOptions o2 = opt;
+    o2.languages = {"pt_BR"};
+    const PreparedDataset d2 = prepare_gettext(o2, log);
+    CHECK(d2.info.languages == std::vector<std::string>{"pt_BR"});
+    CHECK(d2.info.train_pairs == std::vector<int64_t>{1});
+    o2.languages = {"pt_BR", "klingon"};
+    CHECK_THROWS_WITH(prepare_gettext(o2, log), Catch::Contains("klingon"));
+  }
+  SECTION("--max-len caps examples") {
+    PrepGettextOptions o2 = opt;
+    o2.max_len = 16;  // <de>Schließen<sep>Close<eos> is 1+10+1+5+1 = 18 tokens: dropped
+    const PreparedDataset d2 = prepare_gettext(o2, log);
+    for (const DataSplit* s : {&d2.train, &d2.valid})
+      for (size_t e = 0; e < s->num_examples(); ++e) CHECK(s->example_size(e) <= 16);
+    CHECK(d2.stats.too_long > 1);
+  }
+  SECTION("bad options are input errors") {
+    PrepGettextOptions o2 = opt;
+    o2.root = dir + "/nowhere";
+    CHECK_THROWS_WITH(prepare_gettext(o2, log), Catch::Contains("nowhere"));
+    o2 = opt;
+    o2.valid_percent = 101;
+    CHECK_THROWS_AS(prepare_gettext(o2, log), InputError);
+    o2 = opt;
+    o2.min_pairs = 100;
+    CHECK_THROWS_AS(prepare_gettext(o2, log), InputError);
+  }
+}
+
+TEST_CASE("dataset file: prep gettext writes, Dataset::open reads back the same", "[data]") {
+  const std::string dir = fresh_dir("file");
+  PrepGettextOptions opt;
+  opt.root = make_locale_tree(dir);
+  opt.valid_percent = 70;
+  opt.quiet = true;
+  opt.output = dir + "/g.h5";
+  std::ostringstream log;
+  const PreparedDataset d = prepare_gettext(opt, log);
+  REQUIRE(prep_gettext_main(opt) == 0);  // rank 0 writes; the other ranks (if any) only wait
+  if (test::world_rank() != 0) write_dataset(opt.output, d.info, d.train, d.valid);  // their own dir
+  for (const std::string split : {"train", "valid"}) {
+    const Dataset ds = Dataset::open(opt.output, split);
+    const DataSplit& want = split == "train" ? d.train : d.valid;
+    CHECK(ds.info().languages == d.info.languages);
+    CHECK(ds.info().train_pairs == d.info.train_pairs);
+    CHECK(ds.info().valid_pairs == d.info.valid_pairs);
+    CHECK(ds.info().sources == d.info.sources);
+    CHECK(ds.info().created_by == "meshmoe prep gettext");
+    CHECK(ds.vocab_size() == 263);
+    CHECK_FALSE(ds.split().wide);
+    CHECK(ds.split().tokens16 == want.tokens16);
+    CHECK(ds.split().doc_offsets == want.doc_offsets);
+    CHECK(ds.split().lang == want.lang);
+    CHECK(ds.split().loss_mask == want.loss_mask);
+  }
+  CHECK_THROWS_WITH(Dataset::open(opt.output, "test"), Catch::Contains("unknown split"));
+  CHECK_THROWS_WITH(Dataset::open(dir + "/none.h5", "train"), Catch::Contains("none.h5"));
+  write_text(dir + "/text.h5", "plain text, not HDF5");
+  CHECK_THROWS_WITH(Dataset::open(dir + "/text.h5", "train"), Catch::Contains("text.h5"));
+  {
+    h5::File f = h5::File::create(dir + "/other.h5");
+    f.write("train/tokens", std::vector<uint16_t>{1, 2, 3});
+  }
+  CHECK_THROWS_WITH(Dataset::open(dir + "/other.h5", "train"), Catch::Contains("/train/doc_offsets"));
+  // A token outside the vocabulary is caught.
+  {
+    DataSplit bad = d.train;
+    bad.tokens16[3] = 300;
+    DatasetInfo info = d.info;
+    write_dataset(dir + "/bad.h5", info, bad, d.valid);
+  }
+  CHECK_THROWS_WITH(Dataset::open(dir + "/bad.h5", "train"), Catch::Contains("outside the vocabulary"));
+  CHECK_THROWS_AS(prep_gettext_main(PrepGettextOptions{}), InputError);  // no -o
+}
+
+TEST_CASE("prep text: lines, paragraphs, long lines cut on UTF-8 boundaries", "[data]") {
+  const std::string dir = fresh_dir("text");
+  const std::string long_line = std::string(10, 'a') + "ü" + std::string(10, 'b');  // 22 bytes
+  write_text(dir + "/a.txt", "first line\r\n\n  \nsecond line\n" + long_line + "\n");
+  PrepTextOptions opt;
+  opt.files = {dir + "/a.txt"};
+  opt.max_len = 13;  // pieces of at most 11 bytes
+  opt.valid_percent = 0;
+  opt.quiet = true;
+  std::ostringstream log;
+  const PreparedDataset d = prepare_text(opt, log);
+  CHECK(d.info.languages == std::vector<std::string>{"text"});
+  CHECK(d.info.vocab_size == 261);
+  CHECK(d.valid.num_examples() == 0);
+  const Tokenizer tok(d.info.languages);
+  std::vector<std::string> got;
+  for (size_t e = 0; e < d.train.num_examples(); ++e) {
+    std::vector<int32_t> ids;
+    const size_t b = d.train.example_begin(e), n = d.train.example_size(e);
+    for (size_t i = b; i < b + n; ++i) {
+      ids.push_back(int32_t(d.train.token(i)));
+      CHECK(d.train.loss_mask[i] == (i == b ? 0 : 1));
+    }
+    CHECK(n <= 13);
+    got.push_back(tok.decode(ids));
+  }
+  // "first line" (10 bytes) fits; "second line" (11) fits; the 22-byte line is cut at 10 (not
+  // inside the 2-byte "ü" at bytes 10..11), then 11, then 1.
+  CHECK(got == std::vector<std::string>{"<text>first line<eos>", "<text>second line<eos>", "<text>aaaaaaaaaa<eos>",
+                                        "<text>übbbbbbbbb<eos>", "<text>b<eos>"});
+  opt.paragraphs = true;
+  opt.max_len = 256;
+  const PreparedDataset p = prepare_text(opt, log);
+  CHECK(p.train.num_examples() == 2);  // "first line" | "second line\n<long>"
+  opt.files.push_back(dir + "/missing.txt");
+  CHECK_THROWS_WITH(prepare_text(opt, log), Catch::Contains("missing.txt"));
+}
+
+namespace {
+
+// Examples whose tokens name them: example i = [260 + i % 2, 'a' + i % 26 (len - 2 times), EOS].
+Dataset toy_dataset(const std::vector<int>& lengths) {
+  DatasetInfo info;
+  info.languages = {"de", "fr"};
+  info.vocab_size = 262;
+  DataSplit s;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<int32_t> ids{int32_t(260 + i % 2)};
+    for (int k = 0; k + 2 < lengths[i]; ++k) ids.push_back('a' + int32_t(i % 26));
+    ids.push_back(Tokenizer::kEos);
+    std::vector<uint8_t> mask(ids.size(), 1);
+    mask[0] = 0;
+    s.add_example(ids, mask, int32_t(i % 2));
+  }
+  info.train_pairs = {int64_t(lengths.size()), 0};
+  info.valid_pairs = {0, 0};
+  return Dataset::from_memory(info, s);
+}
+
+bool same(const Batch& a, const Batch& b) {
+  return a.rows == b.rows && a.seq_len == b.seq_len && a.inputs == b.inputs && a.targets == b.targets &&
+         a.lang == b.lang && a.mask == b.mask;
+}
+
+}  // namespace
+
+TEST_CASE("batcher: packing, padding, truncation and shifted targets (hand-computed)", "[data]") {
+  // A = [260 a a EOS] (4), B = [261 b b b b EOS] (6), C = 12 tokens, D = [261 d EOS] (3); seq_len 8
+  // -> rows of 9 tokens.
+  const Dataset ds = toy_dataset({4, 6, 12, 3});
+  Batcher b(ds, 8, 1, false);
+  const Batch x = b.next(4);
+  const int32_t P = Tokenizer::kPad, E = Tokenizer::kEos;
+  // row 0: A B? 4 + 6 = 10 > 9, so A then PAD x5. row 1: B then C does not fit -> PAD x3.
+  // row 2: C truncated to 9. row 3: D (3) then epoch 1: A (4), B does not fit -> PAD x2.
+  const std::vector<std::vector<int32_t>> rows = {
+      {260, 'a', 'a', E, P, P, P, P, P},
+      {261, 'b', 'b', 'b', 'b', E, P, P, P},
+      {260, 'c', 'c', 'c', 'c', 'c', 'c', 'c', 'c'},
+      {261, 'd', E, 260, 'a', 'a', E, P, P}};
+  const std::vector<std::vector<int32_t>> langs = {
+      {0, 0, 0, 0, -1, -1, -1, -1, -1}, {1, 1, 1, 1, 1, 1, -1, -1, -1}, {0, 0, 0, 0, 0, 0, 0, 0, 0},
+      {1, 1, 1, 0, 0, 0, 0, -1, -1}};
+  REQUIRE(x.rows == 4);
+  REQUIRE(x.seq_len == 8);
+  for (int r = 0; r < 4; ++r) {
+    for (int j = 0; j < 8; ++j) {
+      INFO("row " << r << " col " << j);
+      const size_t k = size_t(r * 8 + j);
+      CHECK(x.inputs[k] == rows[size_t(r)][size_t(j)]);
+      CHECK(x.targets[k] == rows[size_t(r)][size_t(j + 1)]);
+      CHECK(x.lang[k] == langs[size_t(r)][size_t(j + 1)]);
+      // The mask follows the target: 0 on PAD and on a language tag, 1 on text and EOS.
+      const int32_t t = rows[size_t(r)][size_t(j + 1)];
+      CHECK(x.mask[k] == ((t == P || t >= 260) ? 0.0f : 1.0f));
+    }
+  }
+  CHECK(b.cursor() == DataCursor{1, 1});
+}
+
+TEST_CASE("batcher: seeded order, cursor restore, rank slices", "[data]") {
+  std::vector<int> lengths;
+  const Rng rng{3, 0, 0, RngPurpose::Test};
+  for (int i = 0; i < 200; ++i) lengths.push_back(3 + int(rng.bits(uint64_t(i))[0] % 30));
+  const Dataset ds = toy_dataset(lengths);
+
+  SECTION("every epoch visits a permutation; seeds and epochs differ; no shuffle = file order") {
+    Batcher b(ds, 16, 42, true);
+    const auto o0 = b.epoch_order(0), o1 = b.epoch_order(1);
+    auto sorted = o0;
+    std::sort(sorted.begin(), sorted.end());
+    for (uint32_t i = 0; i < sorted.size(); ++i) CHECK(sorted[i] == i);
+    CHECK(o0 != o1);
+    CHECK(Batcher(ds, 16, 43, true).epoch_order(0) != o0);
+    CHECK(Batcher(ds, 16, 42, true).epoch_order(0) == o0);
+    const auto plain = Batcher(ds, 16, 42, false).epoch_order(5);
+    for (uint32_t i = 0; i < plain.size(); ++i) CHECK(plain[i] == i);
+  }
+  SECTION("the stream of examples is the epoch order, none lost except by truncation") {
+    // seq_len 40 > longest example: nothing is truncated, so the example starts (tag tokens) in
+    // the stream, read row after row, follow the epoch order exactly.
+    Batcher b(ds, 40, 9, true);
+    std::vector<uint32_t> want = b.epoch_order(0);
+    const auto more = b.epoch_order(1);
+    want.insert(want.end(), more.begin(), more.end());
+    std::vector<int32_t> letters;  // the letter of each example = index % 26
+    while (letters.size() < 250) {
+      const Batch x = b.next(4);
+      for (int r = 0; r < x.rows; ++r) {
+        // Token stream of the row: inputs then the last target.
+        std::vector<int32_t> row(x.inputs.begin() + r * 40, x.inputs.begin() + (r + 1) * 40);
+        row.push_back(x.targets[size_t(r * 40 + 39)]);
+        for (size_t j = 0; j + 1 < row.size(); ++j)
+          if (row[j] >= 260) letters.push_back(row[j + 1]);
+      }
+    }
+    for (size_t i = 0; i < 250; ++i) {
+      INFO("example " << i << " of the stream");
+      const uint32_t e = want[i];
+      CHECK(letters[i] == (lengths[e] > 2 ? int32_t('a' + e % 26) : int32_t(Tokenizer::kEos)));
+    }
+  }
+  SECTION("cursor save/restore gives the identical next batch") {
+    Batcher a(ds, 16, 5, true);
+    for (int s = 0; s < 30; ++s) a.next(8);  // several epochs in
+    const DataCursor c = a.cursor();
+    CHECK(c.epoch > 0);
+    const Batch want = a.next(8);
+    Batcher fresh(ds, 16, 5, true);
+    fresh.restore(c);
+    CHECK(same(fresh.next(8), want));
+    CHECK(fresh.cursor() == a.cursor());
+    a.restore(c);
+    CHECK(same(a.next(8), want));
+    CHECK_THROWS_AS(a.restore(DataCursor{0, 201}), InputError);
+  }
+  SECTION("the union of rank slices is the global batch, and every rank's cursor agrees") {
+    Batcher global(ds, 16, 11, true);
+    for (int s = 0; s < 3; ++s) global.next(12);
+    const DataCursor c = global.cursor();
+    const Batch want = global.next(12);
+    for (int parts : {1, 2, 3, 4}) {
+      Batch joined;
+      joined.seq_len = 16;
+      for (int p = 0; p < parts; ++p) {
+        const auto [off, cnt] = h5::even_split(12, parts, p);
+        Batcher r(ds, 16, 11, true);
+        r.restore(c);
+        const Batch part = r.next(12, int(off), int(off + cnt));
+        CHECK(r.cursor() == global.cursor());
+        CHECK(same(part, want.slice(int(off), int(off + cnt))));
+        joined.rows += part.rows;
+        joined.inputs.insert(joined.inputs.end(), part.inputs.begin(), part.inputs.end());
+        joined.targets.insert(joined.targets.end(), part.targets.begin(), part.targets.end());
+        joined.lang.insert(joined.lang.end(), part.lang.begin(), part.lang.end());
+        joined.mask.insert(joined.mask.end(), part.mask.begin(), part.mask.end());
+      }
+      INFO(parts << " parts");
+      CHECK(same(joined, want));
+    }
+  }
+  SECTION("bad arguments") {
+    CHECK_THROWS_AS(Batcher(ds, 0, 1, true), InputError);
+    DatasetInfo info;
+    info.languages = {"de"};
+    info.vocab_size = 261;
+    const Dataset empty = Dataset::from_memory(info, DataSplit{});
+    CHECK_THROWS_AS(Batcher(empty, 8, 1, true), InputError);
+  }
+}
+
+TEST_CASE("dataset file: a vocabulary over 65535 stores uint32 tokens", "[data]") {
+  const std::string dir = fresh_dir("wide");
+  DatasetInfo info;
+  for (int i = 0; i < 65280; ++i) info.languages.push_back("l" + std::to_string(100000 + i));  // sorted
+  info.vocab_size = 260 + 65280;  // 65540
+  info.train_pairs.assign(info.languages.size(), 0);
+  info.valid_pairs.assign(info.languages.size(), 0);
+  DataSplit train, valid;
+  train.wide = valid.wide = true;
+  train.add_example({65539, 'x', Tokenizer::kSep, 'y', Tokenizer::kEos}, {0, 0, 0, 1, 1}, 65279);
+  write_dataset(dir + "/w.h5", info, train, valid);
+  const Dataset ds = Dataset::open(dir + "/w.h5", "train");
+  REQUIRE(ds.split().wide);
+  CHECK(ds.split().tokens32 == std::vector<uint32_t>{65539, 'x', 259, 'y', 258});
+  CHECK(ds.split().lang == std::vector<int32_t>{65279});
+  h5::File f = h5::File::open(dir + "/w.h5");
+  CHECK(f.dataset("train/tokens").type_size() == 4);
+  CHECK(f.dataset("valid/tokens").size() == 0);
+}

@@ -1,0 +1,583 @@
+// Dense Transformer layers: every backward against central finite differences in double, every
+// forward against a naive loop oracle, and float forward against double forward.
+//
+// Finite differences: L = sum(r * y) for a fixed random r; h = 1e-6;
+// tolerance |analytic - numeric| <= 1e-6 * max(1, |numeric|)  (model conventions).
+// Float vs double forward: |y_float - y_double| <= 1e-5 * max(1, |y_double|) per element.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/activation.hpp"
+#include "model/attention.hpp"
+#include "model/cross_entropy.hpp"
+#include "model/dropout.hpp"
+#include "model/embedding.hpp"
+#include "model/layernorm.hpp"
+#include "model/mlp.hpp"
+
+using namespace meshmoe;
+
+namespace {
+
+constexpr double kFdStep = 1e-6;
+constexpr double kFdTol = 1e-6;     // relative to max(1, |numeric|)
+constexpr double kFloatTol = 1e-5;  // relative to max(1, |double|)
+
+std::vector<double> random_vec(size_t n, std::mt19937& gen, double lo = -1, double hi = 1) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<double> v(n);
+  for (auto& x : v) x = u(gen);
+  return v;
+}
+
+// Perturbs every weight so gains are not exactly 1 and biases not 0 (a stronger check).
+template <typename T>
+void perturb(ParamStore<T>& store, std::mt19937& gen, double amp = 0.3) {
+  std::uniform_real_distribution<double> u(-amp, amp);
+  for (size_t i = 0; i < store.size(); ++i) store.weights()[i] += T(u(gen));
+}
+
+struct FdTensor {
+  std::string name;
+  double* value;
+  std::vector<double> analytic;  // copied after backward
+};
+
+// Central differences of loss() on (a subset of >= 60 elements of) every tensor.
+void check_fd(const std::function<double()>& loss, std::vector<FdTensor>& tensors, std::mt19937& gen,
+              size_t max_per_tensor = 60) {
+  for (auto& t : tensors) {
+    const size_t n = t.analytic.size();
+    std::vector<size_t> idx(n);
+    for (size_t i = 0; i < n; ++i) idx[i] = i;
+    if (n > max_per_tensor) {
+      std::shuffle(idx.begin(), idx.end(), gen);
+      idx.resize(max_per_tensor);
+    }
+    double worst = 0, worst_a = 0, worst_n = 0;
+    size_t worst_i = 0;
+    for (size_t i : idx) {
+      const double w0 = t.value[i];
+      t.value[i] = w0 + kFdStep;
+      const double lp = loss();
+      t.value[i] = w0 - kFdStep;
+      const double lm = loss();
+      t.value[i] = w0;
+      const double num = (lp - lm) / (2 * kFdStep);
+      const double err = std::abs(t.analytic[i] - num) / std::max(1.0, std::abs(num));
+      if (err >= worst) worst = err, worst_a = t.analytic[i], worst_n = num, worst_i = i;
+    }
+    INFO(t.name << "[" << worst_i << "]: analytic " << worst_a << " numeric " << worst_n);
+    CHECK(worst <= kFdTol);
+  }
+}
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// FdTensor entries for every parameter of a store (analytic = current grads).
+std::vector<FdTensor> param_tensors(ParamStore<double>& store) {
+  std::vector<FdTensor> out;
+  for (const auto& p : store.infos()) {
+    FdTensor t{p.name, store.weights() + p.flat_offset, {}};
+    t.analytic.assign(store.grads() + p.flat_offset, store.grads() + p.flat_offset + p.size);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void check_close_float(const std::vector<float>& f, const std::vector<double>& d, const char* what) {
+  REQUIRE(f.size() == d.size());
+  double worst = 0;
+  for (size_t i = 0; i < f.size(); ++i)
+    worst = std::max(worst, std::abs(double(f[i]) - d[i]) / std::max(1.0, std::abs(d[i])));
+  INFO(what << ": worst relative float-double difference " << worst);
+  CHECK(worst <= kFloatTol);
+}
+
+// Builds float and double copies of a layer with identical parameters (the double store gets the
+// float values, so only the arithmetic differs).
+template <typename Make>
+auto twin(Make make, std::mt19937& gen) {
+  auto lf = make(float{});
+  auto ld = make(double{});
+  auto sf = std::make_unique<ParamStore<float>>();
+  auto sd = std::make_unique<ParamStore<double>>();
+  lf->declare(*sf, "l");
+  ld->declare(*sd, "l");
+  sf->allocate();
+  sd->allocate();
+  sf->init(7, 1.0);
+  perturb(*sf, gen);
+  for (size_t i = 0; i < sf->size(); ++i) sd->weights()[i] = double(sf->weights()[i]);
+  return std::make_tuple(std::move(lf), std::move(ld), std::move(sf), std::move(sd));
+}
+
+std::vector<float> to_float(const std::vector<double>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = float(v[i]);
+  return f;
+}
+std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+
+StepContext train_ctx(uint64_t token_offset = 0) {
+  StepContext c;
+  c.seed = 99;
+  c.step = 3;
+  c.training = true;
+  c.token_offset = token_offset;
+  return c;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+TEST_CASE("gelu matches the erf form and its derivative", "[layers]") {
+  // Reference values of 0.5 x (1 + erf(x / sqrt 2)) (torch.nn.functional.gelu) to 1e-15.
+  CHECK(std::abs(gelu(1.0) - 0.8413447460685429) <= 1e-15);
+  CHECK(std::abs(gelu(-0.5) - -0.15426876936299347) <= 1e-15);
+  for (double x : {-3.0, -1.2, -0.1, 0.0, 0.4, 2.5}) {
+    const double num = (gelu(x + kFdStep) - gelu(x - kFdStep)) / (2 * kFdStep);
+    CHECK(std::abs(gelu_grad(x) - num) <= kFdTol * std::max(1.0, std::abs(num)));
+  }
+  CHECK_THROWS_AS(parse_activation("swish"), InputError);
+}
+
+TEST_CASE("activation backward matches finite differences", "[layers]") {
+  std::mt19937 gen(1);
+  const int N = 5, H = 7;
+  for (Activation a : {Activation::Relu, Activation::Gelu, Activation::Geglu}) {
+    INFO(activation_name(a));
+    const int W = activation_in_width(a, H);
+    auto pre = random_vec(size_t(N) * W, gen, -2, 2);
+    auto r = random_vec(size_t(N) * H, gen);
+    std::vector<double> h(size_t(N) * H), dpre(pre.size());
+    activation_backward(a, pre.data(), r.data(), dpre.data(), N, H);
+    std::vector<FdTensor> t{{"pre", pre.data(), dpre}};
+    auto loss = [&] {
+      activation_forward(a, pre.data(), h.data(), N, H);
+      return dot(r, h);
+    };
+    check_fd(loss, t, gen, 1000);
+  }
+}
+
+TEST_CASE("dropout: deterministic, keyed by global token, rate respected", "[layers]") {
+  const int N = 64, C = 30;
+  const double rate = 0.25;
+  Dropout<double> d(rate, 5);
+  std::vector<double> x(size_t(N) * C, 1.0), y2(x.size(), 1.0);
+  StepContext ctx = train_ctx(100);
+  d.forward(ctx, x.data(), N, C);
+  // The same elements are dropped when the tokens are split over two "ranks".
+  Dropout<double> d2(rate, 5);
+  StepContext c1 = train_ctx(100), c2 = train_ctx(100 + N / 2);
+  d2.forward(c1, y2.data(), N / 2, C);
+  d2.forward(c2, y2.data() + size_t(N / 2) * C, N / 2, C);
+  CHECK(x == y2);
+  size_t dropped = 0;
+  const Rng rng{ctx.seed, ctx.step, 5, RngPurpose::Dropout};
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) {
+      const double v = x[size_t(n) * C + c];
+      const bool keep = Dropout<double>::keep(rng, rate, 100 + n, c, C);
+      CHECK(v == (keep ? 1.0 / (1.0 - rate) : 0.0));
+      dropped += !keep;
+    }
+  // 1920 Bernoulli(0.25) draws: mean 480, sd 19; +-5 sd
+  CHECK(dropped > 480 - 95);
+  CHECK(dropped < 480 + 95);
+  // backward applies the same mask; eval is the identity
+  std::vector<double> g(x.size(), 1.0);
+  d.backward(ctx, g.data(), N, C);
+  CHECK(g == x);
+  StepContext eval = ctx;
+  eval.training = false;
+  std::vector<double> e(x.size(), 1.0);
+  d.forward(eval, e.data(), N, C);
+  CHECK(e == std::vector<double>(x.size(), 1.0));
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST_CASE("layernorm: forward oracle, finite differences, float vs double", "[layers]") {
+  std::mt19937 gen(2);
+  const int N = 6, M = 10;
+  const double eps = 1e-5;
+  auto [lf, ld, sf, sd] = twin([&](auto t) { return std::make_unique<LayerNorm<decltype(t)>>(M, eps); }, gen);
+  auto x = random_vec(size_t(N) * M, gen, -2, 2);
+  auto r = random_vec(size_t(N) * M, gen);
+  std::vector<double> y(x.size()), dx(x.size(), 0.0);
+  StepContext ctx = train_ctx();
+  ld->forward(ctx, x.data(), y.data(), N);
+  // oracle
+  for (int n = 0; n < N; ++n) {
+    double mean = 0, var = 0;
+    for (int m = 0; m < M; ++m) mean += x[n * M + m] / M;
+    for (int m = 0; m < M; ++m) var += (x[n * M + m] - mean) * (x[n * M + m] - mean) / M;
+    for (int m = 0; m < M; ++m) {
+      const double ref = (x[n * M + m] - mean) / std::sqrt(var + eps) * ld->gain.w[m] + ld->bias.w[m];
+      CHECK(std::abs(y[n * M + m] - ref) <= 1e-12);  // same formula, double rounding only
+    }
+  }
+  ld->backward(ctx, r.data(), dx.data(), N);
+  auto tensors = param_tensors(*sd);
+  tensors.push_back({"x", x.data(), dx});
+  check_fd([&] { ld->forward(ctx, x.data(), y.data(), N); return dot(r, y); }, tensors, gen);
+
+  auto xf = to_float(x);
+  std::vector<float> yf(xf.size());
+  lf->forward(ctx, xf.data(), yf.data(), N);
+  ld->forward(ctx, to_double(xf).data(), y.data(), N);
+  check_close_float(yf, y, "layernorm");
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST_CASE("embedding and output head: finite differences, tied and untied", "[layers]") {
+  std::mt19937 gen(3);
+  const int V = 11, Tmax = 6, M = 8, T = 5, B = 3, N = B * T;
+  std::vector<int32_t> tokens(N);
+  std::uniform_int_distribution<int> tok(0, V - 1);
+  for (auto& t : tokens) t = tok(gen);
+  tokens[3] = tokens[7] = 2;  // a repeated token: its gradient rows must add up
+  StepContext ctx = train_ctx();
+
+  for (bool tied : {true, false}) {
+    INFO((tied ? "tied" : "untied"));
+    Embedding<double> emb(V, Tmax, M);
+    OutputHead<double> head(V, M);
+    ParamStore<double> store;
+    emb.declare(store, "emb");
+    head.declare(store, "head", tied ? &emb.wte : nullptr);
+    CHECK(head.tied() == tied);
+    CHECK(store.infos().size() == (tied ? 2u : 3u));
+    store.allocate();
+    store.init(11, 1.0);
+    perturb(store, gen);
+    auto r = random_vec(size_t(N) * V, gen);
+    std::vector<double> x(size_t(N) * M), logits(size_t(N) * V), dx(x.size(), 0.0);
+    auto loss = [&] {
+      emb.forward(ctx, tokens.data(), x.data(), N, T);
+      head.forward(ctx, x.data(), logits.data(), N);
+      return dot(r, logits);
+    };
+    loss();
+    // oracle: logits[n, v] = sum_m (wte[tok] + wpe[n % T])[m] * W[v, m]
+    const double* W = tied ? emb.wte.w : head.wout.w;
+    for (int n = 0; n < N; ++n)
+      for (int v = 0; v < V; ++v) {
+        double s = 0;
+        for (int m = 0; m < M; ++m) s += (emb.wte.w[tokens[n] * M + m] + emb.wpe.w[(n % T) * M + m]) * W[v * M + m];
+        CHECK(std::abs(logits[n * V + v] - s) <= 1e-12);
+      }
+    store.zero_grad();
+    head.backward(ctx, r.data(), dx.data(), N);
+    // input gradient of the head alone (x held fixed)
+    std::vector<FdTensor> xt{{"x", x.data(), dx}};
+    const auto x0 = x;
+    check_fd([&] { head.forward(ctx, x.data(), logits.data(), N); return dot(r, logits); }, xt, gen, 1000);
+    x = x0;
+    emb.backward(ctx, dx.data(), N);
+    auto tensors = param_tensors(store);
+    check_fd(loss, tensors, gen, 1000);
+  }
+  Embedding<double> emb(V, Tmax, M);
+  ParamStore<double> store;
+  emb.declare(store, "emb");
+  store.allocate();
+  std::vector<double> x(size_t(N) * M);
+  std::vector<int32_t> bad = tokens;
+  bad[4] = V;
+  CHECK_THROWS_AS(emb.forward(ctx, bad.data(), x.data(), N, T), Error);
+  CHECK_THROWS_AS(emb.forward(ctx, tokens.data(), x.data(), N, Tmax + 1), Error);
+}
+
+TEST_CASE("embedding and output head: float vs double", "[layers]") {
+  std::mt19937 gen(4);
+  const int V = 13, Tmax = 8, M = 16, T = 8, N = 16;
+  std::vector<int32_t> tokens(N);
+  for (int n = 0; n < N; ++n) tokens[n] = (n * 5) % V;
+  auto [ef, ed, sf, sd] = twin([&](auto t) { return std::make_unique<Embedding<decltype(t)>>(V, Tmax, M); }, gen);
+  StepContext ctx = train_ctx();
+  std::vector<float> xf(size_t(N) * M), lf(size_t(N) * V);
+  std::vector<double> xd(xf.size()), ld(lf.size());
+  ef->forward(ctx, tokens.data(), xf.data(), N, T);
+  ed->forward(ctx, tokens.data(), xd.data(), N, T);
+  check_close_float(xf, xd, "embedding");
+  OutputHead<float> hf(V, M);
+  OutputHead<double> hd(V, M);
+  hf.declare(*sf, "h", &ef->wte);  // tied: no new parameter
+  hd.declare(*sd, "h", &ed->wte);
+  hf.forward(ctx, xf.data(), lf.data(), N);
+  hd.forward(ctx, to_double(xf).data(), ld.data(), N);
+  check_close_float(lf, ld, "output head");
+}
+
+// ---------------------------------------------------------------------------------------------
+namespace {
+// Naive causal attention: loops only, no gemm (independent of the layer's indexing).
+std::vector<double> naive_attention(const std::vector<double>& x, const CausalSelfAttention<double>& a, int N,
+                                    int T, int M, int H) {
+  const int D = M / H, B = N / T;
+  auto proj = [&](const double* W, int n, int c) {
+    double s = 0;
+    for (int m = 0; m < M; ++m) s += x[n * M + m] * W[m * M + c];
+    return s;
+  };
+  std::vector<double> att(size_t(N) * M, 0.0), y(size_t(N) * M, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < T; ++i) {
+        std::vector<double> s(i + 1);
+        double mx = -1e300;
+        for (int j = 0; j <= i; ++j) {
+          double q_k = 0;
+          for (int d = 0; d < D; ++d) q_k += proj(a.wq.w, b * T + i, h * D + d) * proj(a.wk.w, b * T + j, h * D + d);
+          s[j] = q_k / std::sqrt(double(D));
+          mx = std::max(mx, s[j]);
+        }
+        double z = 0;
+        for (auto& v : s) z += (v = std::exp(v - mx));
+        for (int d = 0; d < D; ++d)
+          for (int j = 0; j <= i; ++j) att[(b * T + i) * M + h * D + d] += s[j] / z * proj(a.wv.w, b * T + j, h * D + d);
+      }
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < M; ++c)
+      for (int k = 0; k < M; ++k) y[n * M + c] += att[n * M + k] * a.wo.w[k * M + c];
+  return y;
+}
+}  // namespace
+
+TEST_CASE("attention: forward oracle and finite differences with and without dropout", "[layers]") {
+  std::mt19937 gen(5);
+  const int M = 12, H = 3, T = 5, B = 2, N = B * T;
+  for (double rate : {0.0, 0.3}) {
+    INFO("dropout " << rate);
+    CausalSelfAttention<double> att(M, H, rate, 17);
+    ParamStore<double> store;
+    att.declare(store, "attn");
+    store.allocate();
+    store.init(13, 1.0);
+    perturb(store, gen);
+    auto x = random_vec(size_t(N) * M, gen);
+    auto r = random_vec(size_t(N) * M, gen);
+    std::vector<double> y(x.size()), dx(x.size(), 0.0);
+    StepContext ctx = train_ctx(40);
+    if (rate == 0.0) {
+      att.forward(ctx, x.data(), y.data(), N, T);
+      const auto ref = naive_attention(x, att, N, T, M, H);
+      for (size_t i = 0; i < y.size(); ++i) CHECK(std::abs(y[i] - ref[i]) <= 1e-12);
+    }
+    att.forward(ctx, x.data(), y.data(), N, T);
+    if (rate > 0) CHECK(std::count(y.begin(), y.end(), 0.0) > 0);
+    att.backward(ctx, r.data(), dx.data(), N);
+    auto tensors = param_tensors(store);
+    tensors.push_back({"x", x.data(), dx});
+    check_fd([&] { att.forward(ctx, x.data(), y.data(), N, T); return dot(r, y); }, tensors, gen);
+  }
+}
+
+TEST_CASE("attention: head blocks sum to the full layer (tensor-parallel layout)", "[layers]") {
+  std::mt19937 gen(6);
+  const int M = 12, H = 3, T = 4, N = 8;
+  auto x = random_vec(size_t(N) * M, gen);
+  auto r = random_vec(size_t(N) * M, gen);
+  StepContext ctx = train_ctx();
+  auto run = [&](int h0, int lh, std::vector<double>& y, std::vector<double>& dx, ParamStore<double>& store,
+                 std::unique_ptr<CausalSelfAttention<double>>& a) {
+    a = std::make_unique<CausalSelfAttention<double>>(M, H, 0.0, 1, h0, lh);
+    a->declare(store, "attn");
+    store.allocate();
+    store.init(21, 1.0);  // init by logical index: a block gets the full layer's values
+    y.assign(x.size(), 0.0);
+    dx.assign(x.size(), 0.0);
+    a->forward(ctx, x.data(), y.data(), N, T);
+    a->backward(ctx, r.data(), dx.data(), N);
+  };
+  std::vector<double> yf, dxf, y0, dx0, y1, dx1;
+  ParamStore<double> sf, s0, s1;
+  std::unique_ptr<CausalSelfAttention<double>> af, a0, a1;
+  run(0, -1, yf, dxf, sf, af);
+  run(0, 1, y0, dx0, s0, a0);
+  run(1, 2, y1, dx1, s1, a1);
+  CHECK(a1->sharded());
+  CHECK(s1.infos()[0].local_shape == std::vector<int64_t>{M, 8});
+  CHECK(s1.infos()[3].offset == std::vector<int64_t>{4, 0});
+  for (size_t i = 0; i < yf.size(); ++i) {
+    CHECK(std::abs(y0[i] + y1[i] - yf[i]) <= 1e-12);
+    CHECK(std::abs(dx0[i] + dx1[i] - dxf[i]) <= 1e-12);
+  }
+  // the block's weight gradient is the corresponding block of the full gradient: wq columns [4, 12)
+  for (int m = 0; m < M; ++m)
+    for (int c = 0; c < 8; ++c) CHECK(std::abs(a1->wq.g[m * 8 + c] - af->wq.g[m * M + 4 + c]) <= 1e-12);
+}
+
+TEST_CASE("attention: float vs double", "[layers]") {
+  std::mt19937 gen(7);
+  const int M = 32, H = 4, T = 16, N = 32;
+  auto [af, ad, sf, sd] = twin(
+      [&](auto t) { return std::make_unique<CausalSelfAttention<decltype(t)>>(M, H, 0.1, 3); }, gen);
+  auto xf = to_float(random_vec(size_t(N) * M, gen));
+  std::vector<float> yf(xf.size());
+  std::vector<double> yd(xf.size());
+  StepContext ctx = train_ctx();
+  af->forward(ctx, xf.data(), yf.data(), N, T);
+  ad->forward(ctx, to_double(xf).data(), yd.data(), N, T);
+  check_close_float(yf, yd, "attention");
+  CHECK_THROWS_AS(CausalSelfAttention<float>(10, 3, 0.0, 0), InputError);
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST_CASE("mlp: forward oracle and finite differences for relu, gelu, geglu with dropout", "[layers]") {
+  std::mt19937 gen(8);
+  const int M = 8, Hd = 10, N = 7;
+  for (Activation act : {Activation::Relu, Activation::Gelu, Activation::Geglu})
+    for (double rate : {0.0, 0.25}) {
+      INFO(activation_name(act) << " dropout " << rate);
+      MLP<double> mlp(M, Hd, act, rate, 9);
+      ParamStore<double> store;
+      mlp.declare(store, "mlp");
+      store.allocate();
+      store.init(5, 1.0);
+      perturb(store, gen);
+      CHECK(store.infos()[0].logical_shape ==
+            (act == Activation::Geglu ? std::vector<int64_t>{M, 2, Hd} : std::vector<int64_t>{M, Hd}));
+      auto x = random_vec(size_t(N) * M, gen);
+      auto r = random_vec(size_t(N) * M, gen);
+      std::vector<double> y(x.size()), dx(x.size(), 0.0);
+      StepContext ctx = train_ctx(1000);
+      if (rate == 0.0) {
+        mlp.forward(ctx, x.data(), y.data(), N);
+        const int W = activation_in_width(act, Hd);
+        for (int n = 0; n < N; ++n) {
+          std::vector<double> pre(W, 0.0), h(Hd);
+          for (int j = 0; j < W; ++j)
+            for (int m = 0; m < M; ++m) pre[j] += x[n * M + m] * mlp.w_in.w[m * W + j];
+          for (int j = 0; j < Hd; ++j) {
+            const double g = 0.5 * pre[j] * (1 + std::erf(pre[j] / std::sqrt(2.0)));
+            h[j] = act == Activation::Relu ? std::max(0.0, pre[j]) : act == Activation::Gelu ? g : g * pre[Hd + j];
+          }
+          for (int c = 0; c < M; ++c) {
+            double s = 0;
+            for (int j = 0; j < Hd; ++j) s += h[j] * mlp.w_out.w[j * M + c];
+            CHECK(std::abs(y[n * M + c] - s) <= 1e-12);
+          }
+        }
+      }
+      mlp.forward(ctx, x.data(), y.data(), N);
+      mlp.backward(ctx, r.data(), dx.data(), N);
+      auto tensors = param_tensors(store);
+      tensors.push_back({"x", x.data(), dx});
+      check_fd([&] { mlp.forward(ctx, x.data(), y.data(), N); return dot(r, y); }, tensors, gen);
+    }
+}
+
+TEST_CASE("mlp: hidden blocks sum to the full layer (tensor-parallel layout)", "[layers]") {
+  std::mt19937 gen(9);
+  const int M = 6, Hd = 8, N = 5;
+  auto x = random_vec(size_t(N) * M, gen);
+  auto r = random_vec(size_t(N) * M, gen);
+  StepContext ctx = train_ctx();
+  for (Activation act : {Activation::Relu, Activation::Geglu}) {
+    INFO(activation_name(act));
+    std::vector<std::vector<double>> ys, dxs;
+    for (auto [h0, lh] : {std::pair{0, -1}, {0, 3}, {3, 5}}) {
+      MLP<double> mlp(M, Hd, act, 0.0, 1, h0, lh);
+      ParamStore<double> store;
+      mlp.declare(store, "mlp");
+      store.allocate();
+      store.init(31, 1.0);
+      std::vector<double> y(x.size()), dx(x.size(), 0.0);
+      mlp.forward(ctx, x.data(), y.data(), N);
+      mlp.backward(ctx, r.data(), dx.data(), N);
+      ys.push_back(y);
+      dxs.push_back(dx);
+    }
+    for (size_t i = 0; i < x.size(); ++i) {
+      CHECK(std::abs(ys[1][i] + ys[2][i] - ys[0][i]) <= 1e-12);
+      CHECK(std::abs(dxs[1][i] + dxs[2][i] - dxs[0][i]) <= 1e-12);
+    }
+  }
+}
+
+TEST_CASE("mlp: float vs double", "[layers]") {
+  std::mt19937 gen(10);
+  const int M = 32, Hd = 64, N = 24;
+  for (Activation act : {Activation::Relu, Activation::Gelu, Activation::Geglu}) {
+    INFO(activation_name(act));
+    auto [mf, md, sf, sd] =
+        twin([&](auto t) { return std::make_unique<MLP<decltype(t)>>(M, Hd, act, 0.1, 4); }, gen);
+    auto xf = to_float(random_vec(size_t(N) * M, gen));
+    std::vector<float> yf(xf.size());
+    std::vector<double> yd(xf.size());
+    StepContext ctx = train_ctx();
+    mf->forward(ctx, xf.data(), yf.data(), N);
+    md->forward(ctx, to_double(xf).data(), yd.data(), N);
+    check_close_float(yf, yd, "mlp");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST_CASE("cross entropy: masked, weighted, finite differences, stable", "[layers]") {
+  std::mt19937 gen(11);
+  const int N = 9, V = 7;
+  auto logits = random_vec(size_t(N) * V, gen, -3, 3);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) targets[n] = (3 * n + 1) % V;
+  std::vector<double> mask(N, 1.0);
+  mask[2] = mask[5] = 0.0;
+  targets[5] = -1;  // ignored where masked
+  const double weight = 1.0 / 13.0;
+  StepContext ctx = train_ctx();
+  CrossEntropy<double> ce;
+  const double loss = ce.forward(ctx, logits.data(), targets.data(), mask.data(), N, V, weight);
+  double ref = 0;
+  for (int n = 0; n < N; ++n) {
+    if (mask[n] == 0) {
+      CHECK(ce.per_token_loss()[n] == 0.0);
+      continue;
+    }
+    double z = 0;
+    for (int v = 0; v < V; ++v) z += std::exp(logits[n * V + v]);
+    const double tl = std::log(z) - logits[n * V + targets[n]];
+    CHECK(std::abs(ce.per_token_loss()[n] - tl) <= 1e-12);
+    ref += tl;
+  }
+  CHECK(std::abs(loss - weight * ref) <= 1e-12);
+  CHECK(ce.count() == 7.0);
+  std::vector<double> dlogits(logits.size());
+  ce.backward(ctx, logits.data(), dlogits.data(), N);
+  for (int v = 0; v < V; ++v) CHECK(dlogits[2 * V + v] == 0.0);
+  std::vector<FdTensor> t{{"logits", logits.data(), dlogits}};
+  CrossEntropy<double> ce2;
+  check_fd([&] { return ce2.forward(ctx, logits.data(), targets.data(), mask.data(), N, V, weight); }, t, gen, 1000);
+  // in place
+  auto inplace = logits;
+  ce.forward(ctx, inplace.data(), targets.data(), mask.data(), N, V, weight);
+  ce.backward(ctx, inplace.data(), inplace.data(), N);
+  for (size_t i = 0; i < inplace.size(); ++i) CHECK(std::abs(inplace[i] - dlogits[i]) <= 1e-15);
+
+  // huge logits: finite, and equal to the shifted problem (logsumexp is shift invariant)
+  std::vector<float> big(size_t(N) * V), small(big.size());
+  for (size_t i = 0; i < big.size(); ++i) {
+    small[i] = float(logits[i]);
+    big[i] = small[i] + 1000.0f;
+  }
+  CrossEntropy<float> cf;
+  const auto maskf = to_float(mask);
+  const double lb = cf.forward(ctx, big.data(), targets.data(), maskf.data(), N, V, 1.0);
+  const double ls = cf.forward(ctx, small.data(), targets.data(), maskf.data(), N, V, 1.0);
+  CHECK(std::isfinite(lb));
+  CHECK(std::abs(lb - ls) <= 1e-3 * ls);  // float rounding of x+1000 is ~6e-5 per logit
+  CHECK(std::abs(ls - ref) <= kFloatTol * ref);  // float vs double forward
+  targets[0] = V;
+  CHECK_THROWS_AS(ce.forward(ctx, logits.data(), targets.data(), mask.data(), N, V, weight), Error);
+}

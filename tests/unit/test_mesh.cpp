@@ -1,0 +1,172 @@
+// Mesh: rank <-> coordinates, axis group membership, the plan text.
+#include <catch2/catch.hpp>
+#include <mpi.h>
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "../test_util.hpp"
+#include "mesh/mesh.hpp"
+
+using namespace meshmoe;
+
+namespace {
+
+// Oracle for the rank layout: enumerate p, d, t with t innermost and count (DESIGN "The mesh").
+std::vector<std::array<int, 3>> enumerate_coords(const MeshShape& s) {
+  std::vector<std::array<int, 3>> out;
+  for (int p = 0; p < s.pipe; ++p)
+    for (int d = 0; d < s.data; ++d)
+      for (int t = 0; t < s.tensor; ++t) out.push_back({p, d, t});
+  return out;
+}
+
+std::string fmt_groups(const std::vector<std::vector<int>>& gs) {
+  std::ostringstream os;
+  for (const auto& g : gs) {
+    os << " [";
+    for (size_t i = 0; i < g.size(); ++i) os << (i ? " " : "") << g[i];
+    os << "]";
+  }
+  return os.str();
+}
+
+}  // namespace
+
+TEST_CASE("MeshShape: rank <-> coordinates follows pipe x data x tensor, tensor innermost", "[mesh]") {
+  for (int world = 1; world <= 12; ++world) {
+    const auto shapes = MeshShape::all_for(world);
+    for (const MeshShape& s : shapes) {
+      INFO(s.str());
+      REQUIRE(s.size() == world);
+      const auto expected = enumerate_coords(s);
+      for (int r = 0; r < world; ++r) {
+        CHECK(s.coords(r) == expected[size_t(r)]);
+        CHECK(s.rank_of(expected[size_t(r)]) == r);
+      }
+    }
+  }
+  // Every factorisation is listed once: 4 = 1x1x4, 1x2x2, 1x4x1, 2x1x2, 2x2x1, 4x1x1.
+  CHECK(MeshShape::all_for(4).size() == 6);
+  CHECK(MeshShape::all_for(1).size() == 1);
+  CHECK(MeshShape::all_for(8).size() == 10);
+  CHECK(MeshShape{2, 3, 4}.coords(23) == std::array<int, 3>{1, 2, 3});
+  CHECK(MeshShape{2, 3, 4}.coords(13) == std::array<int, 3>{1, 0, 1});
+}
+
+TEST_CASE("MeshShape: axis groups partition the ranks and differ only along their axis", "[mesh]") {
+  SECTION("worked examples") {
+    const MeshShape s{1, 2, 2};
+    CHECK(s.groups(Axis::Data) == std::vector<std::vector<int>>{{0, 2}, {1, 3}});
+    CHECK(s.groups(Axis::Tensor) == std::vector<std::vector<int>>{{0, 1}, {2, 3}});
+    CHECK(s.groups(Axis::Pipe) == std::vector<std::vector<int>>{{0}, {1}, {2}, {3}});
+    const MeshShape c{2, 2, 2};
+    CHECK(c.groups(Axis::Pipe) == std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+    CHECK(c.groups(Axis::Data) == std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+    CHECK(c.groups(Axis::Tensor) == std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
+    CHECK(c.group_of(Axis::Data, 5) == std::vector<int>{5, 7});
+  }
+  SECTION("every shape up to 12 ranks") {
+    for (int world = 1; world <= 12; ++world)
+      for (const MeshShape& s : MeshShape::all_for(world))
+        for (Axis a : kAxes) {
+          INFO(s.str() << " axis " << axis_name(a));
+          const auto gs = s.groups(a);
+          CHECK(gs.size() == size_t(world / s.extent(a)));
+          std::multiset<int> seen;
+          for (const auto& g : gs) {
+            REQUIRE(g.size() == size_t(s.extent(a)));
+            for (size_t i = 0; i < g.size(); ++i) {
+              seen.insert(g[i]);
+              auto c0 = s.coords(g[0]), ci = s.coords(g[i]);
+              CHECK(ci[size_t(a)] == int(i));  // member order = coordinate = axis rank
+              c0[size_t(a)] = ci[size_t(a)] = 0;
+              CHECK(c0 == ci);  // same coordinates on the other axes
+              CHECK(s.group_of(a, g[i]) == g);
+            }
+          }
+          std::multiset<int> all;
+          for (int r = 0; r < world; ++r) all.insert(r);
+          CHECK(seen == all);
+        }
+  }
+}
+
+TEST_CASE("Mesh: communicators match the coordinates on every shape of this world", "[mesh][mpi]") {
+  const int me = test::world_rank(), world = test::world_size();
+  for (const MeshShape& s : MeshShape::all_for(world)) {
+    INFO(s.str());
+    Mesh built(MPI_COMM_WORLD, s.pipe, s.data, s.tensor);
+    Mesh mesh = std::move(built);  // movable; the communicators move with it
+    CHECK(mesh.rank() == me);
+    CHECK(mesh.size() == world);
+    CHECK(mesh.shape() == s);
+    int cmp = MPI_UNEQUAL;
+    MPI_Comm_compare(mesh.world(), MPI_COMM_WORLD, &cmp);
+    CHECK(cmp == MPI_CONGRUENT);  // a duplicate: same ranks, separate message space
+    CHECK(mesh.world_comm().rank() == me);
+    for (Axis a : kAxes) {
+      INFO("axis " << axis_name(a));
+      Comm& c = mesh.axis(a);
+      CHECK(mesh.coord(a) == s.coords(me)[size_t(a)]);
+      CHECK(mesh.extent(a) == s.extent(a));
+      CHECK(c.size() == s.extent(a));
+      CHECK(c.rank() == mesh.coord(a));
+      std::vector<int32_t> members(size_t(c.size()));
+      const int32_t mine = me;
+      c.all_gather(&mine, 1, members.data());
+      const auto expected = s.group_of(a, me);
+      CHECK(std::vector<int>(members.begin(), members.end()) == expected);
+    }
+  }
+}
+
+TEST_CASE("Mesh: a shape that does not match the world is an InputError on every rank", "[mesh][mpi]") {
+  const int world = test::world_size();
+  CHECK_THROWS_AS(Mesh(MPI_COMM_WORLD, 1, world + 1, 1), InputError);
+  CHECK_THROWS_AS(Mesh(MPI_COMM_WORLD, 0, world, 1), InputError);
+  CHECK_THROWS_AS(Mesh(MPI_COMM_WORLD, 1, world, -1), InputError);
+  CHECK_THROWS_WITH(Mesh(MPI_COMM_WORLD, 2, world, 1),
+                    Catch::Contains("ranks, but the job has " + std::to_string(world)));
+  // The world is still usable afterwards (nobody is stuck in a half-made collective).
+  Mesh ok(MPI_COMM_WORLD, 1, world, 1);
+  ok.world_comm().barrier();
+}
+
+TEST_CASE("Mesh::describe: shape, each rank's coordinates and host, the axis groups", "[mesh][mpi]") {
+  const int me = test::world_rank(), world = test::world_size();
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(host, &len);
+  for (const MeshShape& s : MeshShape::all_for(world)) {
+    INFO(s.str());
+    Mesh mesh(MPI_COMM_WORLD, s.pipe, s.data, s.tensor);
+    const std::string text = mesh.describe();
+    if (me != 0) {
+      CHECK(text.empty());
+      continue;
+    }
+    // Expected text built from the formula; the test job runs on one host.
+    std::ostringstream os;
+    os << "mesh: pipe=" << s.pipe << " x data=" << s.data << " x tensor=" << s.tensor << " = " << world << " ranks\n";
+    for (int r = 0; r < world; ++r) {
+      const auto c = enumerate_coords(s)[size_t(r)];
+      os << "rank " << r << "  host " << std::string(host, size_t(len)) << "  pipe " << c[0] << " data " << c[1]
+         << " tensor " << c[2] << "\n";
+    }
+    for (Axis a : kAxes) os << axis_name(a) << " groups:" << fmt_groups(s.groups(a)) << "\n";
+    CHECK(text == os.str());
+  }
+  if (world == 4 && me == 0) {
+    Mesh mesh(MPI_COMM_WORLD, 1, 2, 2);
+    const std::string text = mesh.describe();
+    CHECK_THAT(text, Catch::Contains("mesh: pipe=1 x data=2 x tensor=2 = 4 ranks\n"));
+    CHECK_THAT(text, Catch::Contains("  pipe 0 data 1 tensor 1\n"));
+    CHECK_THAT(text, Catch::Contains("data groups: [0 2] [1 3]\n"));
+    CHECK_THAT(text, Catch::Contains("tensor groups: [0 1] [2 3]\n"));
+  } else if (world == 4) {
+    Mesh mesh(MPI_COMM_WORLD, 1, 2, 2);
+    CHECK(mesh.describe().empty());
+  }
+}

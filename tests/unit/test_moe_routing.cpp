@@ -1,0 +1,330 @@
+// Routing properties of the MoE router (capacity, slot order, NTLB, random routing statistics,
+// dropless) and the load-balancing / z losses on hand-computed cases.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+
+#include "test_moe_util.hpp"
+
+using namespace meshmoe;
+using namespace meshmoe::test;
+
+namespace {
+
+struct RouterHarness {
+  ParamStore<double> store;
+  Router<double> router;
+  explicit RouterHarness(const MoeOptions& opt, uint64_t seed = 1, double init_scale = 1.0) : router(opt) {
+    router.declare(store, "r");
+    store.allocate();
+    store.init(seed, init_scale);
+  }
+};
+
+// Tokens x = base + noise: a shared component makes many tokens prefer the same experts (overflow).
+std::vector<double> skewed_tokens(int N, int M, uint32_t seed, double skew) {
+  std::vector<double> x = normal_vector(size_t(N) * M, seed);
+  const std::vector<double> base = normal_vector(M, seed + 1000, skew);
+  for (int n = 0; n < N; ++n)
+    for (int m = 0; m < M; ++m) x[size_t(n) * M + m] += base[m];
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("moe capacity formula", "[moe]") {
+  MoeOptions o = small_moe(RouterKind::Top2);
+  o.num_experts = 8, o.group_size = 256, o.capacity_factor_train = 1.25, o.capacity_factor_eval = 2.0;
+  CHECK(o.capacity(true) == 80);   // ceil(2 * 256 * 1.25 / 8) = 80 exactly
+  CHECK(o.capacity(false) == 128);  // eval factor: 2 * 256 * 2 / 8
+  o.router = RouterKind::Top1;
+  CHECK(o.capacity(true) == 40);
+  o.group_size = 10, o.num_experts = 1, o.capacity_factor_train = 0.7;
+  CHECK(o.capacity(true) == 7);  // 0.7 * 10 = 7.000000000000001 in double: not 8
+  o.group_size = 8, o.num_experts = 3, o.capacity_factor_train = 1.0;
+  CHECK(o.capacity(true) == 3);  // ceil(8 / 3)
+  o.router = RouterKind::TopK, o.top_k = 3, o.num_experts = 4, o.capacity_factor_train = 4.0;
+  CHECK(o.capacity(true) == 8);  // ceil(3 * 8 * 4 / 4) = 24, capped at S = 8
+  o.capacity_factor_train = 0.01;
+  CHECK(o.capacity(true) == 1);  // at least one slot
+  o.dropless = true;
+  CHECK(o.capacity(true) == 8);
+  CHECK(o.capacity(false) == 8);
+  o.top_k = 5;
+  CHECK_THROWS_AS(o.validate(), InputError);  // more choices than experts
+}
+
+TEST_CASE("moe routing invariants over random settings; NTLB never drops more", "[moe]") {
+  std::mt19937 gen(2024);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
+  int trials_with_drops = 0, trials_rerouted = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    MoeOptions o;
+    o.d_model = 5;
+    o.num_experts = uni(2, 8);
+    o.d_ff = 3;
+    const int kind = uni(0, 2);
+    o.router = kind == 0 ? RouterKind::Top1 : kind == 1 ? RouterKind::Top2 : RouterKind::TopK;
+    o.top_k = uni(1, o.num_experts);
+    if (o.router == RouterKind::Top2 && o.num_experts < 2) o.num_experts = 2;
+    o.group_size = uni(3, 16);
+    o.capacity_factor_train = std::uniform_real_distribution<double>(0.2, 2.5)(gen);
+    o.capacity_factor_eval = std::uniform_real_distribution<double>(0.2, 2.5)(gen);
+    o.second_expert = SecondExpertPolicy(uni(0, 2));
+    o.jitter_eps = uni(0, 1) * 0.1;
+    o.layer_id = uint32_t(trial);
+    const int G = uni(1, 4), N = G * o.group_size, k = o.k(), E = o.num_experts;
+    StepContext ctx;
+    ctx.seed = uint64_t(trial);
+    ctx.training = uni(0, 3) != 0;
+    ctx.token_offset = uint64_t(uni(0, 1000));
+    const std::vector<double> x = skewed_tokens(N, o.d_model, uint32_t(trial), 2.0);
+    INFO("trial " << trial << " E=" << E << " k=" << k << " S=" << o.group_size << " G=" << G);
+
+    RouterHarness plain(o, trial);
+    plain.router.forward(ctx, x.data(), N);
+    MoeOptions on = o;
+    on.no_token_left_behind = true;
+    RouterHarness ntlb(on, trial);
+    ntlb.router.forward(ctx, x.data(), N);
+
+    for (RouterHarness* h : {&plain, &ntlb}) {
+      const bool is_ntlb = h == &ntlb;
+      const Routing<double>& r = h->router.routing();
+      const std::vector<double>& p = h->router.probs();
+      REQUIRE(r.C == o.capacity(ctx.training));
+      // Per (group, expert): the slots in use are exactly 0..count-1, count <= C.
+      std::map<std::pair<int, int>, std::vector<int>> slots;
+      std::vector<int64_t> load(E, 0);
+      int64_t kept = 0;
+      for (int n = 0; n < N; ++n) {
+        std::set<int> used;
+        double Z = 0;
+        std::vector<int> order(E);
+        for (int e = 0; e < E; ++e) order[e] = e;
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(n) * E + a] > p[size_t(n) * E + b]; });
+        for (int i = 0; i < k; ++i) Z += p[size_t(n) * E + order[i]];
+        if (o.router == RouterKind::Top1) Z = 1;
+        for (int i = 0; i < k; ++i) {
+          const size_t c = size_t(n) * k + i;
+          const int e = r.expert[c];
+          if (e < 0) {
+            CHECK(r.gate[c] == 0);
+            continue;
+          }
+          CHECK(used.insert(e).second);  // a token uses an expert at most once
+          slots[{n / o.group_size, e}].push_back(r.slot[c]);
+          load[e] += 1;
+          ++kept;
+          CHECK(std::abs(r.gate[c] - p[size_t(n) * E + e] / Z) <= 1e-15);
+          if (!is_ntlb) CHECK(e == order[i]);  // plain routing: the i-th choice is the i-th best expert
+        }
+      }
+      for (auto& [ge, s] : slots) {
+        std::sort(s.begin(), s.end());
+        CHECK(int(s.size()) <= r.C);
+        for (size_t j = 0; j < s.size(); ++j) CHECK(s[j] == int(j));
+      }
+      CHECK(load == r.load);
+      CHECK(r.wanted == int64_t(N) * k - r.declined);
+      CHECK(r.dropped == r.wanted - kept);
+      if (o.router != RouterKind::Top2 || o.second_expert == SecondExpertPolicy::Always ||
+          (o.second_expert == SecondExpertPolicy::Random && !ctx.training))
+        CHECK(r.declined == 0);
+    }
+    const Routing<double>& a = plain.router.routing();
+    const Routing<double>& b = ntlb.router.routing();
+    CHECK(b.dropped <= a.dropped);
+    CHECK(a.rerouted == 0);
+    CHECK(b.dropped + b.rerouted == a.dropped);
+    trials_with_drops += a.dropped > 0;
+    trials_rerouted += b.rerouted > 0;
+    // Plain routing drops a choice only when its (i-th best) expert is full in that group. NTLB's rule:
+    // a choice it still drops has no expert with room outside the token's k original experts and the
+    // experts it holds.
+    auto counts = [&](const Routing<double>& r) {
+      std::vector<int> count(size_t(G) * E, 0);
+      for (int64_t l = 0; l < int64_t(N) * k; ++l)
+        if (r.expert[l] >= 0) count[size_t(l / k / o.group_size) * E + r.expert[l]] += 1;
+      return count;
+    };
+    const std::vector<int> count_a = counts(a), count_b = counts(b);
+    const std::vector<double>& p = plain.router.probs();
+    for (int n = 0; n < N; ++n) {
+      const int g = n / o.group_size;
+      std::vector<int> order(E);
+      for (int e = 0; e < E; ++e) order[e] = e;
+      std::stable_sort(order.begin(), order.end(), [&](int u, int v) { return p[size_t(n) * E + u] > p[size_t(n) * E + v]; });
+      for (int i = 0; i < k; ++i) {
+        const size_t c = size_t(n) * k + i;
+        CHECK(a.expert[c] >= Routing<double>::kDeclined);
+        CHECK((a.expert[c] == Routing<double>::kDeclined) == (b.expert[c] == Routing<double>::kDeclined));
+        if (a.expert[c] == Routing<double>::kDropped) CHECK(count_a[size_t(g) * E + order[i]] == a.C);
+        if (a.expert[c] >= 0) CHECK(b.expert[c] == a.expert[c]);  // NTLB keeps every plain placement
+        if (b.expert[c] == Routing<double>::kDropped) {
+          std::set<int> mine(order.begin(), order.begin() + k);
+          for (int j = 0; j < k; ++j) mine.insert(b.expert[size_t(n) * k + j]);
+          for (int e = 0; e < E; ++e)
+            if (!mine.count(e)) CHECK(count_b[size_t(g) * E + e] == b.C);
+        }
+        if (a.expert[c] == Routing<double>::kDropped && b.expert[c] >= 0)  // rerouted outside its own k
+          CHECK(std::find(order.begin(), order.begin() + k, b.expert[c]) == order.begin() + k);
+      }
+    }
+  }
+  // The random settings must actually exercise drops and rerouting.
+  CHECK(trials_with_drops > 50);
+  CHECK(trials_rerouted > 30);
+}
+
+TEST_CASE("moe top-2 slot order: first choices fill capacity first, in token order (GShard Algorithm 1)", "[moe]") {
+  MoeOptions o = small_moe(RouterKind::Top2);
+  o.second_expert = SecondExpertPolicy::Always;
+  o.group_size = 16;
+  o.capacity_factor_train = 1.0;  // C = 8
+  const int N = 64, k = 2, E = o.num_experts;
+  RouterHarness h(o, 4);
+  StepContext ctx;
+  const std::vector<double> x = skewed_tokens(N, o.d_model, 77, 1.5);
+  h.router.forward(ctx, x.data(), N);
+  const Routing<double>& r = h.router.routing();
+  CHECK(r.dropped > 0);
+  // Recompute GShard's positions: position of a first choice = number of earlier first choices of its
+  // expert in the group; of a second choice = kept first choices of the expert + rank among earlier
+  // second choices. Kept iff position < C.
+  for (int g = 0; g < N / o.group_size; ++g) {
+    std::vector<int> first(E, 0), second(E, 0);
+    const std::vector<double>& p = h.router.probs();
+    std::vector<int> e1(o.group_size), e2(o.group_size);
+    for (int s = 0; s < o.group_size; ++s) {
+      const int n = g * o.group_size + s;
+      std::vector<int> order(E);
+      for (int e = 0; e < E; ++e) order[e] = e;
+      std::stable_sort(order.begin(), order.end(), [&](int u, int v) { return p[size_t(n) * E + u] > p[size_t(n) * E + v]; });
+      e1[s] = order[0], e2[s] = order[1];
+    }
+    for (int s = 0; s < o.group_size; ++s) {
+      const int n = g * o.group_size + s, pos = first[e1[s]]++;
+      CHECK(r.expert[size_t(n) * k] == (pos < r.C ? e1[s] : -1));
+      if (pos < r.C) CHECK(r.slot[size_t(n) * k] == pos);
+    }
+    for (int s = 0; s < o.group_size; ++s) {
+      const int n = g * o.group_size + s, pos = std::min(first[e2[s]], r.C) + second[e2[s]]++;
+      CHECK(r.expert[size_t(n) * k + 1] == (pos < r.C ? e2[s] : -1));
+      if (pos < r.C) CHECK(r.slot[size_t(n) * k + 1] == pos);
+    }
+  }
+}
+
+TEST_CASE("moe random routing: second-expert dispatch rate is mean(min(1, 2 g2))", "[moe]") {
+  MoeOptions o = small_moe(RouterKind::Top2);
+  o.d_model = 4, o.num_experts = 8, o.group_size = 1024, o.dropless = true;
+  const int N = 256 * 1024, E = o.num_experts;  // 262144 tokens
+  RouterHarness h(o, 9, 2.0);
+  StepContext ctx;
+  ctx.seed = 12345, ctx.step = 17;
+  const std::vector<double> x = normal_vector(size_t(N) * o.d_model, 31);
+  h.router.forward(ctx, x.data(), N);
+  const Routing<double>& r = h.router.routing();
+  const std::vector<double>& p = h.router.probs();
+  double expected = 0, var = 0, mean_q = 0;
+  for (int n = 0; n < N; ++n) {
+    double p1 = p[size_t(n) * E + r.expert[size_t(n) * 2]], p2 = -1;
+    for (int e = 0; e < E; ++e)
+      if (e != r.expert[size_t(n) * 2]) p2 = std::max(p2, p[size_t(n) * E + e]);
+    const double q = std::min(1.0, 2.0 * p2 / (p1 + p2));
+    expected += q, var += q * (1 - q), mean_q += q / N;
+  }
+  const double observed = double(N - r.declined);
+  // Bound: 5 standard errors of a sum of independent Bernoulli(q_n) draws.
+  INFO("observed " << observed << " expected " << expected << " se " << std::sqrt(var) << " mean q " << mean_q);
+  CHECK(r.dropped == 0);
+  CHECK(mean_q < 0.9);  // the gates are spread enough for the test to mean something
+  CHECK(mean_q > 0.1);
+  CHECK(std::abs(observed - expected) <= 5 * std::sqrt(var));
+  // Evaluation dispatches every second expert.
+  ctx.training = false;
+  h.router.forward(ctx, x.data(), N);
+  CHECK(h.router.routing().declined == 0);
+}
+
+TEST_CASE("moe dropless routing drops nothing even when all tokens prefer one expert", "[moe]") {
+  for (RouterKind kind : {RouterKind::Top1, RouterKind::Top2, RouterKind::TopK}) {
+    MoeOptions o = small_moe(kind);
+    o.dropless = true;
+    o.second_expert = SecondExpertPolicy::Always;
+    const int N = 64;
+    RouterHarness h(o, 2);
+    StepContext ctx;
+    const std::vector<double> x = skewed_tokens(N, o.d_model, 5, 20.0);
+    h.router.forward(ctx, x.data(), N);
+    const Routing<double>& r = h.router.routing();
+    CHECK(r.C == o.group_size);
+    CHECK(r.dropped == 0);
+    CHECK(*std::max_element(r.load.begin(), r.load.end()) >= N / 2);  // skewed indeed
+    // the same tokens with capacity do drop
+    o.dropless = false;
+    RouterHarness h2(o, 2);
+    h2.router.forward(ctx, x.data(), N);
+    CHECK(h2.router.routing().dropped > 0);
+  }
+}
+
+TEST_CASE("moe aux and z loss on a hand-computed case", "[moe]") {
+  // M = 2, E = 2, S = 2, top-1. wg = [[ln 3, 0], [0, 0]]; x0 = [1, 0], x1 = [0.5, 0]
+  // logits0 = [ln 3, 0] -> p0 = [3/4, 1/4]; logits1 = [ln 3 / 2, 0] -> p1 = [r/(1+r), 1/(1+r)], r = sqrt 3.
+  // Both tokens' top-1 is expert 0: f = [1, 0], P_0 = (3/4 + r/(1+r)) / 2.
+  // aux = E * sum f_e P_e = 2 * P_0 = 3/4 + r/(1+r); z = ln(4)^2 + ln(1+r)^2.
+  MoeOptions o = small_moe(RouterKind::Top1);
+  o.d_model = 2, o.num_experts = 2, o.group_size = 2, o.capacity_factor_train = 2.0;
+  RouterHarness h(o);
+  double* wg = h.router.wg.w;
+  wg[0] = std::log(3.0), wg[1] = 0, wg[2] = 0, wg[3] = 0;
+  const double r3 = std::sqrt(3.0);
+  const double aux = 0.75 + r3 / (1 + r3), z = std::pow(std::log(4.0), 2) + std::pow(std::log(1 + r3), 2);
+  StepContext ctx;
+  SECTION("one group") {
+    const std::vector<double> x = {1, 0, 0.5, 0};
+    h.router.forward(ctx, x.data(), 2);
+    CHECK(h.router.aux_sum == Approx(aux).epsilon(1e-14));
+    CHECK(h.router.z_sum == Approx(z).epsilon(1e-14));
+    CHECK(h.router.routing().gate[0] == Approx(0.75).epsilon(1e-15));  // top-1 gate = p, not renormalised
+    CHECK(h.router.routing().gate[1] == Approx(r3 / (1 + r3)).epsilon(1e-15));
+  }
+  SECTION("two groups: the layer returns the sum over groups") {
+    const std::vector<double> x = {1, 0, 0.5, 0, 0.5, 0, 1, 0};
+    h.router.forward(ctx, x.data(), 4);
+    CHECK(h.router.aux_sum == Approx(2 * aux).epsilon(1e-14));
+    CHECK(h.router.z_sum == Approx(2 * z).epsilon(1e-14));
+  }
+}
+
+TEST_CASE("moe Switch aux loss = E^2 * GShard aux loss", "[moe]") {
+  // GShard Algorithm 1 line 13: l_aux = (1/E) sum_e (c_e / S) m_e, c_e counting every token whose
+  // top-1 is e (line 11 increments even over capacity), m_e the mean gate. Switch eq. 4 (alpha = 1):
+  // E * sum_e f_e P_e with f_e = c_e / S, P_e = m_e. So Switch = E^2 * GShard, per group.
+  MoeOptions o = small_moe(RouterKind::Top2);
+  o.num_experts = 6, o.group_size = 16;
+  const int N = 64, E = o.num_experts, S = o.group_size;
+  RouterHarness h(o, 8);
+  StepContext ctx;
+  const std::vector<double> x = skewed_tokens(N, o.d_model, 3, 1.0);
+  h.router.forward(ctx, x.data(), N);
+  const std::vector<double>& p = h.router.probs();
+  double gshard_sum = 0;
+  for (int g = 0; g < N / S; ++g) {
+    std::vector<double> c(E, 0), m(E, 0);
+    for (int s = 0; s < S; ++s) {
+      const double* ps = &p[size_t(g * S + s) * E];
+      c[std::max_element(ps, ps + E) - ps] += 1;
+      for (int e = 0; e < E; ++e) m[e] += ps[e] / S;
+    }
+    double l = 0;
+    for (int e = 0; e < E; ++e) l += c[e] / S * m[e];
+    gshard_sum += l / E;
+  }
+  CHECK(h.router.aux_sum == Approx(double(E * E) * gshard_sum).epsilon(1e-12));
+}

@@ -1,0 +1,122 @@
+// The whole model's backward against central finite differences in double precision: embedding,
+// attention, dense and MoE feed-forwards, LayerNorms, tied head, masked cross-entropy, aux and z
+// losses, dropout and router jitter all active, with capacity drops. Tolerance (stated):
+// |analytic - numeric| <= 1e-6 * max(1, |numeric|), h = 1e-6.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+
+#include "model/transformer.hpp"
+
+using namespace meshmoe;
+
+namespace {
+
+Config tiny_config(const std::string& router, bool tied) {
+  Config c;
+  c.model.seq_len = 8;
+  c.model.d_model = 8;
+  c.model.num_layers = 2;
+  c.model.num_heads = 2;
+  c.model.d_ff = 12;
+  c.model.activation = "gelu";
+  c.model.tied_embeddings = tied;
+  c.model.dropout = 0.1;
+  c.moe.num_experts = 4;
+  c.moe.every = 2;
+  c.moe.router = router;
+  c.moe.second_expert = "random";
+  c.moe.group_size = 8;
+  c.moe.capacity_factor_train = 1.0;
+  c.moe.jitter_eps = 0.01;
+  c.moe.z_loss_coef = 1e-2;
+  c.moe.aux_loss_coef = 1e-1;
+  return c;
+}
+
+struct Case {
+  std::vector<int32_t> inputs, targets;
+  std::vector<float> mask;
+};
+
+Case random_case(int B, int T, int V, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Case c;
+  for (int i = 0; i < B * T; ++i) {
+    c.inputs.push_back(int32_t(rng() % V));
+    c.targets.push_back(int32_t(rng() % V));
+    c.mask.push_back(rng() % 4 == 0 ? 0.f : 1.f);
+  }
+  return c;
+}
+
+double total_loss(Transformer<double>& m, const StepContext& ctx, const MicroBatch& mb, const LossWeights& w,
+                  ForwardStats* out = nullptr) {
+  const ForwardStats f = m.forward(ctx, mb, w);
+  if (out) *out = f;
+  return w.ce * f.ce_sum + w.aux * f.aux_sum + w.z * f.z_sum;
+}
+
+void check_model(const std::string& router, bool tied) {
+  const int B = 2, T = 8, V = 11;
+  Config cfg = tiny_config(router, tied);
+  Transformer<double> model(cfg, V);
+  model.init(7, 1.0);
+  const Case c = random_case(B, T, V, 3);
+  const MicroBatch mb{B, T, c.inputs.data(), c.targets.data(), c.mask.data()};
+  const StepContext ctx{42, 5, true, 16, nullptr};
+  double masked = 0;
+  for (float m : c.mask) masked += m;
+  const LossWeights w{1.0 / masked, cfg.moe.aux_loss_coef / 2.0, cfg.moe.z_loss_coef / (B * T)};
+
+  auto& P = model.params();
+  P.zero_grad();
+  ForwardStats f;
+  total_loss(model, ctx, mb, w, &f);
+  REQUIRE(f.aux_sum > 0);
+  model.backward(ctx, w);
+  const std::vector<double> analytic(P.grads(), P.grads() + P.size());
+
+  std::mt19937 pick(11);
+  const double h = 1e-6;
+  int checked = 0;
+  for (const ParamInfo& p : P.infos()) {
+    const int samples = int(std::min<size_t>(p.size, 12));
+    for (int s = 0; s < samples; ++s) {
+      const size_t i = p.flat_offset + (p.size <= 12 ? size_t(s) : pick() % p.size);
+      double* wgt = P.weights() + i;
+      const double saved = *wgt;
+      *wgt = saved + h;
+      const double lp = total_loss(model, ctx, mb, w);
+      *wgt = saved - h;
+      const double lm = total_loss(model, ctx, mb, w);
+      *wgt = saved;
+      const double numeric = (lp - lm) / (2 * h);
+      INFO(p.name << " element " << (i - p.flat_offset) << ": analytic " << analytic[i] << " numeric " << numeric);
+      CHECK(std::abs(analytic[i] - numeric) <= 1e-6 * std::max(1.0, std::abs(numeric)));
+      ++checked;
+    }
+  }
+  CHECK(checked > 100);
+}
+
+}  // namespace
+
+TEST_CASE("transformer: whole-model gradients match finite differences (top-2, tied)", "[model]") {
+  check_model("top2", true);
+}
+
+TEST_CASE("transformer: whole-model gradients match finite differences (top-1, untied)", "[model]") {
+  check_model("top1", false);
+}
+
+TEST_CASE("transformer: model FLOPs per token follow the formula", "[model]") {
+  Config cfg = tiny_config("top1", true);
+  cfg.model.activation = "relu";
+  const ModelShape s = model_shape(cfg, 11);
+  const double M = 8, T = 8, V = 11, H = 12, E = 4;
+  const double dense_block = 8 * M * M + 4 * T * M + 4 * M * H;
+  const double moe_block = 8 * M * M + 4 * T * M + 2 * M * E + 1 * 4 * M * H;
+  CHECK(train_flops_per_token(cfg, s) == Approx(3 * (2 * M * V + dense_block + moe_block)).epsilon(1e-12));
+}
