@@ -116,7 +116,7 @@ void MpiComm::all_to_allv_raw(const void* send, const size_t* send_counts, void*
     sc[i] = count(send_counts[i], "all_to_allv send count");
     rc[i] = count(recv_counts[i], "all_to_allv receive count");
     sd[i] = count(s_off, "all_to_allv send displacement");
-    rd[i] = count(s_off, "all_to_allv receive displacement");
+    rd[i] = count(r_off, "all_to_allv receive displacement");
     s_off += send_counts[i];
     r_off += recv_counts[i];
   }

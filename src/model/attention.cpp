@@ -35,10 +35,10 @@ void CausalSelfAttention<T>::declare(ParamStore<T>& store, const std::string& pr
   const std::pair<const char*, ParamView<T>*> in_proj[] = {{".wq", &wq}, {".wk", &wk}, {".wv", &wv}};
   for (const auto& [name, view] : in_proj) {
     auto& p = store.add_block(prefix + name, {M, M}, {M, L}, {0, off}, InitKind::TruncNormal, M_, view);
-    if (sharded()) p.shard_axis = ShardAxis::Tensor;
+    if (sharded()) p.sharded_over |= kShardTensor;
   }
   auto& p = store.add_block(prefix + ".wo", {M, M}, {L, M}, {off, 0}, InitKind::TruncNormal, M_, &wo);
-  if (sharded()) p.shard_axis = ShardAxis::Tensor;
+  if (sharded()) p.sharded_over |= kShardTensor;
 }
 
 // x [N, M] -> y [N, M]

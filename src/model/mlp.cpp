@@ -29,9 +29,9 @@ void MLP<T>::declare(ParamStore<T>& store, const std::string& prefix) {
     p = &store.add_block(prefix + ".w_in", {M, 2, H}, {M, 2, LH}, {0, 0, h0}, InitKind::TruncNormal, M_, &w_in);
   else
     p = &store.add_block(prefix + ".w_in", {M, H}, {M, LH}, {0, h0}, InitKind::TruncNormal, M_, &w_in);
-  if (sharded()) p->shard_axis = ShardAxis::Tensor;
+  if (sharded()) p->sharded_over |= kShardTensor;
   p = &store.add_block(prefix + ".w_out", {H, M}, {LH, M}, {h0, 0}, InitKind::TruncNormal, H_, &w_out);
-  if (sharded()) p->shard_axis = ShardAxis::Tensor;
+  if (sharded()) p->sharded_over |= kShardTensor;
 }
 
 // x [N, M] -> y [N, M]

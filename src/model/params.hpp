@@ -27,9 +27,11 @@ struct ParamView {
 
 enum class InitKind { TruncNormal, Zeros, Ones };
 
-// Which mesh axis a parameter is split over (its gradient is reduced over the other axes it is
-// replicated on). Filled by the sharding code; a single-rank model leaves the defaults.
-enum class ShardAxis { None, Data, Tensor };
+// The mesh axes a parameter's blocks are spread over, as a bit set. A gradient is summed over the
+// data ranks unless the parameter is split over data (experts with moe.expert_axis = data); a
+// parameter not split over tensor is computed identically on every tensor rank. Set by the layers
+// that hold a block; a single-rank model leaves kShardNone.
+enum ShardAxes : uint8_t { kShardNone = 0, kShardData = 1, kShardTensor = 2 };
 
 struct ParamInfo {
   std::string name;                      // e.g. "blocks.3.attn.qkv.w"
@@ -38,7 +40,7 @@ struct ParamInfo {
   std::vector<int64_t> offset;           // block start in logical coordinates
   InitKind init = InitKind::TruncNormal;
   double fan_in = 1;                     // truncated normal std = sqrt(init_scale / fan_in)
-  ShardAxis shard_axis = ShardAxis::None;
+  uint8_t sharded_over = kShardNone;     // ShardAxes bits
   size_t flat_offset = 0;                // start in the flat buffers
   size_t size = 0;                       // local element count
   bool no_weight_decay = false;          // biases, LayerNorm gains

@@ -37,28 +37,40 @@ double train_flops_per_token(const Config& cfg, const ModelShape& s) {
   return 3.0 * fwd;
 }
 
+// Megatron (seed 003 section 3.3; DESIGN.md "The mesh"): tensor rank t holds heads
+// [t*H/n, (t+1)*H/n) and hidden units [t*d_ff/n, (t+1)*d_ff/n).
 template <typename T>
-Transformer<T>::Block::Block(const Config& cfg, const ModelShape& s, int i)
+Transformer<T>::Block::Block(const Config& cfg, const ModelShape& s, int i, const ModelSharding& sh)
     : ln1(s.d_model, cfg.model.layernorm_eps),
       ln2(s.d_model, cfg.model.layernorm_eps),
-      attn(s.d_model, s.num_heads, cfg.model.dropout, uint32_t(16 * i + 1)) {
+      attn(s.d_model, s.num_heads, cfg.model.dropout, uint32_t(16 * i + 1), sh.tensor_rank * s.num_heads / sh.tensor_size,
+           s.num_heads / sh.tensor_size) {
   if (s.is_moe_block(i))
     moe = std::make_unique<MoeLayer<T>>(moe_options(cfg, uint32_t(16 * i + 3)));
   else
     mlp = std::make_unique<MLP<T>>(s.d_model, s.d_ff, parse_activation(cfg.model.activation), cfg.model.dropout,
-                                   uint32_t(16 * i + 2));
+                                   uint32_t(16 * i + 2), sh.tensor_rank * s.d_ff / sh.tensor_size,
+                                   s.d_ff / sh.tensor_size);
 }
 
 template <typename T>
-Transformer<T>::Transformer(const Config& cfg, int vocab)
+Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& sharding)
     : cfg_(cfg),
       shape_(model_shape(cfg, vocab)),
       emb_(vocab, int(cfg.model.seq_len), int(cfg.model.d_model)),
       lnf_(int(cfg.model.d_model), cfg.model.layernorm_eps),
-      head_(vocab, int(cfg.model.d_model)) {
+      head_(vocab, int(cfg.model.d_model)),
+      sharding_(sharding) {
+  if (sharding_.tensor_size > 1 && !sharding_.tensor) throw std::logic_error("Transformer: tensor_size > 1 without a Comm");
+  auto tensor_allreduce = [this](T* buf, size_t n) {
+    ScopedPhase t(timers_, "tensor_allreduce");
+    sharding_.tensor->all_reduce(buf, n, Op::Sum);
+  };
   emb_.declare(params_, "embed");
   for (int i = 0; i < shape_.num_layers; ++i) {
-    Block& b = blocks_.emplace_back(cfg, shape_, i);
+    Block& b = blocks_.emplace_back(cfg, shape_, i, sharding_);
+    b.attn.tensor_allreduce = tensor_allreduce;
+    if (b.mlp) b.mlp->tensor_allreduce = tensor_allreduce;
     const std::string p = "blocks." + std::to_string(i);
     b.ln1.declare(params_, p + ".ln1");
     b.attn.declare(params_, p + ".attn");
@@ -90,6 +102,7 @@ template <typename T>
 ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w) {
   T_ = mb.seq_len;
   N_ = mb.rows * mb.seq_len;
+  timers_ = ctx.timers;
   const int M = shape_.d_model, V = shape_.vocab;
   if (T_ > shape_.seq_len) throw Error("micro-batch sequence length exceeds model.seq_len");
   const size_t NM = size_t(N_) * M;
@@ -133,6 +146,7 @@ ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& m
 template <typename T>
 void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w) {
   const size_t NM = size_t(N_) * shape_.d_model;
+  timers_ = ctx.timers;
   d_.assign(NM, T(0));
   dh_.assign(NM, T(0));
   {

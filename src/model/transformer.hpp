@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "deck/config.hpp"
+#include "mesh/comm.hpp"
 #include "model/attention.hpp"
 #include "model/context.hpp"
 #include "model/cross_entropy.hpp"
@@ -40,6 +41,12 @@ ModelShape model_shape(const Config& cfg, int vocab);
 // attention counted over the full context, MoE experts at k choices per token, the router included).
 double train_flops_per_token(const Config& cfg, const ModelShape& s);
 
+// Where this rank's part of the model sits on the mesh. The default is the whole model on one rank.
+struct ModelSharding {
+  int tensor_rank = 0, tensor_size = 1;  // Megatron: heads and hidden units split over the tensor axis
+  Comm* tensor = nullptr;                // its all-reduce (the f/g pair of the tensor-parallel layers)
+};
+
 // One micro-batch of this rank: B sequences of T tokens.
 struct MicroBatch {
   int rows = 0, seq_len = 0;
@@ -67,14 +74,14 @@ template <typename T>
 class Transformer {
  public:
   struct Block {
-    Block(const Config& cfg, const ModelShape& s, int index);
+    Block(const Config& cfg, const ModelShape& s, int index, const ModelSharding& sh);
     LayerNorm<T> ln1, ln2;
     CausalSelfAttention<T> attn;
     std::unique_ptr<MLP<T>> mlp;       // dense feed-forward, or
     std::unique_ptr<MoeLayer<T>> moe;  // MoE feed-forward
   };
 
-  Transformer(const Config& cfg, int vocab);
+  Transformer(const Config& cfg, int vocab, const ModelSharding& sharding = {});
   // Allocates and initialises the parameters from run.seed and model.init_scale.
   void init(uint64_t seed, double init_scale);
 
@@ -88,6 +95,8 @@ class Transformer {
   const ParamStore<T>& params() const { return params_; }
   std::deque<Block>& blocks() { return blocks_; }
   const CrossEntropy<T>& loss() const { return ce_; }
+  // Logits [N, V] of the last forward; backward overwrites them with dlogits.
+  const std::vector<T>& logits() const { return logits_; }
   // MoE layers in block order (for their statistics).
   std::vector<const MoeLayer<T>*> moe_layers() const;
 
@@ -100,6 +109,8 @@ class Transformer {
   LayerNorm<T> lnf_;
   OutputHead<T> head_;
   CrossEntropy<T> ce_;
+  ModelSharding sharding_;
+  PhaseTimers* timers_ = nullptr;  // of the pass in progress (the tensor all-reduce hook times itself)
   int N_ = 0, T_ = 0;
   std::vector<T> x_, h_, f_, logits_, d_, dh_;
 };

@@ -105,22 +105,33 @@ class Trainer {
         dir_(run_directory(cfg_)),
         train_(Dataset::open(cfg_.data.path, "train")),
         valid_(Dataset::open(cfg_.data.path, "valid")) {
-    if (mesh.extent(Axis::Tensor) > 1 || mesh.extent(Axis::Pipe) > 1)
-      throw InputError("mesh.tensor > 1 and mesh.pipe > 1 are not implemented yet (see the README status); "
-                       "use mesh.data for parallel runs");
+    if (mesh.extent(Axis::Pipe) > 1)
+      throw InputError("mesh.pipe > 1 (pipeline parallelism) is not implemented yet (see the README status); "
+                       "use mesh.data and mesh.tensor for parallel runs");
     vocab_ = cfg_.model.vocab_size > 0 ? int(cfg_.model.vocab_size) : train_.vocab_size();
     if (vocab_ < train_.vocab_size())
       throw InputError("model.vocab_size = " + std::to_string(vocab_) + " is smaller than the vocabulary of " +
                        cfg_.data.path + " (" + std::to_string(train_.vocab_size()) + "); set it to 0 to use the dataset's");
     prepare_run_directory(deck, dir_, mesh.world_comm());
-    model_ = std::make_unique<Transformer<float>>(cfg_, vocab_);
+    ModelSharding sh;
+    sh.tensor_rank = mesh.coord(Axis::Tensor);
+    sh.tensor_size = mesh.extent(Axis::Tensor);
+    sh.tensor = &mesh.axis(Axis::Tensor);
+    model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, sh);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
-    optimizer_ = make_optimizer(cfg_, model_->params());
+    plan_gradient_sync();
+    optimizer_ = make_optimizer(cfg_, model_->params(), all_entries(model_->params()),
+                                [this](const ParamInfo& p, int dim, double* buf, size_t n) {
+                                  // A block split along `dim`: the expert dimension of [E, ...] expert
+                                  // weights is split over data, every other split dimension over tensor.
+                                  const bool expert_dim = (p.sharded_over & kShardData) && dim == 0;
+                                  mesh_.axis(expert_dim ? Axis::Data : Axis::Tensor).all_reduce(buf, n, Op::Sum);
+                                });
     schedule_ = Schedule::from_config(cfg_);
     batcher_ = std::make_unique<Batcher>(train_, int(cfg_.model.seq_len), uint64_t(cfg_.run.seed), cfg_.data.shuffle);
     flops_per_token_ = train_flops_per_token(cfg_, model_->shape());
     peak_ = measure_peak_flops();
-    data_comm_.all_reduce(&peak_, 1, Op::Sum);  // the data ranks' combined peak
+    mesh.world_comm().all_reduce(&peak_, 1, Op::Sum);  // the whole mesh
     if (mesh.rank() == 0) {
       std::string languages;
       for (const auto& l : train_.info().languages) languages += (languages.empty() ? "" : ",") + l;
@@ -203,7 +214,8 @@ class Trainer {
     }
     {
       ScopedPhase t(&timers_, "grad_allreduce");
-      if (D > 1) data_comm_.all_reduce(P.grads(), P.size(), Op::Sum);
+      if (D > 1)
+        for (const auto& [begin, size] : data_replicated_ranges_) data_comm_.all_reduce(P.grads() + begin, size, Op::Sum);
       data_comm_.all_reduce(sums.data(), sums.size(), Op::Sum);
     }
     StepStats s;
@@ -221,7 +233,7 @@ class Trainer {
       s.dropped.push_back(o[E] > 0 ? o[E + 1] / o[E] : 0);
     }
     ScopedPhase t(&timers_, "optimizer");
-    s.grad_norm = std::sqrt(grad_sum_squares(P));
+    s.grad_norm = global_grad_norm();
     s.lr = schedule_(step);
     if (!std::isfinite(s.grad_norm) || !std::isfinite(s.loss)) {
       s.skipped = true;
@@ -237,6 +249,33 @@ class Trainer {
     scale_grads(P, scale);
     optimizer_->step(P, s.lr, updates_);  // t counts applied updates (bias correction)
     return s;
+  }
+
+  // Gradients of parameters replicated over data are summed over the data ranks (all but experts
+  // split over data): contiguous runs of them in the flat buffer, one all-reduce per run.
+  void plan_gradient_sync() {
+    const auto& infos = model_->params().infos();
+    for (const ParamInfo& p : infos) {
+      if (p.sharded_over & kShardData) continue;
+      if (!data_replicated_ranges_.empty() &&
+          data_replicated_ranges_.back().first + data_replicated_ranges_.back().second == p.flat_offset)
+        data_replicated_ranges_.back().second += p.size;
+      else
+        data_replicated_ranges_.emplace_back(p.flat_offset, p.size);
+    }
+    // For the global norm, a replicated parameter is counted on one rank of its replicas: the one
+    // at coordinate 0 of every axis it is not split over.
+    const bool data0 = mesh_.coord(Axis::Data) == 0, tensor0 = mesh_.coord(Axis::Tensor) == 0;
+    for (size_t i = 0; i < infos.size(); ++i) {
+      const uint8_t s = infos[i].sharded_over;
+      if (((s & kShardData) || data0) && ((s & kShardTensor) || tensor0)) norm_entries_.push_back(i);
+    }
+  }
+
+  double global_grad_norm() {
+    double sq = grad_sum_squares(model_->params(), norm_entries_);
+    mesh_.world_comm().all_reduce(&sq, 1, Op::Sum);
+    return std::sqrt(sq);
   }
 
   LossWeights loss_weights(double mask_total, double tokens) const {
@@ -345,6 +384,8 @@ class Trainer {
   double flops_per_token_ = 0, peak_ = 0;
   int64_t bad_steps_ = 0;
   int64_t updates_ = 0;
+  std::vector<std::pair<size_t, size_t>> data_replicated_ranges_;  // (flat offset, size)
+  std::vector<size_t> norm_entries_;
 };
 
 }  // namespace

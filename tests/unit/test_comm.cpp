@@ -28,15 +28,16 @@ uint32_t mix(uint32_t a, uint32_t b, uint32_t c) {
 }
 
 // Input element i of world rank r (salt picks a block, a destination, ...). Small non-negative
-// values for uint8 (a sum over 4 ranks stays < 256); wide values for the 64-bit types to
-// catch a narrowing datatype.
+// values for uint8 (a sum over 4 ranks stays < 256); wide values of both signs for the wider
+// types, so that a wrong MPI datatype of the same width (int64 read as double) cannot pass.
 template <class T>
 T value(int r, size_t i, int salt = 0) {
-  const int64_t v = int64_t(mix(uint32_t(r), uint32_t(i), uint32_t(salt)) % 61);  // 0..60
-  if constexpr (std::is_same_v<T, uint8_t>) return T(v);
-  else if constexpr (std::is_same_v<T, float>) return T(v - 30 + 1000 * r);
-  else if constexpr (std::is_same_v<T, int32_t>) return T(v - 30 + (int64_t(r) << 20));
-  else return T(v - 30 + (int64_t(r + 1) << 40));  // int64, double (exact below 2^53)
+  const int64_t v = int64_t(mix(uint32_t(r), uint32_t(i), uint32_t(salt)) % 61) - 30;  // -30..30
+  if constexpr (std::is_same_v<T, uint8_t>) return T(v + 30);
+  else if constexpr (std::is_same_v<T, float>) return T(v * 1000 + r);         // |x| < 2^24: exact
+  else if constexpr (std::is_same_v<T, int32_t>) return T(v * (1 << 20) + r);  // sums of 4 fit
+  else if constexpr (std::is_same_v<T, double>) return T(v * (int64_t(1) << 40) + r);  // exact < 2^53
+  else return T(v * (int64_t(1) << 56) / 16 + r);                               // int64
 }
 
 template <class T>
