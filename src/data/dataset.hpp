@@ -11,6 +11,7 @@
 //   /sources        [S] strings (catalogs or text files read)
 //   root attributes: tokenizer, vocab_size, pad_id, bos_id, eos_id, sep_id, languages, created_by, root
 #pragma once
+#include "core/hash.hpp"  // fnv1a64: assigns an example to the train or valid split
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -50,12 +51,6 @@ struct DatasetInfo {
   Tokenizer tokenizer_object() const { return Tokenizer(languages); }
 };
 
-// 64-bit FNV-1a: the hash that assigns an example to the train or valid split.
-inline uint64_t fnv1a64(std::string_view s) {
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 // Writes a dataset file (one process; no collective). Throws Error on an I/O failure.
 void write_dataset(const std::string& path, const DatasetInfo& info, const DataSplit& train, const DataSplit& valid);

@@ -83,6 +83,12 @@ class Comm {
   // (MPI) or in issue order (NCCL, which ignores tags).
   virtual void send_raw(const void* buf, size_t n, DType t, int dest, int tag) = 0;
   virtual void recv_raw(void* buf, size_t n, DType t, int source, int tag) = 0;
+  // A send that returns at once; `buf` must stay untouched until wait_sends() returns. Pipeline
+  // schedules use it so that two neighbours can each send before they receive (1F1B) without a
+  // deadlock. The default (NCCL, whose sends are already asynchronous to the host) sends now.
+  virtual void isend_raw(const void* buf, size_t n, DType t, int dest, int tag) { send_raw(buf, n, t, dest, tag); }
+  // Waits for every isend of this Comm to complete.
+  virtual void wait_sends() {}
 
   // Counts exchange before a variable all-to-all: given what this rank sends to each rank
   // ([size] host array), returns what it receives from each rank. Always on the host.
@@ -161,6 +167,10 @@ class Comm {
   template <class T>
   void recv(T* buf, size_t n, int source, int tag = 0) {
     recv_raw(buf, n, dtype_of<T>(), source, tag);
+  }
+  template <class T>
+  void isend(const T* buf, size_t n, int dest, int tag = 0) {
+    isend_raw(buf, n, dtype_of<T>(), dest, tag);
   }
 
  protected:

@@ -170,4 +170,17 @@ void MpiComm::recv_raw(void* buf, size_t n, DType t, int source, int tag) {
                 " (tag " + std::to_string(tag) + ") but got " + std::to_string(got));
 }
 
+void MpiComm::isend_raw(const void* buf, size_t n, DType t, int dest, int tag) {
+  check_rank(dest, "send destination");
+  MPI_Request r;
+  check(MPI_Isend(buf, count(n, "isend"), mpi_type(t), dest, tag, comm_, &r), "MPI_Isend");
+  pending_sends_.push_back(r);
+}
+
+void MpiComm::wait_sends() {
+  if (pending_sends_.empty()) return;
+  check(MPI_Waitall(int(pending_sends_.size()), pending_sends_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  pending_sends_.clear();
+}
+
 }  // namespace meshmoe

@@ -38,6 +38,8 @@ class MpiComm final : public Comm {
                    DType t) override;
   void send_raw(const void* buf, size_t n, DType t, int dest, int tag) override;
   void recv_raw(void* buf, size_t n, DType t, int source, int tag) override;
+  void isend_raw(const void* buf, size_t n, DType t, int dest, int tag) override;
+  void wait_sends() override;
   std::vector<size_t> exchange_counts(std::span<const size_t> send_counts) override;
 
  private:
@@ -46,6 +48,7 @@ class MpiComm final : public Comm {
   void release() noexcept;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  std::vector<MPI_Request> pending_sends_;
   std::string label_;
   int rank_ = 0, size_ = 0;
 };

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/hash.hpp"
 #include "core/philox.hpp"
 
 namespace meshmoe {
@@ -86,8 +87,8 @@ class ParamStore {
   }
   bool allocated() const { return allocated_; }
 
-  // Initialises every parameter from (seed, parameter ordinal, logical element index), so a
-  // sharded model gets exactly the values of the unsharded one.
+  // Initialises every parameter from (seed, parameter name, logical element index), so a sharded
+  // model (any block of any parameter, on any pipeline stage) gets exactly the unsharded values.
   void init(uint64_t seed, double init_scale) {
     for (size_t i = 0; i < infos_.size(); ++i) {
       const ParamInfo& p = infos_[i];
@@ -96,7 +97,7 @@ class ParamStore {
         std::fill(w, w + p.size, p.init == InitKind::Ones ? T(1) : T(0));
         continue;
       }
-      const Rng rng{seed, 0, uint32_t(i), RngPurpose::Init};
+      const Rng rng{seed ^ fnv1a64(p.name), 0, 0, RngPurpose::Init};
       const double std = std::sqrt(init_scale / p.fan_in);
       for (size_t local = 0; local < p.size; ++local) w[local] = T(std * rng.truncated_normal(logical_index(p, local)));
     }

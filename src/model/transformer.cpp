@@ -66,8 +66,10 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& s
     ScopedPhase t(timers_, "tensor_allreduce");
     sharding_.tensor->all_reduce(buf, n, Op::Sum);
   };
-  emb_.declare(params_, "embed");
-  for (int i = 0; i < shape_.num_layers; ++i) {
+  const int L = shape_.num_layers, P = sharding_.pipe_size, stage = sharding_.pipe_rank;
+  first_block_ = stage * L / P;
+  if (first_stage()) emb_.declare(params_, "embed");
+  for (int i = first_block_; i < (stage + 1) * L / P; ++i) {
     Block& b = blocks_.emplace_back(cfg, shape_, i, sharding_);
     b.attn.tensor_allreduce = tensor_allreduce;
     if (b.mlp) b.mlp->tensor_allreduce = tensor_allreduce;
@@ -80,8 +82,17 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& s
     else
       b.mlp->declare(params_, p + ".mlp");
   }
-  lnf_.declare(params_, "ln_f");
-  head_.declare(params_, "head", cfg.model.tied_embeddings ? &emb_.wte : nullptr);
+  if (last_stage()) {
+    lnf_.declare(params_, "ln_f");
+    ParamView<T>* tied = nullptr;
+    if (cfg.model.tied_embeddings && first_stage()) tied = &emb_.wte;
+    if (cfg.model.tied_embeddings && !first_stage()) {
+      // The same logical parameter (and so the same initial values) as the first stage's.
+      params_.add("embed.wte", {shape_.vocab, shape_.d_model}, InitKind::TruncNormal, shape_.d_model, &wte_copy_);
+      tied = &wte_copy_;
+    }
+    head_.declare(params_, "head", tied);
+  }
   params_.allocate();
 }
 
@@ -99,7 +110,7 @@ std::vector<const MoeLayer<T>*> Transformer<T>::moe_layers() const {
 }
 
 template <typename T>
-ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w) {
+ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w, const T* x_in) {
   T_ = mb.seq_len;
   N_ = mb.rows * mb.seq_len;
   timers_ = ctx.timers;
@@ -109,9 +120,11 @@ ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& m
   x_.resize(NM);
   h_.resize(NM);
   f_.resize(NM);
-  logits_.resize(size_t(N_) * V);
 
-  emb_.forward(ctx, mb.inputs, x_.data(), N_, T_);
+  if (first_stage())
+    emb_.forward(ctx, mb.inputs, x_.data(), N_, T_);
+  else
+    std::copy(x_in, x_in + NM, x_.begin());
   ForwardStats st;
   for (Block& b : blocks_) {
     b.ln1.forward(ctx, x_.data(), h_.data(), N_);
@@ -131,30 +144,34 @@ ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& m
     }
     for (size_t i = 0; i < NM; ++i) x_[i] += f_[i];
   }
+  if (!last_stage()) return st;
   lnf_.forward(ctx, x_.data(), h_.data(), N_);
-  {
-    ScopedPhase t(ctx.timers, "head_loss");
-    head_.forward(ctx, h_.data(), logits_.data(), N_);
-    std::vector<T> mask(mb.mask, mb.mask + N_);
-    ce_.forward(ctx, logits_.data(), mb.targets, mask.data(), N_, V, w.ce);
-    for (double l : ce_.per_token_loss()) st.ce_sum += l;
-    st.mask_sum = ce_.count();
-  }
+  ScopedPhase t(ctx.timers, "head_loss");
+  logits_.resize(size_t(N_) * V);
+  head_.forward(ctx, h_.data(), logits_.data(), N_);
+  const std::vector<T> mask(mb.mask, mb.mask + N_);
+  ce_.forward(ctx, logits_.data(), mb.targets, mask.data(), N_, V, w.ce);
+  for (double l : ce_.per_token_loss()) st.ce_sum += l;
+  st.mask_sum = ce_.count();
   return st;
 }
 
 template <typename T>
-void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w) {
+void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w, const T* d_out) {
   const size_t NM = size_t(N_) * shape_.d_model;
   timers_ = ctx.timers;
-  d_.assign(NM, T(0));
   dh_.assign(NM, T(0));
-  {
-    ScopedPhase t(ctx.timers, "head_loss");
-    ce_.backward(ctx, logits_.data(), logits_.data(), N_);  // logits_ now holds dlogits
-    head_.backward(ctx, logits_.data(), dh_.data(), N_);
+  if (last_stage()) {
+    d_.assign(NM, T(0));
+    {
+      ScopedPhase t(ctx.timers, "head_loss");
+      ce_.backward(ctx, logits_.data(), logits_.data(), N_);  // logits_ now holds dlogits
+      head_.backward(ctx, logits_.data(), dh_.data(), N_);
+    }
+    lnf_.backward(ctx, dh_.data(), d_.data(), N_);
+  } else {
+    d_.assign(d_out, d_out + NM);
   }
-  lnf_.backward(ctx, dh_.data(), d_.data(), N_);
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
     Block& b = *it;
     std::fill(dh_.begin(), dh_.end(), T(0));
@@ -172,7 +189,7 @@ void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w) {
     }
     b.ln1.backward(ctx, dh_.data(), d_.data(), N_);
   }
-  emb_.backward(ctx, d_.data(), N_);
+  if (first_stage()) emb_.backward(ctx, d_.data(), N_);
 }
 
 template class Transformer<float>;

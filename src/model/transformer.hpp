@@ -45,6 +45,8 @@ double train_flops_per_token(const Config& cfg, const ModelShape& s);
 struct ModelSharding {
   int tensor_rank = 0, tensor_size = 1;  // Megatron: heads and hidden units split over the tensor axis
   Comm* tensor = nullptr;                // its all-reduce (the f/g pair of the tensor-parallel layers)
+  int pipe_rank = 0, pipe_size = 1;      // pipeline stage: blocks [p*L/P, (p+1)*L/P); the first stage
+                                         // also embeds, the last also has ln_f, the head and the loss
 };
 
 // One micro-batch of this rank: B sequences of T tokens.
@@ -85,10 +87,23 @@ class Transformer {
   // Allocates and initialises the parameters from run.seed and model.init_scale.
   void init(uint64_t seed, double init_scale);
 
-  // Runs one micro-batch forward (and the loss). Keeps what backward needs.
-  ForwardStats forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w);
-  // Backward of the last forward: adds every parameter gradient.
-  void backward(const StepContext& ctx, const LossWeights& w);
+  // Runs one micro-batch forward through this stage. The first stage embeds mb.inputs; a later
+  // stage starts from x_in [N, M] (the previous stage's output). The last stage computes the loss;
+  // an earlier one leaves its output in stage_output(). Keeps what backward needs.
+  ForwardStats forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w, const T* x_in = nullptr);
+  // Backward of the last forward: adds every parameter gradient. The last stage starts from the
+  // loss; an earlier one from d_out [N, M] (the next stage's input gradient). A later stage leaves
+  // the gradient of its input in input_grad().
+  void backward(const StepContext& ctx, const LossWeights& w, const T* d_out = nullptr);
+  const std::vector<T>& stage_output() const { return x_; }
+  const std::vector<T>& input_grad() const { return d_; }
+  bool first_stage() const { return sharding_.pipe_rank == 0; }
+  bool last_stage() const { return sharding_.pipe_rank == sharding_.pipe_size - 1; }
+  int first_block() const { return first_block_; }  // global index of blocks()[0]
+  // The token embedding, on the first stage; with tied embeddings on several stages, its copy on
+  // the last stage (the head's weight) is `tied_copy()`: the two gradients must be summed.
+  ParamView<T>* tied_embedding() { return first_stage() ? &emb_.wte : nullptr; }
+  ParamView<T>* tied_copy() { return (!first_stage() && last_stage() && cfg_.model.tied_embeddings) ? &wte_copy_ : nullptr; }
 
   const ModelShape& shape() const { return shape_; }
   ParamStore<T>& params() { return params_; }
@@ -104,8 +119,10 @@ class Transformer {
   Config cfg_;
   ModelShape shape_;
   ParamStore<T> params_;
-  Embedding<T> emb_;
+  Embedding<T> emb_;          // first stage only
+  ParamView<T> wte_copy_;     // last stage with tied embeddings and pipe > 1: "embed.wte" again
   std::deque<Block> blocks_;  // deque: layers must not move after declare()
+  int first_block_ = 0;
   LayerNorm<T> lnf_;
   OutputHead<T> head_;
   CrossEntropy<T> ce_;

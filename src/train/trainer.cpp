@@ -17,6 +17,7 @@
 #include "io/metrics.hpp"
 #include "mesh/comm.hpp"
 #include "model/transformer.hpp"
+#include "parallel/pipeline_schedule.hpp"
 #include "tensor/blas.hpp"
 #include "train/grad_clip.hpp"
 #include "train/optimizer.hpp"
@@ -86,10 +87,12 @@ RowRange rows_of(int batch, int micro_batches, int micro, int data, int d) {
   return {b, b + per_rank};
 }
 
-struct EvalResult {
-  double loss = 0, tokens = 0;
-  std::vector<double> lang_loss, lang_tokens;  // per language
-};
+// The phases timed in a step, written to metrics.h5 as /time/<phase> (max over ranks). Nested:
+// tensor_allreduce happens inside attention and dense_ffn; gate, dispatch, expert and combine are
+// the MoE layer's stages.
+constexpr const char* kPhases[] = {"attention", "dense_ffn", "gate", "dispatch", "expert", "combine",
+                                   "head_loss", "tensor_allreduce", "pipeline_wait", "pipeline_recompute",
+                                   "grad_allreduce", "optimizer", "eval"};
 
 }  // namespace
 
@@ -105,9 +108,6 @@ class Trainer {
         dir_(run_directory(cfg_)),
         train_(Dataset::open(cfg_.data.path, "train")),
         valid_(Dataset::open(cfg_.data.path, "valid")) {
-    if (mesh.extent(Axis::Pipe) > 1)
-      throw InputError("mesh.pipe > 1 (pipeline parallelism) is not implemented yet (see the README status); "
-                       "use mesh.data and mesh.tensor for parallel runs");
     vocab_ = cfg_.model.vocab_size > 0 ? int(cfg_.model.vocab_size) : train_.vocab_size();
     if (vocab_ < train_.vocab_size())
       throw InputError("model.vocab_size = " + std::to_string(vocab_) + " is smaller than the vocabulary of " +
@@ -117,7 +117,10 @@ class Trainer {
     sh.tensor_rank = mesh.coord(Axis::Tensor);
     sh.tensor_size = mesh.extent(Axis::Tensor);
     sh.tensor = &mesh.axis(Axis::Tensor);
+    sh.pipe_rank = mesh.coord(Axis::Pipe);
+    sh.pipe_size = mesh.extent(Axis::Pipe);
     model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, sh);
+    for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
     plan_gradient_sync();
     optimizer_ = make_optimizer(cfg_, model_->params(), all_entries(model_->params()),
@@ -180,9 +183,111 @@ class Trainer {
     bool skipped = false;
   };
 
-  StepStats train_step(int64_t step) {
-    const int B = int(cfg_.optim.batch_size), T = int(cfg_.model.seq_len), MB = int(cfg_.optim.micro_batches);
+  // One micro-batch of this rank: its rows of the global batch and the context keyed by them.
+  struct Micro {
+    Batch rows;
+    StepContext ctx;
+    MicroBatch view() const { return MicroBatch{rows.rows, rows.seq_len, rows.inputs.data(), rows.targets.data(), rows.mask.data()}; }
+  };
+  std::vector<Micro> micro_batches(const Batch& batch, int64_t step, bool training, PhaseTimers* timers) const {
+    const int B = batch.rows, T = batch.seq_len, MB = int(cfg_.optim.micro_batches);
     const int D = mesh_.extent(Axis::Data), d = mesh_.coord(Axis::Data);
+    std::vector<Micro> out;
+    for (int m = 0; m < MB; ++m) {
+      const RowRange r = rows_of(B, MB, m, D, d);
+      out.push_back({batch.slice(r.begin, r.end), StepContext{uint64_t(cfg_.run.seed), uint32_t(step), training,
+                                                              uint64_t(r.begin) * T, timers}});
+    }
+    return out;
+  }
+
+  // Adds one forward's statistics to the step sums: ce, mask, aux, z, then per MoE layer of the
+  // whole model (global order, so the stages' sums add up) load[E], wanted, dropped.
+  void add_forward_stats(std::vector<double>& sums, const ForwardStats& f) const {
+    sums[0] += f.ce_sum;
+    sums[1] += f.mask_sum;
+    sums[2] += f.aux_sum;
+    sums[3] += f.z_sum;
+    const size_t E = size_t(cfg_.moe.num_experts);
+    const auto moe = model_->moe_layers();
+    for (size_t l = 0; l < moe.size(); ++l) {
+      double* o = &sums[4 + (first_moe_layer_ + l) * (E + 2)];
+      const MoeStats& ms = moe[l]->stats();
+      for (size_t e = 0; e < E; ++e) o[e] += double(ms.load[e]);
+      o[E] += double(ms.wanted);
+      o[E + 1] += double(ms.dropped);
+    }
+  }
+
+  // Runs the micro-batches through this pipeline stage on the 1F1B schedule. Activations go to the
+  // next stage and gradients to the previous one by send/recv over the pipe axis. A stage keeps
+  // only each in-flight micro-batch's input and recomputes its forward before the backward when a
+  // later forward has run in between (the layers hold one micro-batch's saved activations).
+  // Without a pipeline this is forward, backward for each micro-batch in turn.
+  void run_pipeline(std::vector<Micro>& micros, const LossWeights& w, std::vector<double>& sums) {
+    Comm& pipe = mesh_.axis(Axis::Pipe);
+    const int stage = mesh_.coord(Axis::Pipe), stages = mesh_.extent(Axis::Pipe);
+    const size_t NM = size_t(micros[0].rows.rows) * micros[0].rows.seq_len * size_t(cfg_.model.d_model);
+    std::vector<std::vector<float>> x_in(micros.size()), x_out(micros.size()), d_in(micros.size());
+    std::vector<float> d_out(NM);
+    int last_forward = -1;
+    for (const PipelineOp& op : one_f_one_b(stage, stages, int(micros.size()))) {
+      Micro& mb = micros[size_t(op.micro)];
+      const int tag = 2 * op.micro;
+      if (op.forward) {
+        if (!model_->first_stage()) {
+          ScopedPhase t(&timers_, "pipeline_wait");
+          x_in[op.micro].resize(NM);
+          pipe.recv(x_in[op.micro].data(), NM, stage - 1, tag);
+        }
+        add_forward_stats(sums, model_->forward(mb.ctx, mb.view(), w, x_in[op.micro].data()));
+        last_forward = op.micro;
+        if (!model_->last_stage()) {
+          x_out[op.micro] = model_->stage_output();
+          pipe.isend(x_out[op.micro].data(), NM, stage + 1, tag);
+        }
+      } else {
+        if (last_forward != op.micro) {
+          ScopedPhase t(&timers_, "pipeline_recompute");
+          model_->forward(mb.ctx, mb.view(), w, x_in[op.micro].data());
+          last_forward = op.micro;
+        }
+        if (!model_->last_stage()) {
+          ScopedPhase t(&timers_, "pipeline_wait");
+          pipe.recv(d_out.data(), NM, stage + 1, tag + 1);
+        }
+        model_->backward(mb.ctx, w, d_out.data());
+        x_in[op.micro] = {};
+        if (!model_->first_stage()) {
+          d_in[op.micro] = model_->input_grad();
+          pipe.isend(d_in[op.micro].data(), NM, stage - 1, tag + 1);
+        }
+      }
+    }
+    ScopedPhase t(&timers_, "pipeline_wait");
+    pipe.wait_sends();
+  }
+
+  // With tied embeddings on a pipeline, the first stage's token embedding and the last stage's
+  // copy of it (the output projection) are one parameter: both get the sum of the two gradients.
+  void sync_tied_embedding() {
+    if (mesh_.extent(Axis::Pipe) == 1 || !cfg_.model.tied_embeddings) return;
+    ParamView<float>* v = model_->first_stage() ? model_->tied_embedding() : model_->tied_copy();
+    if (!v) return;
+    Comm& pipe = mesh_.axis(Axis::Pipe);
+    const int other = model_->first_stage() ? pipe.size() - 1 : 0;
+    std::vector<float> mine(v->g, v->g + v->size), theirs(v->size);
+    pipe.isend(mine.data(), mine.size(), other, 1 << 20);
+    pipe.recv(theirs.data(), theirs.size(), other, 1 << 20);
+    pipe.wait_sends();
+    // Same order of the two terms on both stages, so the copies stay bitwise equal.
+    const bool first = model_->first_stage();
+    for (size_t i = 0; i < v->size; ++i) v->g[i] = first ? mine[i] + theirs[i] : theirs[i] + mine[i];
+  }
+
+  StepStats train_step(int64_t step) {
+    const int B = int(cfg_.optim.batch_size), T = int(cfg_.model.seq_len);
+    const int D = mesh_.extent(Axis::Data);
     const Batch batch = batcher_->next(B);
     double mask_total = 0;
     for (float m : batch.mask) mask_total += m;
@@ -190,40 +295,25 @@ class Trainer {
 
     auto& P = model_->params();
     P.zero_grad();
-    const auto moe = model_->moe_layers();
-    const size_t E = size_t(cfg_.moe.num_experts);
-    // Sums over micro-batches (then over ranks): ce, mask, aux, z, and per MoE layer load[E], wanted, dropped.
-    std::vector<double> sums(4 + moe.size() * (E + 2), 0.0);
-    for (int m = 0; m < MB; ++m) {
-      const RowRange r = rows_of(B, MB, m, D, d);
-      const Batch mb = batch.slice(r.begin, r.end);
-      StepContext ctx{uint64_t(cfg_.run.seed), uint32_t(step), true, uint64_t(r.begin) * T, &timers_};
-      const ForwardStats f = model_->forward(ctx, MicroBatch{mb.rows, T, mb.inputs.data(), mb.targets.data(), mb.mask.data()}, w);
-      model_->backward(ctx, w);
-      sums[0] += f.ce_sum;
-      sums[1] += f.mask_sum;
-      sums[2] += f.aux_sum;
-      sums[3] += f.z_sum;
-      for (size_t l = 0; l < moe.size(); ++l) {
-        double* o = &sums[4 + l * (E + 2)];
-        const MoeStats& ms = moe[l]->stats();
-        for (size_t e = 0; e < E; ++e) o[e] += double(ms.load[e]);
-        o[E] += double(ms.wanted);
-        o[E + 1] += double(ms.dropped);
-      }
-    }
+    const size_t E = size_t(cfg_.moe.num_experts), n_moe = size_t(model_->shape().num_moe_layers());
+    std::vector<double> sums(4 + n_moe * (E + 2), 0.0);
+    std::vector<Micro> micros = micro_batches(batch, step, true, &timers_);
+    run_pipeline(micros, w, sums);
     {
       ScopedPhase t(&timers_, "grad_allreduce");
+      sync_tied_embedding();
       if (D > 1)
         for (const auto& [begin, size] : data_replicated_ranges_) data_comm_.all_reduce(P.grads() + begin, size, Op::Sum);
+      mesh_.axis(Axis::Pipe).all_reduce(sums.data(), sums.size(), Op::Sum);
       data_comm_.all_reduce(sums.data(), sums.size(), Op::Sum);
     }
+    const size_t n_moe_layers = n_moe;
     StepStats s;
     const double groups = double(B) * T / double(cfg_.moe.group_size);
     s.loss = sums[0] / std::max(1.0, sums[1]);
-    s.aux = moe.empty() ? 0 : sums[2] / groups;
-    s.z = moe.empty() ? 0 : sums[3] / (double(B) * T);
-    for (size_t l = 0; l < moe.size(); ++l) {
+    s.aux = n_moe_layers == 0 ? 0 : sums[2] / groups;
+    s.z = n_moe_layers == 0 ? 0 : sums[3] / (double(B) * T);
+    for (size_t l = 0; l < n_moe_layers; ++l) {
       const double* o = &sums[4 + l * (E + 2)];
       double total = 0;
       for (size_t e = 0; e < E; ++e) total += o[e];
@@ -267,6 +357,7 @@ class Trainer {
     // at coordinate 0 of every axis it is not split over.
     const bool data0 = mesh_.coord(Axis::Data) == 0, tensor0 = mesh_.coord(Axis::Tensor) == 0;
     for (size_t i = 0; i < infos.size(); ++i) {
+      if (infos[i].name == "embed.wte" && !model_->first_stage()) continue;  // tied copy: counted on stage 0
       const uint8_t s = infos[i].sharded_over;
       if (((s & kShardData) || data0) && ((s & kShardTensor) || tensor0)) norm_entries_.push_back(i);
     }
@@ -300,11 +391,12 @@ class Trainer {
 
   void log_step(int64_t step, const StepStats& s, double tokens_per_s, double eta) {
     // Per-phase times: max over ranks (the slowest rank sets the pace).
-    std::vector<std::string> names;
-    std::vector<double> secs;
-    for (const auto& [n, v] : timers_.totals()) {
-      names.push_back(n);
-      secs.push_back(v);
+    // Every rank reduces the same list, whatever phases it ran (a stage may have no MoE layer).
+    const std::vector<std::string> names(std::begin(kPhases), std::end(kPhases));
+    std::vector<double> secs(names.size(), 0.0);
+    for (size_t i = 0; i < names.size(); ++i) {
+      const auto it = timers_.totals().find(names[i]);
+      if (it != timers_.totals().end()) secs[i] = it->second;
     }
     mesh_.world_comm().all_reduce(secs.data(), secs.size(), Op::Max);
     timers_.reset();
@@ -331,31 +423,40 @@ class Trainer {
     return "moe/unknown";
   }
 
+  // Validation: forward only, through the pipeline stages in turn; the last stage scores.
   void evaluate(int64_t step) {
-    const int B = int(cfg_.optim.batch_size), T = int(cfg_.model.seq_len), MB = int(cfg_.optim.micro_batches);
-    const int D = mesh_.extent(Axis::Data), d = mesh_.coord(Axis::Data);
+    const int B = int(cfg_.optim.batch_size), T = int(cfg_.model.seq_len);
     const size_t L = train_.info().languages.size();
+    Comm& pipe = mesh_.axis(Axis::Pipe);
+    const int stage = mesh_.coord(Axis::Pipe);
     Batcher batcher(valid_, T, uint64_t(cfg_.run.seed), true);  // the same seeded sample of every language each time
     std::vector<double> sums(2 + 2 * L, 0.0);  // loss, tokens, per-language loss, per-language tokens
     ScopedPhase t(&timers_, "eval");
+    std::vector<float> x;
     for (int64_t b = 0; b < cfg_.eval.batches; ++b) {
       const Batch batch = batcher.next(B);
-      for (int m = 0; m < MB; ++m) {
-        const RowRange r = rows_of(B, MB, m, D, d);
-        const Batch mb = batch.slice(r.begin, r.end);
-        StepContext ctx{uint64_t(cfg_.run.seed), uint32_t(step), false, uint64_t(r.begin) * T, nullptr};
-        const ForwardStats f = model_->forward(ctx, MicroBatch{mb.rows, T, mb.inputs.data(), mb.targets.data(), mb.mask.data()}, LossWeights{});
+      std::vector<Micro> micros = micro_batches(batch, step, false, nullptr);
+      for (size_t m = 0; m < micros.size(); ++m) {
+        const Micro& mb = micros[m];
+        x.resize(size_t(mb.rows.rows) * T * size_t(cfg_.model.d_model));
+        if (!model_->first_stage()) pipe.recv(x.data(), x.size(), stage - 1, int(m));
+        const ForwardStats f = model_->forward(mb.ctx, mb.view(), LossWeights{}, x.data());
+        if (!model_->last_stage()) {
+          pipe.send(model_->stage_output().data(), x.size(), stage + 1, int(m));
+          continue;
+        }
         sums[0] += f.ce_sum;
         sums[1] += f.mask_sum;
         const auto& per_token = model_->loss().per_token_loss();
         for (size_t n = 0; n < per_token.size(); ++n) {
-          const int lang = mb.lang[n];
-          if (lang < 0 || size_t(lang) >= L || mb.mask[n] == 0) continue;
+          const int lang = mb.rows.lang[n];
+          if (lang < 0 || size_t(lang) >= L || mb.rows.mask[n] == 0) continue;
           sums[2 + size_t(lang)] += per_token[n];
           sums[2 + L + size_t(lang)] += 1;
         }
       }
     }
+    pipe.all_reduce(sums.data(), sums.size(), Op::Sum);
     data_comm_.all_reduce(sums.data(), sums.size(), Op::Sum);
     if (mesh_.rank() != 0) return;
     const double loss = sums[0] / std::max(1.0, sums[1]);
@@ -386,6 +487,7 @@ class Trainer {
   int64_t updates_ = 0;
   std::vector<std::pair<size_t, size_t>> data_replicated_ranges_;  // (flat offset, size)
   std::vector<size_t> norm_entries_;
+  size_t first_moe_layer_ = 0;  // global index of this stage's first MoE layer
 };
 
 }  // namespace

@@ -2,7 +2,8 @@
 # The same deck on different meshes and micro-batch splits gives the same training: per-step loss,
 # aux loss and gradient norm within 1e-5 relative of the single-rank run, and identical per-expert
 # loads (DESIGN.md principle 1; the central test of issue 4, here for the data axis, gradient
-# accumulation, the tensor axis, and both optimizers). Also checks that a run writes deck.toml and a complete metrics.h5.
+# accumulation, the tensor axis, pipeline stages on the 1F1B schedule, tied and untied
+# embeddings, and both optimizers). Also checks that a run writes deck.toml and a complete metrics.h5.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -55,15 +56,21 @@ run micro2 1 --set optim.micro_batches=2
 run data2-micro2 2 --set mesh.data=2 --set optim.micro_batches=2
 run tensor2 2 --set mesh.tensor=2
 run data2-tensor2 4 --set mesh.data=2 --set mesh.tensor=2
+run pipe2 2 --set mesh.pipe=2 --set optim.micro_batches=2
+run pipe2-data2 4 --set mesh.pipe=2 --set mesh.data=2 --set optim.micro_batches=2
+run pipe2-tensor2 4 --set mesh.pipe=2 --set mesh.tensor=2 --set optim.micro_batches=4
+run untied 1 --set model.tied_embeddings=false
+run untied-pipe2 2 --set model.tied_embeddings=false --set mesh.pipe=2 --set optim.micro_batches=2
 run adafactor 1 --set optim.name=adafactor
 run adafactor-data2-tensor2 4 --set optim.name=adafactor --set mesh.data=2 --set mesh.tensor=2
-for r in ref data2 data4 micro2 data2-micro2 tensor2 data2-tensor2; do [ -s "$T/$r/deck.toml" ] || { echo "no deck.toml in $r"; exit 1; }; done
+for r in ref data2 data4 micro2 data2-micro2 tensor2 data2-tensor2 pipe2 pipe2-data2 pipe2-tensor2; do [ -s "$T/$r/deck.toml" ] || { echo "no deck.toml in $r"; exit 1; }; done
 $PYTHON - "$T" <<'PY'
 import sys, h5py, numpy as np
 T = sys.argv[1]
 bad = 0
-pairs = [("ref", r) for r in ["data2", "data4", "micro2", "data2-micro2", "tensor2", "data2-tensor2"]]
-pairs += [("adafactor", "adafactor-data2-tensor2")]
+pairs = [("ref", r) for r in ["data2", "data4", "micro2", "data2-micro2", "tensor2", "data2-tensor2",
+                               "pipe2", "pipe2-data2", "pipe2-tensor2"]]
+pairs += [("untied", "untied-pipe2"), ("adafactor", "adafactor-data2-tensor2")]
 for ref_name, run in pairs:
     ref = h5py.File(f"{T}/{ref_name}/metrics.h5", "r")
     f = h5py.File(f"{T}/{run}/metrics.h5", "r")
