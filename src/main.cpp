@@ -12,6 +12,7 @@
 #include "data/prep.hpp"
 #include "data/prep_cli.hpp"
 #include "mesh/mesh.hpp"
+#include "parallel/bench_comm.hpp"
 #include "train/trainer.hpp"
 
 #ifndef MESHMOE_VERSION
@@ -94,6 +95,16 @@ int run(int argc, char** argv) {
   prep_text->add_flag("--paragraphs", text_opt.paragraphs, "One example per blank-line separated paragraph");
   prep_text->add_flag("-q,--quiet", text_opt.quiet, "No progress lines");
 
+  BenchCommOptions bench_opt;
+  auto* bench = app.add_subcommand("bench-comm", "Time all_reduce, all_to_all, all_gather, permute against message size");
+  bench->add_option("--sizes", bench_opt.sizes, "Bytes per rank, comma-separated, K/M/G suffixes (default 1K,4K,...,16M)");
+  bench->add_option("--ops", bench_opt.ops, "Ops to time, comma-separated (default all_reduce,all_to_all,all_gather,permute)");
+  bench->add_option("--mesh", bench_opt.mesh, "Mesh PxDxT (default: all ranks along --axis)");
+  bench->add_option("--axis", bench_opt.axis, "Axis to time along: data, tensor or pipe")->capture_default_str();
+  bench->add_option("--iters", bench_opt.iters, "Timed calls per size (default 0: adaptive, >= 0.05 s or 100 calls)");
+  bench->add_option("-o,--output", bench_opt.output, "HDF5 file written by rank 0")->capture_default_str();
+  bench->add_flag("-q,--quiet", bench_opt.quiet, "No table on stdout");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -104,6 +115,7 @@ int run(int argc, char** argv) {
     if (world_rank() == 0) std::cout << deck_reference_markdown();
     return kExitOk;
   }
+  if (*bench) return bench_comm_main(bench_opt);
   if (*prep_gettext) return prep_gettext_main(gettext_opt);
   if (*prep_text) return prep_text_main(text_opt);
   if (*plan) return cmd_plan(deck_path, overrides);

@@ -296,9 +296,11 @@ def check_case(path, case):
         batches = [f["train/batches"][k][()] for k in ("inputs", "targets", "mask")]
         curves = {o: {k: f["train"][o][k][()] for k in ("loss", "grad_norm", "lr")} for o in ("adamw", "adafactor")}
         peaks = {o: (float(f["train"][o].attrs["lr_peak"]), f["train"][o].attrs["schedule"]) for o in curves}
-    print(f"{case}: E={cfg.num_experts} router={cfg.router} k={cfg.k()} C={cfg.capacity()} act={cfg.activation} "
-          f"tied={cfg.tied_embeddings} layers={cfg.num_layers} dropout={cfg.dropout} expert_dropout={cfg.expert_dropout} "
-          f"jitter={cfg.jitter_eps} ntlb={cfg.no_token_left_behind}")
+    moe_desc = (f"moe every {cfg.moe_every}: E={cfg.num_experts} router={cfg.router} k={cfg.k()} C={cfg.capacity()} "
+                f"second={cfg.second_expert} expert_dropout={cfg.expert_dropout} jitter={cfg.jitter_eps} "
+                f"ntlb={cfg.no_token_left_behind}" if cfg.moe_every > 0 else "dense")
+    print(f"{case}: layers={cfg.num_layers} act={cfg.activation} tied={cfg.tied_embeddings} dropout={cfg.dropout} "
+          f"{moe_desc}")
 
     # --- one forward/backward
     P = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}

@@ -16,7 +16,8 @@ fi
 export MESHMOE_TEST_TMPDIR
 rm -f "$MESHMOE_TEST_TMPDIR"/model_ref_*.h5
 status=0
-out=$(mpirun -np 1 "$MESHMOE_TESTS" "[model-torch]" 2>&1) || status=1
+# timeout: a memory error in the C++ side can deadlock inside malloc rather than abort.
+out=$(timeout 45 mpirun -np 1 "$MESHMOE_TESTS" "[model-torch]" 2>&1) || status=1
 echo "$out"
 # The runner exits 0 when no test case matched: insist that exactly this one ran and passed.
 grep -q '^meshmoe_tests np=1: 1 passed, 0 failed' <<<"$out" || status=1

@@ -1,6 +1,9 @@
 #include "model/moe/dispatcher.hpp"
 
 #include <algorithm>
+#include <string>
+
+#include "core/error.hpp"
 
 namespace meshmoe {
 
@@ -21,6 +24,10 @@ void IndexDispatcher<T>::plan(const Routing<T>& r, uint64_t token_offset) {
     for (int i = 0; i < r.k; ++i) {
       const size_t c = size_t(n) * r.k + i;
       if (r.expert[c] < 0) continue;
+      if (r.expert[c] >= r.E || r.slot[c] < 0 || r.slot[c] >= r.C)
+        throw Error("MoE routing: choice " + std::to_string(c) + " has expert " + std::to_string(r.expert[c]) +
+                    " slot " + std::to_string(r.slot[c]) + " outside E = " + std::to_string(r.E) +
+                    ", C = " + std::to_string(r.C));
       const size_t row = buffer_row(r, n, c);
       slot_token_[row] = n;
       slot_global_[row] = int64_t(token_offset + uint64_t(n));

@@ -156,7 +156,7 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
             const int e = order[j];
             bool used = false;
             for (int i2 = 0; i2 < k; ++i2) used = used || r_.expert[size_t(n) * k + i2] == e;
-            if (used) continue;
+            if (used || count[e] >= C) continue;
             place(n, i, e);
             dropped[size_t(s) * k + i] = 0;
             r_.rerouted += 1;
