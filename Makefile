@@ -33,7 +33,7 @@ OBJ      := $(SRC:%.cpp=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
 VERSION  := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 
-.PHONY: all tests run check bench clean deps features readme
+.PHONY: all tests run check check-slurm bench clean deps features readme
 all: features $(BUILD)/meshmoe
 
 features:
@@ -57,13 +57,17 @@ $(BUILD)/meshmoe_tests: $(TEST_OBJ) $(BUILD)/lib.a
 tests: $(BUILD)/meshmoe $(BUILD)/meshmoe_tests
 
 $(BUILD)/obj/src/main.o: ALL_CXXFLAGS += -DMESHMOE_VERSION='"$(VERSION)"'
+# V=1 prints whole command lines.
+Q := $(if $(V),,@)
 $(BUILD)/obj/%.o: %.cpp
 	@mkdir -p $(dir $@)
-	$(CXX) $(ALL_CXXFLAGS) -c $< -o $@
+	@$(if $(V),,echo "  CXX   $<")
+	$(Q)$(CXX) $(ALL_CXXFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) -std=c++20 -O2 $(CUDA_ARCH) -DOMPI_SKIP_MPICXX -Isrc $(MPI_CFLAGS) -DMESHMOE_CUDA=1 -ccbin g++ -Xcompiler -fPIC -MMD -MP -c $< -o $@
+	@$(if $(V),,echo "  NVCC  $<")
+	$(Q)$(NVCC) -std=c++20 -O2 $(CUDA_ARCH) -DOMPI_SKIP_MPICXX -Isrc $(MPI_CFLAGS) -DMESHMOE_CUDA=1 -ccbin g++ -Xcompiler -fPIC -MMD -MP -c $< -o $@
 
 run: deps
 	@$(MAKE) --no-print-directory all
@@ -72,6 +76,12 @@ run: deps
 check: deps
 	@$(MAKE) --no-print-directory tests
 	tests/run-tests.sh
+
+# The job scripts on a real single-node Slurm started for the test (needs root).
+check-slurm:
+	@tools/install-deps.sh --slurm
+	@$(MAKE) --no-print-directory all
+	tests/slurm/run.sh
 
 bench: deps
 	@$(MAKE) --no-print-directory tests

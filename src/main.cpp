@@ -9,10 +9,12 @@
 
 #include "core/error.hpp"
 #include "deck/deck.hpp"
+#include "io/checkpoint.hpp"
 #include "data/prep.hpp"
 #include "data/prep_cli.hpp"
 #include "mesh/mesh.hpp"
 #include "parallel/bench_comm.hpp"
+#include "train/memory.hpp"
 #include "train/trainer.hpp"
 
 #ifndef MESHMOE_VERSION
@@ -46,13 +48,16 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& overrides)
   Setup s = setup(path, overrides);
   const std::string text = s.mesh.describe();
   if (world_rank() == 0) std::cout << text << std::flush;
+  // Memory and cost per rank, one column per pipeline stage (src/train/memory.hpp).
+  const std::string memory = memory_report_collective(s.deck.cfg, s.mesh.shape(), s.mesh.world());
+  if (world_rank() == 0) std::cout << memory << std::flush;
   return kExitOk;
 }
 
 int cmd_train(const std::string& path, const std::vector<std::string>& overrides) {
   Setup s = setup(path, overrides);
   if (world_rank() == 0) std::cout << "# effective deck (" << s.deck.path << ")\n" << s.deck.effective_toml << std::flush;
-  return train_main(s.deck, s.mesh);
+  return train_main(s.deck, s.mesh, MESHMOE_VERSION);
 }
 
 int run(int argc, char** argv) {
@@ -68,6 +73,8 @@ int run(int argc, char** argv) {
   auto* plan = app.add_subcommand("plan", "Print the device mesh and the plan of a deck without training");
   plan->add_option("deck", deck_path, "Input deck (TOML)")->required();
   plan->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  bool ranks_only = false;
+  plan->add_flag("--ranks", ranks_only, "Only print the number of ranks the deck's mesh needs (for job scripts)");
   auto* deck_doc = app.add_subcommand("deck-doc", "Print the reference of every deck key as markdown");
 
   auto* prep = app.add_subcommand("prep", "Turn text sources into a dataset file (HDF5)");
@@ -105,6 +112,16 @@ int run(int argc, char** argv) {
   bench->add_option("-o,--output", bench_opt.output, "HDF5 file written by rank 0")->capture_default_str();
   bench->add_flag("-q,--quiet", bench_opt.quiet, "No table on stdout");
 
+  CkptCliOptions ckpt_opt;
+  auto* ckpt = app.add_subcommand("ckpt", "Inspect a checkpoint (file, ckpt directory or run directory)");
+  ckpt->require_subcommand(1);
+  for (const char* action : {"info", "verify"}) {
+    auto* sub = ckpt->add_subcommand(action, std::string(action) == "info" ? "Print what a checkpoint holds"
+                                                                          : "Check a checkpoint: exit 0 good, 1 bad");
+    sub->add_option("path", ckpt_opt.path, "step_*.h5, or a directory whose (ckpt/)LATEST names one")->required();
+    sub->callback([&ckpt_opt, action] { ckpt_opt.action = action; });
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -116,8 +133,14 @@ int run(int argc, char** argv) {
     return kExitOk;
   }
   if (*bench) return bench_comm_main(bench_opt);
+  if (*ckpt) return ckpt_main(ckpt_opt);
   if (*prep_gettext) return prep_gettext_main(gettext_opt);
   if (*prep_text) return prep_text_main(text_opt);
+  if (*plan && ranks_only) {
+    const Deck deck = load_deck(deck_path, overrides, MPI_COMM_WORLD);
+    if (world_rank() == 0) std::cout << deck.cfg.mesh.pipe * deck.cfg.mesh.data * deck.cfg.mesh.tensor << "\n";
+    return kExitOk;
+  }
   if (*plan) return cmd_plan(deck_path, overrides);
   if (*train) return cmd_train(deck_path, overrides);
   return kExitInputError;

@@ -1,6 +1,8 @@
 #include "model/transformer.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "core/error.hpp"
 #include "model/activation.hpp"
@@ -45,9 +47,19 @@ Transformer<T>::Block::Block(const Config& cfg, const ModelShape& s, int i, cons
       ln2(s.d_model, cfg.model.layernorm_eps),
       attn(s.d_model, s.num_heads, cfg.model.dropout, uint32_t(16 * i + 1), sh.tensor_rank * s.num_heads / sh.tensor_size,
            s.num_heads / sh.tensor_size) {
-  if (s.is_moe_block(i))
-    moe = std::make_unique<MoeLayer<T>>(moe_options(cfg, uint32_t(16 * i + 3)));
-  else
+  if (s.is_moe_block(i)) {
+    // Expert placement (moe_placement.hpp): experts over data (all-to-all, Switch 5.5 hidden split
+    // over tensor) or over tensor (Pipeline-MoE index-select + all-reduce).
+    MoePlacement place;
+    place.axis = parse_expert_axis(cfg.moe.expert_axis);
+    place.data = sh.data;
+    place.data_rank = sh.data_rank;
+    place.data_size = sh.data_size;
+    place.tensor = sh.tensor;
+    place.tensor_rank = sh.tensor_rank;
+    place.tensor_size = sh.tensor_size;
+    moe = std::make_unique<MoeLayer<T>>(moe_options(cfg, uint32_t(16 * i + 3)), place);
+  } else
     mlp = std::make_unique<MLP<T>>(s.d_model, s.d_ff, parse_activation(cfg.model.activation), cfg.model.dropout,
                                    uint32_t(16 * i + 2), sh.tensor_rank * s.d_ff / sh.tensor_size,
                                    s.d_ff / sh.tensor_size);
@@ -125,7 +137,22 @@ ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& m
     emb_.forward(ctx, mb.inputs, x_.data(), N_, T_);
   else
     std::copy(x_in, x_in + NM, x_.begin());
+  if (inject_nan_) {
+    x_[0] = std::numeric_limits<T>::quiet_NaN();
+    inject_nan_ = false;
+  }
+  first_nonfinite_.clear();
+  auto check_finite = [&](const std::vector<T>& v, size_t n, const std::string& where) {
+    if (!first_nonfinite_.empty()) return;
+    for (size_t i = 0; i < n; ++i)
+      if (!std::isfinite(v[i])) {
+        first_nonfinite_ = where;
+        return;
+      }
+  };
+  check_finite(x_, NM, first_stage() ? "embed" : "stage input");
   ForwardStats st;
+  int block_index = first_block_;
   for (Block& b : blocks_) {
     b.ln1.forward(ctx, x_.data(), h_.data(), N_);
     {
@@ -143,12 +170,14 @@ ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& m
       b.mlp->forward(ctx, h_.data(), f_.data(), N_);
     }
     for (size_t i = 0; i < NM; ++i) x_[i] += f_[i];
+    check_finite(x_, NM, "blocks." + std::to_string(block_index++));
   }
   if (!last_stage()) return st;
   lnf_.forward(ctx, x_.data(), h_.data(), N_);
   ScopedPhase t(ctx.timers, "head_loss");
   logits_.resize(size_t(N_) * V);
   head_.forward(ctx, h_.data(), logits_.data(), N_);
+  check_finite(logits_, logits_.size(), "head");
   const std::vector<T> mask(mb.mask, mb.mask + N_);
   ce_.forward(ctx, logits_.data(), mb.targets, mask.data(), N_, V, w.ce);
   for (double l : ce_.per_token_loss()) st.ce_sum += l;

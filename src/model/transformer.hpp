@@ -47,6 +47,8 @@ struct ModelSharding {
   Comm* tensor = nullptr;                // its all-reduce (the f/g pair of the tensor-parallel layers)
   int pipe_rank = 0, pipe_size = 1;      // pipeline stage: blocks [p*L/P, (p+1)*L/P); the first stage
                                          // also embeds, the last also has ln_f, the head and the loss
+  Comm* data = nullptr;                  // expert parallelism (moe.expert_axis = data): the MoE
+  int data_rank = 0, data_size = 1;      // all-to-all; null / 1: experts replicated over data
 };
 
 // One micro-batch of this rank: B sequences of T tokens.
@@ -96,6 +98,11 @@ class Transformer {
   // the gradient of its input in input_grad().
   void backward(const StepContext& ctx, const LossWeights& w, const T* d_out = nullptr);
   const std::vector<T>& stage_output() const { return x_; }
+  // The first part of this stage whose output held a NaN or Inf in the last forward ("embed",
+  // "blocks.<i>", "head"), or "" when all were finite.
+  const std::string& first_nonfinite() const { return first_nonfinite_; }
+  // Testing aid (deck key debug.nan_step): the next forward poisons its first activation with NaN.
+  void inject_nan_next_forward() { inject_nan_ = true; }
   const std::vector<T>& input_grad() const { return d_; }
   bool first_stage() const { return sharding_.pipe_rank == 0; }
   bool last_stage() const { return sharding_.pipe_rank == sharding_.pipe_size - 1; }
@@ -128,6 +135,8 @@ class Transformer {
   CrossEntropy<T> ce_;
   ModelSharding sharding_;
   PhaseTimers* timers_ = nullptr;  // of the pass in progress (the tensor all-reduce hook times itself)
+  std::string first_nonfinite_;
+  bool inject_nan_ = false;
   int N_ = 0, T_ = 0;
   std::vector<T> x_, h_, f_, logits_, d_, dh_;
 };

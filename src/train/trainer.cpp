@@ -9,19 +9,23 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/timers.hpp"
 #include "data/batcher.hpp"
 #include "data/dataset.hpp"
+#include "io/checkpoint.hpp"
 #include "io/metrics.hpp"
 #include "mesh/comm.hpp"
 #include "model/transformer.hpp"
 #include "parallel/pipeline_schedule.hpp"
 #include "tensor/blas.hpp"
 #include "train/grad_clip.hpp"
+#include "train/memory.hpp"
 #include "train/optimizer.hpp"
 #include "train/schedule.hpp"
+#include "train/signals.hpp"
 
 namespace meshmoe {
 
@@ -89,10 +93,12 @@ RowRange rows_of(int batch, int micro_batches, int micro, int data, int d) {
 
 // The phases timed in a step, written to metrics.h5 as /time/<phase> (max over ranks). Nested:
 // tensor_allreduce happens inside attention and dense_ffn; gate, dispatch, expert and combine are
-// the MoE layer's stages.
+// the MoE layer's stages, moe_alltoall (expert_axis = data) is inside dispatch and combine,
+// moe_allreduce (experts over tensor, Switch 5.5 expert hidden split) inside expert or combine.
 constexpr const char* kPhases[] = {"attention", "dense_ffn", "gate", "dispatch", "expert", "combine",
+                                   "moe_alltoall", "moe_allreduce",
                                    "head_loss", "tensor_allreduce", "pipeline_wait", "pipeline_recompute",
-                                   "grad_allreduce", "optimizer", "eval"};
+                                   "grad_allreduce", "optimizer"};
 
 }  // namespace
 
@@ -100,8 +106,9 @@ namespace {
 
 class Trainer {
  public:
-  Trainer(const Deck& deck, Mesh& mesh)
+  Trainer(const Deck& deck, Mesh& mesh, std::string version)
       : deck_(deck),
+        version_(std::move(version)),
         cfg_(deck.cfg),
         mesh_(mesh),
         data_comm_(mesh.axis(Axis::Data)),
@@ -113,12 +120,16 @@ class Trainer {
       throw InputError("model.vocab_size = " + std::to_string(vocab_) + " is smaller than the vocabulary of " +
                        cfg_.data.path + " (" + std::to_string(train_.vocab_size()) + "); set it to 0 to use the dataset's");
     prepare_run_directory(deck, dir_, mesh.world_comm());
+    install_stop_signal_handlers();
     ModelSharding sh;
     sh.tensor_rank = mesh.coord(Axis::Tensor);
     sh.tensor_size = mesh.extent(Axis::Tensor);
     sh.tensor = &mesh.axis(Axis::Tensor);
     sh.pipe_rank = mesh.coord(Axis::Pipe);
     sh.pipe_size = mesh.extent(Axis::Pipe);
+    sh.data = &mesh.axis(Axis::Data);
+    sh.data_rank = mesh.coord(Axis::Data);
+    sh.data_size = mesh.extent(Axis::Data);
     model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, sh);
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
@@ -135,17 +146,20 @@ class Trainer {
     flops_per_token_ = train_flops_per_token(cfg_, model_->shape());
     peak_ = measure_peak_flops();
     mesh.world_comm().all_reduce(&peak_, 1, Op::Sum);  // the whole mesh
+    const std::string memory = memory_report_collective(cfg_, mesh.shape(), mesh.world());
+    if (mesh.rank() == 0) std::fputs(memory.c_str(), stdout);
+    resume();
     if (mesh.rank() == 0) {
       std::string languages;
       for (const auto& l : train_.info().languages) languages += (languages.empty() ? "" : ",") + l;
-      metrics_ = std::make_unique<MetricsFile>(
-          dir_ + "/metrics.h5", deck.effective_toml,
-          std::map<std::string, std::string>{{"run_name", cfg_.run.name},
-                                             {"mesh", mesh.shape().str()},
-                                             {"languages", languages},
-                                             {"data_path", cfg_.data.path}});
+      open_metrics(std::map<std::string, std::string>{{"run_name", cfg_.run.name},
+                                                      {"mesh", mesh.shape().str()},
+                                                      {"languages", languages},
+                                                      {"data_path", cfg_.data.path},
+                                                      {"version", version_}});
       metrics_->describe("skipped", "1", "1 when the update was skipped for a non-finite loss or gradient norm");
       metrics_->describe("mfu", "1", "model FLOPs utilisation against the fp32 sgemm peak measured at start-up");
+      metrics_->describe("eval/time", "s", "wall time of the evaluation");
       metrics_->describe("eval/tokens", "tokens", "masked target tokens in the validation batches");
       metrics_->describe("eval/lang_tokens", "tokens", "masked target tokens per language (root attribute languages)");
       metrics_->describe("eval/lang_loss", "nats/token", "validation cross-entropy per language (root attribute languages)");
@@ -157,22 +171,126 @@ class Trainer {
     if (mesh_.rank() == 0) print_header();
     double interval_start = wall_seconds(), run_start = interval_start;
     int64_t interval_tokens = 0;
-    for (int64_t step = 1; step <= steps; ++step) {
+    const int64_t first = start_step_ + 1;
+    for (int64_t step = first; step <= steps; ++step) {
+      if (const int why = stop_requested(run_start)) return stop(step - 1, why);
       const StepStats s = train_step(step);
       interval_tokens += int64_t(cfg_.optim.batch_size) * cfg_.model.seq_len;
-      if (step % cfg_.run.log_every == 0 || step == steps) {
+      if (step % cfg_.run.log_every == 0 || step == steps || s.skipped) {
         const double now = wall_seconds();
         const double tokens_per_s = double(interval_tokens) / (now - interval_start);
-        log_step(step, s, tokens_per_s, (now - run_start) / double(step) * double(steps - step));
+        log_step(step, s, tokens_per_s, (now - run_start) / double(step - first + 1) * double(steps - step));
         interval_start = wall_seconds();
         interval_tokens = 0;
       }
+      if (bad_steps_ >= cfg_.run.max_bad_steps) {
+        if (mesh_.rank() == 0)
+          std::fprintf(stderr,
+                       "meshmoe: error: %lld consecutive non-finite steps (run.max_bad_steps) up to step %lld; "
+                       "stopping with the parameters of the last good step%s\n",
+                       (long long)bad_steps_, (long long)step, step_nonfinite_.empty() ? "" : " (see the warnings for the first non-finite layer)");
+        save_checkpoint(step - bad_steps_);
+        return kExitFailure;
+      }
       if (cfg_.eval.every > 0 && (step % cfg_.eval.every == 0 || step == steps)) evaluate(step);
+      if ((cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0) || step == steps) save_checkpoint(step);
     }
     if (mesh_.rank() == 0)
       std::printf("done: %lld steps in %s; run directory %s\n", (long long)steps,
                   format_eta(wall_seconds() - run_start).c_str(), dir_.c_str());
     return kExitOk;
+  }
+
+  // At a step boundary all ranks agree whether to stop: a signal on any rank (1) or the wall-time
+  // limit run.max_walltime (2).
+  int stop_requested(double run_start) {
+    int why = stop_signal_received() ? 1 : 0;
+    if (cfg_.run.max_walltime > 0 && wall_seconds() - run_start >= cfg_.run.max_walltime) why = std::max(why, 2);
+    mesh_.world_comm().all_reduce(&why, 1, Op::Max);
+    return why;
+  }
+
+  int stop(int64_t last_step, int why) {
+    if (mesh_.rank() == 0)
+      std::fprintf(stderr, "meshmoe: %s after step %lld: writing a checkpoint and exiting with code %d (resume to continue)\n",
+                   why == 1 ? "stop signal received" : "run.max_walltime reached", (long long)last_step, int(kExitCheckpointed));
+    save_checkpoint(last_step);
+    return kExitCheckpointed;
+  }
+
+  // Writes ckpt/step_N.h5 (collective; atomic, then LATEST, then pruning by checkpoint.keep_*).
+  void save_checkpoint(int64_t step) {
+    if (step <= 0 || step == last_checkpoint_) return;
+    const double t0 = wall_seconds();
+    CheckpointMeta m;
+    m.step = step;
+    m.update_count = updates_;
+    m.seed = uint64_t(cfg_.run.seed);
+    m.data_cursor = batcher_->cursor();
+    m.optimizer = cfg_.optim.name;
+    m.deck = deck_.effective_toml;
+    m.version = version_;
+    m.counters = {{"bad_steps", bad_steps_}};
+    const std::string path = write_checkpoint(dir_ + "/ckpt", model_->params(), optimizer_->state(), m, mesh_,
+                                              RetentionPolicy{int(cfg_.checkpoint.keep_last), int(cfg_.checkpoint.keep_every)});
+    last_checkpoint_ = step;
+    if (mesh_.rank() == 0) {
+      std::printf("checkpoint step %lld: %s (%.2f s)\n", (long long)step, path.c_str(), wall_seconds() - t0);
+      std::fflush(stdout);
+    }
+  }
+
+  // run.resume: auto (the newest complete checkpoint of the run directory, if any), never, or a
+  // checkpoint path. Parameters, optimizer state, data cursor, update and bad-step counts come back;
+  // the mesh may differ from the one that wrote the checkpoint.
+  void resume() {
+    std::string path;
+    if (cfg_.run.resume == "never") return;
+    if (cfg_.run.resume == "auto") {
+      const ResumeChoice c = find_resume_checkpoint(dir_ + "/ckpt", mesh_.world());
+      if (mesh_.rank() == 0)
+        for (const auto& w : c.warnings) std::fprintf(stderr, "meshmoe: warning: %s\n", w.c_str());
+      path = c.path;
+    } else {
+      path = cfg_.run.resume;
+    }
+    if (path.empty()) return;
+    std::vector<StateTensor> state = optimizer_->state();
+    const CheckpointMeta m = read_checkpoint(path, model_->params(), state, mesh_.world());
+    if (m.optimizer != cfg_.optim.name)
+      throw InputError("checkpoint " + path + " holds " + m.optimizer + " state but optim.name = " + cfg_.optim.name +
+                       " (set run.resume = never to start afresh)");
+    if (m.step > cfg_.run.steps)
+      throw InputError("checkpoint " + path + " is at step " + std::to_string(m.step) + ", beyond run.steps = " +
+                       std::to_string(cfg_.run.steps));
+    batcher_->restore(m.data_cursor);
+    start_step_ = m.step;
+    last_checkpoint_ = m.step;
+    updates_ = m.update_count;
+    if (auto it = m.counters.find("bad_steps"); it != m.counters.end()) bad_steps_ = it->second;
+    if (mesh_.rank() == 0) {
+      std::printf("resuming from %s: step %lld (written on mesh %s)\n", path.c_str(), (long long)m.step, m.mesh.str().c_str());
+      std::fflush(stdout);
+    }
+  }
+
+  // metrics.h5: a new file, or on resume the existing one with the rows after the checkpoint's
+  // step dropped. A metrics file the resume cannot open (e.g. cut short by a kill) is kept aside
+  // as metrics.h5.broken-<step> and a new one started, so the run goes on.
+  void open_metrics(const std::map<std::string, std::string>& attrs) {
+    const std::string path = dir_ + "/metrics.h5";
+    std::optional<int64_t> after;
+    if (start_step_ > 0) after = start_step_;
+    try {
+      metrics_ = std::make_unique<MetricsFile>(path, deck_.effective_toml, attrs, after);
+    } catch (const std::exception& e) {
+      if (!after) throw;
+      const std::string aside = path + ".broken-" + std::to_string(start_step_);
+      std::fprintf(stderr, "meshmoe: warning: cannot reopen %s (%s); keeping it as %s and starting a new one\n",
+                   path.c_str(), e.what(), aside.c_str());
+      std::rename(path.c_str(), aside.c_str());
+      metrics_ = std::make_unique<MetricsFile>(path, deck_.effective_toml, attrs);
+    }
   }
 
  private:
@@ -241,6 +359,7 @@ class Trainer {
           pipe.recv(x_in[op.micro].data(), NM, stage - 1, tag);
         }
         add_forward_stats(sums, model_->forward(mb.ctx, mb.view(), w, x_in[op.micro].data()));
+        if (step_nonfinite_.empty()) step_nonfinite_ = model_->first_nonfinite();
         last_forward = op.micro;
         if (!model_->last_stage()) {
           x_out[op.micro] = model_->stage_output();
@@ -298,6 +417,10 @@ class Trainer {
     const size_t E = size_t(cfg_.moe.num_experts), n_moe = size_t(model_->shape().num_moe_layers());
     std::vector<double> sums(4 + n_moe * (E + 2), 0.0);
     std::vector<Micro> micros = micro_batches(batch, step, true, &timers_);
+    if (cfg_.debug.nan_step > 0 && step >= cfg_.debug.nan_step && step < cfg_.debug.nan_step + cfg_.debug.nan_steps &&
+        mesh_.rank() == cfg_.debug.nan_rank)
+      model_->inject_nan_next_forward();
+    step_nonfinite_.clear();
     run_pipeline(micros, w, sums);
     {
       ScopedPhase t(&timers_, "grad_allreduce");
@@ -310,7 +433,8 @@ class Trainer {
     const size_t n_moe_layers = n_moe;
     StepStats s;
     const double groups = double(B) * T / double(cfg_.moe.group_size);
-    s.loss = sums[0] / std::max(1.0, sums[1]);
+    // A step whose batch holds no target token (possible with tiny sequences) has no loss: NaN.
+    s.loss = sums[1] > 0 ? sums[0] / sums[1] : std::nan("");
     s.aux = n_moe_layers == 0 ? 0 : sums[2] / groups;
     s.z = n_moe_layers == 0 ? 0 : sums[3] / (double(B) * T);
     for (size_t l = 0; l < n_moe_layers; ++l) {
@@ -325,12 +449,16 @@ class Trainer {
     ScopedPhase t(&timers_, "optimizer");
     s.grad_norm = global_grad_norm();
     s.lr = schedule_(step);
-    if (!std::isfinite(s.grad_norm) || !std::isfinite(s.loss)) {
+    if (!std::isfinite(s.grad_norm) || (sums[1] > 0 && !std::isfinite(s.loss))) {
       s.skipped = true;
       ++bad_steps_;
-      if (mesh_.rank() == 0) std::fprintf(stderr, "meshmoe: warning: step %lld: non-finite loss or gradient norm; update skipped\n", (long long)step);
-      if (bad_steps_ >= cfg_.run.max_bad_steps)
-        throw Error("stopping: " + std::to_string(bad_steps_) + " consecutive non-finite steps (run.max_bad_steps)");
+      if (mesh_.rank() == 0)
+        std::fprintf(stderr, "meshmoe: warning: step %lld: non-finite loss or gradient norm; update skipped (%lld in a row)\n",
+                     (long long)step, (long long)bad_steps_);
+      if (!step_nonfinite_.empty())
+        std::fprintf(stderr, "meshmoe: warning: step %lld: rank %d: first non-finite output: %s\n", (long long)step,
+                     mesh_.rank(), step_nonfinite_.c_str());
+      std::fflush(stderr);
       return s;
     }
     bad_steps_ = 0;
@@ -431,7 +559,7 @@ class Trainer {
     const int stage = mesh_.coord(Axis::Pipe);
     Batcher batcher(valid_, T, uint64_t(cfg_.run.seed), true);  // the same seeded sample of every language each time
     std::vector<double> sums(2 + 2 * L, 0.0);  // loss, tokens, per-language loss, per-language tokens
-    ScopedPhase t(&timers_, "eval");
+    const double start = wall_seconds();
     std::vector<float> x;
     for (int64_t b = 0; b < cfg_.eval.batches; ++b) {
       const Batch batch = batcher.next(B);
@@ -459,17 +587,18 @@ class Trainer {
     pipe.all_reduce(sums.data(), sums.size(), Op::Sum);
     data_comm_.all_reduce(sums.data(), sums.size(), Op::Sum);
     if (mesh_.rank() != 0) return;
-    const double loss = sums[0] / std::max(1.0, sums[1]);
+    const double loss = sums[1] > 0 ? sums[0] / sums[1] : std::nan("");
     std::vector<double> lang_loss(L);
     for (size_t l = 0; l < L; ++l) lang_loss[l] = sums[2 + L + l] > 0 ? sums[2 + l] / sums[2 + L + l] : std::nan("");
     std::printf("eval step %lld | valid loss %.4f over %.0f tokens\n", (long long)step, loss, sums[1]);
     std::fflush(stdout);
-    metrics_->append(step, {{"eval/loss", loss}, {"eval/tokens", sums[1]}});
+    metrics_->append(step, {{"eval/loss", loss}, {"eval/tokens", sums[1]}, {"eval/time", wall_seconds() - start}});
     metrics_->append_row("eval/lang_loss", lang_loss);
     metrics_->append_row("eval/lang_tokens", std::vector<double>(sums.begin() + 2 + long(L), sums.end()));
   }
 
   const Deck& deck_;
+  std::string version_;
   const Config& cfg_;
   Mesh& mesh_;
   Comm& data_comm_;
@@ -484,7 +613,10 @@ class Trainer {
   PhaseTimers timers_;
   double flops_per_token_ = 0, peak_ = 0;
   int64_t bad_steps_ = 0;
+  std::string step_nonfinite_;  // this rank's first non-finite layer output in the current step
   int64_t updates_ = 0;
+  int64_t start_step_ = 0;       // steps already done (from a checkpoint)
+  int64_t last_checkpoint_ = 0;  // step of the newest checkpoint written or resumed from
   std::vector<std::pair<size_t, size_t>> data_replicated_ranges_;  // (flat offset, size)
   std::vector<size_t> norm_entries_;
   size_t first_moe_layer_ = 0;  // global index of this stage's first MoE layer
@@ -492,8 +624,8 @@ class Trainer {
 
 }  // namespace
 
-int train_main(const Deck& deck, Mesh& mesh) {
-  Trainer trainer(deck, mesh);
+int train_main(const Deck& deck, Mesh& mesh, const std::string& version) {
+  Trainer trainer(deck, mesh, version);
   return trainer.run();
 }
 

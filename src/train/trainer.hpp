@@ -7,8 +7,9 @@
 
 namespace meshmoe {
 
-// Returns the process exit code (kExitOk when the run finished).
-int train_main(const Deck& deck, Mesh& mesh);
+// Returns the process exit code: kExitOk when the run finished, kExitCheckpointed when a signal or
+// run.max_walltime stopped it with a checkpoint, kExitFailure after run.max_bad_steps non-finite steps.
+int train_main(const Deck& deck, Mesh& mesh, const std::string& version);
 
 // The run directory of a deck: run.out_dir, or runs/<run.name>.
 std::string run_directory(const Config& cfg);

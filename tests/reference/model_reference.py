@@ -218,7 +218,7 @@ def moe(x, P, pre, cfg, ctx, layer, routing_out):
         gates = (probs.double() / (probs.double() * topmask).sum(-1, keepdim=True)).float()
     combine = gates.view(G, S, E, 1) * dispatch  # [G, S, E, C]
     xin = torch.einsum("gsec,gsm->egcm", dispatch, x.view(G, S, M))
-    h = activation(cfg.activation, torch.einsum("egcm,emh->egch", xin, P[pre + ".experts.w_in"]), H)
+    h = activation(cfg.activation, torch.einsum("egcm,emh->egch", xin, P[pre + ".experts.w_in"].reshape(E, M, -1)), H)
     p = cfg.expert_dropout if ctx.training else 0.0
     if p > 0:  # Switch 2.4 expert dropout, keyed by (global token, expert, hidden unit)
         tok = np.maximum(slot_token, 0).astype(np.uint64)

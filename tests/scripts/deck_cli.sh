@@ -67,10 +67,10 @@ grep -q "but the job has" "$tmp/wrong_np_fixed.err" && fail "wrong_np_fixed: wor
 # 6. deck-doc: exit 0, every section and a table header per section.
 run deck_doc 20 "$M" deck-doc
 expect_rc deck_doc 0
-for s in run mesh model moe optim data eval checkpoint; do
+for s in run mesh model moe optim data eval checkpoint debug; do
   grep -qxF "### [$s]" "$tmp/deck_doc.out" || fail "deck_doc: no section [$s]"
 done
-[ "$(grep -c '^| key | type | default | allowed | meaning |$' "$tmp/deck_doc.out")" = 8 ] || fail "deck_doc: expected 8 tables"
+[ "$(grep -c '^| key | type | default | allowed | meaning |$' "$tmp/deck_doc.out")" = 9 ] || fail "deck_doc: expected 9 tables (one per section)"
 
 echo "deck_cli: $fails failure(s)"
 [ "$fails" = 0 ]

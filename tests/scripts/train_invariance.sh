@@ -49,28 +49,50 @@ run() {  # name np overrides...
   mpirun -np "$np" $M train "$T/deck.toml" --set run.out_dir="$T/$name" "$@" >"$T/$name.log" 2>&1 || {
     cat "$T/$name.log"; echo "run $name failed"; exit 1; }
 }
+# Issue 4's matrix: four models on eight meshes (micro_batches = 2 everywhere, so pipe = 2 can run).
+declare -A model=(
+  [dense]="--set moe.every=0 --set moe.num_experts=1"
+  [switch]="--set moe.router=top1"
+  [gshard]="--set moe.router=top2 --set moe.second_expert=random"
+  [pmoe]="--set moe.expert_axis=tensor --set moe.dropless=true"
+)
+declare -A mesh=(
+  [1]="1" [d2]="2 --set mesh.data=2" [d4]="4 --set mesh.data=4" [t2]="2 --set mesh.tensor=2"
+  [d2t2]="4 --set mesh.data=2 --set mesh.tensor=2" [p2]="2 --set mesh.pipe=2"
+  [p2d2]="4 --set mesh.pipe=2 --set mesh.data=2" [p2t2]="4 --set mesh.pipe=2 --set mesh.tensor=2"
+)
+pairs=""
+for m in dense switch gshard pmoe; do
+  for k in 1 d2 d4 t2 d2t2 p2 p2d2 p2t2; do
+    # shellcheck disable=SC2086
+    run "$m-$k" ${mesh[$k]} --set optim.micro_batches=2 ${model[$m]}
+    [ "$k" = 1 ] || pairs+="$m-1:$m-$k "
+  done
+done
+# More: gradient accumulation, tied/untied, Switch 5.5 with 4 tensor ranks, NTLB, geglu with
+# Adafactor on the expert meshes.
 run ref 1
-run data2 2 --set mesh.data=2
-run data4 4 --set mesh.data=4
 run micro2 1 --set optim.micro_batches=2
 run data2-micro2 2 --set mesh.data=2 --set optim.micro_batches=2
-run tensor2 2 --set mesh.tensor=2
-run data2-tensor2 4 --set mesh.data=2 --set mesh.tensor=2
-run pipe2 2 --set mesh.pipe=2 --set optim.micro_batches=2
-run pipe2-data2 4 --set mesh.pipe=2 --set mesh.data=2 --set optim.micro_batches=2
-run pipe2-tensor2 4 --set mesh.pipe=2 --set mesh.tensor=2 --set optim.micro_batches=4
 run untied 1 --set model.tied_embeddings=false
 run untied-pipe2 2 --set model.tied_embeddings=false --set mesh.pipe=2 --set optim.micro_batches=2
-run adafactor 1 --set optim.name=adafactor
-run adafactor-data2-tensor2 4 --set optim.name=adafactor --set mesh.data=2 --set mesh.tensor=2
-for r in ref data2 data4 micro2 data2-micro2 tensor2 data2-tensor2 pipe2 pipe2-data2 pipe2-tensor2; do [ -s "$T/$r/deck.toml" ] || { echo "no deck.toml in $r"; exit 1; }; done
+run ref-h4 1 --set model.num_heads=4
+run switch55-t4 4 --set mesh.tensor=4 --set model.num_heads=4
+run ntlb 1 --set moe.no_token_left_behind=true
+run ntlb-d2t2 4 --set moe.no_token_left_behind=true --set mesh.data=2 --set mesh.tensor=2
+run geglu-adafactor 1 --set model.activation=geglu --set optim.name=adafactor
+run geglu-adafactor-d2t2 4 --set model.activation=geglu --set optim.name=adafactor --set mesh.data=2 --set mesh.tensor=2
+run geglu-adafactor-pmoe-t2 2 --set model.activation=geglu --set optim.name=adafactor --set moe.expert_axis=tensor --set mesh.tensor=2
+pairs+="ref:micro2 ref:data2-micro2 untied:untied-pipe2 ref-h4:switch55-t4 ntlb:ntlb-d2t2 "
+pairs+="geglu-adafactor:geglu-adafactor-d2t2 "
+export PAIRS=$pairs
+for r in ref gshard-d2 pmoe-p2t2; do [ -s "$T/$r/deck.toml" ] || { echo "no deck.toml in $r"; exit 1; }; done
 $PYTHON - "$T" <<'PY'
 import sys, h5py, numpy as np
+import os
 T = sys.argv[1]
 bad = 0
-pairs = [("ref", r) for r in ["data2", "data4", "micro2", "data2-micro2", "tensor2", "data2-tensor2",
-                               "pipe2", "pipe2-data2", "pipe2-tensor2"]]
-pairs += [("untied", "untied-pipe2"), ("adafactor", "adafactor-data2-tensor2")]
+pairs = [tuple(p.split(":")) for p in os.environ["PAIRS"].split()]
 for ref_name, run in pairs:
     ref = h5py.File(f"{T}/{ref_name}/metrics.h5", "r")
     f = h5py.File(f"{T}/{run}/metrics.h5", "r")
@@ -81,12 +103,15 @@ for ref_name, run in pairs:
         rel = np.max(np.abs(a[ok] - b[ok]) / np.maximum(np.abs(a[ok]), 1e-30))
         status = "ok" if rel <= 1e-5 and np.array_equal(np.isfinite(a), np.isfinite(b)) else "MISMATCH"
         bad += status != "ok"
-        print(f"{run:14s} {key:10s} max rel diff {rel:.2e} (tolerance 1e-5) {status}")
-    for layer in ref["moe"]:
+        print(f"{run:24s} {key:10s} max rel diff {rel:.2e} (tolerance 1e-5) {status}")
+    if ("moe" in ref) != ("moe" in f):
+        bad += 1
+        print(f"{run}: MoE layers differ from {ref_name}")
+    for layer in (ref["moe"] if "moe" in ref else []):
         a, b = ref[f"moe/{layer}/expert_load"][()], f[f"moe/{layer}/expert_load"][()]
         status = "ok" if np.array_equal(a, b) else "MISMATCH"
         bad += status != "ok"
-        print(f"{run:14s} moe/{layer}/expert_load exact {status}")
+        print(f"{run:24s} moe/{layer}/expert_load exact {status}")
 ref = h5py.File(f"{T}/ref/metrics.h5", "r")
 assert ref["loss"].shape[0] == 4 and np.all(np.isfinite(ref["loss"][()])), "ref run incomplete"
 sys.exit(1 if bad else 0)

@@ -7,19 +7,9 @@
 
 namespace meshmoe {
 
-namespace {
-// Row of the EGCM buffer for choice c of token n.
 template <typename T>
-inline size_t buffer_row(const Routing<T>& r, int n, size_t c) {
-  return (size_t(r.expert[c]) * r.G + size_t(n / r.S)) * r.C + size_t(r.slot[c]);
-}
-}  // namespace
-
-template <typename T>
-void IndexDispatcher<T>::plan(const Routing<T>& r, uint64_t token_offset) {
-  const size_t rows = size_t(r.E) * r.G * r.C;
-  slot_token_.assign(rows, -1);
-  slot_global_.assign(rows, -1);
+void IndexDispatcher<T>::plan(const Routing<T>& r, uint64_t token_offset, DispatchLayout layout) {
+  const int e0 = layout.e0, El = layout.count < 0 ? r.E - e0 : layout.count, G = r.G, C = r.C;
   for (int n = 0; n < r.N; ++n)
     for (int i = 0; i < r.k; ++i) {
       const size_t c = size_t(n) * r.k + i;
@@ -28,13 +18,42 @@ void IndexDispatcher<T>::plan(const Routing<T>& r, uint64_t token_offset) {
         throw Error("MoE routing: choice " + std::to_string(c) + " has expert " + std::to_string(r.expert[c]) +
                     " slot " + std::to_string(r.slot[c]) + " outside E = " + std::to_string(r.E) +
                     ", C = " + std::to_string(r.C));
-      const size_t row = buffer_row(r, n, c);
+    }
+  // start [El*G]: first row of (expert e0 + el, group g); fill [El*G]: its rows.
+  std::vector<int64_t> start(size_t(El) * G), fill(size_t(El) * G, layout.compact ? 0 : C);
+  if (layout.compact)
+    for (int n = 0; n < r.N; ++n)
+      for (int i = 0; i < r.k; ++i) {
+        const size_t c = size_t(n) * r.k + i;
+        const int el = r.expert[c] - e0;
+        if (r.expert[c] < 0 || el < 0 || el >= El) continue;
+        int64_t& f = fill[size_t(el) * G + n / r.S];
+        f = std::max<int64_t>(f, r.slot[c] + 1);
+      }
+  expert_rows_.assign(size_t(El), 0);
+  int64_t total = 0;
+  for (int el = 0; el < El; ++el)
+    for (int g = 0; g < G; ++g) {
+      start[size_t(el) * G + g] = total;
+      total += fill[size_t(el) * G + g];
+      expert_rows_[el] += int(fill[size_t(el) * G + g]);
+    }
+  slot_token_.assign(size_t(total), -1);
+  slot_global_.assign(size_t(total), -1);
+  choice_row_.assign(size_t(r.N) * r.k, -1);
+  for (int n = 0; n < r.N; ++n)
+    for (int i = 0; i < r.k; ++i) {
+      const size_t c = size_t(n) * r.k + i;
+      const int el = r.expert[c] - e0;
+      if (r.expert[c] < 0 || el < 0 || el >= El) continue;
+      const int64_t row = start[size_t(el) * G + n / r.S] + r.slot[c];
+      choice_row_[c] = row;
       slot_token_[row] = n;
       slot_global_[row] = int64_t(token_offset + uint64_t(n));
     }
 }
 
-// x [N, M] -> buf [E, G, C, M]
+// x [N, M] -> buf [rows, M]
 template <typename T>
 void IndexDispatcher<T>::dispatch(const Routing<T>& r, const T* x, T* buf, int M) const {
   for (size_t row = 0; row < slot_token_.size(); ++row) {
@@ -45,7 +64,7 @@ void IndexDispatcher<T>::dispatch(const Routing<T>& r, const T* x, T* buf, int M
   }
 }
 
-// dbuf [E, G, C, M] -> dx [N, M] (added)
+// dbuf [rows, M] -> dx [N, M] (added)
 template <typename T>
 void IndexDispatcher<T>::dispatch_backward(const Routing<T>& r, const T* dbuf, T* dx, int M) const {
   for (size_t row = 0; row < slot_token_.size(); ++row) {
@@ -57,22 +76,22 @@ void IndexDispatcher<T>::dispatch_backward(const Routing<T>& r, const T* dbuf, T
   }
 }
 
-// out [E, G, C, M] -> y [N, M]
+// out [rows, M] -> y [N, M]
 template <typename T>
 void IndexDispatcher<T>::combine(const Routing<T>& r, const T* out, T* y, int M) const {
   std::fill(y, y + size_t(r.N) * M, T(0));
   for (int n = 0; n < r.N; ++n)
     for (int i = 0; i < r.k; ++i) {
       const size_t c = size_t(n) * r.k + i;
-      if (r.expert[c] < 0) continue;
+      if (choice_row_[c] < 0) continue;
       const T g = r.gate[c];
-      const T* src = out + buffer_row(r, n, c) * M;
+      const T* src = out + size_t(choice_row_[c]) * M;
       T* d = y + size_t(n) * M;
       for (int m = 0; m < M; ++m) d[m] += g * src[m];
     }
 }
 
-// dy [N, M], out [E, G, C, M] -> dout [E, G, C, M], dgate [N*k]
+// dy [N, M], out [rows, M] -> dout [rows, M], dgate [N*k]
 template <typename T>
 void IndexDispatcher<T>::combine_backward(const Routing<T>& r, const T* dy, const T* out, T* dout, T* dgate,
                                           int M) const {
@@ -81,8 +100,8 @@ void IndexDispatcher<T>::combine_backward(const Routing<T>& r, const T* dy, cons
     for (int i = 0; i < r.k; ++i) {
       const size_t c = size_t(n) * r.k + i;
       dgate[c] = T(0);
-      if (r.expert[c] < 0) continue;
-      const size_t row = buffer_row(r, n, c);
+      if (choice_row_[c] < 0) continue;
+      const size_t row = size_t(choice_row_[c]);
       const T* o = out + row * M;
       const T* d = dy + size_t(n) * M;
       T* dst = dout + row * M;

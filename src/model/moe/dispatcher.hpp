@@ -1,10 +1,17 @@
-// Local permutation between token order [N, M] and the expert buffers [E, G, C, M], driven by the
-// router's (expert, slot, gate) triples (Tutel / Megatron style index form: the fast path).
+// Local permutation between token order [N, M] and the expert buffers, driven by the router's
+// (expert, slot, gate) triples (Tutel / Megatron style index form: the fast path).
 //
-// The buffer is GShard's EGCM order (Algorithm 2 line 3): expert-major, so that splitting it over the
-// expert dimension for an all-to-all is a contiguous split. This class never communicates: a
-// dispatcher that moves the buffers between ranks (all-to-all over the expert axis, or index-select +
-// all-reduce) goes between dispatch() and the experts, and between the experts and combine().
+// Two buffer layouts, both expert-major (GShard's EGCM order, Algorithm 2 line 3), so that splitting
+// a buffer over the expert dimension for an all-to-all is a contiguous split:
+//   full     [E, G, C, M]: G*C rows per expert, zeros in unused slots (capacity routing);
+//   compact  only the filled slots, still in (expert, group, slot) order: rows[e] rows per expert
+//            (dropless routing, where C = S would make the full buffer huge, and Pipeline-MoE's
+//            index selection). Slots of an (expert, group) are filled from 0 up (router.cpp), so
+//            a compact row is start(e, g) + slot.
+// A layout may also hold only the experts [e0, e0 + count) (expert_axis = tensor: this rank's
+// experts); choices of other experts have no row. This class never communicates: a dispatcher that
+// moves the buffers between ranks goes between dispatch() and the experts, and between the experts
+// and combine().
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -13,32 +20,44 @@
 
 namespace meshmoe {
 
+struct DispatchLayout {
+  bool compact = false;
+  int e0 = 0, count = -1;  // experts held; count < 0: all from e0
+};
+
 template <typename T>
 class IndexDispatcher {
  public:
-  // Builds the slot -> token maps of routing r. token_offset: global index of local token 0.
-  void plan(const Routing<T>& r, uint64_t token_offset);
+  // Builds the row <-> choice maps of routing r. token_offset: global index of local token 0.
+  void plan(const Routing<T>& r, uint64_t token_offset, DispatchLayout layout = {});
 
-  // x [N, M] -> buf [E, G, C, M] (overwritten; zeros in unused slots)
+  // x [N, M] -> buf [rows, M] (overwritten; zeros in unused slots)
   void dispatch(const Routing<T>& r, const T* x, T* buf, int M) const;
-  // dbuf [E, G, C, M] -> dx [N, M] (added)
+  // dbuf [rows, M] -> dx [N, M] (added)
   void dispatch_backward(const Routing<T>& r, const T* dbuf, T* dx, int M) const;
 
-  // out [E, G, C, M] -> y [N, M] (overwritten): y[n] = sum over n's dispatched choices of
-  // gate * out[e, g, slot] (GShard Algorithm 2 line 8 in index form)
+  // out [rows, M] -> y [N, M] (overwritten): y[n] = sum over n's choices that have a row of
+  // gate * out[row] (GShard Algorithm 2 line 8 in index form)
   void combine(const Routing<T>& r, const T* out, T* y, int M) const;
-  // dy [N, M], out [E, G, C, M] -> dout [E, G, C, M] (overwritten), dgate [N*k] (overwritten;
-  // dgate = <dy[n], out[e, g, slot]>, 0 where not dispatched)
+  // dy [N, M], out [rows, M] -> dout [rows, M] (overwritten), dgate [N*k] (overwritten;
+  // dgate = <dy[n], out[row]>, 0 for a choice without a row)
   void combine_backward(const Routing<T>& r, const T* dy, const T* out, T* dout, T* dgate, int M) const;
 
-  // [E*G*C] global token index in each slot, -1 for an empty slot (keys the expert dropout).
+  size_t rows() const { return slot_token_.size(); }
+  // [experts held] rows of each expert, in buffer order.
+  const std::vector<int>& expert_rows() const { return expert_rows_; }
+  // [rows] global token index in each row, -1 for an empty slot (keys the expert dropout).
   const std::vector<int64_t>& slot_token_global() const { return slot_global_; }
-  // [E*G*C] local token index in each slot, -1 for an empty slot.
+  // [rows] local token index in each row, -1 for an empty slot.
   const std::vector<int>& slot_token() const { return slot_token_; }
+  // [N*k] row of each choice, -1 when not dispatched or held elsewhere.
+  const std::vector<int64_t>& choice_row() const { return choice_row_; }
 
  private:
   std::vector<int> slot_token_;
   std::vector<int64_t> slot_global_;
+  std::vector<int64_t> choice_row_;
+  std::vector<int> expert_rows_;
 };
 
 }  // namespace meshmoe

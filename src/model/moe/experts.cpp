@@ -1,5 +1,7 @@
 #include "model/moe/experts.hpp"
 
+#include <stdexcept>
+
 #include "core/philox.hpp"
 #include "model/activation.hpp"
 #include "tensor/blas.hpp"
@@ -7,66 +9,119 @@
 namespace meshmoe {
 
 template <typename T>
-void Experts<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  const int64_t E = opt_.num_experts, El = e_local_, M = opt_.d_model, H = opt_.d_ff;
-  const int64_t Hin = activation_in_width(opt_.activation, opt_.d_ff);
-  store.add_block(prefix + ".w_in", {E, M, Hin}, {El, M, Hin}, {e0_, 0, 0}, InitKind::TruncNormal, double(M), &w_in);
-  store.add_block(prefix + ".w_out", {E, H, M}, {El, H, M}, {e0_, 0, 0}, InitKind::TruncNormal, double(H), &w_out);
+Experts<T>::Experts(const MoeOptions& opt, int e0, int e_local, int h0, int h_local, Comm* tensor)
+    : opt_(opt), e0_(e0), e_local_(e_local < 0 ? opt.num_experts : e_local), h0_(h0),
+      LH_(h_local < 0 ? opt.d_ff : h_local), tensor_(tensor) {
+  if (e0_ < 0 || e0_ + e_local_ > opt.num_experts || h0_ < 0 || LH_ < 1 || h0_ + LH_ > opt.d_ff)
+    throw std::logic_error("Experts: expert or hidden block out of range");
+  if (hidden_split() && !tensor_) throw std::logic_error("Experts: hidden units split without a tensor Comm");
+  W_ = activation_in_width(opt.activation, LH_);
 }
 
-// x [E_local, R, M] -> pre [E_local, R, H'] -> h [E_local, R, H] -> y [E_local, R, M]
+template <typename T>
+void Experts<T>::declare(ParamStore<T>& store, const std::string& prefix, uint8_t sharded_over) {
+  const int64_t E = opt_.num_experts, El = e_local_, M = opt_.d_model, H = opt_.d_ff, LH = LH_, h0 = h0_;
+  ParamInfo* p = nullptr;
+  if (opt_.activation == Activation::Geglu)
+    p = &store.add_block(prefix + ".w_in", {E, M, 2, H}, {El, M, 2, LH}, {e0_, 0, 0, h0}, InitKind::TruncNormal,
+                         double(M), &w_in);
+  else
+    p = &store.add_block(prefix + ".w_in", {E, M, H}, {El, M, LH}, {e0_, 0, h0}, InitKind::TruncNormal, double(M),
+                         &w_in);
+  p->sharded_over |= sharded_over;
+  p = &store.add_block(prefix + ".w_out", {E, H, M}, {El, LH, M}, {e0_, h0, 0}, InitKind::TruncNormal, double(H),
+                       &w_out);
+  p->sharded_over |= sharded_over;
+}
+
 template <typename T>
 void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, int R, const int64_t* row_token) {
-  const int M = opt_.d_model, H = opt_.d_ff, Hin = activation_in_width(opt_.activation, H);
-  const size_t rows = size_t(e_local_) * R;
-  x_.assign(x, x + rows * M);
-  pre_.resize(rows * Hin);
-  h_.resize(rows * H);
+  const std::vector<int> rows(size_t(e_local_), R);
+  forward(ctx, x, y, rows, row_token);
+}
+
+// x [rows, M] -> pre [rows, W] -> h [rows, LH] -> y [rows, M] (all-reduced over tensor when split)
+template <typename T>
+void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, std::span<const int> rows,
+                         const int64_t* row_token) {
+  const int M = opt_.d_model, H = opt_.d_ff, LH = LH_, W = W_;
+  if (rows.size() != size_t(e_local_)) throw std::logic_error("Experts::forward: one row count per local expert");
+  start_.assign(size_t(e_local_) + 1, 0);
+  for (int el = 0; el < e_local_; ++el) start_[el + 1] = start_[el] + size_t(rows[el]);
+  const size_t total = start_.back();
+  x_.assign(x, x + total * M);
+  pre_.resize(total * W);
+  h_.resize(total * LH);
   const double p = ctx.training ? opt_.expert_dropout : 0.0;
-  if (p > 0) mask_.resize(rows * H);
+  if (p > 0) mask_.resize(total * LH);
   else mask_.clear();
   const Rng rng{ctx.seed, ctx.step, opt_.layer_id, RngPurpose::ExpertDropout};
   const T scale = T(1.0 / (1.0 - p));
   for (int el = 0; el < e_local_; ++el) {
-    const size_t r0 = size_t(el) * R;
-    matmul(false, false, R, Hin, M, &x_[r0 * M], w_in.w + size_t(el) * M * Hin, &pre_[r0 * Hin]);
-    activation_forward(opt_.activation, &pre_[r0 * Hin], &h_[r0 * H], R, H);
+    const size_t r0 = start_[el];
+    const int R = rows[el];
+    if (R == 0) continue;
+    matmul(false, false, R, W, M, &x_[r0 * M], w_in.w + size_t(el) * M * W, &pre_[r0 * W]);
+    activation_forward(opt_.activation, &pre_[r0 * W], &h_[r0 * LH], R, LH);
     if (p > 0) {
-      // Keyed by (global token, global expert, hidden unit): a token in two experts draws twice.
+      // Keyed by (global token, global expert, global hidden unit): a token in two experts draws
+      // twice, and splitting the hidden units over tensor (Switch 5.5) draws the same numbers.
       const uint64_t e = uint64_t(e0_ + el);
       for (int row = 0; row < R; ++row) {
-        T* m = &mask_[(r0 + row) * H];
-        T* h = &h_[(r0 + row) * H];
+        T* m = &mask_[(r0 + row) * LH];
+        T* h = &h_[(r0 + row) * LH];
         const int64_t tok = row_token[r0 + row];
-        for (int j = 0; j < H; ++j) {
-          const uint64_t index = (uint64_t(tok < 0 ? 0 : tok) * uint64_t(opt_.num_experts) + e) * uint64_t(H) + j;
+        for (int j = 0; j < LH; ++j) {
+          const uint64_t index =
+              (uint64_t(tok < 0 ? 0 : tok) * uint64_t(opt_.num_experts) + e) * uint64_t(H) + uint64_t(h0_ + j);
           m[j] = tok >= 0 && rng.uniform_double(index) < p ? T(0) : scale;
           h[j] *= m[j];
         }
       }
     }
-    matmul(false, false, R, M, H, &h_[r0 * H], w_out.w + size_t(el) * H * M, y + r0 * M);
+    matmul(false, false, R, M, LH, &h_[r0 * LH], w_out.w + size_t(el) * LH * M, y + r0 * M);
+  }
+  if (hidden_split() && total > 0) {
+    ScopedPhase t(ctx.timers, "moe_allreduce");
+    tensor_->all_reduce(y, total * M, Op::Sum);
   }
 }
 
-// dy [E_local, R, M] -> dh [R, H] -> dpre [R, H'] -> dx [E_local, R, M] (added)
+// dy [rows, M] -> dh [R, LH] -> dpre [R, W] -> dx [rows, M] (added; all-reduced over tensor when split)
 template <typename T>
-void Experts<T>::backward(const StepContext& ctx, const T* dy, T* dx, int R) {
-  const int M = opt_.d_model, H = opt_.d_ff, Hin = activation_in_width(opt_.activation, H);
-  std::vector<T> dh(size_t(R) * H), dpre(size_t(R) * Hin);
+void Experts<T>::backward(const StepContext& ctx, const T* dy, T* dx) {
+  const int M = opt_.d_model, LH = LH_, W = W_;
+  const size_t total = start_.back();
+  T* dxo = dx;  // where dpre W_in^T goes
+  if (hidden_split()) {
+    dxs_.assign(total * M, T(0));
+    dxo = dxs_.data();
+  }
+  std::vector<T> dh, dpre;
   for (int el = 0; el < e_local_; ++el) {
-    const size_t r0 = size_t(el) * R;
-    const T* win = w_in.w + size_t(el) * M * Hin;
-    const T* wout = w_out.w + size_t(el) * H * M;
+    const size_t r0 = start_[el];
+    const int R = int(start_[el + 1] - r0);
+    if (R == 0) continue;
+    dh.resize(size_t(R) * LH);
+    dpre.resize(size_t(R) * W);
+    const T* win = w_in.w + size_t(el) * M * W;
+    const T* wout = w_out.w + size_t(el) * LH * M;
     // y = h W_out: dW_out += h^T dy, dh = dy W_out^T
-    matmul(true, false, H, M, R, &h_[r0 * H], dy + r0 * M, w_out.g + size_t(el) * H * M, true);
-    matmul(false, true, R, H, M, dy + r0 * M, wout, dh.data());
+    matmul(true, false, LH, M, R, &h_[r0 * LH], dy + r0 * M, w_out.g + size_t(el) * LH * M, true);
+    matmul(false, true, R, LH, M, dy + r0 * M, wout, dh.data());
     if (!mask_.empty())
-      for (size_t i = 0; i < dh.size(); ++i) dh[i] *= mask_[r0 * H + i];
-    activation_backward(opt_.activation, &pre_[r0 * Hin], dh.data(), dpre.data(), R, H);
+      for (size_t i = 0; i < dh.size(); ++i) dh[i] *= mask_[r0 * LH + i];
+    activation_backward(opt_.activation, &pre_[r0 * W], dh.data(), dpre.data(), R, LH);
     // pre = x W_in: dW_in += x^T dpre, dx += dpre W_in^T
-    matmul(true, false, M, Hin, R, &x_[r0 * M], dpre.data(), w_in.g + size_t(el) * M * Hin, true);
-    matmul(false, true, R, M, Hin, dpre.data(), win, dx + r0 * M, true);
+    matmul(true, false, M, W, R, &x_[r0 * M], dpre.data(), w_in.g + size_t(el) * M * W, true);
+    matmul(false, true, R, M, W, dpre.data(), win, dxo + r0 * M, true);
+  }
+  if (hidden_split()) {
+    if (total > 0) {
+      ScopedPhase t(ctx.timers, "moe_allreduce");
+      tensor_->all_reduce(dxs_.data(), total * M, Op::Sum);
+    }
+    for (size_t i = 0; i < total * M; ++i) dx[i] += dxs_[i];
   }
 }
 

@@ -1,15 +1,22 @@
 // The experts of one MoE layer: E_local position-wise feed-forward networks without biases,
 // FFN_e(x) = act(x W_in[e]) W_out[e] (GShard Algorithm 2 lines 4-6), run as one GEMM per expert over
-// its G*C buffer rows. Expert dropout (Switch section 2.4) on the hidden layer.
+// its buffer rows. Expert dropout (Switch section 2.4) on the hidden layer.
 //
-// Holds experts [e0, e0 + E_local) of the layer's E; the weights are registered as that block of
-// the logical [E, M, H'] and [E, H, M] tensors (ParamStore::add_block), so a sharded layer
-// initialises and checkpoints exactly as the unsharded one.
+// Holds experts [e0, e0 + E_local) of the layer's E and hidden units [h0, h0 + H_local) of each
+// (Switch section 5.5 expert + model parallelism: H split over the tensor axis, like the dense MLP);
+// the weights are registered as that block of the logical tensors (ParamStore::add_block), so a
+// sharded layer initialises and checkpoints exactly as the unsharded one:
+//   w_in  [E, M, H] (relu, gelu) or [E, M, 2, H] (geglu: the same bytes as [E, M, 2H], see mlp.hpp),
+//   w_out [E, H, M].
+// With the hidden units split, the output and the input gradient are partial sums over the tensor
+// ranks: one all-reduce each over `tensor` (Switch Figure 6 / Megatron's f and g).
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "mesh/comm.hpp"
 #include "model/context.hpp"
 #include "model/moe/moe_options.hpp"
 #include "model/params.hpp"
@@ -19,31 +26,41 @@ namespace meshmoe {
 template <typename T>
 class Experts {
  public:
-  // e_local < 0 means all experts.
-  explicit Experts(const MoeOptions& opt, int e0 = 0, int e_local = -1)
-      : opt_(opt), e0_(e0), e_local_(e_local < 0 ? opt.num_experts : e_local) {}
+  // e_local < 0: all experts; h_local < 0: all hidden units. tensor: sums the partial outputs when
+  // h_local < H (required then).
+  explicit Experts(const MoeOptions& opt, int e0 = 0, int e_local = -1, int h0 = 0, int h_local = -1,
+                   Comm* tensor = nullptr);
 
-  // prefix.w_in [E, M, H'] (H' = 2H for geglu, fan_in M), prefix.w_out [E, H, M] (fan_in H).
-  void declare(ParamStore<T>& store, const std::string& prefix);
+  // prefix.w_in (fan_in M), prefix.w_out (fan_in H); sharded_over: ShardAxes bits of both.
+  void declare(ParamStore<T>& store, const std::string& prefix, uint8_t sharded_over = kShardNone);
 
-  // x [E_local, R, M] -> y [E_local, R, M] (overwritten), R rows per expert (= G*C).
-  // row_token [E_local * R]: global index of the token in each row, -1 for an empty row (keys the
+  // x [rows, M] -> y [rows, M] (overwritten), the rows of local expert el being the rows[el] rows
+  // after those of experts < el (rows.size() == E_local).
+  // row_token [sum rows]: global index of the token in each row, -1 for an empty row (keys the
   // expert dropout, so sharding cannot change it).
+  void forward(const StepContext& ctx, const T* x, T* y, std::span<const int> rows, const int64_t* row_token);
+  // The same with R rows for every expert (x [E_local, R, M]).
   void forward(const StepContext& ctx, const T* x, T* y, int R, const int64_t* row_token);
-  // dy [E_local, R, M] -> dx [E_local, R, M] (added), w_in.g, w_out.g (added)
-  void backward(const StepContext& ctx, const T* dy, T* dx, int R);
+  // dy [rows, M] -> dx [rows, M] (added), w_in.g, w_out.g (added); the row layout of the last forward.
+  void backward(const StepContext& ctx, const T* dy, T* dx);
 
   int e0() const { return e0_; }
   int e_local() const { return e_local_; }
+  int h0() const { return h0_; }
+  int h_local() const { return LH_; }
+  bool hidden_split() const { return LH_ != opt_.d_ff; }
   ParamView<T> w_in, w_out;
 
  private:
   MoeOptions opt_;
-  int e0_, e_local_;
-  std::vector<T> x_;     // [E_local, R, M] input
-  std::vector<T> pre_;   // [E_local, R, H'] pre-activation
-  std::vector<T> h_;     // [E_local, R, H] activation after dropout
-  std::vector<T> mask_;  // [E_local, R, H] dropout scale: 0 or 1/(1-p) (empty without dropout)
+  int e0_, e_local_, h0_, LH_, W_;  // W_ = local input-projection width (LH or 2 LH)
+  Comm* tensor_;
+  std::vector<size_t> start_;  // [E_local + 1] first row of each local expert
+  std::vector<T> x_;     // [rows, M] input
+  std::vector<T> pre_;   // [rows, W] pre-activation
+  std::vector<T> h_;     // [rows, LH] activation after dropout
+  std::vector<T> mask_;  // [rows, LH] dropout scale: 0 or 1/(1-p) (empty without dropout)
+  std::vector<T> dxs_;   // [rows, M] partial input gradient (hidden split only)
 };
 
 }  // namespace meshmoe

@@ -4,15 +4,37 @@
 
 namespace meshmoe {
 
+namespace {
+// Experts of this rank: [e0, e0 + E_local) and hidden units [h0, h0 + H_local).
 template <typename T>
-MoeLayer<T>::MoeLayer(const MoeOptions& opt) : router(opt), experts(opt), opt_(opt) {
+Experts<T> make_experts(const MoeOptions& opt, const MoePlacement& p) {
+  p.validate(opt.num_experts, opt.d_ff);
+  return Experts<T>(opt, p.expert_offset(opt.num_experts), p.experts_local(opt.num_experts), p.hidden_offset(opt.d_ff),
+                    p.hidden_local(opt.d_ff), p.hidden_split() ? p.tensor : nullptr);
+}
+}  // namespace
+
+template <typename T>
+MoeLayer<T>::MoeLayer(const MoeOptions& opt, const MoePlacement& placement)
+    : router(opt), experts(make_experts<T>(opt, placement)), opt_(opt), place_(placement) {
   opt_.validate();
+  if (place_.expert_parallel_data())
+    a2a = std::make_unique<AllToAllDispatcher<T>>(place_.data, place_.data_size, place_.data_rank, opt.num_experts,
+                                                  opt.d_model);
+  if (place_.expert_parallel_tensor())
+    isel = std::make_unique<IndexSelectDispatcher<T>>(place_.tensor, place_.tensor_size, place_.tensor_rank,
+                                                      opt.num_experts);
 }
 
 template <typename T>
 void MoeLayer<T>::declare(ParamStore<T>& store, const std::string& prefix) {
   router.declare(store, prefix + ".router");
-  experts.declare(store, prefix + ".experts");
+  // Experts split over data are not summed over data by the trainer; split over tensor (either
+  // whole experts or their hidden units) they are not assumed identical over tensor.
+  uint8_t shard = kShardNone;
+  if (place_.expert_parallel_data()) shard |= kShardData;
+  if (place_.hidden_split() || place_.expert_parallel_tensor()) shard |= kShardTensor;
+  experts.declare(store, prefix + ".experts", shard);
 }
 
 template <typename T>
@@ -28,44 +50,104 @@ void MoeLayer<T>::route(const StepContext& ctx, const T* x, int N) {
   stats_.declined = r.declined;
 }
 
+// x [N, M] -> buf [rows, M] (local, expert-major) -> xin [rows', M] (all-to-all path)
 template <typename T>
-void MoeLayer<T>::dispatch(const T* x) {
+void MoeLayer<T>::dispatch(const StepContext& ctx, const T* x) {
   const Routing<T>& r = router.routing();
-  rows_ = r.G * r.C;
-  buf_.resize(size_t(r.E) * rows_ * opt_.d_model);
-  dispatcher.dispatch(r, x, buf_.data(), opt_.d_model);
+  const int M = opt_.d_model;
+  // Dropless: only the filled slots (C = S would make the full buffer E*S rows per group).
+  DispatchLayout layout{opt_.dropless};
+  if (isel) layout = isel->layout();
+  dispatcher.plan(r, ctx.token_offset, layout);
+  buf_.resize(dispatcher.rows() * M);
+  dispatcher.dispatch(r, x, buf_.data(), M);
+  if (a2a) {
+    a2a->plan(ctx, dispatcher.expert_rows(), dispatcher.slot_token_global().data(), !layout.compact);
+    xin_.resize(a2a->expert_rows_total() * M);
+    a2a->to_experts(ctx, buf_.data(), xin_.data());
+  }
 }
 
 template <typename T>
 void MoeLayer<T>::run_experts(const StepContext& ctx) {
-  out_.resize(buf_.size());
-  experts.forward(ctx, buf_.data(), out_.data(), rows_, dispatcher.slot_token_global().data());
+  if (a2a) {
+    xout_.resize(xin_.size());
+    experts.forward(ctx, xin_.data(), xout_.data(), a2a->expert_rows(), a2a->expert_row_token().data());
+  } else {
+    out_.resize(buf_.size());
+    experts.forward(ctx, buf_.data(), out_.data(), dispatcher.expert_rows(), dispatcher.slot_token_global().data());
+  }
 }
 
+// xout [rows', M] -> out [rows, M] (all-to-all path) -> y [N, M] (-> all-reduce, index-select path)
 template <typename T>
-void MoeLayer<T>::combine(T* y) {
-  dispatcher.combine(router.routing(), out_.data(), y, opt_.d_model);
+void MoeLayer<T>::combine(const StepContext& ctx, T* y) {
+  const int M = opt_.d_model;
+  if (a2a) {
+    out_.resize(buf_.size());
+    a2a->from_experts(ctx, xout_.data(), out_.data());
+  }
+  dispatcher.combine(router.routing(), out_.data(), y, M);
+  if (isel) isel->reduce_output(ctx, y, size_t(router.routing().N) * M);
 }
 
-// x [N, M] -> triples -> buf [E, G, C, M] -> out [E, G, C, M] -> y [N, M]
 template <typename T>
 void MoeLayer<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
-  route(ctx, x, N);
-  dispatcher.plan(router.routing(), ctx.token_offset);
-  dispatch(x);
-  run_experts(ctx);
-  combine(y);
+  {
+    ScopedPhase t(ctx.timers, "gate");
+    route(ctx, x, N);
+  }
+  {
+    ScopedPhase t(ctx.timers, "dispatch");
+    dispatch(ctx, x);
+  }
+  {
+    ScopedPhase t(ctx.timers, "expert");
+    run_experts(ctx);
+  }
+  ScopedPhase t(ctx.timers, "combine");
+  combine(ctx, y);
 }
 
-// dy [N, M] -> dout, dgate -> dbuf [E, G, C, M] -> dx [N, M] (dispatch path + router path)
+// dy [N, M] -> dout [rows, M], dgate [N*k] -> (all-to-all) -> experts -> (all-to-all) -> dbuf [rows, M]
+// -> dx [N, M] (dispatch path; summed over tensor with dgate on the index-select path) -> router
 template <typename T>
 void MoeLayer<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N, double aux_weight, double z_weight) {
   const Routing<T>& r = router.routing();
   const int M = opt_.d_model;
-  std::vector<T> dout(out_.size()), dbuf(buf_.size(), T(0)), dgate(size_t(N) * r.k);
-  dispatcher.combine_backward(r, dy, out_.data(), dout.data(), dgate.data(), M);
-  experts.backward(ctx, dout.data(), dbuf.data(), rows_);
-  dispatcher.dispatch_backward(r, dbuf.data(), dx, M);
+  const size_t NM = size_t(N) * M;
+  std::vector<T> dout(out_.size()), dgate(size_t(N) * r.k), dexp;
+  {
+    ScopedPhase t(ctx.timers, "combine");
+    dispatcher.combine_backward(r, dy, out_.data(), dout.data(), dgate.data(), M);
+    if (a2a) {
+      dexp.resize(xout_.size());
+      a2a->to_experts(ctx, dout.data(), dexp.data());
+    }
+  }
+  std::vector<T> dxe(a2a ? xin_.size() : buf_.size(), T(0));
+  {
+    ScopedPhase t(ctx.timers, "expert");
+    experts.backward(ctx, a2a ? dexp.data() : dout.data(), dxe.data());
+  }
+  {
+    ScopedPhase t(ctx.timers, "dispatch");
+    std::vector<T> dbuf;
+    if (a2a) {
+      dbuf.resize(buf_.size());
+      a2a->from_experts(ctx, dxe.data(), dbuf.data());
+    }
+    const T* db = a2a ? dbuf.data() : dxe.data();
+    if (isel) {
+      std::vector<T> dxp(NM, T(0));
+      dispatcher.dispatch_backward(r, db, dxp.data(), M);
+      isel->reduce_grads(ctx, dxp.data(), NM, dgate.data(), dgate.size());
+      for (size_t i = 0; i < NM; ++i) dx[i] += dxp[i];
+    } else {
+      dispatcher.dispatch_backward(r, db, dx, M);
+    }
+  }
+  ScopedPhase t(ctx.timers, "gate");
   router.backward(ctx, dgate.data(), dx, N, aux_weight, z_weight);
 }
 

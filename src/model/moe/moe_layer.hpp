@@ -1,23 +1,37 @@
 // The MoE feed-forward layer as a fixed pipeline of named stages (Megatron-LM style):
 //   route -> dispatch -> experts -> combine
 // y = sum over a token's dispatched choices of gate * FFN_e(x) (GShard eq. in section 2.2; no residual:
-// the block adds it). Single-rank form: all E experts are local and the dispatcher is the local index
-// permutation; the sharded dispatchers insert their communication between the stages.
+// the block adds it). The placement (moe_placement.hpp) decides where the experts live and which
+// communication the stages carry:
+//   single rank            dispatch/combine are the local index permutation (IndexDispatcher);
+//   expert_axis = data     + two all-to-alls over data (AllToAllDispatcher), and with tensor > 1
+//                          an all-reduce over tensor inside each expert (Switch 5.5);
+//   expert_axis = tensor   index selection of this rank's experts + all-reduce over tensor of the
+//                          combined output (IndexSelectDispatcher, Pipeline-MoE).
+// Each stage is timed as a phase ("gate", "dispatch", "expert", "combine"; backward adds into the
+// phase of the forward stage it mirrors); the communication inside is also timed on its own as
+// "moe_alltoall" (inside dispatch and combine) and "moe_allreduce" (inside expert or combine).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "model/context.hpp"
+#include "model/moe/alltoall_dispatcher.hpp"
 #include "model/moe/dispatcher.hpp"
 #include "model/moe/experts.hpp"
+#include "model/moe/index_select_dispatcher.hpp"
 #include "model/moe/moe_options.hpp"
+#include "model/moe/moe_placement.hpp"
 #include "model/moe/router.hpp"
 #include "model/params.hpp"
 
 namespace meshmoe {
 
-// What the trainer logs after a forward (metrics.h5 /moe/<layer>/...).
+// What the trainer logs after a forward (metrics.h5 /moe/<layer>/...). Always counts of THIS rank's
+// tokens over all E experts, whatever the placement (with expert_axis = tensor every tensor rank
+// reports the same full counts); the trainer sums them over data.
 struct MoeStats {
   double aux_sum = 0;          // sum over local groups of E * sum_e f_e P_e (Switch eq. 4 without alpha)
   double z_sum = 0;            // sum over local tokens of logsumexp(logits)^2
@@ -31,9 +45,10 @@ struct MoeStats {
 template <typename T>
 class MoeLayer {
  public:
-  explicit MoeLayer(const MoeOptions& opt);
+  explicit MoeLayer(const MoeOptions& opt, const MoePlacement& placement = {});
 
-  // prefix.router.wg [M, E], prefix.experts.w_in [E, M, H'], prefix.experts.w_out [E, H, M]
+  // prefix.router.wg [M, E], prefix.experts.w_in [E, M, H] or [E, M, 2, H] (geglu),
+  // prefix.experts.w_out [E, H, M]; the experts as this rank's block.
   void declare(ParamStore<T>& store, const std::string& prefix);
 
   // x [N, M] -> y [N, M] (overwritten). N must be a multiple of moe.group_size.
@@ -44,22 +59,33 @@ class MoeLayer {
 
   const MoeStats& stats() const { return stats_; }
   const MoeOptions& options() const { return opt_; }
+  const MoePlacement& placement() const { return place_; }
+  // [rows, M] input of the local experts in the last forward, and the global token of each row
+  // (tests: what the all-to-all delivered).
+  const std::vector<T>& expert_input() const { return a2a ? xin_ : buf_; }
+  const std::vector<int64_t>& expert_input_token() const {
+    return a2a ? a2a->expert_row_token() : dispatcher.slot_token_global();
+  }
 
   Router<T> router;
-  IndexDispatcher<T> dispatcher;
-  Experts<T> experts;
+  IndexDispatcher<T> dispatcher;             // local permutation (always)
+  Experts<T> experts;                        // this rank's experts (and hidden units)
+  std::unique_ptr<AllToAllDispatcher<T>> a2a;       // expert_axis = data, data > 1
+  std::unique_ptr<IndexSelectDispatcher<T>> isel;   // expert_axis = tensor, tensor > 1
 
  private:
   // The stages, in order.
   void route(const StepContext& ctx, const T* x, int N);
-  void dispatch(const T* x);
+  void dispatch(const StepContext& ctx, const T* x);
   void run_experts(const StepContext& ctx);
-  void combine(T* y);
+  void combine(const StepContext& ctx, T* y);
 
   MoeOptions opt_;
-  int rows_ = 0;            // G * C rows per expert
-  std::vector<T> buf_;      // [E, G, C, M] expert inputs
-  std::vector<T> out_;      // [E, G, C, M] expert outputs
+  MoePlacement place_;
+  std::vector<T> buf_;   // [rows, M] local expert buffer (dispatch order)
+  std::vector<T> out_;   // [rows, M] expert outputs in the local buffer's order
+  std::vector<T> xin_;   // [rows', M] expert-side input (all-to-all path)
+  std::vector<T> xout_;  // [rows', M] expert-side output (all-to-all path)
   MoeStats stats_;
 };
 

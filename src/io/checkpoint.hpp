@@ -1,0 +1,108 @@
+// Checkpoint files (DESIGN "Files a run writes", issue 5): one HDF5 file per checkpoint,
+// ckpt/step_%08d.h5, holding every parameter (/params/<name>) and every optimizer state tensor
+// (/optim/<name>) in its LOGICAL (unsharded) shape, written collectively as hyperslabs by the ranks
+// that hold them, chunked with the Fletcher32 filter; step, RNG seed, data cursor, update count,
+// effective deck, mesh and program version as root attributes.
+//
+// Writing is atomic: step_N.h5.tmp is written, closed and fsynced, then renamed to step_N.h5, and
+// only then is ckpt/LATEST replaced (write LATEST.tmp, fsync, rename, fsync the directory). Old
+// checkpoints are pruned after that (keep_last newest + multiples of keep_every).
+//
+// Reading works on any mesh: every rank reads the blocks its ParamStore and optimizer state hold
+// (resharding = reading other hyperslabs), with the Fletcher32 check.
+//
+// Which rank writes what: every rank announces the blocks it holds (allgather); for each distinct
+// block of a tensor the lowest world rank holding it writes it (= coordinate 0 on every axis the
+// tensor is not split over, the first pipeline stage for a tied embedding); all other ranks take
+// part in the collective call selecting none. The distinct blocks must tile the logical shape
+// exactly, else the write fails before anything is created (a model that loses elements).
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "data/batcher.hpp"
+#include "mesh/mesh.hpp"
+#include "model/params.hpp"
+#include "train/optimizer.hpp"
+
+namespace meshmoe {
+
+// What a checkpoint records besides the tensors. On write every rank passes the same values
+// (rank 0's are used); write_checkpoint fills `mesh`, `param_count` and `world_size` itself.
+struct CheckpointMeta {
+  int64_t step = 0;          // training steps done; the resumed run continues with step + 1
+  int64_t update_count = 0;  // optimizer updates applied (Optimizer::step's t of the last one)
+  uint64_t seed = 0;         // run.seed: keys every Philox stream
+  DataCursor data_cursor;    // where the training batcher stands
+  std::string optimizer;     // "adamw" | "adafactor" (informational, checked by the caller)
+  std::string deck;          // the effective deck text (after --set overrides)
+  std::string version;       // program version (MESHMOE_VERSION)
+  std::map<std::string, int64_t> counters;  // anything else, e.g. {"bad_steps", 0}; /counters attrs
+  // Filled on write, read back on read:
+  MeshShape mesh;            // the mesh the checkpoint was written on
+  int64_t param_count = 0;   // total logical parameter elements
+  int64_t world_size = 0;
+};
+
+struct RetentionPolicy {
+  int keep_last = 3;   // checkpoint.keep_last (>= 1)
+  int keep_every = 0;  // checkpoint.keep_every (0: none extra)
+};
+
+// "step_00001000.h5"
+std::string checkpoint_file_name(int64_t step);
+
+// Collective over mesh.world(). Writes <ckpt_dir>/step_%08d.h5 (meta.step) atomically, updates
+// <ckpt_dir>/LATEST, then prunes by `keep`. Creates ckpt_dir if missing. Returns the path of the
+// committed file on every rank. Throws (on every rank alike) InputError when ckpt_dir cannot be
+// created or written, Error for inconsistent inputs (tensor shapes disagreeing between ranks,
+// blocks that do not tile a tensor).
+std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float>& store,
+                             const std::vector<StateTensor>& state, const CheckpointMeta& meta,
+                             const Mesh& mesh, const RetentionPolicy& keep = {});
+
+// Collective over `comm` (every rank of the run, any mesh). Every rank reads the blocks of every
+// parameter its store holds into store.weights() and of every state tensor into *t.data (resized
+// to the block). Throws InputError on every rank alike when the file is missing, unreadable or
+// corrupt (Fletcher32), or when it does not fit: "checkpoint from an incompatible model: ..."
+// (a parameter or state tensor missing or of another logical shape). Returns the meta.
+CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store, std::vector<StateTensor>& state,
+                               MPI_Comm comm);
+
+// Reads only the attributes (serial, this process). Throws InputError when unreadable.
+CheckpointMeta read_checkpoint_meta(const std::string& path);
+
+struct VerifyResult {
+  bool ok = false;
+  std::string message;  // "ok: step 20, 6 parameters, 9 optimizer tensors" or the reason it is bad
+};
+// Serial (this process only). Opens the file, checks the attributes, reads every dataset fully
+// (Fletcher32 verifies each chunk) and checks param_count. Never throws.
+VerifyResult verify_checkpoint(const std::string& path);
+
+struct ResumeChoice {
+  std::string path;                   // the checkpoint to resume from; empty when none is usable
+  std::vector<std::string> warnings;  // corrupt / truncated / stale .tmp / bad LATEST, one each
+};
+// Collective over `comm` (rank 0 looks, the verdict is broadcast). The file LATEST names when it
+// verifies, else the newest step_*.h5 that verifies; every file skipped and every stale
+// step_*.h5.tmp is reported in `warnings`. A missing ckpt_dir gives an empty choice.
+ResumeChoice find_resume_checkpoint(const std::string& ckpt_dir, MPI_Comm comm);
+
+// Committed checkpoints in ckpt_dir as (step, path), oldest first (no .tmp, no verification).
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& ckpt_dir);
+
+// `meshmoe ckpt info PATH` / `meshmoe ckpt verify PATH` (PATH: a checkpoint file, a ckpt
+// directory or a run directory; for a directory the file LATEST names). Rank 0 works, every rank
+// returns its exit code: 0 good, 1 bad or unreadable (reason on stderr), 2 bad command line.
+struct CkptCliOptions {
+  std::string action;  // "info" | "verify"
+  std::string path;
+};
+int ckpt_main(const CkptCliOptions& opt);
+
+}  // namespace meshmoe

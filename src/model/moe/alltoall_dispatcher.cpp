@@ -1,0 +1,132 @@
+#include "model/moe/alltoall_dispatcher.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace meshmoe {
+
+template <typename T>
+AllToAllDispatcher<T>::AllToAllDispatcher(Comm* data, int D, int data_rank, int E, int M)
+    : comm_(data), D_(D), E_(E), El_(E / D), e0_(data_rank * (E / D)), M_(M) {
+  if (D < 1 || E % D != 0 || data_rank < 0 || data_rank >= D)
+    throw std::logic_error("AllToAllDispatcher: " + std::to_string(E) + " experts over " + std::to_string(D) + " ranks");
+  if (D > 1 && (!comm_ || comm_->size() != D || comm_->rank() != data_rank))
+    throw std::logic_error("AllToAllDispatcher: the data Comm does not match data_size / data_rank");
+}
+
+template <typename T>
+void AllToAllDispatcher<T>::plan(const StepContext& ctx, std::span<const int> send_rows, const int64_t* row_token,
+                                 bool fixed) {
+  if (send_rows.size() != size_t(E_)) throw std::logic_error("AllToAllDispatcher::plan: one row count per expert");
+  fixed_ = fixed;
+  local_rows_ = 0;
+  for (int r : send_rows) local_rows_ += size_t(r);
+  send_rows_d_.assign(D_, 0);
+  for (int e = 0; e < E_; ++e) send_rows_d_[e / El_] += size_t(send_rows[e]);
+
+  // Rows arriving from rank j for local expert el.
+  recv_rows_.assign(size_t(D_) * El_, 0);
+  if (fixed) {
+    for (int e = 1; e < E_; ++e)
+      if (send_rows[e] != send_rows[0]) throw std::logic_error("AllToAllDispatcher: fixed layout with unequal rows");
+    std::fill(recv_rows_.begin(), recv_rows_.end(), int64_t(send_rows[0]));
+  } else {
+    // THE HOST WAIT POINT of the dropless dispatch: the data exchange cannot be sized before every
+    // peer's per-expert counts have arrived.
+    std::vector<int64_t> mine(send_rows.begin(), send_rows.end());
+    ScopedPhase t(ctx.timers, "moe_alltoall");
+    if (D_ > 1) comm_->all_to_all(mine.data(), recv_rows_.data(), size_t(El_));
+    else recv_rows_ = mine;
+  }
+  recv_rows_d_.assign(D_, 0);
+  recv_off_.assign(size_t(D_) * El_, 0);
+  expert_off_.assign(size_t(D_) * El_, 0);
+  expert_rows_.assign(El_, 0);
+  size_t off = 0;
+  for (int j = 0; j < D_; ++j)
+    for (int el = 0; el < El_; ++el) {
+      recv_off_[size_t(j) * El_ + el] = off;
+      off += size_t(recv_rows_[size_t(j) * El_ + el]);
+      recv_rows_d_[j] += size_t(recv_rows_[size_t(j) * El_ + el]);
+      expert_rows_[el] += int(recv_rows_[size_t(j) * El_ + el]);
+    }
+  expert_total_ = off;
+  off = 0;
+  for (int el = 0; el < El_; ++el)
+    for (int j = 0; j < D_; ++j) {
+      expert_off_[size_t(j) * El_ + el] = off;
+      off += size_t(recv_rows_[size_t(j) * El_ + el]);
+    }
+
+  // The global token of every row travels with it (keys the expert dropout on the receiving rank).
+  std::vector<int64_t> recv_tok(expert_total_);
+  exchange(row_token, recv_tok.data(), 1, false);
+  expert_token_.resize(expert_total_);
+  recv_to_expert(recv_tok.data(), expert_token_.data(), 1);
+}
+
+// One all-to-all of rows of `width` elements: forward (local -> recv order) or back.
+template <typename T>
+template <typename U>
+void AllToAllDispatcher<T>::exchange(const U* send, U* recv, size_t width, bool back) {
+  const std::vector<size_t>& s = back ? recv_rows_d_ : send_rows_d_;
+  const std::vector<size_t>& r = back ? send_rows_d_ : recv_rows_d_;
+  if (D_ == 1) {
+    std::copy(send, send + s[0] * width, recv);
+    return;
+  }
+  if (fixed_) {
+    comm_->all_to_all(send, recv, s[0] * width);
+    return;
+  }
+  std::vector<size_t> sc(D_), rc(D_);
+  for (int j = 0; j < D_; ++j) {
+    sc[j] = s[j] * width;
+    rc[j] = r[j] * width;
+  }
+  comm_->all_to_allv(send, std::span<const size_t>(sc), recv, std::span<const size_t>(rc));
+}
+
+template <typename T>
+template <typename U>
+void AllToAllDispatcher<T>::recv_to_expert(const U* recv, U* expert, size_t width) const {
+  for (size_t b = 0; b < recv_rows_.size(); ++b)
+    std::copy(recv + recv_off_[b] * width, recv + (recv_off_[b] + size_t(recv_rows_[b])) * width,
+              expert + expert_off_[b] * width);
+}
+
+template <typename T>
+template <typename U>
+void AllToAllDispatcher<T>::expert_to_recv(const U* expert, U* recv, size_t width) const {
+  for (size_t b = 0; b < recv_rows_.size(); ++b)
+    std::copy(expert + expert_off_[b] * width, expert + (expert_off_[b] + size_t(recv_rows_[b])) * width,
+              recv + recv_off_[b] * width);
+}
+
+// local [local_rows, M] -> recv [D, El, rows, M] -> expert [El, D, rows, M]
+template <typename T>
+void AllToAllDispatcher<T>::to_experts(const StepContext& ctx, const T* local, T* expert) {
+  recv_.resize(expert_total_ * M_);
+  {
+    ScopedPhase t(ctx.timers, "moe_alltoall");
+    exchange(local, recv_.data(), size_t(M_), false);
+  }
+  recv_to_expert(recv_.data(), expert, size_t(M_));
+}
+
+// expert [El, D, rows, M] -> recv order [D, El, rows, M] -> local [local_rows, M]
+template <typename T>
+void AllToAllDispatcher<T>::from_experts(const StepContext& ctx, const T* expert, T* local) {
+  recv_.resize(expert_total_ * M_);
+  expert_to_recv(expert, recv_.data(), size_t(M_));
+  ScopedPhase t(ctx.timers, "moe_alltoall");
+  exchange(recv_.data(), local, size_t(M_), true);
+}
+
+template class AllToAllDispatcher<float>;
+template class AllToAllDispatcher<double>;
+
+}  // namespace meshmoe

@@ -1,0 +1,73 @@
+// Expert parallelism over the data axis (GShard section 3 / Algorithm 2, Switch section 5.4):
+// data rank d owns experts [d*E_local, (d+1)*E_local). After the local dispatch into the
+// expert-major buffer, block j of it (the rows of rank j's experts: contiguous) goes to rank j
+// with one all-to-all; the local experts run on what arrived from every rank; a second all-to-all
+// returns the outputs. Both are permutations of rows, so the backward of to_experts is
+// from_experts and vice versa (MoeLayer::backward calls them in the mirrored order).
+//
+//   local buffer  [rows, M]  rows of expert 0, 1, ..., E-1 (this rank's tokens)
+//   expert side   [rows', M] rows of local expert 0 from rank 0, 1, ..., D-1, then local expert 1, ...
+//
+// Capacity routing: every rank sends G*C rows per expert (equal on all ranks), one all_to_all.
+// Dropless routing: only the filled slots; the per-expert row counts are exchanged first (the host
+// wait point) and the rows move with all_to_allv. The global token index of every row travels with
+// the rows (int64), so the receiving rank keys the expert dropout exactly as the unsharded layer.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "mesh/comm.hpp"
+#include "model/context.hpp"
+
+namespace meshmoe {
+
+template <typename T>
+class AllToAllDispatcher {
+ public:
+  // data: the data-axis Comm (D ranks, this rank's position = data_rank); E experts of width M.
+  AllToAllDispatcher(Comm* data, int D, int data_rank, int E, int M);
+
+  // send_rows [E]: rows of each expert in the local buffer; row_token [sum send_rows]: global token
+  // of each row, -1 for an empty one. fixed: send_rows is the same on every rank (capacity routing:
+  // one all_to_all, no counts exchange). Exchanges the counts (unless fixed) and the row tokens.
+  void plan(const StepContext& ctx, std::span<const int> send_rows, const int64_t* row_token, bool fixed);
+
+  // local [local_rows, M] -> expert [expert_rows_total, M] (overwritten)
+  void to_experts(const StepContext& ctx, const T* local, T* expert);
+  // expert [expert_rows_total, M] -> local [local_rows, M] (overwritten)
+  void from_experts(const StepContext& ctx, const T* expert, T* local);
+
+  size_t local_rows() const { return local_rows_; }
+  size_t expert_rows_total() const { return expert_total_; }
+  // [E_local] rows of each local expert on the expert side (from all ranks).
+  const std::vector<int>& expert_rows() const { return expert_rows_; }
+  // [expert_rows_total] global token of each expert-side row, -1 for an empty one.
+  const std::vector<int64_t>& expert_row_token() const { return expert_token_; }
+  int e0() const { return e0_; }
+  int e_local() const { return El_; }
+
+ private:
+  // recv order (source j, local expert el) <-> expert order (el, j), `width` elements per row.
+  template <typename U>
+  void recv_to_expert(const U* recv, U* expert, size_t width) const;
+  template <typename U>
+  void expert_to_recv(const U* expert, U* recv, size_t width) const;
+  template <typename U>
+  void exchange(const U* send, U* recv, size_t width, bool back);
+
+  Comm* comm_;
+  int D_, E_, El_, e0_, M_;
+  bool fixed_ = true;
+  size_t local_rows_ = 0, expert_total_ = 0;
+  std::vector<int64_t> recv_rows_;   // [D, El] rows from source j for local expert el
+  std::vector<size_t> recv_off_;     // [D, El] first row of (j, el) in recv order
+  std::vector<size_t> expert_off_;   // [D, El] first row of (j, el) in expert order
+  std::vector<size_t> send_rows_d_;  // [D] rows sent to rank j
+  std::vector<size_t> recv_rows_d_;  // [D] rows received from rank j
+  std::vector<int> expert_rows_;
+  std::vector<int64_t> expert_token_;
+  std::vector<T> recv_;              // [expert_rows_total, M] in recv order
+};
+
+}  // namespace meshmoe

@@ -1,0 +1,44 @@
+#include "model/moe/index_select_dispatcher.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace meshmoe {
+
+template <typename T>
+IndexSelectDispatcher<T>::IndexSelectDispatcher(Comm* tensor, int T_size, int tensor_rank, int E)
+    : comm_(tensor), T_(T_size), El_(E / T_size), e0_(tensor_rank * (E / T_size)) {
+  if (T_size < 1 || E % T_size != 0 || tensor_rank < 0 || tensor_rank >= T_size)
+    throw std::logic_error("IndexSelectDispatcher: " + std::to_string(E) + " experts over " + std::to_string(T_size) +
+                           " ranks");
+  if (T_size > 1 && (!comm_ || comm_->size() != T_size || comm_->rank() != tensor_rank))
+    throw std::logic_error("IndexSelectDispatcher: the tensor Comm does not match tensor_size / tensor_rank");
+}
+
+template <typename T>
+void IndexSelectDispatcher<T>::reduce_output(const StepContext& ctx, T* y, size_t n) {
+  if (T_ == 1) return;
+  ScopedPhase t(ctx.timers, "moe_allreduce");
+  comm_->all_reduce(y, n, Op::Sum);
+}
+
+template <typename T>
+void IndexSelectDispatcher<T>::reduce_grads(const StepContext& ctx, T* dx_partial, size_t n_dx, T* dgate,
+                                            size_t n_gate) {
+  if (T_ == 1) return;
+  pack_.resize(n_dx + n_gate);
+  std::copy(dx_partial, dx_partial + n_dx, pack_.begin());
+  std::copy(dgate, dgate + n_gate, pack_.begin() + ptrdiff_t(n_dx));
+  {
+    ScopedPhase t(ctx.timers, "moe_allreduce");
+    comm_->all_reduce(pack_.data(), pack_.size(), Op::Sum);
+  }
+  std::copy(pack_.begin(), pack_.begin() + ptrdiff_t(n_dx), dx_partial);
+  std::copy(pack_.begin() + ptrdiff_t(n_dx), pack_.end(), dgate);
+}
+
+template class IndexSelectDispatcher<float>;
+template class IndexSelectDispatcher<double>;
+
+}  // namespace meshmoe

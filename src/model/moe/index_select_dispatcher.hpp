@@ -1,0 +1,48 @@
+// Expert parallelism over the tensor axis (Pipeline-MoE, seed 003 section 3.3 and Algorithm 1):
+// the tokens are replicated over the tensor group and every rank runs the same (replicated) router.
+// Tensor rank t owns experts [t*E_local, (t+1)*E_local); its dispatch is the index selection of
+// the tokens routed to ITS experts (IndexDispatcher with a compact layout of those experts: no
+// communication), its combine gives a partial y holding only its experts' contributions, and one
+// all-reduce over tensor completes y.
+//
+// Backward: dy is replicated; each rank gets the expert gradients of its experts, and a partial
+// input gradient (dispatch path) and a partial gate gradient (only choices on its experts). Both
+// partial sums travel in ONE all-reduce of [N*M + N*k] elements, after which every rank runs the
+// (replicated) router backward on the full dgate: the router weight gradient comes out complete
+// and identical on every tensor rank (what the trainer assumes of a parameter not split over
+// tensor), and the router's share of dx needs no communication. The alternative, a router backward
+// on partial dgates followed by an all-reduce of the router gradient, would move M*E more elements
+// per layer instead of N*k, need a scratch copy of wg.g (it accumulates over micro-batches), and
+// count the aux and z terms on one rank only: not cheaper, and easier to get wrong.
+#pragma once
+#include <vector>
+
+#include "mesh/comm.hpp"
+#include "model/context.hpp"
+#include "model/moe/dispatcher.hpp"
+
+namespace meshmoe {
+
+template <typename T>
+class IndexSelectDispatcher {
+ public:
+  // tensor: the tensor-axis Comm (T ranks, this one tensor_rank); E experts.
+  IndexSelectDispatcher(Comm* tensor, int T_size, int tensor_rank, int E);
+
+  // The local layout: this rank's experts, filled slots only.
+  DispatchLayout layout() const { return {true, e0_, El_}; }
+  int e0() const { return e0_; }
+  int e_local() const { return El_; }
+
+  // y [N, M]: partial (this rank's experts) -> full, in place.
+  void reduce_output(const StepContext& ctx, T* y, size_t n);
+  // dx_partial [N*M], dgate [N*k]: partial -> full, in place, in one all-reduce.
+  void reduce_grads(const StepContext& ctx, T* dx_partial, size_t n_dx, T* dgate, size_t n_gate);
+
+ private:
+  Comm* comm_;
+  int T_, El_, e0_;
+  std::vector<T> pack_;
+};
+
+}  // namespace meshmoe

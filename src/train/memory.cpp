@@ -1,0 +1,440 @@
+#include "train/memory.hpp"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "data/dataset.hpp"
+#include "model/activation.hpp"
+#include "model/moe/moe_options.hpp"
+#include "model/transformer.hpp"
+#include "parallel/pipeline_schedule.hpp"
+#include "train/optimizer.hpp"
+
+namespace meshmoe {
+
+namespace {
+
+constexpr size_t kF = sizeof(float);  // host training is fp32 (activations, weights, state)
+
+// Ring all-reduce: each rank sends 2 (n-1)/n of the buffer; all-to-all: (n-1)/n of it.
+double ring_allreduce(double bytes, int n) { return n > 1 ? 2.0 * (n - 1) / n * bytes : 0.0; }
+double all_to_all(double bytes, int n) { return n > 1 ? double(n - 1) / n * bytes : 0.0; }
+
+void need(bool ok, const std::string& msg) {
+  if (!ok) throw InputError(msg);
+}
+
+// Adafactor's state of one parameter of local shape s (adafactor.cpp): >= 2 dims are factored into
+// batch x (rows + cols), the last two dims being rows and columns; a vector keeps one per element.
+size_t adafactor_state_elems(const std::vector<int64_t>& s) {
+  const size_t size = std::accumulate(s.begin(), s.end(), size_t(1), [](size_t a, int64_t b) { return a * size_t(b); });
+  if (s.size() < 2) return size;
+  const size_t rows = size_t(s[s.size() - 2]), cols = size_t(s[s.size() - 1]);
+  const size_t batch = rows * cols == 0 ? 0 : size / (rows * cols);
+  return batch * (rows + cols);
+}
+
+// A Comm that moves nothing: lets measure_memory build and run a sharded layer on one process.
+// Collectives leave the buffers as they are (an all-to-all copies its own blocks), so the values are
+// wrong but every buffer has its real size.
+class LocalStandInComm final : public Comm {
+ public:
+  LocalStandInComm(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void barrier() override {}
+  std::string name() const override { return "stand-in comm (measure_memory)"; }
+  void all_reduce_raw(void*, size_t, DType, Op) override {}
+  void broadcast_raw(void*, size_t, DType, int) override {}
+  void all_gather_raw(const void* send, size_t n, void* recv, DType t) override {
+    for (int r = 0; r < size_; ++r) std::memcpy(static_cast<char*>(recv) + r * n * dtype_size(t), send, n * dtype_size(t));
+  }
+  void reduce_scatter_raw(const void* send, void* recv, size_t n, DType t, Op) override {
+    std::memcpy(recv, static_cast<const char*>(send) + rank_ * n * dtype_size(t), n * dtype_size(t));
+  }
+  void all_to_all_raw(const void* send, void* recv, size_t n, DType t) override {
+    std::memcpy(recv, send, size_t(size_) * n * dtype_size(t));
+  }
+  void all_to_allv_raw(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
+                       DType t) override {
+    size_t ns = 0, nr = 0;
+    for (int r = 0; r < size_; ++r) ns += send_counts[r], nr += recv_counts[r];
+    std::memcpy(recv, send, std::min(ns, nr) * dtype_size(t));
+  }
+  void permute_raw(const void*, size_t, int, void*, size_t, int, DType) override {}
+  void send_raw(const void*, size_t, DType, int, int) override {}
+  void recv_raw(void*, size_t, DType, int, int) override {}
+  std::vector<size_t> exchange_counts(std::span<const size_t> send_counts) override {
+    return {send_counts.begin(), send_counts.end()};
+  }
+
+ private:
+  int rank_, size_;
+};
+
+}  // namespace
+
+int64_t heap_in_use() {
+  const struct mallinfo2 mi = mallinfo2();
+  return int64_t(mi.uordblks) + int64_t(mi.hblkhd);
+}
+
+MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
+                       int tensor_rank) {
+  const int P = mesh.pipe, D = mesh.data, Tn = mesh.tensor;
+  need(vocab >= 1, "memory plan: the vocabulary size is unknown (set model.vocab_size or prepare data.path)");
+  need(pipe_rank >= 0 && pipe_rank < P && data_rank >= 0 && data_rank < D && tensor_rank >= 0 && tensor_rank < Tn,
+       "memory plan: rank coordinates outside the mesh " + mesh.str());
+  const int64_t V = vocab, T = cfg.model.seq_len, M = cfg.model.d_model, NL = cfg.model.num_layers,
+                NH = cfg.model.num_heads, FF = cfg.model.d_ff, B = cfg.optim.batch_size, MB = cfg.optim.micro_batches;
+  need(M % NH == 0, "model.d_model = " + std::to_string(M) + " must be divisible by model.num_heads = " + std::to_string(NH));
+  need(NH % Tn == 0, "model.num_heads = " + std::to_string(NH) + " must be divisible by mesh.tensor = " + std::to_string(Tn));
+  need(FF % Tn == 0, "model.d_ff = " + std::to_string(FF) + " must be divisible by mesh.tensor = " + std::to_string(Tn));
+  need(NL % P == 0, "model.num_layers = " + std::to_string(NL) + " must be divisible by mesh.pipe = " + std::to_string(P));
+  need(B % (MB * D) == 0, "optim.batch_size = " + std::to_string(B) + " must be divisible by optim.micro_batches x mesh.data = " +
+                              std::to_string(MB * D));
+  const ModelShape shape = model_shape(cfg, vocab);
+  const Activation act = parse_activation(cfg.model.activation);
+  const bool train_dropout = cfg.model.dropout > 0;
+
+  MemoryPlan p;
+  p.pipe_rank = pipe_rank, p.data_rank = data_rank, p.tensor_rank = tensor_rank;
+  p.num_blocks = int(NL / P);
+  p.first_block = pipe_rank * p.num_blocks;
+  p.first_stage = pipe_rank == 0;
+  p.last_stage = pipe_rank == P - 1;
+  p.rows = int(B / (MB * D));
+  p.seq_len = int(T);
+  const int64_t N = int64_t(p.rows) * T;  // tokens of one micro-batch on this rank
+  const int64_t NM = N * M;
+
+  // Megatron split (transformer.cpp): heads and dense hidden units over tensor.
+  const int64_t L = M / Tn;                 // local attention width = local heads x head dim
+  const int64_t LH = NH / Tn;               // local heads
+  const int64_t FFl = FF / Tn;              // local dense hidden units
+  const int64_t Wl = activation_in_width(act, int(FFl));
+  const bool attn_sharded = Tn > 1, mlp_sharded = Tn > 1;
+
+  // MoE placement (DESIGN.md "The mesh").
+  const bool any_moe = shape.num_moe_layers() > 0;
+  MoeOptions mo;
+  int64_t E = 0, El = 0, He = 0, Hel = 0, Hin = 0, Hinl = 0, S = 0, G = 0, C = 0, k = 0;
+  const bool expert_on_data = cfg.moe.expert_axis == "data";
+  if (any_moe) {
+    mo = moe_options(cfg, 0);
+    E = mo.num_experts, He = mo.d_ff, S = mo.group_size, k = mo.k();
+    const int ext = expert_on_data ? D : Tn;
+    need(E % ext == 0, "moe.num_experts = " + std::to_string(E) + " must be divisible by mesh." + cfg.moe.expert_axis +
+                           " = " + std::to_string(ext) + " (moe.expert_axis)");
+    El = E / ext;
+    const int hsplit = expert_on_data ? Tn : 1;
+    need(He % hsplit == 0, "the expert hidden width " + std::to_string(He) + " must be divisible by mesh.tensor = " +
+                               std::to_string(hsplit) + " (experts over data split their hidden units over tensor)");
+    Hel = He / hsplit;
+    Hin = activation_in_width(mo.activation, int(He));
+    Hinl = activation_in_width(mo.activation, int(Hel));
+    need(N % S == 0, "a micro-batch of " + std::to_string(p.rows) + " x " + std::to_string(T) + " = " + std::to_string(N) +
+                         " tokens per rank is not a multiple of moe.group_size = " + std::to_string(S));
+    G = N / S;
+    C = mo.capacity(true);
+  }
+
+  // ---- parameters: the local shapes each layer registers ----------------------------------------
+  std::vector<std::vector<int64_t>> shapes;        // this rank's ParamStore entries
+  int64_t expert_local = 0;                        // elements of those split over data (expert weights)
+  auto add = [&](std::vector<int64_t> s) { shapes.push_back(std::move(s)); };
+  if (p.first_stage) add({V, M}), add({T, M});     // embed.wte, embed.wpe
+  for (int i = p.first_block; i < p.first_block + p.num_blocks; ++i) {
+    add({M}), add({M});                            // ln1
+    add({M, L}), add({M, L}), add({M, L}), add({L, M});  // wq, wk, wv [M, L]; wo [L, M]
+    add({M}), add({M});                            // ln2
+    if (shape.is_moe_block(i)) {
+      add({M, E});                                 // router.wg (replicated)
+      add({El, M, Hinl}), add({El, Hel, M});       // experts.w_in, experts.w_out
+      if (expert_on_data) expert_local += El * M * Hinl + El * Hel * M;
+    } else {
+      if (act == Activation::Geglu) add({M, 2, FFl});
+      else add({M, Wl});
+      add({FFl, M});
+    }
+  }
+  if (p.last_stage) {
+    add({M}), add({M});                            // ln_f
+    if (!cfg.model.tied_embeddings || !p.first_stage) add({V, M});  // head.wout, or the tied copy
+  }
+  size_t elems = 0, adafactor = 0;
+  for (const auto& s : shapes) {
+    elems += std::accumulate(s.begin(), s.end(), size_t(1), [](size_t a, int64_t b) { return a * size_t(b); });
+    adafactor += adafactor_state_elems(s);
+  }
+  p.params_rank = int64_t(elems);
+  p.param_bytes = p.grad_bytes = elems * kF;
+  p.optim_bytes = (cfg.optim.name == "adafactor" ? adafactor : 2 * elems) * kF;
+
+  // Whole-model counts (unsharded).
+  const int64_t dense_ffn = M * activation_in_width(act, int(FF)) + FF * M;
+  const int64_t expert_one = any_moe ? M * Hin + He * M : 0;
+  const int64_t n_moe = shape.num_moe_layers(), n_dense = NL - n_moe;
+  const int64_t per_block = 4 * M + 4 * M * M;
+  p.params_total = V * M + T * M + NL * per_block + n_dense * dense_ffn + n_moe * (M * E + E * expert_one) + 2 * M +
+                   (cfg.model.tied_embeddings ? 0 : V * M);
+  p.params_activated = p.params_total - n_moe * std::max<int64_t>(E - k, 0) * expert_one;
+  p.flops_per_token = train_flops_per_token(cfg, shape);
+
+  // ---- activations: the buffers each layer's first forward allocates (one micro-batch) -----------
+  size_t a_stage = 3 * NM * kF;  // Transformer x_, h_, f_
+  size_t a_embed = 0, a_ln = 0, a_attn = 0, a_mlp = 0, a_moe = 0, a_head = 0;
+  size_t w = 2 * NM * kF;        // backward: Transformer d_, dh_
+  if (p.first_stage) a_embed = N * sizeof(int32_t);  // token ids
+  const size_t keep = train_dropout ? NM : 0;           // dropout keep mask, uint8 [N, M]
+  int moe_here = 0, dense_here = 0;
+  for (int i = p.first_block; i < p.first_block + p.num_blocks; ++i) {
+    a_ln += 2 * (NM + N) * kF;                                   // ln1, ln2: xhat [N, M], rstd [N]
+    // x [N, M], q/k/v 3 x [N, L], softmax probabilities [B, LH, T, T], output before wo [N, L]
+    a_attn += (NM + 3 * N * L + int64_t(p.rows) * LH * T * T + N * L) * kF + keep;
+    // backward scratch: dy [N, M], datt [N, L], dqkv 3 x [N, L], dP [T, T], partial dx [N, M] if split
+    w += (NM + N * L + 3 * N * L + T * T + (attn_sharded ? NM : 0)) * kF;
+    if (shape.is_moe_block(i)) {
+      ++moe_here;
+      // router: input copy [N, M] (+ jitter [N, M]), logits and probs [N, E], lse [N] double,
+      // top [N k] int, norm [N] double, frac [G, E] double; routing: expert, slot [N k] int,
+      // gate [N k], load [E] int64
+      size_t r = (NM + (mo.jitter_eps > 0 ? NM : 0) + 2 * N * E) * kF + N * sizeof(double) + N * k * sizeof(int) +
+                 N * sizeof(double) + G * E * sizeof(double) + 2 * N * k * sizeof(int) + N * k * kF +
+                 E * sizeof(int64_t);
+      // token side (dispatcher): slot -> token maps [E', G, C] int and int64, buffers [E', G, C, M]
+      // in and out; E' = E (all-to-all moves them whole) or E_local (index-select picks its experts)
+      const int64_t Et = expert_on_data ? E : El;
+      r += Et * G * C * (sizeof(int) + sizeof(int64_t)) + 2 * Et * G * C * M * kF;
+      // expert side: rows = E_local x (D G over data | G) x C; x [rows, M], pre [rows, H'],
+      // h [rows, H] (+ dropout mask [rows, H])
+      const int64_t rows = El * (expert_on_data ? D : 1) * G * C;
+      r += (rows * M + rows * Hinl + rows * Hel + (mo.expert_dropout > 0 ? rows * Hel : 0)) * kF;
+      a_moe += r;
+    } else {
+      ++dense_here;
+      // x [N, M], pre [N, W], h [N, H_local]
+      a_mlp += (NM + N * Wl + N * FFl) * kF + keep;
+      // backward scratch: dy [N, M], dh [N, H_local], dpre [N, W], partial dx [N, M] if split
+      w += (NM + N * FFl + N * Wl + (mlp_sharded ? NM : 0)) * kF;
+    }
+  }
+  if (p.last_stage) {
+    a_ln += (NM + N) * kF;  // ln_f
+    // head input [N, M], logits [N, V]; cross-entropy: loss [N] double, lse and mask [N], targets [N]
+    a_head = (NM + N * V) * kF + N * sizeof(double) + 2 * N * kF + N * sizeof(int32_t);
+  }
+  p.activation_parts = {{"stage buffers", a_stage}, {"embedding", a_embed}, {"layernorms", a_ln},
+                        {"attention", a_attn},      {"dense ffn", a_mlp},   {"moe", a_moe},
+                        {"head + loss", a_head}};
+  p.activation_bytes = a_stage + a_embed + a_ln + a_attn + a_mlp + a_moe + a_head;
+  p.workspace_bytes = w;
+
+  // ---- pipeline: the 1F1B schedule of this stage (trainer run_pipeline) --------------------------
+  int live = 0, forwards = 0, last_forward = -1;
+  for (const PipelineOp& op : one_f_one_b(pipe_rank, P, int(MB))) {
+    if (op.forward) {
+      ++forwards, last_forward = op.micro;
+      p.in_flight = std::max(p.in_flight, ++live);
+    } else {
+      if (last_forward != op.micro) ++forwards, last_forward = op.micro;  // recompute before backward
+      --live;
+    }
+  }
+  if (P > 1) {
+    // a later stage holds the inputs of its in-flight micro-batches and the input gradients it
+    // sends back; an earlier one the outputs it sends and the gradient it receives (isend buffers
+    // live until the end of the step)
+    if (!p.first_stage) p.pipeline_bytes += (p.in_flight + MB) * NM * kF;
+    if (!p.last_stage) p.pipeline_bytes += (MB + 1) * NM * kF;
+  }
+
+  // ---- bytes sent per step ----------------------------------------------------------------------
+  const double act_bytes = double(NM) * kF;
+  const double fw = forwards, bw = double(MB);
+  // data: gradient all-reduce of the data-replicated parameters; all-to-all dispatch and combine of
+  // every MoE layer in each forward and (their transposes) in each backward
+  p.sent_data = ring_allreduce(double(elems - expert_local) * kF, D);
+  if (expert_on_data && any_moe) p.sent_data += moe_here * (2 * fw + 2 * bw) * all_to_all(double(E * G * C * M) * kF, D);
+  // tensor: Megatron all-reduce of the output (forward) and of the input gradient (backward) of
+  // each attention and dense feed-forward; experts over data with their hidden units split: the
+  // same pair on the expert rows; experts over tensor: the combine and its gradient
+  double t_bytes = (fw + bw) * (p.num_blocks + dense_here) * act_bytes;
+  if (any_moe)
+    t_bytes += expert_on_data ? (fw + bw) * moe_here * double(El * D * G * C * M) * kF : (fw + bw) * moe_here * act_bytes;
+  p.sent_tensor = ring_allreduce(t_bytes, Tn);
+  // pipe: activations forward, their gradients backward, once per micro-batch; the tied embedding's
+  // gradient between the first and the last stage
+  if (P > 1) {
+    if (!p.last_stage) p.sent_pipe += double(MB) * act_bytes;
+    if (!p.first_stage) p.sent_pipe += double(MB) * act_bytes;
+    if (cfg.model.tied_embeddings && (p.first_stage || p.last_stage)) p.sent_pipe += double(V * M) * kF;
+  }
+  return p;
+}
+
+MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
+                              int tensor_rank) {
+  const MemoryPlan plan = plan_memory(cfg, vocab, mesh, pipe_rank, data_rank, tensor_rank);
+  MemoryMeasured m;
+  LocalStandInComm tensor_comm(tensor_rank, mesh.tensor);
+  ModelSharding sh;
+  sh.tensor_rank = tensor_rank;
+  sh.tensor_size = mesh.tensor;
+  sh.tensor = &tensor_comm;
+  sh.pipe_rank = pipe_rank;
+  sh.pipe_size = mesh.pipe;
+
+  const int64_t h0 = heap_in_use();
+  auto model = std::make_unique<Transformer<float>>(cfg, vocab, sh);
+  m.construct_heap = heap_in_use() - h0;
+  model->init(uint64_t(cfg.run.seed), cfg.model.init_scale);
+  m.param_bytes = model->params().size() * sizeof(float);
+  m.grad_bytes = model->params().size() * sizeof(float);
+  {
+    auto opt = make_optimizer(cfg, model->params());
+    for (const StateTensor& s : opt->state()) m.optim_bytes += s.data->size() * sizeof(float);
+  }
+
+  // A dummy micro-batch of this rank's size; everything it needs exists before the measurement.
+  const int rows = plan.rows, T = plan.seq_len, N = rows * T, M = int(cfg.model.d_model);
+  std::vector<int32_t> inputs(N), targets(N);
+  for (int n = 0; n < N; ++n) inputs[n] = int32_t((7919u * unsigned(n) + 13u) % unsigned(vocab)),
+                              targets[n] = int32_t((104729u * unsigned(n) + 7u) % unsigned(vocab));
+  std::vector<float> mask(N, 1.0f), x_in(size_t(N) * M), d_out(size_t(N) * M);
+  for (size_t i = 0; i < x_in.size(); ++i) x_in[i] = float(std::sin(0.37 * double(i))), d_out[i] = 1e-3f * float(std::cos(0.11 * double(i)));
+  const MicroBatch mb{rows, T, inputs.data(), targets.data(), mask.data()};
+  StepContext ctx;
+  ctx.seed = uint64_t(cfg.run.seed);
+  ctx.step = 1;
+  ctx.training = true;
+  ctx.token_offset = uint64_t(data_rank) * uint64_t(N);
+  LossWeights w;
+  w.ce = 1.0 / N;
+  w.aux = cfg.moe.aux_loss_coef * double(cfg.moe.group_size) / N;
+  w.z = cfg.moe.z_loss_coef / N;
+
+  const int64_t f0 = heap_in_use();
+  model->forward(ctx, mb, w, model->first_stage() ? nullptr : x_in.data());
+  const int64_t f1 = heap_in_use();
+  model->backward(ctx, w, model->last_stage() ? nullptr : d_out.data());
+  const int64_t f2 = heap_in_use();
+  m.forward_heap = f1 - f0;
+  m.backward_heap = f2 - f1;
+  return m;
+}
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::fabs(b) >= 1024.0 && u < 4) b /= 1024.0, ++u;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
+  return buf;
+}
+
+double node_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemTotal:") return kib * 1024.0;
+  return 0;
+}
+
+std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, double node_bytes_per_rank) {
+  // Every data and tensor rank of a stage holds equal shards: one column per pipeline stage.
+  std::vector<MemoryPlan> plans;
+  for (int s = 0; s < mesh.pipe; ++s) plans.push_back(plan_memory(cfg, vocab, mesh, s, 0, 0));
+  const MemoryPlan& p0 = plans[0];
+  std::ostringstream o;
+  char line[256];
+  std::snprintf(line, sizeof line, "model: %lld parameters, %lld activated per token, %.4g training FLOPs per token\n",
+                (long long)p0.params_total, (long long)p0.params_activated, p0.flops_per_token);
+  o << line;
+  std::snprintf(line, sizeof line, "memory per rank (fp32; one micro-batch = %d x %d tokens; bytes):\n", p0.rows, p0.seq_len);
+  o << line;
+  const int per_stage = mesh.data * mesh.tensor;
+  auto row = [&](const std::string& label, auto value) {
+    std::snprintf(line, sizeof line, "  %-26s", label.c_str());
+    o << line;
+    for (const MemoryPlan& p : plans) {
+      std::snprintf(line, sizeof line, "  %16s", value(p).c_str());
+      o << line;
+    }
+    o << "\n";
+  };
+  auto num = [](auto v) { return std::to_string(v); };
+  row("", [&](const MemoryPlan& p) { return "stage " + num(p.pipe_rank); });
+  row("ranks", [&](const MemoryPlan& p) {
+    const int a = p.pipe_rank * per_stage, b = a + per_stage - 1;
+    return a == b ? num(a) : num(a) + "-" + num(b);
+  });
+  row("blocks", [&](const MemoryPlan& p) {
+    return p.num_blocks == 1 ? num(p.first_block) : num(p.first_block) + "-" + num(p.first_block + p.num_blocks - 1);
+  });
+  row("parameters (count)", [&](const MemoryPlan& p) { return num(p.params_rank); });
+  row("parameters", [&](const MemoryPlan& p) { return num(p.param_bytes); });
+  row("gradients", [&](const MemoryPlan& p) { return num(p.grad_bytes); });
+  row("optimizer state (" + cfg.optim.name + ")", [&](const MemoryPlan& p) { return num(p.optim_bytes); });
+  row("activations", [&](const MemoryPlan& p) { return num(p.activation_bytes); });
+  for (size_t i = 0; i < p0.activation_parts.size(); ++i)
+    row("  " + p0.activation_parts[i].first, [&](const MemoryPlan& p) { return num(p.activation_parts[i].second); });
+  row("backward workspace", [&](const MemoryPlan& p) { return num(p.workspace_bytes); });
+  row("micro-batches in flight", [&](const MemoryPlan& p) { return num(p.in_flight); });
+  row("pipeline buffers", [&](const MemoryPlan& p) { return num(p.pipeline_bytes); });
+  row("total", [&](const MemoryPlan& p) { return num(p.total_bytes()); });
+  row("total", [&](const MemoryPlan& p) { return format_bytes(double(p.total_bytes())); });
+  o << "bytes sent per rank per step (ring all-reduce 2(n-1)/n, all-to-all (n-1)/n):\n";
+  row("data", [&](const MemoryPlan& p) { return num((long long)std::llround(p.sent_data)); });
+  row("tensor", [&](const MemoryPlan& p) { return num((long long)std::llround(p.sent_tensor)); });
+  row("pipe", [&](const MemoryPlan& p) { return num((long long)std::llround(p.sent_pipe)); });
+  if (node_bytes_per_rank > 0)
+    for (const MemoryPlan& p : plans)
+      if (double(p.total_bytes()) > node_bytes_per_rank)
+        o << "warning: stage " << p.pipe_rank << " needs " << format_bytes(double(p.total_bytes()))
+          << " per rank but this node has " << format_bytes(node_bytes_per_rank)
+          << " per rank (MemTotal / ranks on the node): use more ranks, smaller micro-batches or a smaller model\n";
+  return o.str();
+}
+
+std::string memory_report_collective(const Config& cfg, const MeshShape& mesh, MPI_Comm world) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  // The vocabulary: rank 0 reads the dataset when the deck leaves it open, and tells everyone.
+  int vocab = int(cfg.model.vocab_size);
+  std::string why;
+  if (vocab == 0 && rank == 0) {
+    try {
+      vocab = Dataset::open(cfg.data.path, "train").vocab_size();
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  MPI_Bcast(&vocab, 1, MPI_INT, 0, world);
+  // Ranks on this node share its memory.
+  MPI_Comm node;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  double per_rank = node_memory_bytes() / local;
+  MPI_Allreduce(MPI_IN_PLACE, &per_rank, 1, MPI_DOUBLE, MPI_MIN, world);  // the tightest node
+  if (rank != 0) return "";
+  if (vocab <= 0)
+    return "memory: not computed: model.vocab_size = 0 and the dataset " + cfg.data.path +
+           " could not be read (" + why + "); set model.vocab_size to plan without data\n";
+  return memory_report(cfg, vocab, mesh, per_rank);
+}
+
+}  // namespace meshmoe

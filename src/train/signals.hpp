@@ -1,0 +1,13 @@
+// SIGUSR1 / SIGTERM: a flag set by the handler and read at the next step boundary, where the ranks
+// agree on it (all-reduce) and stop together with a checkpoint (exit code 75). Slurm sends SIGUSR1
+// before a time limit (`#SBATCH --signal=B:USR1@120`) and SIGTERM on preemption or scancel.
+#pragma once
+
+namespace meshmoe {
+
+// Installs the handlers (idempotent).
+void install_stop_signal_handlers();
+// The signal received since start-up, or 0.
+int stop_signal_received();
+
+}  // namespace meshmoe

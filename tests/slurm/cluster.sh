@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# A real single-node Slurm on this machine for the job-script tests (DESIGN.md "Environment facts"):
+#   tests/slurm/cluster.sh start DIR   starts munged, slurmctld, slurmd with state under DIR and
+#                                      prints the SLURM_CONF to export
+#   tests/slurm/cluster.sh stop DIR    stops what start started, by process id
+# Needs root and the packages slurm-wlm and munge (tools/install-deps.sh --slurm).
+set -euo pipefail
+cmd=${1:?start|stop}; T=${2:?state directory}
+host=$(hostname -s)
+case $cmd in
+start)
+  mkdir -p "$T"/{state,spool,log}
+  mkdir -p /run/munge /var/log/munge /var/lib/munge
+  chown -R munge:munge /run/munge /var/log/munge /var/lib/munge /etc/munge
+  if [ ! -s /etc/munge/munge.key ]; then
+    dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 status=none
+    chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key
+  fi
+  # munged runs as the munge user: its socket, pid, log and seed live in a directory it owns.
+  mkdir -p "$T/munge"; chown munge:munge "$T/munge"; chmod 755 "$T"
+  sock="$T/munge/munge.socket"
+  runuser -u munge -- /usr/sbin/munged --socket="$sock" --pid-file="$T/munge/munged.pid" \
+    --log-file="$T/munge/munged.log" --seed-file="$T/munge/munge.seed"
+  port=$(( 20000 + RANDOM % 20000 ))
+  cat > "$T/slurm.conf" <<CONF
+ClusterName=meshmoetest
+SlurmctldHost=$host
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$sock
+CredType=cred/munge
+StateSaveLocation=$T/state
+SlurmdSpoolDir=$T/spool
+SlurmctldPidFile=$T/slurmctld.pid
+SlurmdPidFile=$T/slurmd.pid
+SlurmctldLogFile=$T/log/slurmctld.log
+SlurmdLogFile=$T/log/slurmd.log
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+MpiDefault=none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+JobRequeue=1
+KillWait=10
+InactiveLimit=0
+MinJobAge=600
+NodeName=$host CPUs=2 State=UNKNOWN
+PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP
+CONF
+  export SLURM_CONF="$T/slurm.conf"
+  /usr/sbin/slurmctld -f "$SLURM_CONF"
+  /usr/sbin/slurmd -f "$SLURM_CONF"
+  for _ in $(seq 60); do
+    state=$(sinfo -h -o %T 2>/dev/null | head -1)
+    [ "$state" = idle ] && { echo "$SLURM_CONF"; exit 0; }
+    sleep 0.5
+  done
+  echo "slurm did not come up; logs in $T/log" >&2
+  tail -20 "$T/log/slurmctld.log" "$T/log/slurmd.log" >&2 || true
+  exit 1
+  ;;
+stop)
+  for f in slurmd.pid slurmctld.pid munge/munged.pid; do
+    [ -s "$T/$f" ] || continue
+    pid=$(cat "$T/$f")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  ;;
+*) echo "usage: cluster.sh start|stop DIR" >&2; exit 2 ;;
+esac

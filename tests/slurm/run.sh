@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# `make check-slurm`: the job scripts on a real Slurm started on this machine (cluster.sh).
+#   1. train-cpu.sbatch (through submit.sh) with a tiny deck on 2 ranks: the job COMPLETES, its
+#      metrics.h5 has every step, the checkpoint is there and verifies.
+#   2. The same deck, sent USR1 mid-run (scancel --signal=USR1 --batch): meshmoe checkpoints and
+#      exits 75, the job requeues itself, resumes, and ends with the same final loss as job 1.
+#   3. sweep.sh over moe.num_experts: one run directory per value.
+# Everything it started is stopped at the end, by process id. Ends with "N passed, M failed".
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+BUILD=${BUILD:-build}
+export MESHMOE=$ROOT/$BUILD/meshmoe
+export OPENBLAS_NUM_THREADS=1
+T=$(mktemp -d /tmp/meshmoe-slurm.XXXXXX)
+chmod 755 "$T"
+passed=0; failed=0
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL $1"; }
+cleanup() { tests/slurm/cluster.sh stop "$T/cluster" >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+
+conf=$(tests/slurm/cluster.sh start "$T/cluster") || { echo "could not start Slurm"; echo "0 passed, 1 failed"; exit 1; }
+export SLURM_CONF=$conf
+echo "slurm up: $(sinfo -h -o '%P %a %D %T %N')"
+
+"$MESHMOE" prep text -q src/model/*.cpp src/model/moe/*.cpp -o "$T/data.h5" >/dev/null
+cat > "$T/deck.toml" <<DECK
+[run]
+name = "slurm"
+steps = ${SLURM_TEST_STEPS:-60}
+log_every = 5
+seed = 3
+[mesh]
+data = 2
+[model]
+seq_len = 32
+d_model = 32
+num_layers = 2
+num_heads = 2
+d_ff = 64
+[moe]
+num_experts = 4
+every = 2
+router = "top1"
+group_size = 32
+[optim]
+batch_size = 8
+lr = 0.003
+warmup_steps = 5
+[data]
+path = "$T/data.h5"
+[eval]
+every = 0
+[checkpoint]
+every = 10
+DECK
+
+wait_job() {  # job id -> prints final state
+  local id=$1 state=""
+  for _ in $(seq 600); do
+    state=$(sacct -n -X -j "$id" -o State 2>/dev/null | head -1 | tr -d ' ')
+    [ -z "$state" ] && state=$(scontrol show job "$id" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+    case $state in COMPLETED|FAILED|CANCELLED*|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) echo "$state"; return;; esac
+    sleep 0.5
+  done
+  echo "TIMEOUT_WAITING($state)"
+}
+job_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+final_loss() { /usr/bin/python3 -c "import h5py,sys; f=h5py.File(sys.argv[1],'r'); print(repr(float(f['loss'][-1])), int(f['step'][-1]))" "$1"; }
+
+cd "$T"
+# 1. a plain job
+id=$("$ROOT/jobscripts/submit.sh" deck.toml --set run.out_dir="$T/run1" -- --parsable)
+state=$(wait_job "$id")
+if [ "$(job_state "$id")" = COMPLETED ] && [ -s "$T/run1/metrics.h5" ]; then ok "job $id completed"; else
+  bad "job $id: state $(job_state "$id")"; cat "$T"/meshmoe-"$id".out 2>/dev/null | tail -20; fi
+read -r loss1 step1 < <(final_loss "$T/run1/metrics.h5" 2>/dev/null) || true
+[ "${step1:-0}" = "${SLURM_TEST_STEPS:-60}" ] && ok "run1 logged every step up to $step1 (loss $loss1)" || bad "run1 metrics: step ${step1:-none}"
+if [ -d "$T/run1/ckpt" ]; then
+  "$MESHMOE" ckpt verify "$T/run1" >/dev/null 2>&1 && ok "run1 checkpoint verifies" || bad "run1 checkpoint does not verify"
+else bad "run1 has no checkpoint directory"; fi
+
+# 2. USR1 mid-run: checkpoint, exit 75, requeue, resume, same final loss
+id=$("$ROOT/jobscripts/submit.sh" deck.toml --set run.out_dir="$T/run2" -- --parsable)
+for _ in $(seq 300); do  # wait until it has logged a few steps
+  [ -s "$T/run2/metrics.h5" ] && /usr/bin/python3 -c "import h5py,sys; sys.exit(0 if h5py.File('$T/run2/metrics.h5','r')['step'].shape[0] >= 3 else 1)" 2>/dev/null && break
+  sleep 0.2
+done
+scancel --signal=USR1 --batch "$id"
+state=$(wait_job "$id")
+out="$T/meshmoe-$id.out"
+grep -q "meshmoe exited with 75" "$out" && ok "job $id: USR1 -> checkpoint and exit 75" || { bad "job $id: no exit 75 after USR1"; tail -30 "$out"; }
+grep -q "restart 1" "$out" && ok "job $id requeued and restarted" || bad "job $id did not restart"
+[ "$(job_state "$id")" = COMPLETED ] && ok "job $id completed after the restart" || bad "job $id: state $(job_state "$id")"
+read -r loss2 step2 < <(final_loss "$T/run2/metrics.h5" 2>/dev/null) || true
+if [ -n "${loss1:-}" ] && [ "${loss2:-x}" = "$loss1" ] && [ "$step2" = "$step1" ]; then ok "resumed run ends with the same final loss ($loss2)"
+else bad "final loss after resume ${loss2:-none} (step ${step2:-none}) differs from the uninterrupted ${loss1:-none}"; fi
+
+# 3. a sweep over moe.num_experts
+id=$("$ROOT/jobscripts/sweep.sh" deck.toml moe.num_experts "2 4" --set checkpoint.every=0 -- --parsable)
+for t in 0 1; do wait_job "${id}_$t" >/dev/null; done
+n=0; for v in 2 4; do [ -s "$T/runs/slurm-moe.num_experts-$v/metrics.h5" ] && n=$((n + 1)); done
+[ "$n" = 2 ] && ok "sweep: one run directory per value" || { bad "sweep: $n of 2 run directories"; ls -R "$T/runs" 2>/dev/null | head; tail -5 "$T"/meshmoe-sweep-*.out; }
+
+cd "$ROOT"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
