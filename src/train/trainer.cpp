@@ -115,6 +115,9 @@ class Trainer {
         dir_(run_directory(cfg_)),
         train_(Dataset::open(cfg_.data.path, "train")),
         valid_(Dataset::open(cfg_.data.path, "valid")) {
+    if (cfg_.run.device == "cuda")
+      throw InputError("run.device = \"cuda\": the CUDA model path is not implemented yet (the NCCL communicator is); "
+                       "use run.device = \"cpu\"");
     vocab_ = cfg_.model.vocab_size > 0 ? int(cfg_.model.vocab_size) : train_.vocab_size();
     if (vocab_ < train_.vocab_size())
       throw InputError("model.vocab_size = " + std::to_string(vocab_) + " is smaller than the vocabulary of " +

@@ -101,7 +101,7 @@ else bad "final loss after resume ${loss2:-none} (step ${step2:-none}) differs f
 id=$("$ROOT/jobscripts/sweep.sh" deck.toml moe.num_experts "2 4" --set checkpoint.every=0 -- --parsable)
 for t in 0 1; do wait_job "${id}_$t" >/dev/null; done
 n=0; for v in 2 4; do [ -s "$T/runs/slurm-moe.num_experts-$v/metrics.h5" ] && n=$((n + 1)); done
-[ "$n" = 2 ] && ok "sweep: one run directory per value" || { bad "sweep: $n of 2 run directories"; ls -R "$T/runs" 2>/dev/null | head; tail -5 "$T"/meshmoe-sweep-*.out; }
+[ "$n" = 2 ] && ok "sweep: one run directory per value" || { bad "sweep: $n of 2 run directories"; ls -R "$T/runs" 2>/dev/null | head; tail -n 5 "$T"/meshmoe-sweep-*.out; }
 
 cd "$ROOT"
 echo "$passed passed, $failed failed"
