@@ -219,6 +219,11 @@ MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int 
       // h [rows, H] (+ dropout mask [rows, H])
       const int64_t rows = El * (expert_on_data ? D : 1) * G * C;
       r += (rows * M + rows * Hinl + rows * Hel + (mo.expert_dropout > 0 ? rows * Hel : 0)) * kF;
+      // all-to-all path (experts over data, data > 1): the dispatcher's receive buffer [rows, M], the
+      // global token of each row [rows] int64, per-source/expert counts and offsets (the expert-side
+      // input and output buffers live only during the forward)
+      if (expert_on_data && D > 1)
+        r += rows * M * kF + rows * sizeof(int64_t) + (2 * D + 3 * D * El) * sizeof(int64_t) + El * sizeof(int);
       a_moe += r;
     } else {
       ++dense_here;
@@ -286,8 +291,11 @@ MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mes
                               int tensor_rank) {
   const MemoryPlan plan = plan_memory(cfg, vocab, mesh, pipe_rank, data_rank, tensor_rank);
   MemoryMeasured m;
-  LocalStandInComm tensor_comm(tensor_rank, mesh.tensor);
+  LocalStandInComm tensor_comm(tensor_rank, mesh.tensor), data_comm(data_rank, mesh.data);
   ModelSharding sh;
+  sh.data_rank = data_rank;
+  sh.data_size = mesh.data;
+  sh.data = &data_comm;
   sh.tensor_rank = tensor_rank;
   sh.tensor_size = mesh.tensor;
   sh.tensor = &tensor_comm;

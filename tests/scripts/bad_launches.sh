@@ -157,8 +157,11 @@ check "--set out of range"       2 "$E --set run.steps=-1: run.steps: out of ran
 check "--set cross-key"          2 "$E .*model.num_heads"               4 $(train) --set model.num_heads=3
 check "--set bad choice"         2 "$E --set optim.name=sgd: optim.name: must be one of adamw, adafactor" 4 $(train) --set optim.name=sgd
 
-echo "== deck files (tests/decks/bad, every '# expect:' line)"
-for f in tests/decks/bad/*.toml; do
+echo "== deck files (a sample of tests/decks/bad; every '# expect:' line of each)"
+# (deck_cli.sh runs all of them on one rank; here: each kind of deck error, under 4 ranks)
+for k in unknown_key int_got_string range_ge1 heads_not_dividing_dmodel syntax_unterminated_string many_errors \
+         set_bad_value set_cross_key; do
+  f=tests/decks/bad/$k.toml
   sets=()
   while IFS= read -r s; do sets+=(--set "$s"); done < <(sed -n 's/^# set: //p' "$f")
   want=$(sed -n 's/^# expect: //p' "$f" | head -1)
@@ -173,7 +176,7 @@ done
 echo "== launch"
 check "wrong rank count (4 ranks, mesh 1x2x1)" 2 "$E .*(4|2).*(rank|mesh)" 4 $(train) --set mesh.data=2
 check "wrong rank count (2 ranks, mesh 1x4x1)" 2 "$E .*(4|2).*(rank|mesh)" 2 $(train)
-check "wrong rank count (3 ranks, mesh 2x2x1)" 2 "$E .*(3|4).*(rank|mesh)" 3 $(train) --set mesh.pipe=2 --set mesh.data=2
+check "wrong rank count (3 ranks, mesh 2x2x1)" 2 "$E .*(3|4).*(rank|mesh)" 3 $(train) --set mesh.pipe=2 --set mesh.data=2 --set optim.micro_batches=2
 check "empty deck (default data path missing)" 2 "$E .*data/gettext.h5" 1 train "$PWD/tests/decks/good/empty.toml"
 
 echo "== data file"
@@ -184,14 +187,14 @@ check "data file truncated"        2 "$E .*truncated.h5"     4 $(train) --set da
 check "data file is a metrics.h5"  2 "$E .*metrics.h5"       4 $(train) --set data.path="$REF/metrics.h5"
 check "data file is a checkpoint"  2 "$E .*step_00000004.h5" 4 $(train) --set data.path="$C4"
 check "data file without /valid"   2 "$E .*novalid.h5"       4 $(train) --set data.path="$T/novalid.h5"
-check "data path is a directory"   2 "$E .*a_directory"      4 $(train) --set data.path="$T/a_directory"
+check "data path is a directory"   2 "$E .*a_directory: (.*is a directory|.*not a (regular )?file)" 4 $(train) --set data.path="$T/a_directory"
 check "data file is text"          2 "$E .*text.txt"         4 $(train) --set data.path="$T/text.txt"
-check "data path empty"            2 "$E .*data"             4 $(train) --set data.path=
+check "data path empty"            2 "$E .*data\.path"       4 $(train) --set data.path=
 
 echo "== checkpoint to resume from"
 check "resume: incompatible model (d_model 32)" 2 "$E .*incompatible model"  4 $(train) --set run.resume="$T/wide/ckpt/step_00000002.h5"
 check "resume: incompatible model (8 experts)"  2 "$E .*incompatible model"  4 $(train) --set run.resume="$T/experts8/ckpt/step_00000002.h5"
-check "resume: other optimizer's state"         2 "$E .*adafactor"           4 $(train) --set run.resume="$T/adafactor/ckpt/step_00000002.h5"
+check "resume: other optimizer's state"         2 "$E .*holds adafactor state" 4 $(train) --set run.resume="$T/adafactor/ckpt/step_00000002.h5"
 check "resume: missing file"                    2 "$E .*nothere_ckpt.h5"     4 $(train) --set run.resume="$T/nothere_ckpt.h5"
 check "resume: typo 'Auto' (taken as a path)"   2 "$E .*Auto"                4 $(train) --set run.resume=Auto
 check "resume: corrupt checkpoint"              2 "$E .*corrupt_ckpt.h5"     4 $(train) --set run.resume="$T/corrupt_ckpt.h5"

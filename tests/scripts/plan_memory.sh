@@ -156,7 +156,9 @@ for stage in (0, 1):
     # activations: stage buffers, ln, attention (no dropout), geglu ffn, MoE, head
     moe = ((NM + NM + 2 * N * E) * f + N * 8 + N * k * 4 + N * 8 + G * E * 8 + 2 * N * k * 4 + N * k * f + E * 8
            + E * G * C * 12 + 2 * E * G * C * Md * f
-           + (El * D * G * C) * (Md + 2 * He + He) * f)
+           + (El * D * G * C) * (Md + 2 * He + He) * f
+           # all-to-all path (D > 1): receive buffer [R, M], row tokens [R] int64, counts and offsets
+           + ((El * D * G * C) * Md * f + (El * D * G * C) * 8 + (2 * D + 3 * D * El) * 8 + El * 4 if D > 1 else 0))
     act = (3 * NM * f + (N * 4 if stage == 0 else 0) + 2 * 2 * (NM + N) * f
            + 2 * (NM + 3 * NM + rows * NH * T * T + NM) * f
            + (NM + 2 * N * FF + N * FF) * f + moe)

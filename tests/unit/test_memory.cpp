@@ -190,18 +190,9 @@ TEST_CASE("memory plan: GShard section 5.1, memory per rank stays flat as expert
     const MeshShape mesh{1, 2, 1};
     const MemoryPlan p = plan_memory(c, V, mesh, 0, 1, 0);
     const MemoryMeasured m = measure_memory(c, V, mesh, 0, 1, 0);
-    // Until the Transformer shards experts over data, it builds all E = 4 of them: exactly the
-    // planned bytes plus the 2 experts of the other rank in each of the 2 MoE layers
-    // (w_in [M, H] + w_out [H, M]); Adafactor factors each expert matrix: (M + H) twice.
-    const size_t other = 2 * 2 * size_t(2 * 64 * 256) * sizeof(float);
-    const size_t other_state = 2 * 2 * size_t(2 * (64 + 256)) * sizeof(float);
-    if (m.param_bytes == p.param_bytes) {
-      CHECK(p.optim_bytes == m.optim_bytes);
-    } else {
-      WARN("experts are not yet sharded over data in the Transformer: checking the unsharded store");
-      CHECK(m.param_bytes == p.param_bytes + other);
-      CHECK(m.optim_bytes == p.optim_bytes + other_state);
-    }
+    // Experts are sharded over data: this rank holds E / 2 of them, exactly as planned.
+    CHECK(m.param_bytes == p.param_bytes);
+    CHECK(p.optim_bytes == m.optim_bytes);
     check_activations(p, m);  // expert rows E_local x D x G x C = E x G x C either way
   }
 }

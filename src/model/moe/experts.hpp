@@ -26,6 +26,8 @@ namespace meshmoe {
 template <typename T>
 class Experts {
  public:
+  // The expert-side input rows of the last forward (kept for backward).
+  const std::vector<T>& input() const { return x_; }
   // e_local < 0: all experts; h_local < 0: all hidden units. tensor: sums the partial outputs when
   // h_local < H (required then).
   explicit Experts(const MoeOptions& opt, int e0 = 0, int e_local = -1, int h0 = 0, int h_local = -1,

@@ -71,8 +71,10 @@ void MoeLayer<T>::dispatch(const StepContext& ctx, const T* x) {
 template <typename T>
 void MoeLayer<T>::run_experts(const StepContext& ctx) {
   if (a2a) {
+    expert_side_elems_ = xin_.size();
     xout_.resize(xin_.size());
     experts.forward(ctx, xin_.data(), xout_.data(), a2a->expert_rows(), a2a->expert_row_token().data());
+    std::vector<T>().swap(xin_);
   } else {
     out_.resize(buf_.size());
     experts.forward(ctx, buf_.data(), out_.data(), dispatcher.expert_rows(), dispatcher.slot_token_global().data());
@@ -86,6 +88,7 @@ void MoeLayer<T>::combine(const StepContext& ctx, T* y) {
   if (a2a) {
     out_.resize(buf_.size());
     a2a->from_experts(ctx, xout_.data(), out_.data());
+    std::vector<T>().swap(xout_);
   }
   dispatcher.combine(router.routing(), out_.data(), y, M);
   if (isel) isel->reduce_output(ctx, y, size_t(router.routing().N) * M);
@@ -121,11 +124,11 @@ void MoeLayer<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N, do
     ScopedPhase t(ctx.timers, "combine");
     dispatcher.combine_backward(r, dy, out_.data(), dout.data(), dgate.data(), M);
     if (a2a) {
-      dexp.resize(xout_.size());
+      dexp.resize(expert_side_elems_);
       a2a->to_experts(ctx, dout.data(), dexp.data());
     }
   }
-  std::vector<T> dxe(a2a ? xin_.size() : buf_.size(), T(0));
+  std::vector<T> dxe(a2a ? expert_side_elems_ : buf_.size(), T(0));
   {
     ScopedPhase t(ctx.timers, "expert");
     experts.backward(ctx, a2a ? dexp.data() : dout.data(), dxe.data());
