@@ -2,6 +2,7 @@
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -122,6 +123,36 @@ int run(int argc, char** argv) {
     sub->callback([&ckpt_opt, action] { ckpt_opt.action = action; });
   }
 
+  // A mistyped subcommand gets a suggestion rather than CLI11's "A subcommand is required".
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string given = argv[1];
+    std::string best;
+    size_t best_d = std::string::npos;
+    for (const auto* sub : app.get_subcommands({})) {
+      const std::string& name = sub->get_name();
+      if (name == given) {
+        best.clear();
+        best_d = 0;
+        break;
+      }
+      // Edit distance, small strings: the classic dynamic programme.
+      std::vector<size_t> row(name.size() + 1);
+      for (size_t j = 0; j <= name.size(); ++j) row[j] = j;
+      for (size_t i = 1; i <= given.size(); ++i) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= name.size(); ++j) {
+          const size_t up = row[j];
+          row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (given[i - 1] == name[j - 1] ? 0 : 1)});
+          diag = up;
+        }
+      }
+      if (row[name.size()] < best_d) best_d = row[name.size()], best = name;
+    }
+    if (best_d != 0)
+      throw InputError("unknown command '" + given + "'" + (best_d <= 3 ? "; did you mean '" + best + "'?" : "") +
+                       " (meshmoe --help lists the commands)");
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -5,6 +5,7 @@ set -euo pipefail
 PKGS=(build-essential pkg-config libopenmpi-dev openmpi-bin libhdf5-openmpi-dev libopenblas-dev catch2
       libtomlplusplus-dev libcli11-dev gettext python3-numpy python3-h5py python3-matplotlib python3-torch)
 [ "${1:-}" = "--slurm" ] && PKGS+=(slurm-wlm munge)
+[ "${1:-}" = "--fuzz" ] && PKGS+=(clang libclang-rt-14-dev)  # make fuzz: libFuzzer, sanitizers
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then
   for p in "${PKGS[@]}"; do

@@ -476,6 +476,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float
   // Collective HDF5 phase. Every rank creates every dataset in plan order.
   try {
     h5::File f = h5::File::create(tmp, comm);
+    try {
     write_meta_attrs(f, meta, n_params, n_optim);
     f.create_group("params");
     f.create_group("optim");
@@ -498,8 +499,16 @@ std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float
     }
     f.flush();
     f.close();
+    } catch (const std::exception& e) {
+      // A rank failed inside the collective HDF5 calls (e.g. the disk is full): the others may wait
+      // in the same collective, and closing the file is collective too, so no rank can recover.
+      // Abort with the reason; the committed checkpoints are untouched (only the .tmp is partial).
+      std::fprintf(stderr, "meshmoe: rank %d: fatal: cannot write checkpoint %s: %s\n", me, tmp.c_str(), e.what());
+      std::fflush(stderr);
+      MPI_Abort(comm, 1);
+    }
   } catch (const std::exception& e) {
-    err = e.what();
+    err = e.what();  // the file could not be created (on every rank alike)
   }
   if (auto e = agree_on_error(err, comm); !e.empty()) {
     if (me == 0) std::remove(tmp.c_str());

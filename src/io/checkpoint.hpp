@@ -60,7 +60,9 @@ std::string checkpoint_file_name(int64_t step);
 // <ckpt_dir>/LATEST, then prunes by `keep`. Creates ckpt_dir if missing. Returns the path of the
 // committed file on every rank. Throws (on every rank alike) InputError when ckpt_dir cannot be
 // created or written, Error for inconsistent inputs (tensor shapes disagreeing between ranks,
-// blocks that do not tile a tensor).
+// blocks that do not tile a tensor). A failure of one rank inside the collective write (e.g. a full
+// disk) cannot be agreed on (the others wait in HDF5's collectives): that rank prints the reason and
+// calls MPI_Abort (exit code 1); the committed checkpoints stay untouched.
 std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float>& store,
                              const std::vector<StateTensor>& state, const CheckpointMeta& meta,
                              const Mesh& mesh, const RetentionPolicy& keep = {});

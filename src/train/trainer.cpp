@@ -80,6 +80,35 @@ void prepare_run_directory(const Deck& deck, const std::string& dir, Comm& world
   if (!ok) throw InputError(why.empty() ? "cannot write the run directory " + dir : why);
 }
 
+// Dataset::open with the mistakes of data.path named first.
+Dataset open_split(const std::string& path, const std::string& split) {
+  if (path.empty()) throw InputError("data.path is empty: set it to a dataset file written by `meshmoe prep gettext|text`");
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError("data.path: " + path + ": is a directory, not a dataset file (write one with `meshmoe prep`)");
+  return Dataset::open(path, split);
+}
+
+// The first `per_language` examples of every language of a split (all of it when 0), so that an
+// evaluation scores every language, the small ones too.
+Dataset eval_subset(const Dataset& valid, int64_t per_language) {
+  if (per_language <= 0) return valid;
+  const DataSplit& in = valid.split();
+  DataSplit out;
+  std::vector<int64_t> taken(valid.info().languages.size() + 1, 0);
+  for (size_t e = 0; e < in.num_examples(); ++e) {
+    const int32_t lang = in.lang[e];
+    int64_t& n = taken[size_t(std::clamp<int32_t>(lang, 0, int32_t(taken.size()) - 1))];
+    if (n >= per_language) continue;
+    ++n;
+    const size_t b = in.example_begin(e), len = in.example_size(e);
+    std::vector<int32_t> tokens(len);
+    for (size_t i = 0; i < len; ++i) tokens[i] = int32_t(in.token(b + i));
+    out.add_example(tokens, std::vector<uint8_t>(in.loss_mask.begin() + long(b), in.loss_mask.begin() + long(b + len)), lang);
+  }
+  return Dataset::from_memory(valid.info(), std::move(out), valid.path() + " (valid, " + std::to_string(per_language) + " per language)");
+}
+
 // The step's global batch is split into micro-batches of consecutive rows, and each micro-batch
 // over the data axis: the token groups, and so the routing, do not depend on the mesh.
 struct RowRange {
@@ -113,8 +142,9 @@ class Trainer {
         mesh_(mesh),
         data_comm_(mesh.axis(Axis::Data)),
         dir_(run_directory(cfg_)),
-        train_(Dataset::open(cfg_.data.path, "train")),
-        valid_(Dataset::open(cfg_.data.path, "valid")) {
+        train_(open_split(cfg_.data.path, "train")),
+        valid_(Dataset::open(cfg_.data.path, "valid")),
+        eval_set_(eval_subset(valid_, cfg_.eval.examples_per_language)) {
     if (cfg_.run.device == "cuda")
       throw InputError("run.device = \"cuda\": the CUDA model path is not implemented yet (the NCCL communicator is); "
                        "use run.device = \"cpu\"");
@@ -192,7 +222,7 @@ class Trainer {
                        "meshmoe: error: %lld consecutive non-finite steps (run.max_bad_steps) up to step %lld; "
                        "stopping with the parameters of the last good step%s\n",
                        (long long)bad_steps_, (long long)step, step_nonfinite_.empty() ? "" : " (see the warnings for the first non-finite layer)");
-        save_checkpoint(step - bad_steps_);
+        save_checkpoint(step - bad_steps_, &good_cursor_);
         return kExitFailure;
       }
       if (cfg_.eval.every > 0 && (step % cfg_.eval.every == 0 || step == steps)) evaluate(step);
@@ -222,18 +252,20 @@ class Trainer {
   }
 
   // Writes ckpt/step_N.h5 (collective; atomic, then LATEST, then pruning by checkpoint.keep_*).
-  void save_checkpoint(int64_t step) {
+  // `cursor`: the data cursor to record (default: where the batcher stands); a checkpoint of the
+  // last good step (after non-finite steps) records that step's cursor and no bad steps.
+  void save_checkpoint(int64_t step, const DataCursor* cursor = nullptr) {
     if (step <= 0 || step == last_checkpoint_) return;
     const double t0 = wall_seconds();
     CheckpointMeta m;
     m.step = step;
     m.update_count = updates_;
     m.seed = uint64_t(cfg_.run.seed);
-    m.data_cursor = batcher_->cursor();
+    m.data_cursor = cursor ? *cursor : batcher_->cursor();
     m.optimizer = cfg_.optim.name;
     m.deck = deck_.effective_toml;
     m.version = version_;
-    m.counters = {{"bad_steps", bad_steps_}};
+    m.counters = {{"bad_steps", cursor ? 0 : bad_steps_}};
     const std::string path = write_checkpoint(dir_ + "/ckpt", model_->params(), optimizer_->state(), m, mesh_,
                                               RetentionPolicy{int(cfg_.checkpoint.keep_last), int(cfg_.checkpoint.keep_every)});
     last_checkpoint_ = step;
@@ -258,15 +290,18 @@ class Trainer {
       path = cfg_.run.resume;
     }
     if (path.empty()) return;
+    // What the file says about itself first: a clear message before any tensor is read.
+    const CheckpointMeta head = read_checkpoint_meta(path);
+    if (head.optimizer != cfg_.optim.name)
+      throw InputError("checkpoint " + path + " holds " + head.optimizer + " state but optim.name = " + cfg_.optim.name +
+                       " (set run.resume = never to start afresh)");
+    if (head.step > cfg_.run.steps)
+      throw InputError("checkpoint " + path + " is at step " + std::to_string(head.step) + ", beyond run.steps = " +
+                       std::to_string(cfg_.run.steps));
     std::vector<StateTensor> state = optimizer_->state();
     const CheckpointMeta m = read_checkpoint(path, model_->params(), state, mesh_.world());
-    if (m.optimizer != cfg_.optim.name)
-      throw InputError("checkpoint " + path + " holds " + m.optimizer + " state but optim.name = " + cfg_.optim.name +
-                       " (set run.resume = never to start afresh)");
-    if (m.step > cfg_.run.steps)
-      throw InputError("checkpoint " + path + " is at step " + std::to_string(m.step) + ", beyond run.steps = " +
-                       std::to_string(cfg_.run.steps));
     batcher_->restore(m.data_cursor);
+    good_cursor_ = m.data_cursor;
     start_step_ = m.step;
     last_checkpoint_ = m.step;
     updates_ = m.update_count;
@@ -465,6 +500,7 @@ class Trainer {
       return s;
     }
     bad_steps_ = 0;
+    good_cursor_ = batcher_->cursor();
     ++updates_;
     const double scale = clip_scale(s.grad_norm, cfg_.optim.grad_clip);
     scale_grads(P, scale);
@@ -560,11 +596,14 @@ class Trainer {
     const size_t L = train_.info().languages.size();
     Comm& pipe = mesh_.axis(Axis::Pipe);
     const int stage = mesh_.coord(Axis::Pipe);
-    Batcher batcher(valid_, T, uint64_t(cfg_.run.seed), true);  // the same seeded sample of every language each time
+    // The same sample each time: eval.batches seeded batches of the split, or the per-language
+    // subset once through (its last batch may repeat a few examples from the start).
+    const bool whole_subset = cfg_.eval.examples_per_language > 0;
+    Batcher batcher(eval_set_, T, uint64_t(cfg_.run.seed), !whole_subset);
     std::vector<double> sums(2 + 2 * L, 0.0);  // loss, tokens, per-language loss, per-language tokens
     const double start = wall_seconds();
     std::vector<float> x;
-    for (int64_t b = 0; b < cfg_.eval.batches; ++b) {
+    for (int64_t b = 0; whole_subset ? batcher.cursor().epoch == 0 : b < cfg_.eval.batches; ++b) {
       const Batch batch = batcher.next(B);
       std::vector<Micro> micros = micro_batches(batch, step, false, nullptr);
       for (size_t m = 0; m < micros.size(); ++m) {
@@ -607,6 +646,7 @@ class Trainer {
   Comm& data_comm_;
   std::string dir_;
   Dataset train_, valid_;
+  Dataset eval_set_;  // valid_, or its first eval.examples_per_language examples of every language
   int vocab_ = 0;
   std::unique_ptr<Transformer<float>> model_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -619,6 +659,7 @@ class Trainer {
   std::string step_nonfinite_;  // this rank's first non-finite layer output in the current step
   int64_t updates_ = 0;
   int64_t start_step_ = 0;       // steps already done (from a checkpoint)
+  DataCursor good_cursor_;       // the data cursor after the last step whose update was applied
   int64_t last_checkpoint_ = 0;  // step of the newest checkpoint written or resumed from
   std::vector<std::pair<size_t, size_t>> data_replicated_ranges_;  // (flat offset, size)
   std::vector<size_t> norm_entries_;

@@ -83,6 +83,9 @@ run ntlb-d2t2 4 --set moe.no_token_left_behind=true --set mesh.data=2 --set mesh
 run geglu-adafactor 1 --set model.activation=geglu --set optim.name=adafactor
 run geglu-adafactor-d2t2 4 --set model.activation=geglu --set optim.name=adafactor --set mesh.data=2 --set mesh.tensor=2
 run geglu-adafactor-pmoe-t2 2 --set model.activation=geglu --set optim.name=adafactor --set moe.expert_axis=tensor --set mesh.tensor=2
+run evalsub 1 --set eval.examples_per_language=3
+run evalsub-d2t2 4 --set eval.examples_per_language=3 --set mesh.data=2 --set mesh.tensor=2
+pairs+="evalsub:evalsub-d2t2 "
 pairs+="ref:micro2 ref:data2-micro2 untied:untied-pipe2 ref-h4:switch55-t4 ntlb:ntlb-d2t2 "
 pairs+="geglu-adafactor:geglu-adafactor-d2t2 "
 export PAIRS=$pairs
@@ -112,6 +115,11 @@ for ref_name, run in pairs:
         status = "ok" if np.array_equal(a, b) else "MISMATCH"
         bad += status != "ok"
         print(f"{run:24s} moe/{layer}/expert_load exact {status}")
+# eval.examples_per_language scores every language that has validation examples.
+sub = h5py.File(f"{T}/evalsub/metrics.h5", "r")
+toks = sub["eval/lang_tokens"][()]
+toks = toks[np.isfinite(toks).all(axis=1)]
+assert toks.shape[0] >= 1 and (toks[-1] > 0).all(), f"a language was not scored: {toks[-1]}"
 ref = h5py.File(f"{T}/ref/metrics.h5", "r")
 assert ref["loss"].shape[0] == 4 and np.all(np.isfinite(ref["loss"][()])), "ref run incomplete"
 sys.exit(1 if bad else 0)
