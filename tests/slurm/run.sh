@@ -28,17 +28,19 @@ echo "slurm up: $(sinfo -h -o '%P %a %D %T %N')"
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "slurm"
-steps = ${SLURM_TEST_STEPS:-60}
+steps = ${SLURM_TEST_STEPS:-100}
 log_every = 5
 seed = 3
 [mesh]
 data = 2
 [model]
-seq_len = 32
-d_model = 32
+# Large enough that a step takes tens of milliseconds, so the USR1 sent after a few logged steps
+# lands mid-run (a smaller model finishes its steps before the signal arrives).
+seq_len = 64
+d_model = 128
 num_layers = 2
 num_heads = 2
-d_ff = 64
+d_ff = 512
 [moe]
 num_experts = 4
 every = 2
@@ -76,7 +78,7 @@ state=$(wait_job "$id")
 if [ "$(job_state "$id")" = COMPLETED ] && [ -s "$T/run1/metrics.h5" ]; then ok "job $id completed"; else
   bad "job $id: state $(job_state "$id")"; cat "$T"/meshmoe-"$id".out 2>/dev/null | tail -20; fi
 read -r loss1 step1 < <(final_loss "$T/run1/metrics.h5" 2>/dev/null) || true
-[ "${step1:-0}" = "${SLURM_TEST_STEPS:-60}" ] && ok "run1 logged every step up to $step1 (loss $loss1)" || bad "run1 metrics: step ${step1:-none}"
+[ "${step1:-0}" = "${SLURM_TEST_STEPS:-100}" ] && ok "run1 logged every step up to $step1 (loss $loss1)" || bad "run1 metrics: step ${step1:-none}"
 if [ -d "$T/run1/ckpt" ]; then
   "$MESHMOE" ckpt verify "$T/run1" >/dev/null 2>&1 && ok "run1 checkpoint verifies" || bad "run1 checkpoint does not verify"
 else bad "run1 has no checkpoint directory"; fi
