@@ -9,12 +9,13 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "deck/deck.hpp"
-#include "io/checkpoint.hpp"
 #include "data/prep.hpp"
 #include "data/prep_cli.hpp"
+#include "deck/deck.hpp"
+#include "io/checkpoint.hpp"
 #include "mesh/mesh.hpp"
 #include "parallel/bench_comm.hpp"
+#include "tensor/device.hpp"
 #include "train/memory.hpp"
 #include "train/trainer.hpp"
 
@@ -63,7 +64,9 @@ int cmd_train(const std::string& path, const std::vector<std::string>& overrides
 
 int run(int argc, char** argv) {
   CLI::App app{"meshmoe: sharded Mixture-of-Experts Transformer training (GShard, Switch, Pipeline-MoE)"};
-  app.set_version_flag("--version", std::string("meshmoe ") + MESHMOE_VERSION);
+  app.set_version_flag("--version", std::string("meshmoe ") + MESHMOE_VERSION +
+                                        (cuda_compiled() ? " (host: OpenBLAS + MPI; CUDA: cuBLAS + NCCL)"
+                                                         : " (host: OpenBLAS + MPI; built without CUDA)"));
   app.require_subcommand(1);
 
   std::string deck_path;

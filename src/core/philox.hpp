@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/hd.hpp"
+
 namespace meshmoe {
 
 enum class RngPurpose : uint32_t {
@@ -18,7 +20,7 @@ enum class RngPurpose : uint32_t {
   Test = 255
 };
 
-inline std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> ctr, std::array<uint32_t, 2> key) {
+MESHMOE_HD inline std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> ctr, std::array<uint32_t, 2> key) {
   constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
     const uint64_t p0 = uint64_t(M0) * ctr[0];
@@ -40,20 +42,20 @@ struct Rng {
 
   // Four independent 32-bit words for (index, draw). `draw` (< 256) selects further blocks for
   // the same index (e.g. resampling).
-  std::array<uint32_t, 4> bits(uint64_t index, uint32_t draw = 0) const {
+  MESHMOE_HD std::array<uint32_t, 4> bits(uint64_t index, uint32_t draw = 0) const {
     return philox4x32({uint32_t(index), uint32_t(index >> 32), step, (layer << 8) | uint32_t(purpose)},
                       {uint32_t(seed) ^ (draw << 24), uint32_t(seed >> 32)});
   }
   // Uniform in [0, 1): 24 random bits of word `lane` (0..3).
-  float uniform(uint64_t index, int lane = 0, uint32_t draw = 0) const {
+  MESHMOE_HD float uniform(uint64_t index, int lane = 0, uint32_t draw = 0) const {
     return float(bits(index, draw)[lane] >> 8) * (1.0f / 16777216.0f);
   }
-  double uniform_double(uint64_t index, int lane = 0, uint32_t draw = 0) const {
+  MESHMOE_HD double uniform_double(uint64_t index, int lane = 0, uint32_t draw = 0) const {
     return double(bits(index, draw)[lane] >> 8) * (1.0 / 16777216.0);
   }
   // Standard normal truncated to [-2, 2] by resampling (Switch section 2.4 init): Box-Muller on
   // fresh blocks until a value falls inside.
-  double truncated_normal(uint64_t index) const {
+  MESHMOE_HD double truncated_normal(uint64_t index) const {
     for (uint32_t draw = 0;; ++draw) {
       const auto b = bits(index, draw);
       for (int pair = 0; pair < 2; ++pair) {

@@ -1,16 +1,17 @@
 #include "model/attention.hpp"
 
-#include <algorithm>
 #include <cmath>
-#include <limits>
+#include <stdexcept>
 
 #include "core/error.hpp"
+#include "model/attention_bodies.hpp"
 #include "tensor/blas.hpp"
+#include "tensor/launch.hpp"
 
 namespace meshmoe {
 
 template <typename T>
-static void ensure(std::vector<T>& v, size_t n) {
+static void ensure(Buffer<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
@@ -50,7 +51,8 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   T_ = T_seq;
   const int B = N / T_, Tq = T_, L = L_, D = D_;
   const size_t NL = size_t(N) * L;
-  x_.assign(x, x + size_t(N) * M_);
+  ensure(x_, size_t(N) * M_);
+  for_each_index(int64_t(N) * M_, AttentionCopyElement<T>{x, x_.data()});
   ensure(qkv_, 3 * NL);
   ensure(p_, size_t(B) * LH_ * Tq * Tq);
   ensure(att_, NL);
@@ -62,30 +64,21 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   matmul(false, false, N, L, M_, x, wk.w, k);
   matmul(false, false, N, L, M_, x, wv.w, v);
   const T scale = T(1) / std::sqrt(T(D));
-  for (int b = 0; b < B; ++b) {
+  // S [T, T] = scale * Q_bh [T, D] K_bh^T for every (sequence b, local head h), then the causal
+  // softmax of all B * LH * T rows at once, then O_bh [T, D] = P [T, T] V_bh [T, D].
+  for (int b = 0; b < B; ++b)
     for (int h = 0; h < LH_; ++h) {
       const size_t base = size_t(b) * Tq * L + size_t(h) * D;  // row b*T, column h*D of an [N, L] buffer
       T* P = p_.data() + (size_t(b) * LH_ + h) * Tq * Tq;
-      // S [T, T] = scale * Q_bh [T, D] K_bh^T
       gemm(false, true, Tq, Tq, D, scale, q + base, L, k + base, L, T(0), P, Tq);
-      // causal row softmax over j <= i
-      for (int i = 0; i < Tq; ++i) {
-        T* row = P + size_t(i) * Tq;
-        T mx = row[0];
-        for (int j = 1; j <= i; ++j) mx = std::max(mx, row[j]);
-        T sum = 0;
-        for (int j = 0; j <= i; ++j) {
-          row[j] = std::exp(row[j] - mx);
-          sum += row[j];
-        }
-        const T inv = T(1) / sum;
-        for (int j = 0; j <= i; ++j) row[j] *= inv;
-        for (int j = i + 1; j < Tq; ++j) row[j] = T(0);
-      }
-      // O_bh [T, D] = P [T, T] V_bh [T, D]
+    }
+  for_each_index(int64_t(B) * LH_ * Tq, AttentionCausalSoftmaxRow<T>{p_.data(), Tq});
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < LH_; ++h) {
+      const size_t base = size_t(b) * Tq * L + size_t(h) * D;
+      const T* P = p_.data() + (size_t(b) * LH_ + h) * Tq * Tq;
       gemm(false, false, Tq, D, Tq, T(1), P, Tq, v + base, L, T(0), att_.data() + base, L);
     }
-  }
   // y [N, M] = att [N, L] wo [L, M]  (partial over heads when sharded)
   matmul(false, false, N, M_, L, att_.data(), wo.w, y);
   if (sharded() && tensor_allreduce) tensor_allreduce(y, size_t(N) * M_);
@@ -102,7 +95,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   ensure(datt_, NL);
   ensure(dqkv_, 3 * NL);
   ensure(dp_, size_t(Tq) * Tq);
-  std::copy(dy, dy + size_t(N) * M_, dy_.data());
+  for_each_index(int64_t(N) * M_, AttentionCopyElement<T>{dy, dy_.data()});
   dropout_.backward(ctx, dy_.data(), N, M_);
   // wo.g [L, M] += att^T dy; datt [N, L] = dy wo^T
   matmul(true, false, L, M_, N, att_.data(), dy_.data(), wo.g, true);
@@ -124,14 +117,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
       gemm(false, true, Tq, Tq, D, T(1), dO, L, v + base, L, T(0), dP, Tq);
       gemm(true, false, Tq, D, Tq, T(1), P, Tq, dO, L, T(0), dv + base, L);
       // softmax backward: dS = P * (dP - sum_j P dP); zero above the diagonal since P is
-      for (int i = 0; i < Tq; ++i) {
-        const T* pr = P + size_t(i) * Tq;
-        T* dr = dP + size_t(i) * Tq;
-        T dot = 0;
-        for (int j = 0; j <= i; ++j) dot += pr[j] * dr[j];
-        for (int j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
-        for (int j = i + 1; j < Tq; ++j) dr[j] = T(0);
-      }
+      for_each_index(Tq, AttentionCausalSoftmaxBackwardRow<T>{P, dP, Tq});
       // dQ = scale dS K; dK = scale dS^T Q
       gemm(false, false, Tq, D, Tq, scale, dP, Tq, k + base, L, T(0), dq + base, L);
       gemm(true, false, Tq, D, Tq, scale, dP, Tq, q + base, L, T(0), dk + base, L);
@@ -149,7 +135,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
     matmul(false, true, N, M_, L, dk, wk.w, dxs_.data(), true);
     matmul(false, true, N, M_, L, dv, wv.w, dxs_.data(), true);
     tensor_allreduce(dxs_.data(), size_t(N) * M_);
-    for (size_t i = 0; i < size_t(N) * M_; ++i) dx[i] += dxs_[i];
+    for_each_index(int64_t(N) * M_, AttentionAddElement<T>{dxs_.data(), dx});
   } else {
     matmul(false, true, N, M_, L, dq, wq.w, dx, true);
     matmul(false, true, N, M_, L, dk, wk.w, dx, true);

@@ -16,6 +16,7 @@
 #include "model/context.hpp"
 #include "model/dropout.hpp"
 #include "model/params.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -47,12 +48,12 @@ class CausalSelfAttention {
   int T_ = 0;
   Dropout<T> dropout_;
   // saved by forward
-  std::vector<T> x_;    // [N, M]
-  std::vector<T> qkv_;  // q, k, v each [N, L]
-  std::vector<T> p_;    // softmax probabilities [B, LH, T, T] (zero above the diagonal)
-  std::vector<T> att_;  // attention output before wo [N, L]
+  Buffer<T> x_;    // [N, M]
+  Buffer<T> qkv_;  // q, k, v each [N, L]
+  Buffer<T> p_;    // softmax probabilities [B, LH, T, T] (zero above the diagonal)
+  Buffer<T> att_;  // attention output before wo [N, L]
   // backward scratch
-  std::vector<T> dy_, datt_, dqkv_, dp_, dxs_;
+  Buffer<T> dy_, datt_, dqkv_, dp_, dxs_;
 };
 
 }  // namespace meshmoe

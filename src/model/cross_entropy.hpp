@@ -4,9 +4,9 @@
 // sharded runs add up to exactly the single-rank loss.
 #pragma once
 #include <cstdint>
-#include <vector>
 
 #include "model/context.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -22,15 +22,15 @@ class CrossEntropy {
   void backward(const StepContext& ctx, const T* logits, T* dlogits, int N);
 
   // From the last forward: unweighted per-token loss [N] (0 where masked), the masked-token count.
-  const std::vector<double>& per_token_loss() const { return loss_; }
+  const Buffer<double>& per_token_loss() const { return loss_; }
   double count() const { return count_; }
 
  private:
   int V_ = 0;
   double weight_ = 0, count_ = 0;
-  std::vector<double> loss_;   // [N]
-  std::vector<T> lse_, mask_;  // [N]
-  std::vector<int32_t> targets_;
+  Buffer<double> loss_;   // [N]
+  Buffer<T> lse_, mask_;  // [N]
+  Buffer<int32_t> targets_;
 };
 
 }  // namespace meshmoe

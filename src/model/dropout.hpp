@@ -4,10 +4,10 @@
 // Active only when ctx.training and rate > 0.
 #pragma once
 #include <cstdint>
-#include <vector>
 
 #include "core/philox.hpp"
 #include "model/context.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -38,7 +38,7 @@ class Dropout {
   uint32_t layer_ = 0;
   RngPurpose purpose_ = RngPurpose::Dropout;
   bool was_active_ = false;
-  std::vector<uint8_t> keep_;  // [N, C]
+  Buffer<uint8_t> keep_;  // [N, C]
 };
 
 }  // namespace meshmoe

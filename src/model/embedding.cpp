@@ -1,9 +1,12 @@
 #include "model/embedding.hpp"
 
-#include <algorithm>
+#include <string>
 
 #include "core/error.hpp"
+#include "model/embedding_bodies.hpp"
 #include "tensor/blas.hpp"
+#include "tensor/elementwise.hpp"
+#include "tensor/launch.hpp"
 
 namespace meshmoe {
 
@@ -22,29 +25,36 @@ void Embedding<T>::forward(const StepContext& ctx, const int32_t* tokens, T* x, 
   T_ = T_seq;
   tokens_.assign(tokens, tokens + N);
   for (int n = 0; n < N; ++n) {
-    const int32_t tok = tokens[n];
+    const int32_t tok = tokens_[n];
     if (tok < 0 || tok >= V_)
       throw Error("token id " + std::to_string(tok) + " outside the vocabulary [0, " + std::to_string(V_) +
                   "): the data file does not match model.vocab_size");
-    const T* e = wte.w + size_t(tok) * M_;
-    const T* p = wpe.w + size_t(n % T_) * M_;
-    T* o = x + size_t(n) * M_;
-    for (int m = 0; m < M_; ++m) o[m] = e[m] + p[m];
   }
+  for_each_index(int64_t(N) * M_, EmbeddingForwardElement<T>{wte.w, wpe.w, tokens_.data(), x, M_, T_});
 }
 
 // dx [N, M] -> wte.g, wpe.g
 template <typename T>
 void Embedding<T>::backward(const StepContext& ctx, const T* dx, int N) {
-  for (int n = 0; n < N; ++n) {
-    T* ge = wte.g + size_t(tokens_[n]) * M_;
-    T* gp = wpe.g + size_t(n % T_) * M_;
-    const T* d = dx + size_t(n) * M_;
-    for (int m = 0; m < M_; ++m) {
-      ge[m] += d[m];
-      gp[m] += d[m];
+  // Group the positions by token (a stable counting sort, so ascending n within a token), so that
+  // one body owns each used row of wte.g: no two positions of one token add into it concurrently.
+  token_first_.assign(size_t(V_) + 1, 0);
+  for (int n = 0; n < N; ++n) ++token_first_[size_t(tokens_[n]) + 1];
+  row_tokens_.clear();
+  row_start_.assign(1, 0);
+  for (int v = 0; v < V_; ++v) {
+    if (token_first_[size_t(v) + 1] > 0) {
+      row_tokens_.push_back(v);
+      row_start_.push_back(row_start_.back() + token_first_[size_t(v) + 1]);
     }
+    token_first_[size_t(v) + 1] += token_first_[v];  // now the first slot of token v + 1
   }
+  token_order_.resize(N);
+  for (int n = 0; n < N; ++n) token_order_[size_t(token_first_[tokens_[n]]++)] = n;
+  for_each_index(int64_t(row_tokens_.size()) * M_,
+                 EmbeddingTokenGradElement<T>{dx, row_tokens_.data(), row_start_.data(), token_order_.data(),
+                                              wte.g, M_});
+  for_each_index(int64_t(T_) * M_, EmbeddingPositionGradElement<T>{dx, wpe.g, M_, T_, N});
 }
 
 template <typename T>
@@ -60,7 +70,8 @@ void OutputHead<T>::declare(ParamStore<T>& store, const std::string& prefix, Par
 // x [N, M] -> logits [N, V]
 template <typename T>
 void OutputHead<T>::forward(const StepContext& ctx, const T* x, T* logits, int N) {
-  x_.assign(x, x + size_t(N) * M_);
+  if (x_.size() < size_t(N) * M_) x_.resize(size_t(N) * M_);
+  copy_from(x_.data(), x, size_t(N) * M_);
   matmul(false, true, N, V_, M_, x, W_->w, logits);
 }
 

@@ -7,6 +7,7 @@
 
 #include "model/context.hpp"
 #include "model/params.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -31,7 +32,11 @@ class Embedding {
  private:
   int V_, Tmax_, M_;
   int T_ = 0;
-  std::vector<int32_t> tokens_;  // [N]
+  Buffer<int32_t> tokens_;  // [N]
+  // backward's grouping of the positions by token: the distinct tokens (ascending), where each
+  // one's positions start in token_order_ [U + 1], the positions [N]; token_first_ [V + 1] is scratch
+  Buffer<int32_t> row_tokens_, row_start_, token_order_;
+  std::vector<int32_t> token_first_;
 };
 
 // logits [N, V] = x W^T, W [V, M] = the token embedding (tied) or prefix.wout (untied).
@@ -55,7 +60,7 @@ class OutputHead {
  private:
   int V_, M_;
   ParamView<T>* W_ = &wout;
-  std::vector<T> x_;  // [N, M]
+  Buffer<T> x_;  // [N, M]
 };
 
 }  // namespace meshmoe

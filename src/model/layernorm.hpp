@@ -1,10 +1,10 @@
 // LayerNorm over the last dimension (Ba et al. 2016), used pre-LN: y = (x - mean) * rstd * gain + bias.
 #pragma once
 #include <string>
-#include <vector>
 
 #include "model/context.hpp"
 #include "model/params.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -26,8 +26,8 @@ class LayerNorm {
  private:
   int M_;
   double eps_;
-  std::vector<T> xhat_;  // [N, M]
-  std::vector<T> rstd_;  // [N]
+  Buffer<T> xhat_;  // [N, M]
+  Buffer<T> rstd_;  // [N]
 };
 
 }  // namespace meshmoe

@@ -1,14 +1,14 @@
 #include "model/mlp.hpp"
 
-#include <algorithm>
 #include <stdexcept>
 
 #include "tensor/blas.hpp"
+#include "tensor/elementwise.hpp"
 
 namespace meshmoe {
 
 template <typename T>
-static void ensure(std::vector<T>& v, size_t n) {
+static void ensure(Buffer<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
@@ -37,7 +37,8 @@ void MLP<T>::declare(ParamStore<T>& store, const std::string& prefix) {
 // x [N, M] -> y [N, M]
 template <typename T>
 void MLP<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
-  x_.assign(x, x + size_t(N) * M_);
+  ensure(x_, size_t(N) * M_);
+  copy_from(x_.data(), x, size_t(N) * M_);
   ensure(pre_, size_t(N) * W_);
   ensure(h_, size_t(N) * LH_);
   // pre [N, W] = x [N, M] w_in [M, W]; h [N, LH] = act(pre); y [N, M] = h w_out [LH, M]
@@ -54,7 +55,7 @@ void MLP<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
   ensure(dy_, size_t(N) * M_);
   ensure(dh_, size_t(N) * LH_);
   ensure(dpre_, size_t(N) * W_);
-  std::copy(dy, dy + size_t(N) * M_, dy_.data());
+  copy_from(dy_.data(), dy, size_t(N) * M_);
   dropout_.backward(ctx, dy_.data(), N, M_);
   // w_out.g [LH, M] += h^T dy; dh [N, LH] = dy w_out^T
   matmul(true, false, LH_, M_, N, h_.data(), dy_.data(), w_out.g, true);
@@ -66,7 +67,7 @@ void MLP<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
     ensure(dxs_, size_t(N) * M_);
     matmul(false, true, N, M_, W_, dpre_.data(), w_in.w, dxs_.data());
     tensor_allreduce(dxs_.data(), size_t(N) * M_);
-    for (size_t i = 0; i < size_t(N) * M_; ++i) dx[i] += dxs_[i];
+    add_into(dx, dxs_.data(), size_t(N) * M_);
   } else {
     matmul(false, true, N, M_, W_, dpre_.data(), w_in.w, dx, true);
   }

@@ -11,12 +11,12 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <vector>
 
 #include "model/activation.hpp"
 #include "model/context.hpp"
 #include "model/dropout.hpp"
 #include "model/params.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -45,10 +45,10 @@ class MLP {
   int M_, H_, h0_, LH_, W_;  // W_ = local input-projection width (LH or 2 LH)
   Activation act_;
   Dropout<T> dropout_;
-  std::vector<T> x_;    // [N, M]
-  std::vector<T> pre_;  // [N, W]
-  std::vector<T> h_;    // [N, LH]
-  std::vector<T> dy_, dh_, dpre_, dxs_;
+  Buffer<T> x_;    // [N, M]
+  Buffer<T> pre_;  // [N, W]
+  Buffer<T> h_;    // [N, LH]
+  Buffer<T> dy_, dh_, dpre_, dxs_;
 };
 
 }  // namespace meshmoe

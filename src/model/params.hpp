@@ -16,6 +16,8 @@
 
 #include "core/hash.hpp"
 #include "core/philox.hpp"
+#include "tensor/device.hpp"
+#include "tensor/elementwise.hpp"
 
 namespace meshmoe {
 
@@ -116,7 +118,7 @@ class ParamStore {
     return logical;
   }
 
-  void zero_grad() { std::fill(grads_.begin(), grads_.end(), T(0)); }
+  void zero_grad() { fill_with(grads_.data(), grads_.size(), T(0)); }  // on the current device
 
   T* weights() { return weights_.data(); }
   T* grads() { return grads_.data(); }
@@ -134,7 +136,7 @@ class ParamStore {
  private:
   std::vector<ParamInfo> infos_;
   std::vector<ParamView<T>*> views_;
-  std::vector<T> weights_, grads_;
+  Buffer<T> weights_, grads_;
   size_t total_ = 0;
   bool allocated_ = false;
 };

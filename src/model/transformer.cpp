@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "model/activation.hpp"
 #include "model/moe/moe_options.hpp"
+#include "tensor/elementwise.hpp"
 
 namespace meshmoe {
 
@@ -133,22 +134,19 @@ ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& m
   h_.resize(NM);
   f_.resize(NM);
 
-  if (first_stage())
-    emb_.forward(ctx, mb.inputs, x_.data(), N_, T_);
-  else
-    std::copy(x_in, x_in + NM, x_.begin());
+  if (first_stage()) {
+    inputs_.assign(mb.inputs, mb.inputs + N_);  // the batch is host memory; a kernel reads the copy
+    emb_.forward(ctx, inputs_.data(), x_.data(), N_, T_);
+  } else {
+    copy_from(x_.data(), x_in, NM);
+  }
   if (inject_nan_) {
     x_[0] = std::numeric_limits<T>::quiet_NaN();
     inject_nan_ = false;
   }
   first_nonfinite_.clear();
-  auto check_finite = [&](const std::vector<T>& v, size_t n, const std::string& where) {
-    if (!first_nonfinite_.empty()) return;
-    for (size_t i = 0; i < n; ++i)
-      if (!std::isfinite(v[i])) {
-        first_nonfinite_ = where;
-        return;
-      }
+  auto check_finite = [&](const Buffer<T>& v, size_t n, const std::string& where) {
+    if (first_nonfinite_.empty() && !all_finite(v.data(), n)) first_nonfinite_ = where;
   };
   check_finite(x_, NM, first_stage() ? "embed" : "stage input");
   ForwardStats st;
@@ -159,7 +157,7 @@ ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& m
       ScopedPhase t(ctx.timers, "attention");
       b.attn.forward(ctx, h_.data(), f_.data(), N_, T_);
     }
-    for (size_t i = 0; i < NM; ++i) x_[i] += f_[i];
+    add_into(x_.data(), f_.data(), NM);
     b.ln2.forward(ctx, x_.data(), h_.data(), N_);
     if (b.moe) {
       b.moe->forward(ctx, h_.data(), f_.data(), N_);
@@ -169,7 +167,7 @@ ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& m
       ScopedPhase t(ctx.timers, "dense_ffn");
       b.mlp->forward(ctx, h_.data(), f_.data(), N_);
     }
-    for (size_t i = 0; i < NM; ++i) x_[i] += f_[i];
+    add_into(x_.data(), f_.data(), NM);
     check_finite(x_, NM, "blocks." + std::to_string(block_index++));
   }
   if (!last_stage()) return st;
@@ -178,8 +176,9 @@ ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& m
   logits_.resize(size_t(N_) * V);
   head_.forward(ctx, h_.data(), logits_.data(), N_);
   check_finite(logits_, logits_.size(), "head");
-  const std::vector<T> mask(mb.mask, mb.mask + N_);
-  ce_.forward(ctx, logits_.data(), mb.targets, mask.data(), N_, V, w.ce);
+  targets_.assign(mb.targets, mb.targets + N_);
+  mask_.assign(mb.mask, mb.mask + N_);
+  ce_.forward(ctx, logits_.data(), targets_.data(), mask_.data(), N_, V, w.ce);
   for (double l : ce_.per_token_loss()) st.ce_sum += l;
   st.mask_sum = ce_.count();
   return st;
@@ -189,9 +188,11 @@ template <typename T>
 void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w, const T* d_out) {
   const size_t NM = size_t(N_) * shape_.d_model;
   timers_ = ctx.timers;
-  dh_.assign(NM, T(0));
+  dh_.resize(NM);
+  d_.resize(NM);
+  fill_with(dh_.data(), NM, T(0));
   if (last_stage()) {
-    d_.assign(NM, T(0));
+    fill_with(d_.data(), NM, T(0));
     {
       ScopedPhase t(ctx.timers, "head_loss");
       ce_.backward(ctx, logits_.data(), logits_.data(), N_);  // logits_ now holds dlogits
@@ -199,11 +200,11 @@ void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w, cons
     }
     lnf_.backward(ctx, dh_.data(), d_.data(), N_);
   } else {
-    d_.assign(d_out, d_out + NM);
+    copy_from(d_.data(), d_out, NM);
   }
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
     Block& b = *it;
-    std::fill(dh_.begin(), dh_.end(), T(0));
+    fill_with(dh_.data(), NM, T(0));
     if (b.moe) {
       b.moe->backward(ctx, d_.data(), dh_.data(), N_, w.aux, w.z);
     } else {
@@ -211,7 +212,7 @@ void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w, cons
       b.mlp->backward(ctx, d_.data(), dh_.data(), N_);
     }
     b.ln2.backward(ctx, dh_.data(), d_.data(), N_);  // d_ = residual grad + ln2 path
-    std::fill(dh_.begin(), dh_.end(), T(0));
+    fill_with(dh_.data(), NM, T(0));
     {
       ScopedPhase t(ctx.timers, "attention");
       b.attn.backward(ctx, d_.data(), dh_.data(), N_);

@@ -21,6 +21,7 @@
 #include "model/mlp.hpp"
 #include "model/moe/moe_layer.hpp"
 #include "model/params.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -97,13 +98,13 @@ class Transformer {
   // loss; an earlier one from d_out [N, M] (the next stage's input gradient). A later stage leaves
   // the gradient of its input in input_grad().
   void backward(const StepContext& ctx, const LossWeights& w, const T* d_out = nullptr);
-  const std::vector<T>& stage_output() const { return x_; }
+  const Buffer<T>& stage_output() const { return x_; }
   // The first part of this stage whose output held a NaN or Inf in the last forward ("embed",
   // "blocks.<i>", "head"), or "" when all were finite.
   const std::string& first_nonfinite() const { return first_nonfinite_; }
   // Testing aid (deck key debug.nan_step): the next forward poisons its first activation with NaN.
   void inject_nan_next_forward() { inject_nan_ = true; }
-  const std::vector<T>& input_grad() const { return d_; }
+  const Buffer<T>& input_grad() const { return d_; }
   bool first_stage() const { return sharding_.pipe_rank == 0; }
   bool last_stage() const { return sharding_.pipe_rank == sharding_.pipe_size - 1; }
   int first_block() const { return first_block_; }  // global index of blocks()[0]
@@ -118,7 +119,7 @@ class Transformer {
   std::deque<Block>& blocks() { return blocks_; }
   const CrossEntropy<T>& loss() const { return ce_; }
   // Logits [N, V] of the last forward; backward overwrites them with dlogits.
-  const std::vector<T>& logits() const { return logits_; }
+  const Buffer<T>& logits() const { return logits_; }
   // MoE layers in block order (for their statistics).
   std::vector<const MoeLayer<T>*> moe_layers() const;
 
@@ -138,7 +139,9 @@ class Transformer {
   std::string first_nonfinite_;
   bool inject_nan_ = false;
   int N_ = 0, T_ = 0;
-  std::vector<T> x_, h_, f_, logits_, d_, dh_;
+  Buffer<T> x_, h_, f_, logits_, d_, dh_;
+  Buffer<int32_t> inputs_, targets_;  // device-readable copies of the micro-batch
+  Buffer<T> mask_;
 };
 
 }  // namespace meshmoe

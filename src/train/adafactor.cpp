@@ -4,6 +4,9 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "tensor/launch.hpp"
+#include "train/optimizer_bodies.hpp"
+
 namespace meshmoe {
 
 AdafactorOptions AdafactorOptions::from_config(const Config& cfg) {
@@ -34,6 +37,10 @@ Adafactor::Adafactor(const ParamStore<float>& store, std::vector<size_t> owned, 
     } else {
       en.v.assign(en.info.size, 0.0f);
     }
+    row_sums_.resize(std::max(row_sums_.size(), en.batch * en.rows));
+    col_sums_.resize(std::max(col_sums_.size(), en.batch * en.cols));
+    row_moment_sums_.resize(std::max(row_moment_sums_.size(), en.batch));
+    u_.resize(std::max(u_.size(), en.info.size));
     entries_.push_back(std::move(en));
   }
   last_rms_over_d_.assign(entries_.size(), 0.0);
@@ -55,46 +62,27 @@ void Adafactor::step(ParamStore<float>& store, double lr, int64_t t) {
     const ParamInfo& p = en.info;
     float* x = store.weights() + p.flat_offset;  // x [local_shape]
     const float* g = store.grads() + p.flat_offset;
-    u_.assign(p.size, 0.0);
+    double* u = u_.data();  // U [local_shape]
     if (factored(p)) {
       const size_t nd = p.local_shape.size(), B = en.batch, n = en.rows, m = en.cols;
       const double n_logical = double(p.logical_shape[nd - 2]), m_logical = double(p.logical_shape[nd - 1]);
       // g [B, n, m]; row sums [B, n] over m, column sums [B, m] over n
-      std::vector<double> row(B * n, 0.0), col(B * m, 0.0), rsum(B, 0.0);
-      for (size_t b = 0; b < B; ++b)
-        for (size_t i = 0; i < n; ++i)
-          for (size_t j = 0; j < m; ++j) {
-            const double g2 = double(g[(b * n + i) * m + j]) * double(g[(b * n + i) * m + j]);
-            row[b * n + i] += g2;
-            col[b * m + j] += g2;
-          }
-      if (split(p, nd - 1)) reduce(p, int(nd - 1), row.data(), row.size());
-      if (split(p, nd - 2)) reduce(p, int(nd - 2), col.data(), col.size());
-      for (size_t r = 0; r < B * n; ++r)
-        en.v_row[r] = float(beta * en.v_row[r] + (1.0 - beta) * (row[r] / m_logical + eps1));
-      for (size_t c = 0; c < B * m; ++c)
-        en.v_col[c] = float(beta * en.v_col[c] + (1.0 - beta) * (col[c] / n_logical + eps1));
-      for (size_t b = 0; b < B; ++b)
-        for (size_t i = 0; i < n; ++i) rsum[b] += en.v_row[b * n + i];
-      if (split(p, nd - 2)) reduce(p, int(nd - 2), rsum.data(), rsum.size());
-      for (size_t b = 0; b < B; ++b) {
-        const double rmean = rsum[b] / n_logical;
-        for (size_t i = 0; i < n; ++i)
-          for (size_t j = 0; j < m; ++j) {
-            const size_t e = (b * n + i) * m + j;
-            const double v = double(en.v_row[b * n + i]) * double(en.v_col[b * m + j]) / rmean;
-            u_[e] = double(g[e]) / std::sqrt(v);
-          }
-      }
+      double *row = row_sums_.data(), *col = col_sums_.data(), *rsum = row_moment_sums_.data();
+      for_each_index(int64_t(B * n), AdafactorRowSumSquares{g, row, int64_t(m)});
+      for_each_index(int64_t(B * m), AdafactorColumnSumSquares{g, col, int64_t(n), int64_t(m)});
+      if (split(p, nd - 1)) reduce(p, int(nd - 1), row, B * n);
+      if (split(p, nd - 2)) reduce(p, int(nd - 2), col, B * m);
+      for_each_index(int64_t(B * n), AdafactorFactorMoment{en.v_row.data(), row, beta, m_logical, eps1});
+      for_each_index(int64_t(B * m), AdafactorFactorMoment{en.v_col.data(), col, beta, n_logical, eps1});
+      for_each_index(int64_t(B), AdafactorRowMomentSum{en.v_row.data(), rsum, int64_t(n)});
+      if (split(p, nd - 2)) reduce(p, int(nd - 2), rsum, B);
+      for_each_index(int64_t(p.size), AdafactorFactoredUpdateElement{g, en.v_row.data(), en.v_col.data(), rsum, u,
+                                                                     int64_t(n), int64_t(m), n_logical});
     } else {
-      for (size_t e = 0; e < p.size; ++e) {
-        en.v[e] = float(beta * en.v[e] + (1.0 - beta) * (double(g[e]) * double(g[e]) + eps1));
-        u_[e] = double(g[e]) / std::sqrt(double(en.v[e]));
-      }
+      for_each_index(int64_t(p.size), AdafactorUnfactoredUpdateElement{g, en.v.data(), u, beta, eps1});
     }
     // Update clipping (S&S section 6): RMS over the whole logical parameter.
-    double sumsq = 0.0, count = 1.0;
-    for (size_t e = 0; e < p.size; ++e) sumsq += u_[e] * u_[e];
+    double sumsq = sum_squares(u, p.size, partials_), count = 1.0;
     for (size_t d = 0; d < p.local_shape.size(); ++d) {
       if (split(p, d)) reduce(p, int(d), &sumsq, 1);
       count *= double(p.logical_shape[d]);
@@ -102,7 +90,7 @@ void Adafactor::step(ParamStore<float>& store, double lr, int64_t t) {
     const double rms_over_d = (count > 0 ? std::sqrt(sumsq / count) : 0.0) / opt_.clip;
     last_rms_over_d_[k] = rms_over_d;
     const double step = lr / std::max(1.0, rms_over_d);
-    for (size_t e = 0; e < p.size; ++e) x[e] = float(double(x[e]) - step * u_[e]);
+    for_each_index(int64_t(p.size), AdafactorApplyElement{x, u, step});
   }
 }
 

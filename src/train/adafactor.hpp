@@ -23,6 +23,7 @@
 // Sharded params: row means, column means, mean_i(R) and RMS(U) are summed over the ranks holding
 // the other blocks through the DimReduce hook, so any split gives the unsharded result.
 #pragma once
+#include "tensor/device.hpp"
 #include "train/optimizer.hpp"
 
 namespace meshmoe {
@@ -48,14 +49,17 @@ class Adafactor final : public Optimizer {
   struct Entry {
     ParamInfo info;
     size_t batch = 1, rows = 0, cols = 0;   // factored: local [batch, rows, cols]
-    std::vector<float> v_row, v_col;        // factored: [batch, rows], [batch, cols]
-    std::vector<float> v;                   // unfactored: [size]
+    Buffer<float> v_row, v_col;             // factored: [batch, rows], [batch, cols]
+    Buffer<float> v;                        // unfactored: [size]
   };
   void reduce(const ParamInfo& p, int dim, double* buf, size_t n) const;
   AdafactorOptions opt_;
   DimReduce reduce_;
   std::vector<Entry> entries_;
-  std::vector<double> u_;                   // scratch, one param's U
+  // Scratch for one param at a time, sized at construction for the largest owned entry:
+  Buffer<double> row_sums_, col_sums_, row_moment_sums_;  // sums of G^2 [B, n], [B, m]; of v_row [B]
+  Buffer<double> u_;                                      // U [size]
+  Buffer<double> partials_;                               // chunk sums of U^2 (sum_squares)
   std::vector<double> last_rms_over_d_;
 };
 

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "tensor/launch.hpp"
+#include "train/optimizer_bodies.hpp"
+
 namespace meshmoe {
 
 AdamWOptions AdamWOptions::from_config(const Config& cfg) {
@@ -30,18 +33,11 @@ void AdamW::step(ParamStore<float>& store, double lr, int64_t t) {
   const float bc2s = float(bc2_sqrt), eps = float(opt_.eps), neg_step = float(-(lr / bc1));
   for (size_t k = 0; k < infos_.size(); ++k) {
     const ParamInfo& p = infos_[k];
-    float* x = store.weights() + p.flat_offset;  // x [local_shape]
-    const float* g = store.grads() + p.flat_offset;
-    float* m = m_[k].data();
-    float* v = v_[k].data();
     const bool decayed = !p.no_weight_decay && opt_.weight_decay != 0.0;
-    for (size_t i = 0; i < p.size; ++i) {
-      if (decayed) x[i] = x[i] * decay;
-      m[i] = m[i] * b1 + one_m_b1 * g[i];
-      v[i] = v[i] * b2 + one_m_b2 * g[i] * g[i];
-      const float denom = std::sqrt(v[i]) / bc2s + eps;
-      x[i] = x[i] + neg_step * m[i] / denom;
-    }
+    for_each_index(int64_t(p.size),
+                   AdamWUpdateElement{store.weights() + p.flat_offset, m_[k].data(), v_[k].data(),
+                                      store.grads() + p.flat_offset, decay, b1, one_m_b1, b2, one_m_b2, bc2s, eps,
+                                      neg_step, decayed});
   }
 }
 

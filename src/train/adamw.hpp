@@ -6,6 +6,7 @@
 //   x <- x - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 // Element-wise: any subset of entries, any block of a sharded param, no communication.
 #pragma once
+#include "tensor/device.hpp"
 #include "train/optimizer.hpp"
 
 namespace meshmoe {
@@ -25,7 +26,7 @@ class AdamW final : public Optimizer {
  private:
   AdamWOptions opt_;
   std::vector<ParamInfo> infos_;                 // copies of the owned entries
-  std::vector<std::vector<float>> m_, v_;        // per owned entry, param's local shape
+  std::vector<Buffer<float>> m_, v_;        // per owned entry, param's local shape
 };
 
 }  // namespace meshmoe

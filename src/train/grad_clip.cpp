@@ -3,6 +3,10 @@
 #include <cmath>
 #include <limits>
 
+#include "tensor/launch.hpp"
+#include "train/optimizer.hpp"
+#include "train/optimizer_bodies.hpp"
+
 namespace meshmoe {
 
 namespace {
@@ -17,21 +21,20 @@ std::vector<size_t> entries_where(const ParamStore<float>& store, bool split) {
 std::vector<size_t> whole_entries(const ParamStore<float>& store) { return entries_where(store, false); }
 std::vector<size_t> split_entries(const ParamStore<float>& store) { return entries_where(store, true); }
 
+// Per entry: partial sums per chunk on the device (sum_squares), added here in entry order.
 double grad_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries) {
+  Buffer<double> partials;
   double s = 0.0;
   for (size_t e : entries) {
     const ParamInfo& p = store.infos()[e];
-    const float* g = store.grads() + p.flat_offset;
-    for (size_t i = 0; i < p.size; ++i) s += double(g[i]) * double(g[i]);
+    s += sum_squares(store.grads() + p.flat_offset, p.size, partials);
   }
   return s;
 }
 
 double grad_sum_squares(const ParamStore<float>& store) {
-  double s = 0.0;
-  const float* g = store.grads();
-  for (size_t i = 0; i < store.size(); ++i) s += double(g[i]) * double(g[i]);
-  return s;
+  Buffer<double> partials;
+  return sum_squares(store.grads(), store.size(), partials);
 }
 
 double clip_scale(double global_norm, double max_norm) {
@@ -43,19 +46,15 @@ double clip_scale(double global_norm, double max_norm) {
 
 void scale_grads(ParamStore<float>& store, const std::vector<size_t>& entries, double scale) {
   if (scale == 1.0) return;
-  const float s = float(scale);
   for (size_t e : entries) {
     const ParamInfo& p = store.infos()[e];
-    float* g = store.grads() + p.flat_offset;
-    for (size_t i = 0; i < p.size; ++i) g[i] *= s;
+    for_each_index(int64_t(p.size), ScaleInPlace<float>{store.grads() + p.flat_offset, float(scale)});
   }
 }
 
 void scale_grads(ParamStore<float>& store, double scale) {
   if (scale == 1.0) return;
-  const float s = float(scale);
-  float* g = store.grads();
-  for (size_t i = 0; i < store.size(); ++i) g[i] *= s;
+  for_each_index(int64_t(store.size()), ScaleInPlace<float>{store.grads(), float(scale)});
 }
 
 }  // namespace meshmoe

@@ -3,8 +3,10 @@
 #include <stdexcept>
 
 #include "core/error.hpp"
+#include "tensor/launch.hpp"
 #include "train/adafactor.hpp"
 #include "train/adamw.hpp"
+#include "train/optimizer_bodies.hpp"
 
 namespace meshmoe {
 
@@ -19,6 +21,18 @@ void Optimizer::check_layout(const ParamStore<float>& store, int64_t t) const {
   if (store.size() != store_size_) throw std::logic_error("optimizer: ParamStore layout changed after construction");
   if (t < 1) throw std::logic_error("optimizer: step number t must be >= 1 (1-based), got " + std::to_string(t));
 }
+
+template <typename T>
+double sum_squares(const T* v, size_t n, Buffer<double>& partials) {
+  const int64_t chunks = (int64_t(n) + SumSquaresChunk<T>::kChunk - 1) / SumSquaresChunk<T>::kChunk;
+  if (partials.size() < size_t(chunks)) partials.resize(size_t(chunks));
+  for_each_index(chunks, SumSquaresChunk<T>{v, int64_t(n), partials.data()});
+  double s = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) s += partials[size_t(c)];
+  return s;
+}
+template double sum_squares(const float*, size_t, Buffer<double>&);
+template double sum_squares(const double*, size_t, Buffer<double>&);
 
 std::vector<size_t> all_entries(const ParamStore<float>& store) {
   std::vector<size_t> e(store.infos().size());

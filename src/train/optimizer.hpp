@@ -28,6 +28,7 @@
 
 #include "deck/config.hpp"
 #include "model/params.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -36,7 +37,7 @@ struct StateTensor {
   std::vector<int64_t> logical_shape;  // unsharded
   std::vector<int64_t> local_shape;    // the block this rank holds
   std::vector<int64_t> offset;         // block start in logical coordinates
-  std::vector<float>* data = nullptr;  // local values, row-major in local_shape; owned by the optimizer
+  Buffer<float>* data = nullptr;  // local values, row-major in local_shape; owned by the optimizer
 };
 
 // Sums buf[0..n) element-wise, in place, over the ranks that hold the other blocks of parameter p
@@ -60,6 +61,11 @@ class Optimizer {
   std::vector<size_t> owned_;
   size_t store_size_ = 0;
 };
+
+// Sum of v[i]^2 over [0, n), in double: partial sums per chunk in a body (into `partials`, grown
+// as needed, so callers can keep it between calls), their sum in chunk order here.
+template <typename T>
+double sum_squares(const T* v, size_t n, Buffer<double>& partials);
 
 // Every entry of the store (what a single rank owns).
 std::vector<size_t> all_entries(const ParamStore<float>& store);

@@ -25,6 +25,7 @@
 #include "train/memory.hpp"
 #include "train/optimizer.hpp"
 #include "train/schedule.hpp"
+#include "train/select_device.hpp"
 #include "train/signals.hpp"
 
 namespace meshmoe {
@@ -35,7 +36,7 @@ std::string run_directory(const Config& cfg) {
 
 double measure_peak_flops() {
   const int n = 512;
-  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
+  Buffer<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);  // on the run's device
   matmul(false, false, n, n, n, a.data(), b.data(), c.data());  // warm-up
   double best = 0, spent = 0;
   while (spent < 0.2) {
@@ -145,9 +146,9 @@ class Trainer {
         train_(open_split(cfg_.data.path, "train")),
         valid_(Dataset::open(cfg_.data.path, "valid")),
         eval_set_(eval_subset(valid_, cfg_.eval.examples_per_language)) {
-    if (cfg_.run.device == "cuda")
-      throw InputError("run.device = \"cuda\": the CUDA model path is not implemented yet (the NCCL communicator is); "
-                       "use run.device = \"cpu\"");
+    // Before anything the model allocates: its Buffers live where run.device says.
+    const std::string device_line = select_device(cfg_.run.device, mesh.world());
+    if (mesh.rank() == 0) std::printf("%s\n", device_line.c_str());
     vocab_ = cfg_.model.vocab_size > 0 ? int(cfg_.model.vocab_size) : train_.vocab_size();
     if (vocab_ < train_.vocab_size())
       throw InputError("model.vocab_size = " + std::to_string(vocab_) + " is smaller than the vocabulary of " +
@@ -384,8 +385,8 @@ class Trainer {
     Comm& pipe = mesh_.axis(Axis::Pipe);
     const int stage = mesh_.coord(Axis::Pipe), stages = mesh_.extent(Axis::Pipe);
     const size_t NM = size_t(micros[0].rows.rows) * micros[0].rows.seq_len * size_t(cfg_.model.d_model);
-    std::vector<std::vector<float>> x_in(micros.size()), x_out(micros.size()), d_in(micros.size());
-    std::vector<float> d_out(NM);
+    std::vector<Buffer<float>> x_in(micros.size()), x_out(micros.size()), d_in(micros.size());
+    Buffer<float> d_out(NM);
     int last_forward = -1;
     for (const PipelineOp& op : one_f_one_b(stage, stages, int(micros.size()))) {
       Micro& mb = micros[size_t(op.micro)];
@@ -602,7 +603,7 @@ class Trainer {
     Batcher batcher(eval_set_, T, uint64_t(cfg_.run.seed), !whole_subset);
     std::vector<double> sums(2 + 2 * L, 0.0);  // loss, tokens, per-language loss, per-language tokens
     const double start = wall_seconds();
-    std::vector<float> x;
+    Buffer<float> x;
     for (int64_t b = 0; whole_subset ? batcher.cursor().epoch == 0 : b < cfg_.eval.batches; ++b) {
       const Batch batch = batcher.next(B);
       std::vector<Micro> micros = micro_batches(batch, step, false, nullptr);

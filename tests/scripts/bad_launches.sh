@@ -178,6 +178,9 @@ check "wrong rank count (4 ranks, mesh 1x2x1)" 2 "$E .*(4|2).*(rank|mesh)" 4 $(t
 check "wrong rank count (2 ranks, mesh 1x4x1)" 2 "$E .*(4|2).*(rank|mesh)" 2 $(train)
 check "wrong rank count (3 ranks, mesh 2x2x1)" 2 "$E .*(3|4).*(rank|mesh)" 3 $(train) --set mesh.pipe=2 --set mesh.data=2 --set optim.micro_batches=2
 check "empty deck (default data path missing)" 2 "$E .*data/gettext.h5" 1 train "$PWD/tests/decks/good/empty.toml"
+# CUDA_VISIBLE_DEVICES= hides every GPU, so this holds on GPU machines too.
+CUDA_VISIBLE_DEVICES= check "run.device = cuda, no GPU visible" 2 \
+  "$E run.device = \"cuda\": rank 0 on .*: (no CUDA device is visible|this meshmoe was built without CUDA)" 4 $(train) --set run.device=cuda
 
 echo "== data file"
 check "data file missing"          2 "$E .*nothere.h5"       4 $(train) --set data.path="$T/nothere.h5"

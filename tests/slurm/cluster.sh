@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real single-node Slurm on this machine for the job-script tests (DESIGN.md "Environment facts"):
 #   tests/slurm/cluster.sh start DIR   starts munged, slurmctld, slurmd with state under DIR and
-#                                      prints the SLURM_CONF to export
+#                                      prints the SLURM_CONF to export; the node has
+#                                      2 CPUs and one stand-in GPU (GRES gpu:1)
 #   tests/slurm/cluster.sh stop DIR    stops what start started, by process id
 # Needs root and the packages slurm-wlm and munge (tools/install-deps.sh --slurm).
 set -euo pipefail
@@ -50,9 +51,13 @@ JobRequeue=1
 KillWait=10
 InactiveLimit=0
 MinJobAge=600
-NodeName=$host CPUs=2 State=UNKNOWN
+GresTypes=gpu
+NodeName=$host CPUs=2 Gres=gpu:1 State=UNKNOWN
 PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF
+  # One stand-in GPU (this machine has none; /dev/null as its device file), so that GPU jobs
+  # (--gpus-per-task=1) are scheduled here and Slurm sets CUDA_VISIBLE_DEVICES for them.
+  printf 'AutoDetect=off\nNodeName=%s Name=gpu File=/dev/null Count=1\n' "$host" > "$T/gres.conf"
   export SLURM_CONF="$T/slurm.conf"
   /usr/sbin/slurmctld -f "$SLURM_CONF"
   /usr/sbin/slurmd -f "$SLURM_CONF"

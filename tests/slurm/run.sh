@@ -5,6 +5,11 @@
 #   2. The same deck, sent USR1 mid-run (scancel --signal=USR1 --batch): meshmoe checkpoints and
 #      exits 75, the job requeues itself, resumes, and ends with the same final loss as job 1.
 #   3. sweep.sh over moe.num_experts: one run directory per value.
+#   4. train-gpu.sbatch (submit.sh --gpu) on 1 rank: Slurm grants the GPU (the script reports
+#      CUDA_VISIBLE_DEVICES) and the ranks run with run.device = "cuda". The test node's GPU is a
+#      stand-in (cluster.sh), so meshmoe must stop with exit 2 naming the rank, the host and the
+#      reason, and the job must fail without requeueing; on a node with a real GPU this job trains
+#      (tests/scripts/gpu_train.sh checks the CUDA path itself).
 # Everything it started is stopped at the end, by process id. Ends with "N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -104,6 +109,16 @@ id=$("$ROOT/jobscripts/sweep.sh" deck.toml moe.num_experts "2 4" --set checkpoin
 for t in 0 1; do wait_job "${id}_$t" >/dev/null; done
 n=0; for v in 2 4; do [ -s "$T/runs/slurm-moe.num_experts-$v/metrics.h5" ] && n=$((n + 1)); done
 [ "$n" = 2 ] && ok "sweep: one run directory per value" || { bad "sweep: $n of 2 run directories"; ls -R "$T/runs" 2>/dev/null | head; tail -n 5 "$T"/meshmoe-sweep-*.out; }
+
+# 4. the GPU job script on the stand-in GPU
+id=$("$ROOT/jobscripts/submit.sh" --gpu deck.toml --set mesh.data=1 --set run.out_dir="$T/gpu" -- --parsable)
+wait_job "$id" >/dev/null
+out="$T/meshmoe-$id.out"
+grep -q "GPUs (CUDA_VISIBLE_DEVICES): 0" "$out" && ok "gpu job $id: Slurm granted one GPU per rank" || { bad "gpu job $id: no GPU granted"; tail -5 "$out"; }
+grep -q "run.device=cuda" "$out" && ok "gpu job $id: ran with run.device = cuda" || bad "gpu job $id: run.device not set"
+if grep -qE 'run.device = "cuda": rank 0 on .*: no CUDA device is visible' "$out" && grep -q "meshmoe exited with 2" "$out" &&
+   [ "$(job_state "$id")" = FAILED ] && ! grep -q "restart 1" "$out"; then ok "gpu job $id: no usable GPU -> exit 2 with the reason, no requeue"
+else bad "gpu job $id: state $(job_state "$id")"; tail -8 "$out"; fi
 
 cd "$ROOT"
 echo "$passed passed, $failed failed"

@@ -13,11 +13,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../test_util.hpp"
 #include "core/error.hpp"
 #include "io/checkpoint.hpp"
 #include "io/h5.hpp"
 #include "mesh/mesh.hpp"
-#include "../test_util.hpp"
 
 namespace meshmoe {
 namespace {
@@ -57,7 +57,7 @@ uint64_t logical_index(const std::vector<int64_t>& logical, const std::vector<in
 // replicated over tensor: Adafactor's factored row accumulator of a column-split weight).
 struct Model {
   ParamStore<float> store;
-  std::deque<std::vector<float>> state_data;
+  std::deque<Buffer<float>> state_data;
   std::vector<StateTensor> state;
 };
 
@@ -302,7 +302,7 @@ TEST_CASE("checkpoint: a checkpoint of another model is refused on every rank", 
   SECTION("optimizer state of another optimizer") {
     Model m;
     build(m, sh, rank, true, false, false);
-    std::vector<float> buf(6);
+    Buffer<float> buf(6);
     std::vector<StateTensor> st{{"final.ln.g/v", {6}, {6}, {0}, &buf}};
     expect_refused(m.store, st, "optimizer state 'final.ln.g/v' [6] is not in the checkpoint");
   }

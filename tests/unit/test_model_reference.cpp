@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "../test_util.hpp"
 #include "io/h5.hpp"
 #include "model/transformer.hpp"
-#include "../test_util.hpp"
 #include "train/grad_clip.hpp"
 #include "train/optimizer.hpp"
 #include "train/schedule.hpp"
@@ -299,7 +299,7 @@ void run_case(const RefCase& rc, int index) {
   const LossWeights w = loss_weights(cfg, b);
   P.zero_grad();
   const ForwardStats fs = model.forward(ctx, b.micro(), w);
-  const std::vector<float> logits = model.logits();  // copy: backward overwrites them
+  const Buffer<float> logits = model.logits();  // copy: backward overwrites them
   REQUIRE(logits.size() == size_t(kB) * kT * kV);
 
   int64_t drops = 0, declined = 0, rerouted = 0;
@@ -318,7 +318,7 @@ void run_case(const RefCase& rc, int index) {
   }
   model.backward(ctx, w);
 
-  f.write("out/logits", logits, {int64_t(kB) * kT, kV});
+  f.write("out/logits", std::vector<float>(logits.begin(), logits.end()), {int64_t(kB) * kT, kV});
   {
     h5::Group g = f.group("out");
     g.set_attr("ce_sum", fs.ce_sum);

@@ -94,7 +94,7 @@ TEST_CASE("moe routing invariants over random settings; NTLB never drops more", 
     for (RouterHarness* h : {&plain, &ntlb}) {
       const bool is_ntlb = h == &ntlb;
       const Routing<double>& r = h->router.routing();
-      const std::vector<double>& p = h->router.probs();
+      const auto& p = h->router.probs();
       REQUIRE(r.C == o.capacity(ctx.training));
       // Per (group, expert): the slots in use are exactly 0..count-1, count <= C.
       std::map<std::pair<int, int>, std::vector<int>> slots;
@@ -152,7 +152,7 @@ TEST_CASE("moe routing invariants over random settings; NTLB never drops more", 
       return count;
     };
     const std::vector<int> count_a = counts(a), count_b = counts(b);
-    const std::vector<double>& p = plain.router.probs();
+    const auto& p = plain.router.probs();
     for (int n = 0; n < N; ++n) {
       const int g = n / o.group_size;
       std::vector<int> order(E);
@@ -197,7 +197,7 @@ TEST_CASE("moe top-2 slot order: first choices fill capacity first, in token ord
   // second choices. Kept iff position < C.
   for (int g = 0; g < N / o.group_size; ++g) {
     std::vector<int> first(E, 0), second(E, 0);
-    const std::vector<double>& p = h.router.probs();
+    const auto& p = h.router.probs();
     std::vector<int> e1(o.group_size), e2(o.group_size);
     for (int s = 0; s < o.group_size; ++s) {
       const int n = g * o.group_size + s;
@@ -229,7 +229,7 @@ TEST_CASE("moe random routing: second-expert dispatch rate is mean(min(1, 2 g2))
   const std::vector<double> x = normal_vector(size_t(N) * o.d_model, 31);
   h.router.forward(ctx, x.data(), N);
   const Routing<double>& r = h.router.routing();
-  const std::vector<double>& p = h.router.probs();
+  const auto& p = h.router.probs();
   double expected = 0, var = 0, mean_q = 0;
   for (int n = 0; n < N; ++n) {
     double p1 = p[size_t(n) * E + r.expert[size_t(n) * 2]], p2 = -1;
@@ -313,7 +313,7 @@ TEST_CASE("moe Switch aux loss = E^2 * GShard aux loss", "[moe]") {
   StepContext ctx;
   const std::vector<double> x = skewed_tokens(N, o.d_model, 3, 1.0);
   h.router.forward(ctx, x.data(), N);
-  const std::vector<double>& p = h.router.probs();
+  const auto& p = h.router.probs();
   double gshard_sum = 0;
   for (int g = 0; g < N / S; ++g) {
     std::vector<double> c(E, 0), m(E, 0);

@@ -50,7 +50,7 @@ inline std::vector<double> normal_vector(size_t n, uint32_t seed, double scale =
 // difference step.
 template <typename T>
 inline std::vector<int> decisions(const Routing<T>& r) {
-  std::vector<int> d = r.expert;
+  std::vector<int> d(r.expert.begin(), r.expert.end());
   d.insert(d.end(), r.slot.begin(), r.slot.end());
   return d;
 }

@@ -12,11 +12,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
-#include "core/error.hpp"
 #include "../test_util.hpp"
+#include "core/error.hpp"
+#include "tensor/launch.hpp"
 #include "train/adafactor.hpp"
 #include "train/adamw.hpp"
 #include "train/grad_clip.hpp"
@@ -206,8 +209,8 @@ TEST_CASE("adafactor: first step by hand (factored 2x2, update clipping, vector)
   CHECK(opt.last_rms_over_d()[0] == Approx(std::sqrt(0.96) / 0.5).epsilon(1e-12));
   const auto st = opt.state();
   REQUIRE(st.size() == 3);
-  CHECK((*st[0].data) == std::vector<float>{2.5f, 12.5f});
-  CHECK((*st[1].data) == std::vector<float>{5.0f, 10.0f});
+  CHECK((*st[0].data) == Buffer<float>{2.5f, 12.5f});
+  CHECK((*st[1].data) == Buffer<float>{5.0f, 10.0f});
   // With d = 1 the matrix update (RMS 0.98) is not clipped.
   ParamStore<float> s2;
   s2.add("w", {2, 2}, InitKind::Zeros, 1, nullptr);
@@ -401,6 +404,81 @@ TEST_CASE("adafactor: a split parameter without DimReduce is a logic error", "[o
   s.allocate();
   Adafactor opt(s, all_entries(s), AdafactorOptions{});
   CHECK_THROWS_WITH(opt.step(s, 0.1, 1), Catch::Contains("split along dim 1"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every loop body of the optimizers and of clipping writes only what its index owns: a few steps
+// give bitwise the same weights, state and norms with the host loops run backwards.
+namespace {
+
+struct HostLoopsReversed {  // RAII: the host loops run backwards (or not) while it lives
+  explicit HostLoopsReversed(bool reversed) { set_host_loop_reversed(reversed); }
+  ~HostLoopsReversed() { set_host_loop_reversed(false); }
+};
+
+struct OptimRun {
+  std::vector<float> weights;
+  std::vector<std::vector<float>> state;
+  std::vector<double> norms, rms_over_d;
+};
+
+// 3 steps of zero_grad, random gradients, global-norm clipping and an update.
+OptimRun run_optimizer_steps(bool adafactor, bool reversed) {
+  HostLoopsReversed order(reversed);
+  ParamStore<float> s;
+  s.add("experts.w", {2, 3, 5}, InitKind::Zeros, 1, nullptr);
+  s.add("proj.w", {70, 65}, InitKind::Zeros, 1, nullptr);  // U^2 and g^2 over more than one 4096-chunk
+  s.add("ln.g", {9}, InitKind::Zeros, 1, nullptr).no_weight_decay = true;
+  s.add("out.b", {5000}, InitKind::Zeros, 1, nullptr);
+  s.allocate();
+  std::mt19937 gen(20240611);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t i = 0; i < s.size(); ++i) s.weights()[i] = normal(gen);
+  std::unique_ptr<Optimizer> opt;
+  if (adafactor)
+    opt = std::make_unique<Adafactor>(s, all_entries(s), AdafactorOptions{0.8, 1e-30, 1.0});
+  else
+    opt = std::make_unique<AdamW>(s, all_entries(s), AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+  OptimRun r;
+  for (int64_t t = 1; t <= 3; ++t) {
+    s.zero_grad();
+    for (size_t i = 0; i < s.size(); ++i) s.grads()[i] += normal(gen) * float(1 + i % 3);
+    r.norms.push_back(std::sqrt(grad_sum_squares(s)));
+    r.norms.push_back(grad_sum_squares(s, {3, 1}));
+    scale_grads(s, {2}, 0.5);
+    scale_grads(s, clip_scale(r.norms[r.norms.size() - 2], 50.0));
+    opt->step(s, 0.01, t);
+    if (adafactor)
+      for (double x : static_cast<Adafactor&>(*opt).last_rms_over_d()) r.rms_over_d.push_back(x);
+  }
+  r.weights.assign(s.weights(), s.weights() + s.size());
+  for (const StateTensor& st : opt->state()) r.state.emplace_back(st.data->begin(), st.data->end());
+  return r;
+}
+
+template <typename T>
+bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("optimizers and clipping are bitwise the same with every host loop run backwards", "[optim][device]") {
+  for (const bool adafactor : {false, true}) {
+    INFO((adafactor ? "adafactor" : "adamw"));
+    const OptimRun forward = run_optimizer_steps(adafactor, false);
+    const OptimRun backward = run_optimizer_steps(adafactor, true);
+    CHECK(!host_loop_reversed());
+    CHECK(forward.norms[0] > 50.0);  // clipping is active
+    CHECK(bitwise_equal(forward.norms, backward.norms));
+    CHECK(bitwise_equal(forward.rms_over_d, backward.rms_over_d));
+    CHECK(bitwise_equal(forward.weights, backward.weights));
+    REQUIRE(forward.state.size() == backward.state.size());
+    for (size_t k = 0; k < forward.state.size(); ++k) {
+      INFO("state tensor " << k);
+      CHECK(bitwise_equal(forward.state[k], backward.state[k]));
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "core/error.hpp"
+#include "model/moe/dispatcher_bodies.hpp"
+#include "tensor/elementwise.hpp"
+#include "tensor/launch.hpp"
 
 namespace meshmoe {
 
@@ -60,12 +64,19 @@ void AllToAllDispatcher<T>::plan(const StepContext& ctx, std::span<const int> se
       expert_off_[size_t(j) * El_ + el] = off;
       off += size_t(recv_rows_[size_t(j) * El_ + el]);
     }
+  expert_from_recv_.resize(expert_total_);
+  recv_from_expert_.resize(expert_total_);
+  for (size_t b = 0; b < recv_rows_.size(); ++b)
+    for (int64_t q = 0; q < recv_rows_[b]; ++q) {
+      expert_from_recv_[expert_off_[b] + size_t(q)] = int64_t(recv_off_[b]) + q;
+      recv_from_expert_[recv_off_[b] + size_t(q)] = int64_t(expert_off_[b]) + q;
+    }
 
   // The global token of every row travels with it (keys the expert dropout on the receiving rank).
   std::vector<int64_t> recv_tok(expert_total_);
   exchange(row_token, recv_tok.data(), 1, false);
   expert_token_.resize(expert_total_);
-  recv_to_expert(recv_tok.data(), expert_token_.data(), 1);
+  for (size_t row = 0; row < expert_total_; ++row) expert_token_[row] = recv_tok[size_t(expert_from_recv_[row])];
 }
 
 // One all-to-all of rows of `width` elements: forward (local -> recv order) or back.
@@ -75,7 +86,8 @@ void AllToAllDispatcher<T>::exchange(const U* send, U* recv, size_t width, bool 
   const std::vector<size_t>& s = back ? recv_rows_d_ : send_rows_d_;
   const std::vector<size_t>& r = back ? send_rows_d_ : recv_rows_d_;
   if (D_ == 1) {
-    std::copy(send, send + s[0] * width, recv);
+    if constexpr (std::is_same_v<U, T>) copy_from(recv, send, s[0] * width);
+    else std::copy(send, send + s[0] * width, recv);
     return;
   }
   if (fixed_) {
@@ -90,22 +102,6 @@ void AllToAllDispatcher<T>::exchange(const U* send, U* recv, size_t width, bool 
   comm_->all_to_allv(send, std::span<const size_t>(sc), recv, std::span<const size_t>(rc));
 }
 
-template <typename T>
-template <typename U>
-void AllToAllDispatcher<T>::recv_to_expert(const U* recv, U* expert, size_t width) const {
-  for (size_t b = 0; b < recv_rows_.size(); ++b)
-    std::copy(recv + recv_off_[b] * width, recv + (recv_off_[b] + size_t(recv_rows_[b])) * width,
-              expert + expert_off_[b] * width);
-}
-
-template <typename T>
-template <typename U>
-void AllToAllDispatcher<T>::expert_to_recv(const U* expert, U* recv, size_t width) const {
-  for (size_t b = 0; b < recv_rows_.size(); ++b)
-    std::copy(expert + expert_off_[b] * width, expert + (expert_off_[b] + size_t(recv_rows_[b])) * width,
-              recv + recv_off_[b] * width);
-}
-
 // local [local_rows, M] -> recv [D, El, rows, M] -> expert [El, D, rows, M]
 template <typename T>
 void AllToAllDispatcher<T>::to_experts(const StepContext& ctx, const T* local, T* expert) {
@@ -114,14 +110,16 @@ void AllToAllDispatcher<T>::to_experts(const StepContext& ctx, const T* local, T
     ScopedPhase t(ctx.timers, "moe_alltoall");
     exchange(local, recv_.data(), size_t(M_), false);
   }
-  recv_to_expert(recv_.data(), expert, size_t(M_));
+  for_each_index(int64_t(expert_total_) * M_,
+                 GatherRows<T, int64_t>{recv_.data(), expert_from_recv_.data(), expert, M_});
 }
 
 // expert [El, D, rows, M] -> recv order [D, El, rows, M] -> local [local_rows, M]
 template <typename T>
 void AllToAllDispatcher<T>::from_experts(const StepContext& ctx, const T* expert, T* local) {
   recv_.resize(expert_total_ * M_);
-  expert_to_recv(expert, recv_.data(), size_t(M_));
+  for_each_index(int64_t(expert_total_) * M_,
+                 GatherRows<T, int64_t>{expert, recv_from_expert_.data(), recv_.data(), M_});
   ScopedPhase t(ctx.timers, "moe_alltoall");
   exchange(recv_.data(), local, size_t(M_), true);
 }

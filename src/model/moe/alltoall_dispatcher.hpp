@@ -19,6 +19,7 @@
 
 #include "mesh/comm.hpp"
 #include "model/context.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -43,16 +44,11 @@ class AllToAllDispatcher {
   // [E_local] rows of each local expert on the expert side (from all ranks).
   const std::vector<int>& expert_rows() const { return expert_rows_; }
   // [expert_rows_total] global token of each expert-side row, -1 for an empty one.
-  const std::vector<int64_t>& expert_row_token() const { return expert_token_; }
+  const Buffer<int64_t>& expert_row_token() const { return expert_token_; }
   int e0() const { return e0_; }
   int e_local() const { return El_; }
 
  private:
-  // recv order (source j, local expert el) <-> expert order (el, j), `width` elements per row.
-  template <typename U>
-  void recv_to_expert(const U* recv, U* expert, size_t width) const;
-  template <typename U>
-  void expert_to_recv(const U* expert, U* recv, size_t width) const;
   template <typename U>
   void exchange(const U* send, U* recv, size_t width, bool back);
 
@@ -66,8 +62,11 @@ class AllToAllDispatcher {
   std::vector<size_t> send_rows_d_;  // [D] rows sent to rank j
   std::vector<size_t> recv_rows_d_;  // [D] rows received from rank j
   std::vector<int> expert_rows_;
-  std::vector<int64_t> expert_token_;
-  std::vector<T> recv_;              // [expert_rows_total, M] in recv order
+  Buffer<int64_t> expert_token_;
+  // Rows arrive in recv order (source j, local expert el); the experts want expert order (el, j).
+  Buffer<int64_t> expert_from_recv_;  // [expert_rows_total] recv-order row of each expert-order row
+  Buffer<int64_t> recv_from_expert_;  // [expert_rows_total] the inverse permutation
+  Buffer<T> recv_;                    // [expert_rows_total, M] in recv order
 };
 
 }  // namespace meshmoe

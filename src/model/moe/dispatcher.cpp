@@ -4,6 +4,8 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "model/moe/dispatcher_bodies.hpp"
+#include "tensor/launch.hpp"
 
 namespace meshmoe {
 
@@ -40,8 +42,12 @@ void IndexDispatcher<T>::plan(const Routing<T>& r, uint64_t token_offset, Dispat
     }
   slot_token_.assign(size_t(total), -1);
   slot_global_.assign(size_t(total), -1);
+  slot_choice_.assign(size_t(total), -1);
   choice_row_.assign(size_t(r.N) * r.k, -1);
-  for (int n = 0; n < r.N; ++n)
+  token_rows_.assign(size_t(r.N) * r.k, -1);
+  for (int n = 0; n < r.N; ++n) {
+    int64_t* rows_of_n = &token_rows_[size_t(n) * r.k];
+    int held = 0;
     for (int i = 0; i < r.k; ++i) {
       const size_t c = size_t(n) * r.k + i;
       const int el = r.expert[c] - e0;
@@ -50,68 +56,38 @@ void IndexDispatcher<T>::plan(const Routing<T>& r, uint64_t token_offset, Dispat
       choice_row_[c] = row;
       slot_token_[row] = n;
       slot_global_[row] = int64_t(token_offset + uint64_t(n));
+      slot_choice_[row] = int64_t(c);
+      rows_of_n[held++] = row;
     }
+    std::sort(rows_of_n, rows_of_n + held);
+  }
 }
 
 // x [N, M] -> buf [rows, M]
 template <typename T>
 void IndexDispatcher<T>::dispatch(const Routing<T>& r, const T* x, T* buf, int M) const {
-  for (size_t row = 0; row < slot_token_.size(); ++row) {
-    T* dst = buf + row * M;
-    const int n = slot_token_[row];
-    if (n < 0) std::fill(dst, dst + M, T(0));
-    else std::copy(x + size_t(n) * M, x + size_t(n + 1) * M, dst);
-  }
+  for_each_index(int64_t(rows()) * M, GatherRows<T, int>{x, slot_token_.data(), buf, M});
 }
 
 // dbuf [rows, M] -> dx [N, M] (added)
 template <typename T>
 void IndexDispatcher<T>::dispatch_backward(const Routing<T>& r, const T* dbuf, T* dx, int M) const {
-  for (size_t row = 0; row < slot_token_.size(); ++row) {
-    const int n = slot_token_[row];
-    if (n < 0) continue;
-    const T* src = dbuf + row * M;
-    T* d = dx + size_t(n) * M;
-    for (int m = 0; m < M; ++m) d[m] += src[m];
-  }
+  for_each_index(int64_t(r.N) * M, DispatchBackwardElement<T>{dbuf, token_rows_.data(), dx, M, r.k});
 }
 
 // out [rows, M] -> y [N, M]
 template <typename T>
 void IndexDispatcher<T>::combine(const Routing<T>& r, const T* out, T* y, int M) const {
-  std::fill(y, y + size_t(r.N) * M, T(0));
-  for (int n = 0; n < r.N; ++n)
-    for (int i = 0; i < r.k; ++i) {
-      const size_t c = size_t(n) * r.k + i;
-      if (choice_row_[c] < 0) continue;
-      const T g = r.gate[c];
-      const T* src = out + size_t(choice_row_[c]) * M;
-      T* d = y + size_t(n) * M;
-      for (int m = 0; m < M; ++m) d[m] += g * src[m];
-    }
+  for_each_index(int64_t(r.N) * M, CombineElement<T>{out, r.gate.data(), choice_row_.data(), y, M, r.k});
 }
 
 // dy [N, M], out [rows, M] -> dout [rows, M], dgate [N*k]
 template <typename T>
 void IndexDispatcher<T>::combine_backward(const Routing<T>& r, const T* dy, const T* out, T* dout, T* dgate,
                                           int M) const {
-  std::fill(dout, dout + slot_token_.size() * M, T(0));
-  for (int n = 0; n < r.N; ++n)
-    for (int i = 0; i < r.k; ++i) {
-      const size_t c = size_t(n) * r.k + i;
-      dgate[c] = T(0);
-      if (choice_row_[c] < 0) continue;
-      const size_t row = size_t(choice_row_[c]);
-      const T* o = out + row * M;
-      const T* d = dy + size_t(n) * M;
-      T* dst = dout + row * M;
-      T acc = 0;
-      for (int m = 0; m < M; ++m) {
-        acc += d[m] * o[m];
-        dst[m] = r.gate[c] * d[m];
-      }
-      dgate[c] = acc;
-    }
+  for_each_index(int64_t(rows()) * M,
+                 CombineBackwardOutElement<T>{dy, r.gate.data(), slot_choice_.data(), dout, M, r.k});
+  for_each_index(int64_t(r.N) * r.k, CombineBackwardGateChoice<T>{dy, out, choice_row_.data(), dgate, M, r.k});
 }
 
 template class IndexDispatcher<float>;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/moe/router.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -47,16 +48,18 @@ class IndexDispatcher {
   // [experts held] rows of each expert, in buffer order.
   const std::vector<int>& expert_rows() const { return expert_rows_; }
   // [rows] global token index in each row, -1 for an empty slot (keys the expert dropout).
-  const std::vector<int64_t>& slot_token_global() const { return slot_global_; }
+  const Buffer<int64_t>& slot_token_global() const { return slot_global_; }
   // [rows] local token index in each row, -1 for an empty slot.
-  const std::vector<int>& slot_token() const { return slot_token_; }
+  const Buffer<int>& slot_token() const { return slot_token_; }
   // [N*k] row of each choice, -1 when not dispatched or held elsewhere.
-  const std::vector<int64_t>& choice_row() const { return choice_row_; }
+  const Buffer<int64_t>& choice_row() const { return choice_row_; }
 
  private:
-  std::vector<int> slot_token_;
-  std::vector<int64_t> slot_global_;
-  std::vector<int64_t> choice_row_;
+  Buffer<int> slot_token_;
+  Buffer<int64_t> slot_global_;
+  Buffer<int64_t> slot_choice_;  // [rows] choice in each row, -1 for an empty slot
+  Buffer<int64_t> choice_row_;
+  Buffer<int64_t> token_rows_;   // [N, k] rows of each token's choices, ascending, -1 after the last
   std::vector<int> expert_rows_;
 };
 

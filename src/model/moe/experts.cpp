@@ -4,7 +4,10 @@
 
 #include "core/philox.hpp"
 #include "model/activation.hpp"
+#include "model/moe/experts_bodies.hpp"
 #include "tensor/blas.hpp"
+#include "tensor/elementwise.hpp"
+#include "tensor/launch.hpp"
 
 namespace meshmoe {
 
@@ -49,7 +52,8 @@ void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, std::span<con
   start_.assign(size_t(e_local_) + 1, 0);
   for (int el = 0; el < e_local_; ++el) start_[el + 1] = start_[el] + size_t(rows[el]);
   const size_t total = start_.back();
-  x_.assign(x, x + total * M);
+  x_.resize(total * M);
+  copy_from(x_.data(), x, total * M);
   pre_.resize(total * W);
   h_.resize(total * LH);
   const double p = ctx.training ? opt_.expert_dropout : 0.0;
@@ -63,22 +67,10 @@ void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, std::span<con
     if (R == 0) continue;
     matmul(false, false, R, W, M, &x_[r0 * M], w_in.w + size_t(el) * M * W, &pre_[r0 * W]);
     activation_forward(opt_.activation, &pre_[r0 * W], &h_[r0 * LH], R, LH);
-    if (p > 0) {
-      // Keyed by (global token, global expert, global hidden unit): a token in two experts draws
-      // twice, and splitting the hidden units over tensor (Switch 5.5) draws the same numbers.
-      const uint64_t e = uint64_t(e0_ + el);
-      for (int row = 0; row < R; ++row) {
-        T* m = &mask_[(r0 + row) * LH];
-        T* h = &h_[(r0 + row) * LH];
-        const int64_t tok = row_token[r0 + row];
-        for (int j = 0; j < LH; ++j) {
-          const uint64_t index =
-              (uint64_t(tok < 0 ? 0 : tok) * uint64_t(opt_.num_experts) + e) * uint64_t(H) + uint64_t(h0_ + j);
-          m[j] = tok >= 0 && rng.uniform_double(index) < p ? T(0) : scale;
-          h[j] *= m[j];
-        }
-      }
-    }
+    if (p > 0)
+      for_each_index(int64_t(R) * LH,
+                     ExpertDropoutForward<T>{rng, row_token + r0, &mask_[r0 * LH], &h_[r0 * LH], LH, h0_,
+                                             uint64_t(opt_.num_experts), uint64_t(H), uint64_t(e0_ + el), p, scale});
     matmul(false, false, R, M, LH, &h_[r0 * LH], w_out.w + size_t(el) * LH * M, y + r0 * M);
   }
   if (hidden_split() && total > 0) {
@@ -94,10 +86,11 @@ void Experts<T>::backward(const StepContext& ctx, const T* dy, T* dx) {
   const size_t total = start_.back();
   T* dxo = dx;  // where dpre W_in^T goes
   if (hidden_split()) {
-    dxs_.assign(total * M, T(0));
+    dxs_.resize(total * M);
+    fill_with(dxs_.data(), total * M, T(0));
     dxo = dxs_.data();
   }
-  std::vector<T> dh, dpre;
+  Buffer<T> dh, dpre;
   for (int el = 0; el < e_local_; ++el) {
     const size_t r0 = start_[el];
     const int R = int(start_[el + 1] - r0);
@@ -109,8 +102,7 @@ void Experts<T>::backward(const StepContext& ctx, const T* dy, T* dx) {
     // y = h W_out: dW_out += h^T dy, dh = dy W_out^T
     matmul(true, false, LH, M, R, &h_[r0 * LH], dy + r0 * M, w_out.g + size_t(el) * LH * M, true);
     matmul(false, true, R, LH, M, dy + r0 * M, wout, dh.data());
-    if (!mask_.empty())
-      for (size_t i = 0; i < dh.size(); ++i) dh[i] *= mask_[r0 * LH + i];
+    if (!mask_.empty()) for_each_index(int64_t(dh.size()), ExpertDropoutBackward<T>{&mask_[r0 * LH], dh.data()});
     activation_backward(opt_.activation, &pre_[r0 * W], dh.data(), dpre.data(), R, LH);
     // pre = x W_in: dW_in += x^T dpre, dx += dpre W_in^T
     matmul(true, false, M, W, R, &x_[r0 * M], dpre.data(), w_in.g + size_t(el) * M * W, true);
@@ -121,7 +113,7 @@ void Experts<T>::backward(const StepContext& ctx, const T* dy, T* dx) {
       ScopedPhase t(ctx.timers, "moe_allreduce");
       tensor_->all_reduce(dxs_.data(), total * M, Op::Sum);
     }
-    for (size_t i = 0; i < total * M; ++i) dx[i] += dxs_[i];
+    add_into(dx, dxs_.data(), total * M);
   }
 }
 

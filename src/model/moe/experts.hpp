@@ -20,6 +20,7 @@
 #include "model/context.hpp"
 #include "model/moe/moe_options.hpp"
 #include "model/params.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -27,7 +28,7 @@ template <typename T>
 class Experts {
  public:
   // The expert-side input rows of the last forward (kept for backward).
-  const std::vector<T>& input() const { return x_; }
+  const Buffer<T>& input() const { return x_; }
   // e_local < 0: all experts; h_local < 0: all hidden units. tensor: sums the partial outputs when
   // h_local < H (required then).
   explicit Experts(const MoeOptions& opt, int e0 = 0, int e_local = -1, int h0 = 0, int h_local = -1,
@@ -58,11 +59,11 @@ class Experts {
   int e0_, e_local_, h0_, LH_, W_;  // W_ = local input-projection width (LH or 2 LH)
   Comm* tensor_;
   std::vector<size_t> start_;  // [E_local + 1] first row of each local expert
-  std::vector<T> x_;     // [rows, M] input
-  std::vector<T> pre_;   // [rows, W] pre-activation
-  std::vector<T> h_;     // [rows, LH] activation after dropout
-  std::vector<T> mask_;  // [rows, LH] dropout scale: 0 or 1/(1-p) (empty without dropout)
-  std::vector<T> dxs_;   // [rows, M] partial input gradient (hidden split only)
+  Buffer<T> x_;     // [rows, M] input
+  Buffer<T> pre_;   // [rows, W] pre-activation
+  Buffer<T> h_;     // [rows, LH] activation after dropout
+  Buffer<T> mask_;  // [rows, LH] dropout scale: 0 or 1/(1-p) (empty without dropout)
+  Buffer<T> dxs_;   // [rows, M] partial input gradient (hidden split only)
 };
 
 }  // namespace meshmoe

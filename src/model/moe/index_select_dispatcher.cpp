@@ -1,8 +1,9 @@
 #include "model/moe/index_select_dispatcher.hpp"
 
-#include <algorithm>
 #include <stdexcept>
 #include <string>
+
+#include "tensor/elementwise.hpp"
 
 namespace meshmoe {
 
@@ -28,14 +29,14 @@ void IndexSelectDispatcher<T>::reduce_grads(const StepContext& ctx, T* dx_partia
                                             size_t n_gate) {
   if (T_ == 1) return;
   pack_.resize(n_dx + n_gate);
-  std::copy(dx_partial, dx_partial + n_dx, pack_.begin());
-  std::copy(dgate, dgate + n_gate, pack_.begin() + ptrdiff_t(n_dx));
+  copy_from(pack_.data(), dx_partial, n_dx);
+  copy_from(pack_.data() + n_dx, dgate, n_gate);
   {
     ScopedPhase t(ctx.timers, "moe_allreduce");
     comm_->all_reduce(pack_.data(), pack_.size(), Op::Sum);
   }
-  std::copy(pack_.begin(), pack_.begin() + ptrdiff_t(n_dx), dx_partial);
-  std::copy(pack_.begin() + ptrdiff_t(n_dx), pack_.end(), dgate);
+  copy_from(dx_partial, pack_.data(), n_dx);
+  copy_from(dgate, pack_.data() + n_dx, n_gate);
 }
 
 template class IndexSelectDispatcher<float>;

@@ -20,6 +20,7 @@
 #include "mesh/comm.hpp"
 #include "model/context.hpp"
 #include "model/moe/dispatcher.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -42,7 +43,7 @@ class IndexSelectDispatcher {
  private:
   Comm* comm_;
   int T_, El_, e0_;
-  std::vector<T> pack_;
+  Buffer<T> pack_;
 };
 
 }  // namespace meshmoe

@@ -1,6 +1,6 @@
 #include "model/moe/moe_layer.hpp"
 
-#include <algorithm>
+#include "tensor/elementwise.hpp"
 
 namespace meshmoe {
 
@@ -43,7 +43,7 @@ void MoeLayer<T>::route(const StepContext& ctx, const T* x, int N) {
   const Routing<T>& r = router.routing();
   stats_.aux_sum = router.aux_sum;
   stats_.z_sum = router.z_sum;
-  stats_.load = r.load;
+  stats_.load.assign(r.load.begin(), r.load.end());
   stats_.wanted = r.wanted;
   stats_.dropped = r.dropped;
   stats_.rerouted = r.rerouted;
@@ -74,7 +74,7 @@ void MoeLayer<T>::run_experts(const StepContext& ctx) {
     expert_side_elems_ = xin_.size();
     xout_.resize(xin_.size());
     experts.forward(ctx, xin_.data(), xout_.data(), a2a->expert_rows(), a2a->expert_row_token().data());
-    std::vector<T>().swap(xin_);
+    Buffer<T>().swap(xin_);
   } else {
     out_.resize(buf_.size());
     experts.forward(ctx, buf_.data(), out_.data(), dispatcher.expert_rows(), dispatcher.slot_token_global().data());
@@ -88,7 +88,7 @@ void MoeLayer<T>::combine(const StepContext& ctx, T* y) {
   if (a2a) {
     out_.resize(buf_.size());
     a2a->from_experts(ctx, xout_.data(), out_.data());
-    std::vector<T>().swap(xout_);
+    Buffer<T>().swap(xout_);
   }
   dispatcher.combine(router.routing(), out_.data(), y, M);
   if (isel) isel->reduce_output(ctx, y, size_t(router.routing().N) * M);
@@ -119,7 +119,7 @@ void MoeLayer<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N, do
   const Routing<T>& r = router.routing();
   const int M = opt_.d_model;
   const size_t NM = size_t(N) * M;
-  std::vector<T> dout(out_.size()), dgate(size_t(N) * r.k), dexp;
+  Buffer<T> dout(out_.size()), dgate(size_t(N) * r.k), dexp;
   {
     ScopedPhase t(ctx.timers, "combine");
     dispatcher.combine_backward(r, dy, out_.data(), dout.data(), dgate.data(), M);
@@ -128,24 +128,24 @@ void MoeLayer<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N, do
       a2a->to_experts(ctx, dout.data(), dexp.data());
     }
   }
-  std::vector<T> dxe(a2a ? expert_side_elems_ : buf_.size(), T(0));
+  Buffer<T> dxe(a2a ? expert_side_elems_ : buf_.size(), T(0));
   {
     ScopedPhase t(ctx.timers, "expert");
     experts.backward(ctx, a2a ? dexp.data() : dout.data(), dxe.data());
   }
   {
     ScopedPhase t(ctx.timers, "dispatch");
-    std::vector<T> dbuf;
+    Buffer<T> dbuf;
     if (a2a) {
       dbuf.resize(buf_.size());
       a2a->from_experts(ctx, dxe.data(), dbuf.data());
     }
     const T* db = a2a ? dbuf.data() : dxe.data();
     if (isel) {
-      std::vector<T> dxp(NM, T(0));
+      Buffer<T> dxp(NM, T(0));
       dispatcher.dispatch_backward(r, db, dxp.data(), M);
       isel->reduce_grads(ctx, dxp.data(), NM, dgate.data(), dgate.size());
-      for (size_t i = 0; i < NM; ++i) dx[i] += dxp[i];
+      add_into(dx, dxp.data(), NM);
     } else {
       dispatcher.dispatch_backward(r, db, dx, M);
     }

@@ -26,6 +26,7 @@
 #include "model/moe/moe_placement.hpp"
 #include "model/moe/router.hpp"
 #include "model/params.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -62,8 +63,8 @@ class MoeLayer {
   const MoePlacement& placement() const { return place_; }
   // [rows, M] input of the local experts in the last forward, and the global token of each row
   // (tests: what the all-to-all delivered).
-  const std::vector<T>& expert_input() const { return a2a ? experts.input() : buf_; }
-  const std::vector<int64_t>& expert_input_token() const {
+  const Buffer<T>& expert_input() const { return a2a ? experts.input() : buf_; }
+  const Buffer<int64_t>& expert_input_token() const {
     return a2a ? a2a->expert_row_token() : dispatcher.slot_token_global();
   }
 
@@ -82,12 +83,12 @@ class MoeLayer {
 
   MoeOptions opt_;
   MoePlacement place_;
-  std::vector<T> buf_;   // [rows, M] local expert buffer (dispatch order)
-  std::vector<T> out_;   // [rows, M] expert outputs in the local buffer's order
+  Buffer<T> buf_;   // [rows, M] local expert buffer (dispatch order)
+  Buffer<T> out_;   // [rows, M] expert outputs in the local buffer's order
   // All-to-all path: expert-side input and output [rows', M]. Only alive during the forward (the
   // experts keep their own copy of the input; combine's output is in out_), so that the memory held
   // between forward and backward stays that of the single-rank layer (GShard section 5.1).
-  std::vector<T> xin_, xout_;
+  Buffer<T> xin_, xout_;
   size_t expert_side_elems_ = 0;  // rows' * M of the last forward
   MoeStats stats_;
 };

@@ -13,6 +13,7 @@
 #include "model/context.hpp"
 #include "model/moe/moe_options.hpp"
 #include "model/params.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -24,9 +25,9 @@ struct Routing {
   int N = 0, k = 0, S = 0, G = 0, C = 0, E = 0;
   static constexpr int kDropped = -1;   // expert[c] of a choice lost to capacity
   static constexpr int kDeclined = -2;  // expert[c] of a second choice not taken by random/threshold routing
-  std::vector<int> expert;    // [N*k] expert of the choice, < 0 when not dispatched (kDropped, kDeclined)
-  std::vector<int> slot;      // [N*k] slot in [0, C), -1 when not dispatched
-  std::vector<T> gate;        // [N*k] combine weight, 0 when not dispatched
+  Buffer<int> expert;         // [N*k] expert of the choice, < 0 when not dispatched (kDropped, kDeclined)
+  Buffer<int> slot;           // [N*k] slot in [0, C), -1 when not dispatched
+  Buffer<T> gate;             // [N*k] combine weight, 0 when not dispatched
   std::vector<int64_t> load;  // [E] choices dispatched to each expert (all local groups)
   int64_t wanted = 0;         // choices meant to be dispatched (N*k - declined)
   int64_t dropped = 0;        // of those, choices lost to capacity (after NTLB rerouting)
@@ -51,21 +52,21 @@ class Router {
   void backward(const StepContext& ctx, const T* dgate, T* dx, int N, double aux_weight, double z_weight);
 
   const Routing<T>& routing() const { return r_; }
-  const std::vector<T>& probs() const { return probs_; }  // [N, E] softmax of the router logits
+  const Buffer<T>& probs() const { return probs_; }  // [N, E] softmax of the router logits
   double aux_sum = 0, z_sum = 0;
   ParamView<T> wg;  // [M, E]
 
  private:
   MoeOptions opt_;
   bool jittered_ = false;
-  std::vector<T> jitter_;     // [N, M] multipliers in [1-eps, 1+eps) (training with jitter only)
-  std::vector<T> xj_;         // [N, M] jittered router input
-  std::vector<T> logits_;     // [N, E]
-  std::vector<T> probs_;      // [N, E]
-  std::vector<double> lse_;   // [N] logsumexp of the logits
-  std::vector<int> top_;      // [N*k] the token's k best experts, best first (before capacity)
-  std::vector<double> norm_;  // [N] gate normaliser Z (sum of the top-k probabilities; 1 for top1)
-  std::vector<double> frac_;  // [G, E] Switch eq. 5: fraction of the group's tokens with top-1 = e
+  Buffer<T> jitter_;      // [N, M] multipliers in [1-eps, 1+eps) (training with jitter only)
+  Buffer<T> xj_;          // [N, M] jittered router input
+  Buffer<T> logits_;      // [N, E]
+  Buffer<T> probs_;       // [N, E]
+  Buffer<double> lse_;    // [N] logsumexp of the logits
+  Buffer<int> top_;       // [N*k] the token's k best experts, best first (before capacity)
+  Buffer<double> norm_;   // [N] gate normaliser Z (sum of the top-k probabilities; 1 for top1)
+  Buffer<double> frac_;   // [G, E] Switch eq. 5: fraction of the group's tokens with top-1 = e
   Routing<T> r_;
 };
 

@@ -1,0 +1,65 @@
+// The loops of CausalSelfAttention (model/attention.cpp) as for_each_index bodies (tensor/launch.hpp).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "core/hd.hpp"
+
+namespace meshmoe {
+
+// Row r = (b * LH + h) * T + i of the scores [B, LH, T, T] (already scaled), in place: softmax over
+// the causal part j <= i, zero above the diagonal.
+template <typename T>
+struct AttentionCausalSoftmaxRow {
+  T* P;
+  int Tq;
+  MESHMOE_HD void operator()(int64_t r) const {
+    const int i = int(r % Tq);
+    T* row = P + r * Tq;
+    T mx = row[0];
+    for (int j = 1; j <= i; ++j) mx = row[j] > mx ? row[j] : mx;
+    T sum = 0;
+    for (int j = 0; j <= i; ++j) {
+      row[j] = std::exp(row[j] - mx);
+      sum += row[j];
+    }
+    const T inv = T(1) / sum;
+    for (int j = 0; j <= i; ++j) row[j] *= inv;
+    for (int j = i + 1; j < Tq; ++j) row[j] = T(0);
+  }
+};
+
+// Row i of one head's dP [T, T], in place: dS = P * (dP - sum_j P dP) over j <= i, zero above the
+// diagonal (P is).
+template <typename T>
+struct AttentionCausalSoftmaxBackwardRow {
+  const T* P;
+  T* dP;
+  int Tq;
+  MESHMOE_HD void operator()(int64_t i) const {
+    const T* pr = P + i * Tq;
+    T* dr = dP + i * Tq;
+    T dot = 0;
+    for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+    for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
+    for (int64_t j = i + 1; j < Tq; ++j) dr[j] = T(0);
+  }
+};
+
+// dst[i] = src[i]
+template <typename T>
+struct AttentionCopyElement {
+  const T* src;
+  T* dst;
+  MESHMOE_HD void operator()(int64_t i) const { dst[i] = src[i]; }
+};
+
+// dst[i] += src[i]
+template <typename T>
+struct AttentionAddElement {
+  const T* src;
+  T* dst;
+  MESHMOE_HD void operator()(int64_t i) const { dst[i] += src[i]; }
+};
+
+}  // namespace meshmoe

@@ -1,0 +1,6 @@
+// CrossEntropy's loop bodies on the GPU (tensor/launch_cuda.cuh).
+#include "model/cross_entropy_bodies.hpp"
+#include "tensor/launch_cuda.cuh"
+
+MESHMOE_CUDA_BODY_FD(meshmoe::CrossEntropyForwardRow)
+MESHMOE_CUDA_BODY_FD(meshmoe::CrossEntropyBackwardElement)

@@ -1,0 +1,7 @@
+// LayerNorm's loop bodies on the GPU (tensor/launch_cuda.cuh).
+#include "model/layernorm_bodies.hpp"
+#include "tensor/launch_cuda.cuh"
+
+MESHMOE_CUDA_BODY_FD(meshmoe::LayerNormForwardRow)
+MESHMOE_CUDA_BODY_FD(meshmoe::LayerNormBackwardRow)
+MESHMOE_CUDA_BODY_FD(meshmoe::LayerNormParamGradColumn)

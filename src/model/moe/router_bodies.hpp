@@ -1,0 +1,242 @@
+// The loops of the MoE Router (model/moe/router.cpp) as for_each_index bodies (tensor/launch.hpp).
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "core/hd.hpp"
+#include "core/philox.hpp"
+
+namespace meshmoe {
+
+// The router's ranking of experts for one token: a before b when p[a] > p[b], ties to the lower
+// index (a strict total order, so top-k and NTLB pick the same experts as a sort would).
+template <typename T>
+MESHMOE_HD inline bool router_ranks_before(const T* p, int a, int b) {
+  return p[a] > p[b] || (p[a] == p[b] && a < b);
+}
+
+// Element i = n * M + m of the router input: jitter multiplier in [1-eps, 1+eps) (Switch appendix C),
+// keyed by the global element (token_offset + n) * M + m; xj = x * jitter.
+template <typename T>
+struct RouterJitterElement {
+  Rng rng;
+  uint64_t token_offset;
+  const T* x;
+  T *jitter, *xj;
+  int M;
+  double eps;
+  MESHMOE_HD void operator()(int64_t i) const {
+    const int64_t n = i / M, m = i % M;
+    const uint64_t index = (token_offset + uint64_t(n)) * uint64_t(M) + uint64_t(m);
+    jitter[i] = T(1.0 - eps + 2.0 * eps * rng.uniform_double(index));
+    xj[i] = x[i] * jitter[i];
+  }
+};
+
+// dst[i] = src[i]
+template <typename T>
+struct RouterCopyElement {
+  const T* src;
+  T* dst;
+  MESHMOE_HD void operator()(int64_t i) const { dst[i] = src[i]; }
+};
+
+// Token n: lse = logsumexp of its logits and probs = softmax, both accumulated in double.
+template <typename T>
+struct RouterSoftmaxRow {
+  const T* logits;
+  T* probs;
+  double* lse;
+  int E;
+  MESHMOE_HD void operator()(int64_t n) const {
+    const T* l = logits + n * E;
+    T mxl = l[0];
+    for (int e = 1; e < E; ++e) mxl = mxl < l[e] ? l[e] : mxl;
+    const double mx = double(mxl);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += std::exp(double(l[e]) - mx);
+    const double s = mx + std::log(sum);
+    lse[n] = s;
+    for (int e = 0; e < E; ++e) probs[n * E + e] = T(std::exp(double(l[e]) - s));
+  }
+};
+
+// Token n: its k best experts, best first (top), the gate normaliser Z (sum of their probabilities;
+// 1 when not renormalised) and whether each choice wants dispatch (want). Top-2 second expert
+// (GShard section 2.2 "random routing", Algorithm 1 line 18): with random_second (training only)
+// dispatched when 2 * g2 > uniform(0, 1), keyed by the global token; with threshold_second when
+// g2 > threshold.
+template <typename T>
+struct RouterTopChoicesRow {
+  Rng rng;
+  uint64_t token_offset;
+  const T* probs;
+  int* top;
+  double* norm;
+  uint8_t* want;
+  int E, k;
+  bool renorm, random_second, threshold_second;
+  double threshold;
+  MESHMOE_HD void operator()(int64_t n) const {
+    const T* p = probs + n * E;
+    int* t = top + n * k;
+    double z = 0;
+    for (int i = 0; i < k; ++i) {
+      // the i-th best: the best of the experts ranked after the (i-1)-th
+      int best = -1;
+      for (int e = 0; e < E; ++e) {
+        if (i > 0 && !router_ranks_before(p, t[i - 1], e)) continue;
+        if (best < 0 || router_ranks_before(p, e, best)) best = e;
+      }
+      t[i] = best;
+      z += double(p[best]);
+    }
+    norm[n] = renorm ? z : 1.0;
+    for (int i = 0; i < k; ++i) want[n * k + i] = 1;
+    if (k == 2 && (random_second || threshold_second)) {
+      const double g2 = double(p[t[1]]) / norm[n];
+      if (threshold_second) want[n * 2 + 1] = g2 > threshold;
+      else want[n * 2 + 1] = 2.0 * g2 > rng.uniform_double(token_offset + uint64_t(n));
+    }
+  }
+};
+
+// Group g (tokens g*S .. g*S+S-1): slot assignment in token order, first choices before second
+// choices, ... (router.cpp explains the rule), then No-Token-Left-Behind when ntlb, then the group's
+// Switch eq. 5 fractions and aux terms. Writes the group's (expert, slot, gate) triples, its expert
+// counts count [g, E] (= its load), frac [g, E], aux_term [g, E] = E f_e P_e, the flags dropped
+// [g, S, k] and stats [g, 4] = (wanted, declined, dropped, rerouted).
+template <typename T>
+struct RouterAssignGroup {
+  const T* probs;
+  const int* top;
+  const double* norm;
+  const uint8_t* want;
+  int *expert, *slot;
+  T* gate;
+  int* count;
+  uint8_t* dropped;
+  double *frac, *aux_term;
+  int64_t* stats;
+  int S, k, E, C;
+  bool ntlb;
+  static constexpr int kDropped = -1, kDeclined = -2;  // = Routing<T>::kDropped, kDeclined
+
+  MESHMOE_HD void place(int* cnt, int n, int i, int e) const {
+    const int64_t c = int64_t(n) * k + i;
+    expert[c] = e;
+    slot[c] = cnt[e]++;
+    gate[c] = T(double(probs[int64_t(n) * E + e]) / norm[n]);
+  }
+
+  MESHMOE_HD void operator()(int64_t g) const {
+    int* cnt = count + g * E;
+    uint8_t* drop = dropped + g * S * k;
+    int64_t* st = stats + g * 4;
+    for (int e = 0; e < E; ++e) cnt[e] = 0;
+    for (int64_t j = 0; j < int64_t(S) * k; ++j) drop[j] = 0;
+    for (int j = 0; j < 4; ++j) st[j] = 0;
+    const int n0 = int(g) * S;
+    for (int64_t c = int64_t(n0) * k; c < int64_t(n0 + S) * k; ++c) {
+      expert[c] = kDropped;
+      slot[c] = -1;
+      gate[c] = T(0);
+    }
+    for (int i = 0; i < k; ++i)
+      for (int s = 0; s < S; ++s) {
+        const int n = n0 + s;
+        const int64_t c = int64_t(n) * k + i;
+        if (!want[c]) {
+          expert[c] = kDeclined;
+          st[1] += 1;
+          continue;
+        }
+        st[0] += 1;
+        const int e = top[c];
+        if (cnt[e] < C) place(cnt, n, i, e);
+        else drop[s * k + i] = 1;
+      }
+    // NTLB: the best-ranked expert outside the token's k choices that holds none of its rerouted
+    // choices and has room (the first such expert in the token's sorted order).
+    if (ntlb)
+      for (int i = 0; i < k; ++i)
+        for (int s = 0; s < S; ++s) {
+          if (!drop[s * k + i]) continue;
+          const int n = n0 + s;
+          const T* p = probs + int64_t(n) * E;
+          int best = -1;
+          for (int e = 0; e < E; ++e) {
+            bool taken = cnt[e] >= C;
+            for (int i2 = 0; i2 < k; ++i2)
+              taken = taken || top[int64_t(n) * k + i2] == e || expert[int64_t(n) * k + i2] == e;
+            if (taken) continue;
+            if (best < 0 || router_ranks_before(p, e, best)) best = e;
+          }
+          if (best < 0) continue;
+          place(cnt, n, i, best);
+          drop[s * k + i] = 0;
+          st[3] += 1;
+        }
+    for (int64_t j = 0; j < int64_t(S) * k; ++j) st[2] += drop[j];
+
+    // Switch eq. 4-6: f_e = fraction of the group's tokens whose top-1 expert is e (before
+    // capacity), P_e = mean router probability of e; aux_g = sum_e E f_e P_e.
+    double* f = frac + g * E;
+    for (int e = 0; e < E; ++e) f[e] = 0.0;
+    for (int s = 0; s < S; ++s) f[top[int64_t(n0 + s) * k]] += 1.0 / S;
+    for (int e = 0; e < E; ++e) {
+      double P = 0;
+      for (int s = 0; s < S; ++s) P += double(probs[int64_t(n0 + s) * E + e]);
+      aux_term[g * E + e] = E * f[e] * (P / S);
+    }
+  }
+};
+
+// Token n: d loss / d logits [E] from dgate (through gate = p_e / Z), the aux term (f constant) and
+// the z term d(lse^2)/dlogit_e = 2 lse p_e; dprobs [n, E] is its scratch row.
+template <typename T>
+struct RouterBackwardRow {
+  const T* probs;
+  const double *norm, *lse, *frac;
+  const int *expert, *top;
+  const T* dgate;
+  double* dprobs;
+  T* dlogits;
+  int E, k, S;
+  bool renorm;
+  double aux_weight, z_weight;
+  MESHMOE_HD void operator()(int64_t n) const {
+    const T* p = probs + n * E;
+    const double Z = norm[n];
+    double* dp = dprobs + n * E;
+    for (int e = 0; e < E; ++e) dp[e] = 0.0;
+    for (int i = 0; i < k; ++i) {
+      const int64_t c = n * k + i;
+      const int e = expert[c];
+      if (e < 0) continue;
+      const double d = double(dgate[c]);
+      dp[e] += d / Z;
+      if (renorm)
+        for (int j = 0; j < k; ++j) dp[top[n * k + j]] -= d * double(p[e]) / (Z * Z);
+    }
+    if (aux_weight != 0)
+      for (int e = 0; e < E; ++e) dp[e] += aux_weight * E * frac[(n / S) * E + e] / S;
+    double dot = 0;
+    for (int e = 0; e < E; ++e) dot += dp[e] * double(p[e]);
+    for (int e = 0; e < E; ++e) {
+      double dl = double(p[e]) * (dp[e] - dot);
+      if (z_weight != 0) dl += z_weight * 2.0 * lse[n] * double(p[e]);
+      dlogits[n * E + e] = T(dl);
+    }
+  }
+};
+
+// dx[i] += dxr[i] * jitter[i]
+template <typename T>
+struct RouterJitterBackwardElement {
+  const T *dxr, *jitter;
+  T* dx;
+  MESHMOE_HD void operator()(int64_t i) const { dx[i] += dxr[i] * jitter[i]; }
+};
+
+}  // namespace meshmoe

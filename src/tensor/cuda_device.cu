@@ -1,0 +1,105 @@
+// The CUDA side of tensor/device.hpp: managed memory, GPU binding, cuBLAS GEMM.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "core/error.hpp"
+#include "tensor/device.hpp"
+#include "tensor/launch.hpp"
+
+namespace meshmoe {
+
+namespace {
+cublasHandle_t g_cublas = nullptr;
+int g_gpu = -1;
+
+const char* cublas_status_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "alloc failed";
+    case CUBLAS_STATUS_INVALID_VALUE: return "invalid value";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "arch mismatch";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "execution failed";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "internal error";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "not supported";
+    default: return "error";
+  }
+}
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS ") + what + ": " + cublas_status_name(s));
+}
+cublasOperation_t op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
+cublasHandle_t handle() {
+  if (!g_cublas) throw Error("CUDA GEMM before cuda_bind(): no GPU bound to this process");
+  return g_cublas;
+}
+}  // namespace
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+bool cuda_compiled() { return true; }
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+
+void cuda_bind(int node_local_rank) {
+  const int n = cuda_device_count();
+  if (n == 0)
+    throw Error("no CUDA device is visible to this process (check CUDA_VISIBLE_DEVICES, "
+                "--gpus-per-task, the driver)");
+  g_gpu = node_local_rank % n;
+  cuda_check(cudaSetDevice(g_gpu), "cudaSetDevice");
+  if (!g_cublas) {
+    check_cublas(cublasCreate(&g_cublas), "cublasCreate");
+    // Plain fp32 (no TF32 tensor-op rounding): the CUDA run must match the host run to float
+    // tolerance (DESIGN.md "exactness first").
+    check_cublas(cublasSetMathMode(g_cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  }
+}
+
+std::string cuda_device_name() {
+  if (g_gpu < 0) return "none";
+  cudaDeviceProp p{};
+  cuda_check(cudaGetDeviceProperties(&p, g_gpu), "cudaGetDeviceProperties");
+  return std::string(p.name) + " (GPU " + std::to_string(g_gpu) + ")";
+}
+
+void device_synchronize() {
+  if (g_gpu >= 0) cuda_check(cudaDeviceSynchronize(), "kernel execution");
+}
+
+void* cuda_managed_alloc(size_t bytes) {
+  void* p = nullptr;
+  cuda_check(cudaMallocManaged(&p, bytes), ("cudaMallocManaged of " + std::to_string(bytes) + " bytes").c_str());
+  return p;
+}
+void cuda_managed_free(void* p) noexcept { cudaFree(p); }
+
+// Row-major C[M,N] = alpha op(A) op(B) + beta C is column-major C^T = alpha op(B)^T op(A)^T + beta C^T:
+// hand cuBLAS B first and A second, with the row-major leading dimensions.
+void cuda_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+               int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  check_cublas(cublasSgemm(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
+               "sgemm");
+  device_synchronize();
+}
+void cuda_gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
+               const double* B, int ldb, double beta, double* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  check_cublas(cublasDgemm(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
+               "dgemm");
+  device_synchronize();
+}
+
+}  // namespace meshmoe

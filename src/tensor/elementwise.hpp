@@ -1,0 +1,71 @@
+// Whole-buffer element-wise operations on the current device (tensor/launch.hpp): residual adds,
+// fills, copies, and the non-finite scan that names the first bad layer.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "core/hd.hpp"
+#include "tensor/launch.hpp"
+
+namespace meshmoe {
+
+template <typename T>
+struct AddInto {  // dst[i] += src[i]
+  T* dst;
+  const T* src;
+  MESHMOE_HD void operator()(int64_t i) const { dst[i] += src[i]; }
+};
+
+template <typename T>
+struct FillWith {  // dst[i] = value
+  T* dst;
+  T value;
+  MESHMOE_HD void operator()(int64_t i) const { dst[i] = value; }
+};
+
+template <typename T>
+struct CopyFrom {  // dst[i] = src[i]
+  T* dst;
+  const T* src;
+  MESHMOE_HD void operator()(int64_t i) const { dst[i] = src[i]; }
+};
+
+// bad[c] = 1 when chunk c of v (kChunk elements) holds a NaN or an Inf.
+template <typename T>
+struct FlagNonFiniteChunk {
+  static constexpr int64_t kChunk = 4096;
+  const T* v;
+  int64_t n;
+  int32_t* bad;
+  MESHMOE_HD void operator()(int64_t c) const {
+    const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
+    int32_t b = 0;
+    for (int64_t i = c * kChunk; i < end; ++i) b |= !std::isfinite(v[i]);
+    bad[c] = b;
+  }
+};
+
+template <typename T>
+void add_into(T* dst, const T* src, size_t n) {
+  for_each_index(int64_t(n), AddInto<T>{dst, src});
+}
+template <typename T>
+void fill_with(T* dst, size_t n, T value) {
+  for_each_index(int64_t(n), FillWith<T>{dst, value});
+}
+template <typename T>
+void copy_from(T* dst, const T* src, size_t n) {
+  for_each_index(int64_t(n), CopyFrom<T>{dst, src});
+}
+// Whether all of v[0, n) is finite.
+template <typename T>
+bool all_finite(const T* v, size_t n) {
+  const int64_t chunks = (int64_t(n) + FlagNonFiniteChunk<T>::kChunk - 1) / FlagNonFiniteChunk<T>::kChunk;
+  Buffer<int32_t> bad(size_t(chunks), 0);
+  for_each_index(chunks, FlagNonFiniteChunk<T>{v, int64_t(n), bad.data()});
+  for (int32_t b : bad)
+    if (b) return false;
+  return true;
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,40 @@
+// The CUDA half of for_each_index (tensor/launch.hpp): a grid-stride kernel over [0, n), then a
+// synchronisation so that the host may read the managed buffers it wrote. Include from a .cu
+// file and instantiate each body there:
+//   MESHMOE_CUDA_BODY(LayerNormForwardRow<float>)
+//   MESHMOE_CUDA_BODY_FD(LayerNormForwardRow)   // <float> and <double>
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "tensor/launch.hpp"
+
+namespace meshmoe {
+
+void cuda_check(cudaError_t e, const char* what);  // tensor/cuda_device.cu
+
+template <class Body>
+__global__ void for_each_index_kernel(int64_t n, Body body) {
+  const int64_t stride = int64_t(blockDim.x) * gridDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) body(i);
+}
+
+template <class Body>
+void launch_on_cuda(int64_t n, const Body& body) {
+  if (n <= 0) return;
+  constexpr int kThreads = 256;
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(1) << 16);
+  for_each_index_kernel<Body><<<unsigned(blocks), kThreads>>>(n, body);
+  cuda_check(cudaGetLastError(), "kernel launch");
+  device_synchronize();
+}
+
+}  // namespace meshmoe
+
+#define MESHMOE_CUDA_BODY(...) \
+  template void meshmoe::launch_on_cuda<__VA_ARGS__>(int64_t, const __VA_ARGS__&);
+#define MESHMOE_CUDA_BODY_FD(B) \
+  MESHMOE_CUDA_BODY(B<float>)   \
+  MESHMOE_CUDA_BODY(B<double>)

@@ -1,0 +1,14 @@
+// The optimizers' and gradient clipping's loop bodies on the GPU (tensor/launch_cuda.cuh).
+#include "tensor/launch_cuda.cuh"
+#include "train/optimizer_bodies.hpp"
+
+MESHMOE_CUDA_BODY_FD(meshmoe::SumSquaresChunk)
+MESHMOE_CUDA_BODY(meshmoe::ScaleInPlace<float>)
+MESHMOE_CUDA_BODY(meshmoe::AdamWUpdateElement)
+MESHMOE_CUDA_BODY(meshmoe::AdafactorRowSumSquares)
+MESHMOE_CUDA_BODY(meshmoe::AdafactorColumnSumSquares)
+MESHMOE_CUDA_BODY(meshmoe::AdafactorFactorMoment)
+MESHMOE_CUDA_BODY(meshmoe::AdafactorRowMomentSum)
+MESHMOE_CUDA_BODY(meshmoe::AdafactorFactoredUpdateElement)
+MESHMOE_CUDA_BODY(meshmoe::AdafactorUnfactoredUpdateElement)
+MESHMOE_CUDA_BODY(meshmoe::AdafactorApplyElement)

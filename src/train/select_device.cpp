@@ -1,0 +1,56 @@
+#include "train/select_device.hpp"
+
+#include <unistd.h>
+
+#include <climits>
+
+#include "core/error.hpp"
+#include "tensor/device.hpp"
+
+namespace meshmoe {
+
+std::string select_device(const std::string& device, MPI_Comm world) {
+  if (device != "cuda") {
+    set_device(Device::Cpu);
+    return "device: cpu (OpenBLAS, fp32)";
+  }
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  MPI_Comm node;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local_rank = 0, local_size = 1;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+
+  std::string why;
+  try {
+    if (!cuda_compiled()) throw Error("this meshmoe was built without CUDA (nvcc not found at build time; make CUDA=1)");
+    const int gpus = cuda_device_count();
+    if (gpus > 0 && gpus < local_size)
+      throw Error(std::to_string(local_size) + " ranks on this node share " + std::to_string(gpus) +
+                  " GPU(s); run one rank per GPU (srun --gpus-per-task=1, or fewer ranks per node)");
+    cuda_bind(local_rank);
+    set_device(Device::Cuda);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  // The first failing rank tells everyone why.
+  int mine = why.empty() ? INT_MAX : rank, first = INT_MAX;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, world);
+  if (first != INT_MAX) {
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    std::string msg = rank == first ? "run.device = \"cuda\": rank " + std::to_string(rank) + " on " + host + ": " + why : "";
+    int n = int(msg.size());
+    MPI_Bcast(&n, 1, MPI_INT, first, world);
+    msg.resize(size_t(n));
+    MPI_Bcast(msg.data(), n, MPI_CHAR, first, world);
+    set_device(Device::Cpu);
+    throw InputError(msg);
+  }
+  return "device: cuda, " + cuda_device_name() + " on rank 0; cuBLAS fp32, managed memory";
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,15 @@
+// run.device for the whole job.
+#pragma once
+#include <mpi.h>
+
+#include <string>
+
+namespace meshmoe {
+
+// Puts this process on run.device ("cpu" or "cuda"). With "cuda" each rank binds to a GPU of its
+// node (node-local rank modulo the GPUs it sees) before the model allocates anything. Collective
+// over `world`: when any rank cannot, every rank throws InputError with the first failing rank's
+// reason and host, so no rank is left waiting in a later collective. Returns a line for the log.
+std::string select_device(const std::string& device, MPI_Comm world);
+
+}  // namespace meshmoe

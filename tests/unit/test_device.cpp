@@ -1,0 +1,203 @@
+// The device layer (tensor/device.hpp, tensor/launch.hpp):
+//  - every loop body of the model writes only what its index owns: the whole model (forward,
+//    backward, every gradient, the losses) is bitwise the same with the host loops run backwards,
+//    for dense, Switch and GShard configurations with dropout, jitter, random routing and NTLB;
+//  - Buffers are freed the way they were allocated;
+//  - [cuda] with a GPU: cuBLAS GEMMs against OpenBLAS, and the whole model on the GPU against the
+//    host model (fp32: relative 1e-5 on losses, 1e-4 on the gradient norm-wise; fp64: 1e-12).
+//    Without a GPU these cases WARN "skipped" and check nothing.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "model/transformer.hpp"
+#include "tensor/blas.hpp"
+#include "tensor/device.hpp"
+#include "tensor/launch.hpp"
+
+using namespace meshmoe;
+
+namespace {
+
+struct ReversedLoops {  // RAII: the host loops run backwards while it lives
+  ReversedLoops() { set_host_loop_reversed(true); }
+  ~ReversedLoops() { set_host_loop_reversed(false); }
+};
+
+Config device_test_config(const std::string& router) {
+  Config c;
+  c.model.seq_len = 8;
+  c.model.d_model = 16;
+  c.model.num_layers = 2;
+  c.model.num_heads = 2;
+  c.model.d_ff = 24;
+  c.model.activation = router == "top1" ? "geglu" : "gelu";
+  c.model.dropout = 0.1;
+  c.moe.num_experts = 4;
+  c.moe.every = router == "dense" ? 0 : 2;
+  c.moe.router = router == "dense" ? "top2" : router;
+  c.moe.second_expert = "random";
+  c.moe.group_size = 8;
+  c.moe.capacity_factor_train = 1.0;
+  c.moe.jitter_eps = router == "top1" ? 0.01 : 0.0;
+  c.moe.expert_dropout = 0.2;
+  c.moe.z_loss_coef = 1e-3;
+  c.moe.aux_loss_coef = 1e-2;
+  c.moe.no_token_left_behind = router == "top2";
+  return c;
+}
+
+// Everything one training micro-step produces.
+template <typename T>
+struct StepResult {
+  ForwardStats stats;
+  std::vector<T> logits, grads;
+};
+
+template <typename T>
+StepResult<T> run_step(const Config& cfg, int V) {
+  const int B = 2, Tn = int(cfg.model.seq_len);
+  std::mt19937 rng(11);
+  std::vector<int32_t> inputs(B * Tn), targets(B * Tn);
+  std::vector<float> mask(B * Tn);
+  for (int i = 0; i < B * Tn; ++i) {
+    inputs[i] = int32_t(rng() % V);
+    targets[i] = int32_t(rng() % V);
+    mask[i] = rng() % 5 == 0 ? 0.f : 1.f;
+  }
+  Transformer<T> model(cfg, V);
+  model.init(5, 1.0);
+  const MicroBatch mb{B, Tn, inputs.data(), targets.data(), mask.data()};
+  const StepContext ctx{42, 3, true, 0, nullptr};
+  const LossWeights w{1.0 / 13, cfg.moe.aux_loss_coef / 2.0, cfg.moe.z_loss_coef / (B * Tn)};
+  model.params().zero_grad();
+  StepResult<T> r;
+  r.stats = model.forward(ctx, mb, w);
+  r.logits.assign(model.logits().begin(), model.logits().end());
+  model.backward(ctx, w);
+  r.grads.assign(model.params().grads(), model.params().grads() + model.params().size());
+  return r;
+}
+
+bool gpu_available() { return cuda_compiled() && cuda_device_count() > 0; }
+
+struct OnGpu {  // RAII: Device::Cuda while it lives
+  OnGpu() {
+    cuda_bind(0);
+    set_device(Device::Cuda);
+  }
+  ~OnGpu() { set_device(Device::Cpu); }
+};
+
+template <typename T>
+double rel_norm_diff(const std::vector<T>& a, const std::vector<T>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d += double(a[i] - b[i]) * double(a[i] - b[i]);
+    n += double(b[i]) * double(b[i]);
+  }
+  return std::sqrt(d / std::max(n, 1e-300));
+}
+
+}  // namespace
+
+TEST_CASE("device: the model is bitwise the same with every host loop run backwards", "[device]") {
+  for (const std::string router : {"dense", "top1", "top2"}) {
+    INFO("router " << router);
+    const Config cfg = device_test_config(router);
+    const StepResult<float> fwd = run_step<float>(cfg, 13);
+    StepResult<float> rev;
+    {
+      ReversedLoops guard;
+      rev = run_step<float>(cfg, 13);
+    }
+    CHECK(fwd.stats.ce_sum == rev.stats.ce_sum);
+    CHECK(fwd.stats.aux_sum == rev.stats.aux_sum);
+    CHECK(fwd.stats.z_sum == rev.stats.z_sum);
+    CHECK(fwd.logits == rev.logits);
+    REQUIRE(fwd.grads.size() == rev.grads.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < fwd.grads.size(); ++i) differ += fwd.grads[i] != rev.grads[i];
+    CHECK(differ == 0);
+  }
+}
+
+TEST_CASE("device: Buffers on the host are 64-byte aligned and free cleanly", "[device]") {
+  REQUIRE(current_device() == Device::Cpu);
+  Buffer<float> a(1000, 1.5f);
+  CHECK(reinterpret_cast<uintptr_t>(a.data()) % 64 == 0);
+  a.resize(100000, 2.0f);
+  CHECK(a[999] == 1.5f);
+  CHECK(a[1000] == 2.0f);
+  CHECK(reinterpret_cast<uintptr_t>(a.data()) % 64 == 0);
+  Buffer<double> b(a.begin(), a.end());
+  CHECK(b[5] == 1.5);
+}
+
+TEST_CASE("device: set_device(Cuda) is refused with the reason in a build without CUDA", "[device]") {
+  if (cuda_compiled()) {
+    CHECK(cuda_device_count() >= 0);
+    return;
+  }
+  CHECK_THROWS_WITH(set_device(Device::Cuda), Catch::Contains("built without CUDA"));
+  CHECK(current_device() == Device::Cpu);
+}
+
+TEST_CASE("device: cuBLAS row-major GEMM equals OpenBLAS for every transpose", "[device][cuda]") {
+  if (!gpu_available()) {
+    WARN("skipped: no GPU");
+    return;
+  }
+  const int M = 37, N = 29, K = 41;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      std::vector<double> A(M * K), B(K * N), C0(M * N);
+      for (auto& x : A) x = u(rng);
+      for (auto& x : B) x = u(rng);
+      for (auto& x : C0) x = u(rng);
+      std::vector<double> host = C0;
+      gemm(ta, tb, M, N, K, 0.7, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.3, host.data(), N);
+      std::vector<double> dev;
+      {
+        OnGpu gpu;
+        Buffer<double> dA(A.begin(), A.end()), dB(B.begin(), B.end()), dC(C0.begin(), C0.end());
+        gemm(ta, tb, M, N, K, 0.7, dA.data(), ta ? M : K, dB.data(), tb ? K : N, 0.3, dC.data(), N);
+        dev.assign(dC.begin(), dC.end());
+      }
+      INFO("trans_a " << ta << " trans_b " << tb);
+      CHECK(rel_norm_diff(dev, host) < 1e-13);
+    }
+}
+
+TEST_CASE("device: the whole model on the GPU matches the host model", "[device][cuda]") {
+  if (!gpu_available()) {
+    WARN("skipped: no GPU");
+    return;
+  }
+  for (const std::string router : {"dense", "top1", "top2"}) {
+    INFO("router " << router);
+    const Config cfg = device_test_config(router);
+    const StepResult<double> host64 = run_step<double>(cfg, 13);
+    const StepResult<float> host32 = run_step<float>(cfg, 13);
+    StepResult<double> gpu64;
+    StepResult<float> gpu32;
+    {
+      OnGpu gpu;
+      gpu64 = run_step<double>(cfg, 13);
+      gpu32 = run_step<float>(cfg, 13);
+    }
+    // fp64: only the summation order differs.
+    CHECK(std::abs(gpu64.stats.ce_sum - host64.stats.ce_sum) <= 1e-12 * std::abs(host64.stats.ce_sum));
+    CHECK(std::abs(gpu64.stats.aux_sum - host64.stats.aux_sum) <= 1e-12 * std::max(1.0, host64.stats.aux_sum));
+    CHECK(rel_norm_diff(gpu64.grads, host64.grads) < 1e-12);
+    // fp32 (no TF32): float rounding of differently ordered sums.
+    CHECK(std::abs(gpu32.stats.ce_sum - host32.stats.ce_sum) <= 1e-5 * std::abs(host32.stats.ce_sum));
+    CHECK(std::abs(gpu32.stats.z_sum - host32.stats.z_sum) <= 1e-5 * std::max(1.0, host32.stats.z_sum));
+    CHECK(rel_norm_diff(gpu32.logits, host32.logits) < 1e-5);
+    CHECK(rel_norm_diff(gpu32.grads, host32.grads) < 1e-4);
+  }
+}
