@@ -38,16 +38,15 @@ template <typename T>
 void activation_forward(Activation a, const T* pre, T* h, int N, int H, int ld_pre = 0, int ld_h = 0) {
   if (ld_pre == 0) ld_pre = activation_in_width(a, H);
   if (ld_h == 0) ld_h = H;
-  const int64_t count = int64_t(N) * H;
   switch (a) {
     case Activation::Relu:
-      for_each_index(count, ReluForward<T>{pre, h, H, ld_pre, ld_h});
+      for_each_index_2d(N, H, ReluForward<T>{pre, h, H, ld_pre, ld_h});
       break;
     case Activation::Gelu:
-      for_each_index(count, GeluForward<T>{pre, h, H, ld_pre, ld_h});
+      for_each_index_2d(N, H, GeluForward<T>{pre, h, H, ld_pre, ld_h});
       break;
     case Activation::Geglu:
-      for_each_index(count, GegluForward<T>{pre, h, H, ld_pre, ld_h});
+      for_each_index_2d(N, H, GegluForward<T>{pre, h, H, ld_pre, ld_h});
       break;
   }
 }
@@ -59,16 +58,15 @@ void activation_backward(Activation a, const T* pre, const T* dh, T* dpre, int N
                          int ld_h = 0) {
   if (ld_pre == 0) ld_pre = activation_in_width(a, H);
   if (ld_h == 0) ld_h = H;
-  const int64_t count = int64_t(N) * H;
   switch (a) {
     case Activation::Relu:
-      for_each_index(count, ReluBackward<T>{pre, dh, dpre, H, ld_pre, ld_h});
+      for_each_index_2d(N, H, ReluBackward<T>{pre, dh, dpre, H, ld_pre, ld_h});
       break;
     case Activation::Gelu:
-      for_each_index(count, GeluBackward<T>{pre, dh, dpre, H, ld_pre, ld_h});
+      for_each_index_2d(N, H, GeluBackward<T>{pre, dh, dpre, H, ld_pre, ld_h});
       break;
     case Activation::Geglu:
-      for_each_index(count, GegluBackward<T>{pre, dh, dpre, H, ld_pre, ld_h});
+      for_each_index_2d(N, H, GegluBackward<T>{pre, dh, dpre, H, ld_pre, ld_h});
       break;
   }
 }

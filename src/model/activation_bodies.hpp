@@ -26,8 +26,7 @@ struct ReluForward {
   const T* pre;
   T* h;
   int H, ld_pre, ld_h;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t n = i / H, j = i % H;
+  MESHMOE_HD void operator()(int64_t n, int64_t j) const {
     const T p = pre[n * ld_pre + j];
     h[n * ld_h + j] = p > T(0) ? p : T(0);
   }
@@ -39,8 +38,7 @@ struct GeluForward {
   const T* pre;
   T* h;
   int H, ld_pre, ld_h;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t n = i / H, j = i % H;
+  MESHMOE_HD void operator()(int64_t n, int64_t j) const {
     h[n * ld_h + j] = gelu(pre[n * ld_pre + j]);
   }
 };
@@ -51,8 +49,7 @@ struct GegluForward {
   const T* pre;
   T* h;
   int H, ld_pre, ld_h;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t n = i / H, j = i % H;
+  MESHMOE_HD void operator()(int64_t n, int64_t j) const {
     const T* p = pre + n * ld_pre;
     h[n * ld_h + j] = gelu(p[j]) * p[H + j];
   }
@@ -64,8 +61,7 @@ struct ReluBackward {
   const T *pre, *dh;
   T* dpre;
   int H, ld_pre, ld_h;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t n = i / H, j = i % H;
+  MESHMOE_HD void operator()(int64_t n, int64_t j) const {
     dpre[n * ld_pre + j] = pre[n * ld_pre + j] > T(0) ? dh[n * ld_h + j] : T(0);
   }
 };
@@ -76,8 +72,7 @@ struct GeluBackward {
   const T *pre, *dh;
   T* dpre;
   int H, ld_pre, ld_h;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t n = i / H, j = i % H;
+  MESHMOE_HD void operator()(int64_t n, int64_t j) const {
     dpre[n * ld_pre + j] = dh[n * ld_h + j] * gelu_grad(pre[n * ld_pre + j]);
   }
 };
@@ -88,8 +83,7 @@ struct GegluBackward {
   const T *pre, *dh;
   T* dpre;
   int H, ld_pre, ld_h;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t n = i / H, j = i % H;
+  MESHMOE_HD void operator()(int64_t n, int64_t j) const {
     const T* p = pre + n * ld_pre;
     const T d = dh[n * ld_h + j];
     T* o = dpre + n * ld_pre;

@@ -41,7 +41,7 @@ double CrossEntropy<T>::forward(const StepContext& ctx, const T* logits, const i
 // -> dlogits [N, V]
 template <typename T>
 void CrossEntropy<T>::backward(const StepContext& ctx, const T* logits, T* dlogits, int N) {
-  for_each_index(int64_t(N) * V_, CrossEntropyBackwardElement<T>{logits, lse_.data(), mask_.data(), targets_.data(),
+  for_each_index_2d(N, V_, CrossEntropyBackwardElement<T>{logits, lse_.data(), mask_.data(), targets_.data(),
                                                                   dlogits, T(weight_), V_});
 }
 

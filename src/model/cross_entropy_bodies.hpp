@@ -38,9 +38,9 @@ struct CrossEntropyBackwardElement {
   T* dlogits;
   T weight;
   int V;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t n = i / V;
-    const int v = int(i % V);
+  MESHMOE_HD void operator()(int64_t n, int64_t v_) const {
+    const int64_t i = n * V + v_;
+    const int v = int(v_);
     const T scale = weight * mask[n];
     if (scale == T(0)) {
       dlogits[i] = T(0);

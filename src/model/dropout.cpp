@@ -17,7 +17,7 @@ void Dropout<T>::forward(const StepContext& ctx, T* x, int N, int C) {
   const size_t NC = size_t(N) * size_t(C);
   if (keep_.size() < NC) keep_.resize(NC);
   const int per_token = (C + 3) / 4;
-  for_each_index(int64_t(N) * per_token,
+  for_each_index_2d(N, per_token,
                  DropoutForwardBlock<T>{rng, ctx.token_offset, x, keep_.data(), C, per_token, rate_, scale});
 }
 

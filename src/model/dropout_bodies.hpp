@@ -19,9 +19,8 @@ struct DropoutForwardBlock {
   int per_token;  // ceil(C / 4)
   double rate;
   T scale;  // 1 / (1 - rate)
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t n = i / per_token;
-    const int q = int(i % per_token);
+  MESHMOE_HD void operator()(int64_t n, int64_t q_) const {
+    const int q = int(q_);
     const uint64_t g = token_offset + uint64_t(n);
     const auto bits = rng.bits(g * uint64_t(per_token) + uint64_t(q));
     uint8_t* k = keep + n * C;

@@ -30,7 +30,7 @@ void Embedding<T>::forward(const StepContext& ctx, const int32_t* tokens, T* x, 
       throw Error("token id " + std::to_string(tok) + " outside the vocabulary [0, " + std::to_string(V_) +
                   "): the data file does not match model.vocab_size");
   }
-  for_each_index(int64_t(N) * M_, EmbeddingForwardElement<T>{wte.w, wpe.w, tokens_.data(), x, M_, T_});
+  for_each_index_2d(N, M_, EmbeddingForwardElement<T>{wte.w, wpe.w, tokens_.data(), x, M_, T_});
 }
 
 // dx [N, M] -> wte.g, wpe.g
@@ -51,10 +51,10 @@ void Embedding<T>::backward(const StepContext& ctx, const T* dx, int N) {
   }
   token_order_.resize(N);
   for (int n = 0; n < N; ++n) token_order_[size_t(token_first_[tokens_[n]]++)] = n;
-  for_each_index(int64_t(row_tokens_.size()) * M_,
+  for_each_index_2d(row_tokens_.size(), M_,
                  EmbeddingTokenGradElement<T>{dx, row_tokens_.data(), row_start_.data(), token_order_.data(),
                                               wte.g, M_});
-  for_each_index(int64_t(T_) * M_, EmbeddingPositionGradElement<T>{dx, wpe.g, M_, T_, N});
+  for_each_index_2d(T_, M_, EmbeddingPositionGradElement<T>{dx, wpe.g, M_, T_, N});
 }
 
 template <typename T>

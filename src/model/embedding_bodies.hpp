@@ -13,8 +13,8 @@ struct EmbeddingForwardElement {
   const int32_t* tokens;
   T* x;
   int M, T_seq;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t n = i / M, m = i % M;
+  MESHMOE_HD void operator()(int64_t n, int64_t m) const {
+    const int64_t i = n * M + m;
     x[i] = wte[int64_t(tokens[n]) * M + m] + wpe[(n % T_seq) * M + m];
   }
 };
@@ -28,8 +28,7 @@ struct EmbeddingTokenGradElement {
   const int32_t *rows, *start, *order;
   T* gwte;
   int M;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t u = i / M, m = i % M;
+  MESHMOE_HD void operator()(int64_t u, int64_t m) const {
     T* g = gwte + int64_t(rows[u]) * M + m;
     T acc = *g;
     for (int32_t k = start[u]; k < start[u + 1]; ++k) acc += dx[int64_t(order[k]) * M + m];
@@ -43,8 +42,8 @@ struct EmbeddingPositionGradElement {
   const T* dx;
   T* gwpe;
   int M, T_seq, N;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t t = i / M, m = i % M;
+  MESHMOE_HD void operator()(int64_t t, int64_t m) const {
+    const int64_t i = t * M + m;
     T acc = gwpe[i];
     for (int64_t n = t; n < N; n += T_seq) acc += dx[n * M + m];
     gwpe[i] = acc;

@@ -23,7 +23,8 @@ void LayerNorm<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
 template <typename T>
 void LayerNorm<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
   for_each_index(N, LayerNormBackwardRow<T>{dy, xhat_.data(), rstd_.data(), gain.w, dx, M_});
-  for_each_index(M_, LayerNormParamGradColumn<T>{dy, xhat_.data(), gain.g, bias.g, N, M_});
+  constexpr int kColumns = LayerNormParamGradColumns<T>::kColumns;
+  for_each_index((M_ + kColumns - 1) / kColumns, LayerNormParamGradColumns<T>{dy, xhat_.data(), gain.g, bias.g, N, M_});
 }
 
 template class LayerNorm<float>;

@@ -4,4 +4,4 @@
 
 MESHMOE_CUDA_BODY_FD(meshmoe::LayerNormForwardRow)
 MESHMOE_CUDA_BODY_FD(meshmoe::LayerNormBackwardRow)
-MESHMOE_CUDA_BODY_FD(meshmoe::LayerNormParamGradColumn)
+MESHMOE_CUDA_BODY_FD(meshmoe::LayerNormParamGradColumns)

@@ -56,20 +56,28 @@ struct LayerNormBackwardRow {
   }
 };
 
-// Column m of the parameter gradients (+=), summed over the N rows in order.
+// Columns [kColumns * b, kColumns * (b + 1)) of the parameter gradients (+=), each summed over the
+// N rows in order. A block of adjacent columns per index reads whole cache lines of dy and xhat on
+// the host; the parameter gradients are small, so few GPU threads suffice.
 template <typename T>
-struct LayerNormParamGradColumn {
+struct LayerNormParamGradColumns {
+  static constexpr int kColumns = 16;
   const T *dy, *xhat;
   T *dgain, *dbias;
   int N, M;
-  MESHMOE_HD void operator()(int64_t m) const {
-    T dg = dgain[m], db = dbias[m];
+  MESHMOE_HD void operator()(int64_t b) const {
+    const int m0 = int(b) * kColumns, m1 = m0 + kColumns < M ? m0 + kColumns : M;
+    T dg[kColumns], db[kColumns];
+    for (int m = m0; m < m1; ++m) dg[m - m0] = dgain[m], db[m - m0] = dbias[m];
     for (int n = 0; n < N; ++n) {
-      dg += dy[int64_t(n) * M + m] * xhat[int64_t(n) * M + m];
-      db += dy[int64_t(n) * M + m];
+      const T* d = dy + int64_t(n) * M;
+      const T* xh = xhat + int64_t(n) * M;
+      for (int m = m0; m < m1; ++m) {
+        dg[m - m0] += d[m] * xh[m];
+        db[m - m0] += d[m];
+      }
     }
-    dgain[m] = dg;
-    dbias[m] = db;
+    for (int m = m0; m < m1; ++m) dgain[m] = dg[m - m0], dbias[m] = db[m - m0];
   }
 };
 

@@ -1,4 +1,5 @@
-// The CUDA half of for_each_index (tensor/launch.hpp): a grid-stride kernel over [0, n), then a
+// The CUDA half of for_each_index and for_each_index_2d (tensor/launch.hpp): a grid-stride
+// kernel over the indices, then a
 // synchronisation so that the host may read the managed buffers it wrote. Include from a .cu
 // file and instantiate each body there:
 //   MESHMOE_CUDA_BODY(LayerNormForwardRow<float>)
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "tensor/launch.hpp"
 
@@ -15,18 +17,26 @@ namespace meshmoe {
 
 void cuda_check(cudaError_t e, const char* what);  // tensor/cuda_device.cu
 
+// One thread per element of [0, rows * cols); a 2-D body (for_each_index_2d) gets (row, column),
+// a 1-D body (for_each_index, cols = 1) the flat index.
 template <class Body>
-__global__ void for_each_index_kernel(int64_t n, Body body) {
-  const int64_t stride = int64_t(blockDim.x) * gridDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) body(i);
+__global__ void for_each_index_kernel(int64_t rows, int64_t cols, Body body) {
+  const int64_t n = rows * cols, stride = int64_t(blockDim.x) * gridDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if constexpr (std::is_invocable_v<const Body&, int64_t, int64_t>)
+      body(i / cols, i % cols);
+    else
+      body(i);
+  }
 }
 
 template <class Body>
-void launch_on_cuda(int64_t n, const Body& body) {
+void launch_on_cuda(int64_t rows, int64_t cols, const Body& body) {
+  const int64_t n = rows * cols;
   if (n <= 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(1) << 16);
-  for_each_index_kernel<Body><<<unsigned(blocks), kThreads>>>(n, body);
+  for_each_index_kernel<Body><<<unsigned(blocks), kThreads>>>(rows, cols, body);
   cuda_check(cudaGetLastError(), "kernel launch");
   device_synchronize();
 }
@@ -34,7 +44,7 @@ void launch_on_cuda(int64_t n, const Body& body) {
 }  // namespace meshmoe
 
 #define MESHMOE_CUDA_BODY(...) \
-  template void meshmoe::launch_on_cuda<__VA_ARGS__>(int64_t, const __VA_ARGS__&);
+  template void meshmoe::launch_on_cuda<__VA_ARGS__>(int64_t, int64_t, const __VA_ARGS__&);
 #define MESHMOE_CUDA_BODY_FD(B) \
   MESHMOE_CUDA_BODY(B<float>)   \
   MESHMOE_CUDA_BODY(B<double>)

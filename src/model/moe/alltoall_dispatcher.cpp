@@ -110,7 +110,7 @@ void AllToAllDispatcher<T>::to_experts(const StepContext& ctx, const T* local, T
     ScopedPhase t(ctx.timers, "moe_alltoall");
     exchange(local, recv_.data(), size_t(M_), false);
   }
-  for_each_index(int64_t(expert_total_) * M_,
+  for_each_index_2d(expert_total_, M_,
                  GatherRows<T, int64_t>{recv_.data(), expert_from_recv_.data(), expert, M_});
 }
 
@@ -118,7 +118,7 @@ void AllToAllDispatcher<T>::to_experts(const StepContext& ctx, const T* local, T
 template <typename T>
 void AllToAllDispatcher<T>::from_experts(const StepContext& ctx, const T* expert, T* local) {
   recv_.resize(expert_total_ * M_);
-  for_each_index(int64_t(expert_total_) * M_,
+  for_each_index_2d(expert_total_, M_,
                  GatherRows<T, int64_t>{expert, recv_from_expert_.data(), recv_.data(), M_});
   ScopedPhase t(ctx.timers, "moe_alltoall");
   exchange(recv_.data(), local, size_t(M_), true);

@@ -66,26 +66,26 @@ void IndexDispatcher<T>::plan(const Routing<T>& r, uint64_t token_offset, Dispat
 // x [N, M] -> buf [rows, M]
 template <typename T>
 void IndexDispatcher<T>::dispatch(const Routing<T>& r, const T* x, T* buf, int M) const {
-  for_each_index(int64_t(rows()) * M, GatherRows<T, int>{x, slot_token_.data(), buf, M});
+  for_each_index_2d(rows(), M, GatherRows<T, int>{x, slot_token_.data(), buf, M});
 }
 
 // dbuf [rows, M] -> dx [N, M] (added)
 template <typename T>
 void IndexDispatcher<T>::dispatch_backward(const Routing<T>& r, const T* dbuf, T* dx, int M) const {
-  for_each_index(int64_t(r.N) * M, DispatchBackwardElement<T>{dbuf, token_rows_.data(), dx, M, r.k});
+  for_each_index_2d(r.N, M, DispatchBackwardElement<T>{dbuf, token_rows_.data(), dx, M, r.k});
 }
 
 // out [rows, M] -> y [N, M]
 template <typename T>
 void IndexDispatcher<T>::combine(const Routing<T>& r, const T* out, T* y, int M) const {
-  for_each_index(int64_t(r.N) * M, CombineElement<T>{out, r.gate.data(), choice_row_.data(), y, M, r.k});
+  for_each_index_2d(r.N, M, CombineElement<T>{out, r.gate.data(), choice_row_.data(), y, M, r.k});
 }
 
 // dy [N, M], out [rows, M] -> dout [rows, M], dgate [N*k]
 template <typename T>
 void IndexDispatcher<T>::combine_backward(const Routing<T>& r, const T* dy, const T* out, T* dout, T* dgate,
                                           int M) const {
-  for_each_index(int64_t(rows()) * M,
+  for_each_index_2d(rows(), M,
                  CombineBackwardOutElement<T>{dy, r.gate.data(), slot_choice_.data(), dout, M, r.k});
   for_each_index(int64_t(r.N) * r.k, CombineBackwardGateChoice<T>{dy, out, choice_row_.data(), dgate, M, r.k});
 }

@@ -17,8 +17,8 @@ struct GatherRows {
   const I* index;
   T* dst;
   int M;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t row = i / M, m = i % M;
+  MESHMOE_HD void operator()(int64_t row, int64_t m) const {
+    const int64_t i = row * M + m;
     const int64_t s = int64_t(index[row]);
     dst[i] = s < 0 ? T(0) : src[s * M + m];
   }
@@ -32,8 +32,8 @@ struct DispatchBackwardElement {
   const int64_t* token_rows;
   T* dx;
   int M, k;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t n = i / M, m = i % M;
+  MESHMOE_HD void operator()(int64_t n, int64_t m) const {
+    const int64_t i = n * M + m;
     T d = dx[i];
     for (int j = 0; j < k; ++j) {
       const int64_t row = token_rows[n * k + j];
@@ -52,8 +52,8 @@ struct CombineElement {
   const int64_t* choice_row;
   T* y;
   int M, k;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t n = i / M, m = i % M;
+  MESHMOE_HD void operator()(int64_t n, int64_t m) const {
+    const int64_t i = n * M + m;
     T acc = 0;
     for (int j = 0; j < k; ++j) {
       const int64_t c = n * k + j;
@@ -72,8 +72,8 @@ struct CombineBackwardOutElement {
   const int64_t* slot_choice;
   T* dout;
   int M, k;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t row = i / M, m = i % M;
+  MESHMOE_HD void operator()(int64_t row, int64_t m) const {
+    const int64_t i = row * M + m;
     const int64_t c = slot_choice[row];
     dout[i] = c < 0 ? T(0) : gate[c] * dy[(c / k) * M + m];
   }

@@ -68,7 +68,7 @@ void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, std::span<con
     matmul(false, false, R, W, M, &x_[r0 * M], w_in.w + size_t(el) * M * W, &pre_[r0 * W]);
     activation_forward(opt_.activation, &pre_[r0 * W], &h_[r0 * LH], R, LH);
     if (p > 0)
-      for_each_index(int64_t(R) * LH,
+      for_each_index_2d(R, LH,
                      ExpertDropoutForward<T>{rng, row_token + r0, &mask_[r0 * LH], &h_[r0 * LH], LH, h0_,
                                              uint64_t(opt_.num_experts), uint64_t(H), uint64_t(e0_ + el), p, scale});
     matmul(false, false, R, M, LH, &h_[r0 * LH], w_out.w + size_t(el) * LH * M, y + r0 * M);

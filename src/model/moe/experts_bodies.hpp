@@ -22,9 +22,9 @@ struct ExpertDropoutForward {
   uint64_t E, H, e;
   double p;
   T scale;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t row = i / LH;
-    const int j = int(i % LH);
+  MESHMOE_HD void operator()(int64_t row, int64_t j_) const {
+    const int64_t i = row * LH + j_;
+    const int j = int(j_);
     const int64_t tok = row_token[row];
     const uint64_t index = (uint64_t(tok < 0 ? 0 : tok) * E + e) * H + uint64_t(h0 + j);
     mask[i] = tok >= 0 && rng.uniform_double(index) < p ? T(0) : scale;

@@ -35,7 +35,7 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
   if (jittered_) {
     jitter_.resize(size_t(N) * M);
     const Rng rng{ctx.seed, ctx.step, opt_.layer_id, RngPurpose::Jitter};
-    for_each_index(int64_t(N) * M,
+    for_each_index_2d(N, M,
                    RouterJitterElement<T>{rng, ctx.token_offset, x, jitter_.data(), xj_.data(), M, opt_.jitter_eps});
     xr = xj_.data();
   } else {

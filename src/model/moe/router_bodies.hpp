@@ -25,8 +25,8 @@ struct RouterJitterElement {
   T *jitter, *xj;
   int M;
   double eps;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const int64_t n = i / M, m = i % M;
+  MESHMOE_HD void operator()(int64_t n, int64_t m) const {
+    const int64_t i = n * M + m;
     const uint64_t index = (token_offset + uint64_t(n)) * uint64_t(M) + uint64_t(m);
     jitter[i] = T(1.0 - eps + 2.0 * eps * rng.uniform_double(index));
     xj[i] = x[i] * jitter[i];

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Step time of two meshmoe executables on the same decks, interleaved (A, B, A, B, ...) so that
+# machine noise hits both alike; prints the mean step time of each (steps 6.. of each run, from
+# metrics.h5 tokens_per_s) and B/A. The final losses must agree bitwise when the change is not
+# meant to change the numbers; the script prints them side by side.
+#   bench/compare-builds.sh OLD/meshmoe NEW/meshmoe [REPEATS] [DECK...]
+#   e.g. git worktree add /tmp/old HEAD~1 && make -C /tmp/old -j2 && \
+#        bench/compare-builds.sh /tmp/old/build/meshmoe build/meshmoe 2
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source tests/env.sh
+A=$(realpath "$1"); B=$(realpath "$2"); REPEATS=${3:-2}; shift $(( $# < 3 ? $# : 3 ))
+DECKS=("$@"); [ ${#DECKS[@]} -gt 0 ] || DECKS=(inputs/m4-dense-tiny.toml inputs/m4-switch-tiny.toml inputs/m4-gshard-tiny.toml)
+NP=${NP:-2}; STEPS=${STEPS:-30}
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+[ -s data/gettext.h5 ] || { echo "needs data/gettext.h5 (build/meshmoe prep gettext -o data/gettext.h5)"; exit 2; }
+for deck in "${DECKS[@]}"; do
+  for r in $(seq "$REPEATS"); do
+    for which in A B; do
+      bin=$A; [ $which = B ] && bin=$B
+      OPENBLAS_NUM_THREADS=1 mpirun -np "$NP" "$bin" train "$deck" --set mesh.data="$NP" --set run.steps="$STEPS" \
+        --set eval.every=0 --set checkpoint.every=0 --set run.log_every=1 --set run.out_dir="$T/$which-$r-$(basename "$deck" .toml)" \
+        >"$T/log" 2>&1 || { tail "$T/log"; exit 1; }
+    done
+  done
+done
+/usr/bin/python3 - "$T" "$REPEATS" "${DECKS[@]}" <<'PY'
+import sys, os, h5py, numpy as np
+T, reps, decks = sys.argv[1], int(sys.argv[2]), [os.path.basename(d)[:-5] for d in sys.argv[3:]]
+
+def deck_int(deck, key):
+    return int(next(l for l in deck.splitlines() if l.startswith(key + " ")).split("=")[1])
+
+print("| deck | A step (ms) | B step (ms) | B/A | final loss A | final loss B |")
+print("| --- | ---: | ---: | ---: | ---: | ---: |")
+for d in decks:
+    t, loss = {}, {}
+    for w in "AB":
+        ms = []
+        for r in range(1, reps + 1):
+            with h5py.File(f"{T}/{w}-{r}-{d}/metrics.h5", "r") as f:
+                deck = bytes(f["deck"][()]).decode()
+                tokens = deck_int(deck, "batch_size") * deck_int(deck, "seq_len")
+                ms.append(1000 * float(np.mean(tokens / f["tokens_per_s"][5:])))
+                loss[w] = float(f["loss"][-1])
+        t[w] = float(np.mean(ms))
+    print(f"| {d} | {t['A']:.1f} | {t['B']:.1f} | {t['B'] / t['A']:.3f} | {loss['A']!r} | {loss['B']!r} |")
+PY
