@@ -67,7 +67,7 @@ $(BUILD)/obj/%.o: %.cpp
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	@$(if $(V),,echo "  NVCC  $<")
-	$(Q)$(NVCC) -std=c++20 -O2 --expt-relaxed-constexpr $(CUDA_ARCH) -DOMPI_SKIP_MPICXX -Isrc $(MPI_CFLAGS) -DMESHMOE_CUDA=1 -ccbin g++ -Xcompiler -fPIC -MMD -MP -c $< -o $@
+	$(Q)$(NVCC) -std=c++20 -O2 --expt-relaxed-constexpr -Werror all-warnings $(CUDA_ARCH) -DOMPI_SKIP_MPICXX -Isrc $(MPI_CFLAGS) -DMESHMOE_CUDA=1 -ccbin g++ -Xcompiler -fPIC -MMD -MP -c $< -o $@
 
 run: deps
 	@$(MAKE) --no-print-directory all
