@@ -16,16 +16,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
+source tests/lib/common.sh
 M=$(realpath "${MESHMOE:-build/meshmoe}")
-T=${MESHMOE_TEST_TMPDIR:-$(mktemp -d)}/bad-launches
 mounts=()
 cleanup() { for m in "${mounts[@]}"; do umount "$m" 2>/dev/null || true; done; }
 trap cleanup EXIT
-cleanup; rm -rf "$T"; mkdir -p "$T"
+test_dir bad-launches
 ulimit -c 0
 
 # ---- fixtures -------------------------------------------------------------------------------
-$M prep text -q "$PWD"/src/model/*.cpp -o "$T/data.h5" >/dev/null
+tiny_data "$T" "$PWD"/src/model/*.cpp
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "bad"
@@ -57,17 +57,12 @@ keep_last = 3
 DECK
 D="$T/deck.toml"
 REF="$T/ref"  # a finished run with checkpoints at steps 2 and 4: must never change
-fixture() {  # np dir overrides...: a run that must succeed
-  local np=$1 dir=$2; shift 2
-  mpirun -np "$np" "$M" train "$D" --set run.out_dir="$T/$dir" --set mesh.data="$np" "$@" >"$T/$dir.log" 2>&1 ||
-    { tail "$T/$dir.log"; echo "FAIL: fixture run $dir failed"; exit 1; }
-}
-fixture 4 ref
-fixture 1 wide --set model.d_model=32 --set run.steps=2            # incompatible model (d_model)
-fixture 1 experts8 --set moe.num_experts=8 --set run.steps=2       # incompatible model (experts)
-fixture 1 adafactor --set optim.name=adafactor --set run.steps=2   # other optimizer state
+train_or_fail ref 4 --set mesh.data=4
+train_or_fail wide 1 --set mesh.data=1 --set model.d_model=32 --set run.steps=2           # incompatible model (d_model)
+train_or_fail experts8 1 --set mesh.data=1 --set moe.num_experts=8 --set run.steps=2      # incompatible model (experts)
+train_or_fail adafactor 1 --set mesh.data=1 --set optim.name=adafactor --set run.steps=2  # other optimizer state
 C4="$REF/ckpt/step_00000004.h5"
-[ -s "$C4" ] || { echo "FAIL: no reference checkpoint"; exit 1; }
+[ -s "$C4" ] || fail "no reference checkpoint"
 $PYTHON - "$T" "$C4" <<'PY'
 import sys, os, shutil, h5py, numpy as np
 T, c4 = sys.argv[1], sys.argv[2]
@@ -229,7 +224,7 @@ FULL="$T/full/run"
 if [ $can_mount = 1 ] && mount -t tmpfs -o size=1200k tmpfs "$T/full"; then
   mounts+=("$T/full")
   mpirun -np 4 "$M" train "$D" --set run.out_dir="$FULL" --set run.steps=2 --set checkpoint.every=1 >"$T/full-fill.log" 2>&1 ||
-    { tail "$T/full-fill.log"; echo "FAIL: could not fill the small file system"; exit 1; }
+    { tail "$T/full-fill.log"; fail "could not fill the small file system"; }
   limit=""
 else
   limit=200  # KiB per file (ulimit -f): a checkpoint (~400 KiB) cannot be written (SIGXFSZ or EFBIG)

@@ -16,12 +16,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
+source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
-T=${MESHMOE_TEST_TMPDIR:-$(mktemp -d)}/ckpt-kill
-rm -rf "$T"; mkdir -p "$T"
+test_dir ckpt-kill
 RANDOM=20240605  # seeded: the same kill moments (in steps) every time
 STEPS=80
-$M prep text -q src/model/*.cpp -o "$T/data.h5" >/dev/null
+tiny_data "$T"
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "kill"
@@ -54,7 +54,6 @@ batches = 2
 every = 1
 keep_last = 2
 DECK
-fail() { echo "FAIL: $*"; exit 1; }
 RUN="$T/killed"
 launch() {  # log: starts the job in its own session, in the background; sets $job
   setsid mpirun -np 2 $M train "$T/deck.toml" --set run.out_dir="$RUN" --set mesh.data=2 >"$1" 2>&1 &
@@ -75,8 +74,7 @@ newest_good() {
 }
 
 echo "== uninterrupted run"
-mpirun -np 2 $M train "$T/deck.toml" --set run.out_dir="$T/straight" --set mesh.data=2 >"$T/straight.log" 2>&1 ||
-  { tail "$T/straight.log"; fail "the uninterrupted run failed"; }
+train_or_fail straight 2 --set mesh.data=2
 
 echo "== 10 kills"
 expect=0 in_write=0 broken=0 stale_tmp=0

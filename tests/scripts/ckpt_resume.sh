@@ -9,10 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
+source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
-T=${MESHMOE_TEST_TMPDIR:-$(mktemp -d)}/ckpt-resume
-rm -rf "$T"; mkdir -p "$T"
-$M prep text -q src/model/*.cpp -o "$T/data.h5" >/dev/null
+test_dir ckpt-resume
+tiny_data "$T"
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "resume"
@@ -68,7 +68,6 @@ for k in ["loss", "aux_loss", "z_loss", "grad_norm", "lr", "eval/loss"]:
 sys.exit(1 if bad else 0)
 PY
 }
-fail() { echo "FAIL: $*"; exit 1; }
 
 echo "== exact resume"
 train 2 straight --set mesh.data=2

@@ -9,12 +9,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
+source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
-T=${MESHMOE_TEST_TMPDIR:-$(mktemp -d)}/gpu-train
 if ! "$M" --version 2>/dev/null | grep -q "CUDA"; then echo "skipped: this meshmoe was built without CUDA"; exit 0; fi
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then echo "skipped: no GPU"; exit 0; fi
-rm -rf "$T"; mkdir -p "$T"
-$M prep text -q src/model/*.cpp -o "$T/data.h5" >/dev/null
+test_dir gpu-train
+tiny_data "$T"
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "gpu"
@@ -45,7 +45,6 @@ batches = 2
 [checkpoint]
 every = 6
 DECK
-fail() { echo "FAIL: $*"; exit 1; }
 train() {  # dir overrides...
   local dir=$1; shift
   timeout 300 mpirun -np 1 $M train "$T/deck.toml" --set run.out_dir="$T/$dir" "$@" >"$T/$dir.log" 2>&1 ||

@@ -11,10 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
+source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
-T=${MESHMOE_TEST_TMPDIR:-$(mktemp -d)}/nan-steps
-rm -rf "$T"; mkdir -p "$T"
-$M prep text -q src/model/*.cpp -o "$T/data.h5" >/dev/null
+test_dir nan-steps
+tiny_data "$T"
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "nan"
@@ -46,7 +46,6 @@ every = 0
 [checkpoint]
 every = 0
 DECK
-fail() { echo "FAIL: $*"; exit 1; }
 train() {  # np dir overrides... ; sets $rc
   local np=$1 dir=$2; shift 2
   set +e

@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
+source tests/lib/common.sh
 M=${MESHMOE:-$PWD/${BUILD:-build}/meshmoe}
 [ -x "$M" ] || { echo "postprocess: $M not built"; exit 1; }
 T=$(mktemp -d "${MESHMOE_TEST_TMPDIR:-/tmp}/postprocess.XXXXXX")
@@ -58,15 +59,10 @@ path = "$T/data.h5"
 every = 4
 batches = 4
 DECK
-train() {  # name np overrides...
-  local name=$1 np=$2; shift 2
-  mpirun -np "$np" "$M" train "$T/deck.toml" --set run.out_dir="$T/$name" "$@" >"$T/$name.log" 2>&1 || {
-    cat "$T/$name.log"; echo "run $name failed"; exit 1; }
-}
-train moe-d1 1
-train moe-d2 2 --set mesh.data=2
-train dense 2 --set mesh.data=2 --set moe.every=0
-mpirun -np 2 "$M" bench-comm -q --sizes 1K,16K,256K --iters 2 -o "$T/bc.h5" >"$T/bc.log" 2>&1 || { cat "$T/bc.log"; exit 1; }
+train_or_fail moe-d1 1
+train_or_fail moe-d2 2 --set mesh.data=2
+train_or_fail dense 2 --set mesh.data=2 --set moe.every=0
+mpirun -np 2 "$M" bench-comm -q --sizes 1K,16K,256K --iters 2 -o "$T/bc.h5" >"$T/bc.log" 2>&1 || { cat "$T/bc.log"; fail "bench-comm failed"; }
 
 $PY postprocess/report.py "$T/moe-d1" "$T/moe-d2" --baseline "$T/dense" --bench-comm "$T/bc.h5" -o "$T/report"
 $PY postprocess/compare.py "$T/moe-d1" "$T/moe-d2" "$T/dense" -o "$T/compare.md"
@@ -77,7 +73,7 @@ $PY tests/postprocess/check_report.py --report "$T/report" --compare "$T/compare
 
 # lang_table.py (shares common.py) still runs and ranks de first.
 $PY postprocess/lang_table.py "$T/moe-d1" --top 1 | tee "$T/lang.txt"
-grep -q '^| 1 | de | ' "$T/lang.txt" || { echo "lang_table: de is not ranked first"; exit 1; }
+grep -q '^| 1 | de | ' "$T/lang.txt" || fail "lang_table: de is not ranked first"
 
 # Bad input: exit 2 and a message naming the problem.
 fails=0

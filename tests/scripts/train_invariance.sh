@@ -7,10 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
+source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
-T=${MESHMOE_TEST_TMPDIR:-$(mktemp -d)}/invariance
-rm -rf "$T"; mkdir -p "$T"
-$M prep text -q src/model/*.cpp src/model/moe/*.cpp -o "$T/data.h5" >/dev/null
+test_dir invariance
+tiny_data "$T" src/model/*.cpp src/model/moe/*.cpp
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "inv"
@@ -44,11 +44,6 @@ path = "$T/data.h5"
 every = 2
 batches = 2
 DECK
-run() {  # name np overrides...
-  local name=$1 np=$2; shift 2
-  mpirun -np "$np" $M train "$T/deck.toml" --set run.out_dir="$T/$name" "$@" >"$T/$name.log" 2>&1 || {
-    cat "$T/$name.log"; echo "run $name failed"; exit 1; }
-}
 # Issue 4's matrix: four models on eight meshes (micro_batches = 2 everywhere, so pipe = 2 can run).
 declare -A model=(
   [dense]="--set moe.every=0 --set moe.num_experts=1"
@@ -65,31 +60,31 @@ pairs=""
 for m in dense switch gshard pmoe; do
   for k in 1 d2 d4 t2 d2t2 p2 p2d2 p2t2; do
     # shellcheck disable=SC2086
-    run "$m-$k" ${mesh[$k]} --set optim.micro_batches=2 ${model[$m]}
+    train_or_fail "$m-$k" ${mesh[$k]} --set optim.micro_batches=2 ${model[$m]}
     [ "$k" = 1 ] || pairs+="$m-1:$m-$k "
   done
 done
 # More: gradient accumulation, tied/untied, Switch 5.5 with 4 tensor ranks, NTLB, geglu with
 # Adafactor on the expert meshes.
-run ref 1
-run micro2 1 --set optim.micro_batches=2
-run data2-micro2 2 --set mesh.data=2 --set optim.micro_batches=2
-run untied 1 --set model.tied_embeddings=false
-run untied-pipe2 2 --set model.tied_embeddings=false --set mesh.pipe=2 --set optim.micro_batches=2
-run ref-h4 1 --set model.num_heads=4
-run switch55-t4 4 --set mesh.tensor=4 --set model.num_heads=4
-run ntlb 1 --set moe.no_token_left_behind=true
-run ntlb-d2t2 4 --set moe.no_token_left_behind=true --set mesh.data=2 --set mesh.tensor=2
-run geglu-adafactor 1 --set model.activation=geglu --set optim.name=adafactor
-run geglu-adafactor-d2t2 4 --set model.activation=geglu --set optim.name=adafactor --set mesh.data=2 --set mesh.tensor=2
-run geglu-adafactor-pmoe-t2 2 --set model.activation=geglu --set optim.name=adafactor --set moe.expert_axis=tensor --set mesh.tensor=2
-run evalsub 1 --set eval.examples_per_language=3
-run evalsub-d2t2 4 --set eval.examples_per_language=3 --set mesh.data=2 --set mesh.tensor=2
+train_or_fail ref 1
+train_or_fail micro2 1 --set optim.micro_batches=2
+train_or_fail data2-micro2 2 --set mesh.data=2 --set optim.micro_batches=2
+train_or_fail untied 1 --set model.tied_embeddings=false
+train_or_fail untied-pipe2 2 --set model.tied_embeddings=false --set mesh.pipe=2 --set optim.micro_batches=2
+train_or_fail ref-h4 1 --set model.num_heads=4
+train_or_fail switch55-t4 4 --set mesh.tensor=4 --set model.num_heads=4
+train_or_fail ntlb 1 --set moe.no_token_left_behind=true
+train_or_fail ntlb-d2t2 4 --set moe.no_token_left_behind=true --set mesh.data=2 --set mesh.tensor=2
+train_or_fail geglu-adafactor 1 --set model.activation=geglu --set optim.name=adafactor
+train_or_fail geglu-adafactor-d2t2 4 --set model.activation=geglu --set optim.name=adafactor --set mesh.data=2 --set mesh.tensor=2
+train_or_fail geglu-adafactor-pmoe-t2 2 --set model.activation=geglu --set optim.name=adafactor --set moe.expert_axis=tensor --set mesh.tensor=2
+train_or_fail evalsub 1 --set eval.examples_per_language=3
+train_or_fail evalsub-d2t2 4 --set eval.examples_per_language=3 --set mesh.data=2 --set mesh.tensor=2
 pairs+="evalsub:evalsub-d2t2 "
 pairs+="ref:micro2 ref:data2-micro2 untied:untied-pipe2 ref-h4:switch55-t4 ntlb:ntlb-d2t2 "
 pairs+="geglu-adafactor:geglu-adafactor-d2t2 "
 export PAIRS=$pairs
-for r in ref gshard-d2 pmoe-p2t2; do [ -s "$T/$r/deck.toml" ] || { echo "no deck.toml in $r"; exit 1; }; done
+for r in ref gshard-d2 pmoe-p2t2; do [ -s "$T/$r/deck.toml" ] || fail "no deck.toml in $r"; done
 $PYTHON - "$T" <<'PY'
 import sys, h5py, numpy as np
 import os

@@ -21,13 +21,19 @@ using namespace meshmoe;
 
 namespace {
 
-Config dense_config() {
+// The model size that dense_config and moe_config share.
+Config small_model() {
   Config c;
   c.model.seq_len = 16;
   c.model.d_model = 32;
   c.model.num_layers = 4;
   c.model.num_heads = 4;
   c.model.d_ff = 64;
+  return c;
+}
+
+Config dense_config() {
+  Config c = small_model();
   c.model.activation = "geglu";
   c.model.tied_embeddings = false;
   c.model.dropout = 0.1;
@@ -38,12 +44,7 @@ Config dense_config() {
 }
 
 Config moe_config() {
-  Config c;
-  c.model.seq_len = 16;
-  c.model.d_model = 32;
-  c.model.num_layers = 4;
-  c.model.num_heads = 4;
-  c.model.d_ff = 64;
+  Config c = small_model();
   c.model.activation = "gelu";
   c.moe.num_experts = 4;
   c.moe.every = 2;

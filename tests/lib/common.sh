@@ -1,0 +1,34 @@
+# shellcheck shell=bash
+# Set-up shared by the end-to-end test scripts of tests/scripts/. Sourced, not run: a script does
+#   cd "$(dirname "$0")/../.."; source tests/env.sh; source tests/lib/common.sh
+# and sets M (the meshmoe binary) itself. It is not a test case: run-tests.sh runs only
+# tests/scripts/*.sh. Each test's deck stays in its own script (its values are what the test is
+# about); what is here only creates directories and data sets, runs meshmoe, and fails.
+
+# test_dir NAME: sets T to an empty directory $MESHMOE_TEST_TMPDIR/NAME (under a new temporary
+# directory when the script runs on its own), removing what an earlier run left there.
+test_dir() {
+  T=${MESHMOE_TEST_TMPDIR:-$(mktemp -d)}/$1
+  rm -rf "$T"; mkdir -p "$T"
+}
+
+# tiny_data DIR [TEXT_FILE...]: DIR/data.h5, a small data set made with `meshmoe prep text` from
+# the given text files, by default the model sources src/model/*.cpp (relative to the repository
+# root). The file names are recorded in the data set, so the same names give the same file.
+tiny_data() {
+  local dir=$1; shift
+  [ $# -gt 0 ] || set -- src/model/*.cpp
+  "$M" prep text -q "$@" -o "$dir/data.h5" >/dev/null
+}
+
+# fail MESSAGE...: prints "FAIL: MESSAGE" and ends the test with exit code 1.
+fail() { echo "FAIL: $*"; exit 1; }
+
+# train_or_fail NAME NP [ARG...]: `meshmoe train $T/deck.toml` on NP ranks into $T/NAME, output to
+# $T/NAME.log, extra arguments (--set ...) after the deck; a run that fails shows its log and fails
+# the test.
+train_or_fail() {
+  local name=$1 np=$2; shift 2
+  mpirun -np "$np" "$M" train "$T/deck.toml" --set run.out_dir="$T/$name" "$@" >"$T/$name.log" 2>&1 ||
+    { cat "$T/$name.log"; fail "run $name failed"; }
+}
