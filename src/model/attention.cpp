@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "model/attention_bodies.hpp"
 #include "tensor/blas.hpp"
+#include "tensor/elementwise.hpp"
 #include "tensor/launch.hpp"
 
 namespace meshmoe {
@@ -52,7 +53,7 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   const int B = N / T_, Tq = T_, L = L_, D = D_;
   const size_t NL = size_t(N) * L;
   ensure(x_, size_t(N) * M_);
-  for_each_index(int64_t(N) * M_, AttentionCopyElement<T>{x, x_.data()});
+  copy_from(x_.data(), x, size_t(N) * M_);
   ensure(qkv_, 3 * NL);
   ensure(p_, size_t(B) * LH_ * Tq * Tq);
   ensure(att_, NL);
@@ -95,7 +96,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   ensure(datt_, NL);
   ensure(dqkv_, 3 * NL);
   ensure(dp_, size_t(Tq) * Tq);
-  for_each_index(int64_t(N) * M_, AttentionCopyElement<T>{dy, dy_.data()});
+  copy_from(dy_.data(), dy, size_t(N) * M_);
   dropout_.backward(ctx, dy_.data(), N, M_);
   // wo.g [L, M] += att^T dy; datt [N, L] = dy wo^T
   matmul(true, false, L, M_, N, att_.data(), dy_.data(), wo.g, true);
@@ -135,7 +136,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
     matmul(false, true, N, M_, L, dk, wk.w, dxs_.data(), true);
     matmul(false, true, N, M_, L, dv, wv.w, dxs_.data(), true);
     tensor_allreduce(dxs_.data(), size_t(N) * M_);
-    for_each_index(int64_t(N) * M_, AttentionAddElement<T>{dxs_.data(), dx});
+    add_into(dx, dxs_.data(), size_t(N) * M_);
   } else {
     matmul(false, true, N, M_, L, dq, wq.w, dx, true);
     matmul(false, true, N, M_, L, dk, wk.w, dx, true);

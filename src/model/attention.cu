@@ -4,5 +4,3 @@
 
 MESHMOE_CUDA_BODY_FD(meshmoe::AttentionCausalSoftmaxRow)
 MESHMOE_CUDA_BODY_FD(meshmoe::AttentionCausalSoftmaxBackwardRow)
-MESHMOE_CUDA_BODY_FD(meshmoe::AttentionCopyElement)
-MESHMOE_CUDA_BODY_FD(meshmoe::AttentionAddElement)

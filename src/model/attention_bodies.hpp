@@ -46,20 +46,4 @@ struct AttentionCausalSoftmaxBackwardRow {
   }
 };
 
-// dst[i] = src[i]
-template <typename T>
-struct AttentionCopyElement {
-  const T* src;
-  T* dst;
-  MESHMOE_HD void operator()(int64_t i) const { dst[i] = src[i]; }
-};
-
-// dst[i] += src[i]
-template <typename T>
-struct AttentionAddElement {
-  const T* src;
-  T* dst;
-  MESHMOE_HD void operator()(int64_t i) const { dst[i] += src[i]; }
-};
-
 }  // namespace meshmoe

@@ -6,6 +6,7 @@
 #include "core/philox.hpp"
 #include "model/moe/router_bodies.hpp"
 #include "tensor/blas.hpp"
+#include "tensor/elementwise.hpp"
 #include "tensor/launch.hpp"
 
 namespace meshmoe {
@@ -39,7 +40,7 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
                    RouterJitterElement<T>{rng, ctx.token_offset, x, jitter_.data(), xj_.data(), M, opt_.jitter_eps});
     xr = xj_.data();
   } else {
-    for_each_index(int64_t(N) * M, RouterCopyElement<T>{x, xj_.data()});  // backward needs the router input for dwg
+    copy_from(xj_.data(), x, size_t(N) * M);  // backward needs the router input for dwg
   }
 
   // GShard Algorithm 2 line 1: gates = softmax(einsum(GSM,ME->GSE)). Softmax accumulated in double

@@ -3,7 +3,6 @@
 #include "tensor/launch_cuda.cuh"
 
 MESHMOE_CUDA_BODY_FD(meshmoe::RouterJitterElement)
-MESHMOE_CUDA_BODY_FD(meshmoe::RouterCopyElement)
 MESHMOE_CUDA_BODY_FD(meshmoe::RouterSoftmaxRow)
 MESHMOE_CUDA_BODY_FD(meshmoe::RouterTopChoicesRow)
 MESHMOE_CUDA_BODY_FD(meshmoe::RouterAssignGroup)

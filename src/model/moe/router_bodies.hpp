@@ -33,14 +33,6 @@ struct RouterJitterElement {
   }
 };
 
-// dst[i] = src[i]
-template <typename T>
-struct RouterCopyElement {
-  const T* src;
-  T* dst;
-  MESHMOE_HD void operator()(int64_t i) const { dst[i] = src[i]; }
-};
-
 // Token n: lse = logsumexp of its logits and probs = softmax, both accumulated in double.
 template <typename T>
 struct RouterSoftmaxRow {
