@@ -2,9 +2,13 @@
 #include "model/activation_bodies.hpp"
 #include "tensor/launch_cuda.cuh"
 
-MESHMOE_CUDA_BODY_FD(meshmoe::ReluForward)
-MESHMOE_CUDA_BODY_FD(meshmoe::GeluForward)
-MESHMOE_CUDA_BODY_FD(meshmoe::GegluForward)
-MESHMOE_CUDA_BODY_FD(meshmoe::ReluBackward)
-MESHMOE_CUDA_BODY_FD(meshmoe::GeluBackward)
-MESHMOE_CUDA_BODY_FD(meshmoe::GegluBackward)
+#define MESHMOE_ACTIVATION_BODIES(T, A)                                        \
+  MESHMOE_CUDA_BODY(meshmoe::ActivationForward<T, meshmoe::Activation::A>) \
+  MESHMOE_CUDA_BODY(meshmoe::ActivationBackward<T, meshmoe::Activation::A>)
+
+MESHMOE_ACTIVATION_BODIES(float, Relu)
+MESHMOE_ACTIVATION_BODIES(float, Gelu)
+MESHMOE_ACTIVATION_BODIES(float, Geglu)
+MESHMOE_ACTIVATION_BODIES(double, Relu)
+MESHMOE_ACTIVATION_BODIES(double, Gelu)
+MESHMOE_ACTIVATION_BODIES(double, Geglu)

@@ -16,8 +16,6 @@
 
 namespace meshmoe {
 
-enum class Activation { Relu, Gelu, Geglu };
-
 // Deck spelling -> enum. The schema already restricts model.activation; this guards other callers.
 inline Activation parse_activation(const std::string& name) {
   if (name == "relu") return Activation::Relu;
@@ -40,14 +38,11 @@ void activation_forward(Activation a, const T* pre, T* h, int N, int H, int ld_p
   if (ld_h == 0) ld_h = H;
   switch (a) {
     case Activation::Relu:
-      for_each_index_2d(N, H, ReluForward<T>{pre, h, H, ld_pre, ld_h});
-      break;
+      return for_each_index_2d(N, H, ActivationForward<T, Activation::Relu>{pre, h, H, ld_pre, ld_h});
     case Activation::Gelu:
-      for_each_index_2d(N, H, GeluForward<T>{pre, h, H, ld_pre, ld_h});
-      break;
+      return for_each_index_2d(N, H, ActivationForward<T, Activation::Gelu>{pre, h, H, ld_pre, ld_h});
     case Activation::Geglu:
-      for_each_index_2d(N, H, GegluForward<T>{pre, h, H, ld_pre, ld_h});
-      break;
+      return for_each_index_2d(N, H, ActivationForward<T, Activation::Geglu>{pre, h, H, ld_pre, ld_h});
   }
 }
 
@@ -60,14 +55,11 @@ void activation_backward(Activation a, const T* pre, const T* dh, T* dpre, int N
   if (ld_h == 0) ld_h = H;
   switch (a) {
     case Activation::Relu:
-      for_each_index_2d(N, H, ReluBackward<T>{pre, dh, dpre, H, ld_pre, ld_h});
-      break;
+      return for_each_index_2d(N, H, ActivationBackward<T, Activation::Relu>{pre, dh, dpre, H, ld_pre, ld_h});
     case Activation::Gelu:
-      for_each_index_2d(N, H, GeluBackward<T>{pre, dh, dpre, H, ld_pre, ld_h});
-      break;
+      return for_each_index_2d(N, H, ActivationBackward<T, Activation::Gelu>{pre, dh, dpre, H, ld_pre, ld_h});
     case Activation::Geglu:
-      for_each_index_2d(N, H, GegluBackward<T>{pre, dh, dpre, H, ld_pre, ld_h});
-      break;
+      return for_each_index_2d(N, H, ActivationBackward<T, Activation::Geglu>{pre, dh, dpre, H, ld_pre, ld_h});
   }
 }
 

@@ -1,5 +1,5 @@
-// The feed-forward activations (model/activation.hpp) as for_each_index bodies (tensor/launch.hpp),
-// one index per hidden unit of one row: i = n * H + j. Rows may be strided (ld_pre, ld_h).
+// The feed-forward activations (model/activation.hpp) as for_each_index_2d bodies
+// (tensor/launch.hpp), one index (n, j) per hidden unit j of row n. Rows may be strided (ld_pre, ld_h).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -7,6 +7,8 @@
 #include "core/hd.hpp"
 
 namespace meshmoe {
+
+enum class Activation { Relu, Gelu, Geglu };
 
 template <typename T>
 MESHMOE_HD inline T gelu(T x) {
@@ -20,66 +22,29 @@ MESHMOE_HD inline T gelu_grad(T x) {
   return cdf + x * pdf;
 }
 
-// h[n, j] = relu(pre[n, j])
-template <typename T>
-struct ReluForward {
-  const T* pre;
-  T* h;
-  int H, ld_pre, ld_h;
-  MESHMOE_HD void operator()(int64_t n, int64_t j) const {
-    const T p = pre[n * ld_pre + j];
-    h[n * ld_h + j] = p > T(0) ? p : T(0);
-  }
-};
-
-// h[n, j] = gelu(pre[n, j])
-template <typename T>
-struct GeluForward {
-  const T* pre;
-  T* h;
-  int H, ld_pre, ld_h;
-  MESHMOE_HD void operator()(int64_t n, int64_t j) const {
-    h[n * ld_h + j] = gelu(pre[n * ld_pre + j]);
-  }
-};
-
-// h[n, j] = gelu(pre[n, j]) * pre[n, H + j]
-template <typename T>
-struct GegluForward {
+// h[n, j] = relu(pre[n, j]), gelu(pre[n, j]), or gelu(pre[n, j]) * pre[n, H + j] (geglu).
+template <typename T, Activation A>
+struct ActivationForward {
   const T* pre;
   T* h;
   int H, ld_pre, ld_h;
   MESHMOE_HD void operator()(int64_t n, int64_t j) const {
     const T* p = pre + n * ld_pre;
-    h[n * ld_h + j] = gelu(p[j]) * p[H + j];
+    T out;
+    if constexpr (A == Activation::Relu)
+      out = p[j] > T(0) ? p[j] : T(0);
+    else if constexpr (A == Activation::Gelu)
+      out = gelu(p[j]);
+    else
+      out = gelu(p[j]) * p[H + j];
+    h[n * ld_h + j] = out;
   }
 };
 
-// dpre[n, j] = relu'(pre[n, j]) dh[n, j]
-template <typename T>
-struct ReluBackward {
-  const T *pre, *dh;
-  T* dpre;
-  int H, ld_pre, ld_h;
-  MESHMOE_HD void operator()(int64_t n, int64_t j) const {
-    dpre[n * ld_pre + j] = pre[n * ld_pre + j] > T(0) ? dh[n * ld_h + j] : T(0);
-  }
-};
-
-// dpre[n, j] = gelu'(pre[n, j]) dh[n, j]
-template <typename T>
-struct GeluBackward {
-  const T *pre, *dh;
-  T* dpre;
-  int H, ld_pre, ld_h;
-  MESHMOE_HD void operator()(int64_t n, int64_t j) const {
-    dpre[n * ld_pre + j] = dh[n * ld_h + j] * gelu_grad(pre[n * ld_pre + j]);
-  }
-};
-
-// Both halves that hidden unit j reads: dpre[n, j] (gelu side) and dpre[n, H + j] (linear gate).
-template <typename T>
-struct GegluBackward {
+// dpre[n, j] = act'(pre[n, j]) dh[n, j]; geglu also writes the linear gate's half dpre[n, H + j],
+// so index (n, j) owns both halves that hidden unit j reads.
+template <typename T, Activation A>
+struct ActivationBackward {
   const T *pre, *dh;
   T* dpre;
   int H, ld_pre, ld_h;
@@ -87,8 +52,14 @@ struct GegluBackward {
     const T* p = pre + n * ld_pre;
     const T d = dh[n * ld_h + j];
     T* o = dpre + n * ld_pre;
-    o[j] = d * gelu_grad(p[j]) * p[H + j];
-    o[H + j] = d * gelu(p[j]);
+    if constexpr (A == Activation::Relu) {
+      o[j] = p[j] > T(0) ? d : T(0);
+    } else if constexpr (A == Activation::Gelu) {
+      o[j] = d * gelu_grad(p[j]);
+    } else {
+      o[j] = d * gelu_grad(p[j]) * p[H + j];
+      o[H + j] = d * gelu(p[j]);
+    }
   }
 };
 
