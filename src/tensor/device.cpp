@@ -11,6 +11,7 @@ namespace meshmoe {
 
 namespace {
 Device g_device = Device::Cpu;
+bool g_reversed = false;  // host loops backwards (tensor/launch.hpp, for the race tests)
 
 // Every Buffer allocation starts with a 64-byte header that says how it was made.
 constexpr size_t kHeader = 64;
@@ -69,12 +70,7 @@ void cuda_gemm(bool, bool, int, int, int, double, const double*, int, const doub
 }
 #endif
 
-}  // namespace meshmoe
-
-namespace meshmoe {
-namespace {
-bool g_reversed = false;
-}
 bool host_loop_reversed() { return g_reversed; }
 void set_host_loop_reversed(bool reversed) { g_reversed = reversed; }
+
 }  // namespace meshmoe

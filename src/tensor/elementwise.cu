@@ -4,6 +4,7 @@
 
 MESHMOE_CUDA_BODY_FD(meshmoe::AddInto)
 MESHMOE_CUDA_BODY_FD(meshmoe::FillWith)
+MESHMOE_CUDA_BODY_FD(meshmoe::ScaleBy)
 MESHMOE_CUDA_BODY_FD(meshmoe::CopyFrom)
 MESHMOE_CUDA_BODY_FD(meshmoe::FlagNonFiniteChunk)
 MESHMOE_CUDA_BODY(meshmoe::FillWith<int32_t>)

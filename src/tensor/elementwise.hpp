@@ -1,5 +1,5 @@
 // Whole-buffer element-wise operations on the current device (tensor/launch.hpp): residual adds,
-// fills, copies, and the non-finite scan that names the first bad layer.
+// fills, scaling, copies, and the non-finite scan that names the first bad layer.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -21,6 +21,13 @@ struct FillWith {  // dst[i] = value
   T* dst;
   T value;
   MESHMOE_HD void operator()(int64_t i) const { dst[i] = value; }
+};
+
+template <typename T>
+struct ScaleBy {  // dst[i] *= factor
+  T* dst;
+  T factor;
+  MESHMOE_HD void operator()(int64_t i) const { dst[i] *= factor; }
 };
 
 template <typename T>
@@ -52,6 +59,10 @@ void add_into(T* dst, const T* src, size_t n) {
 template <typename T>
 void fill_with(T* dst, size_t n, T value) {
   for_each_index(int64_t(n), FillWith<T>{dst, value});
+}
+template <typename T>
+void scale_by(T* dst, size_t n, T factor) {
+  for_each_index(int64_t(n), ScaleBy<T>{dst, factor});
 }
 template <typename T>
 void copy_from(T* dst, const T* src, size_t n) {

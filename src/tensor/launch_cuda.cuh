@@ -1,7 +1,6 @@
 // The CUDA half of for_each_index and for_each_index_2d (tensor/launch.hpp): a grid-stride
-// kernel over the indices, then a
-// synchronisation so that the host may read the managed buffers it wrote. Include from a .cu
-// file and instantiate each body there:
+// kernel over the indices, then a synchronisation so that the host may read the managed buffers
+// it wrote. Include from a .cu file and instantiate each body there:
 //   MESHMOE_CUDA_BODY(LayerNormForwardRow<float>)
 //   MESHMOE_CUDA_BODY_FD(LayerNormForwardRow)   // <float> and <double>
 #pragma once

@@ -3,9 +3,8 @@
 #include <cmath>
 #include <limits>
 
-#include "tensor/launch.hpp"
+#include "tensor/elementwise.hpp"
 #include "train/optimizer.hpp"
-#include "train/optimizer_bodies.hpp"
 
 namespace meshmoe {
 
@@ -48,13 +47,13 @@ void scale_grads(ParamStore<float>& store, const std::vector<size_t>& entries, d
   if (scale == 1.0) return;
   for (size_t e : entries) {
     const ParamInfo& p = store.infos()[e];
-    for_each_index(int64_t(p.size), ScaleInPlace<float>{store.grads() + p.flat_offset, float(scale)});
+    scale_by(store.grads() + p.flat_offset, p.size, float(scale));
   }
 }
 
 void scale_grads(ParamStore<float>& store, double scale) {
   if (scale == 1.0) return;
-  for_each_index(int64_t(store.size()), ScaleInPlace<float>{store.grads(), float(scale)});
+  scale_by(store.grads(), store.size(), float(scale));
 }
 
 }  // namespace meshmoe

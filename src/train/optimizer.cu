@@ -3,7 +3,6 @@
 #include "train/optimizer_bodies.hpp"
 
 MESHMOE_CUDA_BODY_FD(meshmoe::SumSquaresChunk)
-MESHMOE_CUDA_BODY(meshmoe::ScaleInPlace<float>)
 MESHMOE_CUDA_BODY(meshmoe::AdamWUpdateElement)
 MESHMOE_CUDA_BODY(meshmoe::AdafactorRowSumSquares)
 MESHMOE_CUDA_BODY(meshmoe::AdafactorColumnSumSquares)

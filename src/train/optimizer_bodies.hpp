@@ -24,14 +24,6 @@ struct SumSquaresChunk {
   }
 };
 
-// v[i] *= s
-template <typename T>
-struct ScaleInPlace {
-  T* v;
-  T s;
-  MESHMOE_HD void operator()(int64_t i) const { v[i] *= s; }
-};
-
 // Element i of one AdamW update (adamw.hpp), in torch's operation order.
 struct AdamWUpdateElement {
   float *x, *m, *v;
