@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "tensor/launch.hpp"
+
 namespace meshmoe::test {
 
 inline int world_rank() {
@@ -22,5 +24,14 @@ inline std::string scratch_dir() {
   const char* d = std::getenv("MESHMOE_TEST_TMPDIR");
   return d ? d : "/tmp";
 }
+
+// RAII: the host loops of for_each_index run backwards (or not) while it lives, and forwards
+// again afterwards, also when a REQUIRE throws (tensor/launch.hpp: the race check).
+struct HostLoopsReversed {
+  explicit HostLoopsReversed(bool reversed = true) { set_host_loop_reversed(reversed); }
+  ~HostLoopsReversed() { set_host_loop_reversed(false); }
+  HostLoopsReversed(const HostLoopsReversed&) = delete;
+  HostLoopsReversed& operator=(const HostLoopsReversed&) = delete;
+};
 
 }  // namespace meshmoe::test

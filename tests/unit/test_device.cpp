@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "../test_util.hpp"
 #include "model/transformer.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/device.hpp"
@@ -20,11 +21,6 @@
 using namespace meshmoe;
 
 namespace {
-
-struct ReversedLoops {  // RAII: the host loops run backwards while it lives
-  ReversedLoops() { set_host_loop_reversed(true); }
-  ~ReversedLoops() { set_host_loop_reversed(false); }
-};
 
 Config device_test_config(const std::string& router) {
   Config c;
@@ -110,7 +106,7 @@ TEST_CASE("device: the model is bitwise the same with every host loop run backwa
     const StepResult<float> fwd = run_step<float>(cfg, 13);
     StepResult<float> rev;
     {
-      ReversedLoops guard;
+      test::HostLoopsReversed guard;
       rev = run_step<float>(cfg, 13);
     }
     CHECK(fwd.stats.ce_sum == rev.stats.ce_sum);

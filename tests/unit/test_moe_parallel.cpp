@@ -21,7 +21,6 @@
 
 #include "../test_util.hpp"
 #include "mesh/mesh.hpp"
-#include "tensor/launch.hpp"
 #include "test_moe_util.hpp"
 
 using namespace meshmoe;
@@ -245,10 +244,7 @@ void check_mode(const Case& c, ExpertAxis axis, int D, int Tn) {
   const std::vector<double> grads(store.grads(), store.grads() + store.size());
   std::vector<double> y_rev(xl.size()), dx_rev(xl.size(), 0.0);
   {
-    struct Reversed {
-      Reversed() { set_host_loop_reversed(true); }
-      ~Reversed() { set_host_loop_reversed(false); }
-    } reversed;
+    HostLoopsReversed reversed;
     layer.forward(lctx, xl.data(), y_rev.data(), Nl);
     store.zero_grad();
     layer.backward(lctx, dyl.data(), dx_rev.data(), Nl, aux_w, z_w);

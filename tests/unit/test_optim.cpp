@@ -411,11 +411,6 @@ TEST_CASE("adafactor: a split parameter without DimReduce is a logic error", "[o
 // give bitwise the same weights, state and norms with the host loops run backwards.
 namespace {
 
-struct HostLoopsReversed {  // RAII: the host loops run backwards (or not) while it lives
-  explicit HostLoopsReversed(bool reversed) { set_host_loop_reversed(reversed); }
-  ~HostLoopsReversed() { set_host_loop_reversed(false); }
-};
-
 struct OptimRun {
   std::vector<float> weights;
   std::vector<std::vector<float>> state;
@@ -424,7 +419,7 @@ struct OptimRun {
 
 // 3 steps of zero_grad, random gradients, global-norm clipping and an update.
 OptimRun run_optimizer_steps(bool adafactor, bool reversed) {
-  HostLoopsReversed order(reversed);
+  test::HostLoopsReversed order(reversed);
   ParamStore<float> s;
   s.add("experts.w", {2, 3, 5}, InitKind::Zeros, 1, nullptr);
   s.add("proj.w", {70, 65}, InitKind::Zeros, 1, nullptr);  // U^2 and g^2 over more than one 4096-chunk
