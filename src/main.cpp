@@ -17,6 +17,7 @@
 #include "parallel/bench_comm.hpp"
 #include "tensor/device.hpp"
 #include "train/memory.hpp"
+#include "train/signals.hpp"
 #include "train/trainer.hpp"
 
 #ifndef MESHMOE_VERSION
@@ -184,6 +185,10 @@ int run(int argc, char** argv) {
 }  // namespace meshmoe
 
 int main(int argc, char** argv) {
+  // A stop request (Slurm's USR1 before the time limit, scancel's TERM, ^C, a lost terminal) can
+  // come at any moment, also while MPI starts and the data loads: the handlers only set a flag that
+  // the training loop reads, so they go in first (src/train/signals.hpp).
+  if (argc > 1 && std::string(argv[1]) == "train") meshmoe::install_stop_signal_handlers();
   MPI_Init(&argc, &argv);
   int rc = meshmoe::kExitFailure;
   try {
@@ -193,6 +198,9 @@ int main(int argc, char** argv) {
     if (meshmoe::world_rank() == 0)
       for (const auto& m : e.messages()) std::fprintf(stderr, "meshmoe: error: %s\n", m.c_str());
     rc = meshmoe::kExitInputError;
+  } catch (const meshmoe::AgreedFailure& e) {
+    if (meshmoe::world_rank() == 0) std::fprintf(stderr, "meshmoe: error: %s\n", e.what());
+    rc = meshmoe::kExitFailure;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshmoe: rank %d: fatal: %s\n", meshmoe::world_rank(), e.what());
     std::fflush(stderr);

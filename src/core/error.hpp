@@ -33,6 +33,14 @@ class InputError : public std::runtime_error {
   std::vector<std::string> messages_;
 };
 
+// A run-time failure that every rank reaches together because the ranks agreed on it (e.g. rank 0
+// could not append to metrics.h5 and told the others): main() prints it once on rank 0 and every
+// rank exits with kExitFailure, without MPI_Abort.
+class AgreedFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Anything else that goes wrong at run time (I/O, library errors). Raised by one rank possibly
 // alone: main() prints it with the rank and calls MPI_Abort.
 class Error : public std::runtime_error {

@@ -3,6 +3,7 @@
 #include "deck/deck.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -277,8 +278,34 @@ class Parser {
 
 std::string kv(const char* name, int64_t v) { return std::string(name) + " = " + std::to_string(v); }
 
+// What is wrong with run.name as the name of a run directory, "" when nothing: it becomes
+// runs/<name>, a line of deck.toml and an attribute of metrics.h5.
+std::string run_name_problem(const std::string& name) {
+  if (name.empty()) return "is empty (the run would write into runs/ itself)";
+  if (name.size() > 200) return "is longer than 200 characters";
+  if (name[0] == '.') return "starts with '.' (a hidden or parent directory)";
+  for (size_t i = 0; i < name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    if (std::isalnum(c) || std::strchr("._-+=@,:%", c)) continue;
+    char what[48];
+    if (c == '/') std::snprintf(what, sizeof what, "a '/'");
+    else if (c == ' ') std::snprintf(what, sizeof what, "a space");
+    else if (c < 0x20 || c == 0x7f) std::snprintf(what, sizeof what, "a control character (0x%02x)", c);
+    else if (c >= 0x80) std::snprintf(what, sizeof what, "a non-ASCII byte");
+    else std::snprintf(what, sizeof what, "'%c'", c);
+    return "holds " + std::string(what) + " at character " + std::to_string(i + 1);
+  }
+  return "";
+}
+
 void Parser::cross_checks() {
   if (syntax_error_) return;
+  if (const std::string why = run_name_problem(cfg.run.name); !why.empty())
+    rule({"run.name"}, false,
+         "run.name " + why + ": a run name is letters, digits and ._-+=@,:% (it names the run directory runs/<name>)");
+  bool out_dir_control = false;
+  for (char ch : cfg.run.out_dir) out_dir_control |= static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f;
+  rule({"run.out_dir"}, !out_dir_control, "run.out_dir holds a control character (a newline?)");
   const auto& m = cfg.model;
   const auto& e = cfg.moe;
   const auto& mesh = cfg.mesh;

@@ -237,6 +237,14 @@ std::vector<Planned> make_plan(const std::vector<Held>& mine, MPI_Comm comm) {
 // ---------------------------------------------------------------------------------------------
 // Meta <-> bytes (broadcast) and <-> attributes.
 
+// The text attributes a checkpoint may lack (older files): name and member, in one order.
+const std::vector<std::string> kOptionalTexts = {"lineage", "forked_from", "data_path", "data_summary",
+                                                 "data_fingerprint", "data_languages"};
+template <class Meta>
+auto optional_texts(Meta& m) {
+  return std::vector{&m.lineage, &m.forked_from, &m.data_path, &m.data_summary, &m.data_fingerprint, &m.data_languages};
+}
+
 std::string pack_meta(const CheckpointMeta& m) {
   Out o;
   o.i64(m.step);
@@ -249,6 +257,7 @@ std::string pack_meta(const CheckpointMeta& m) {
   o.str(m.version);
   o.i64(int64_t(m.counters.size()));
   for (const auto& [k, v] : m.counters) o.str(k), o.i64(v);
+  for (const std::string* t : optional_texts(m)) o.str(*t);
   return o.buf;
 }
 CheckpointMeta unpack_meta(const std::string& s) {
@@ -266,6 +275,7 @@ CheckpointMeta unpack_meta(const std::string& s) {
     std::string k = in.str();
     m.counters[k] = in.i64();
   }
+  for (std::string* t : optional_texts(m)) *t = in.str();
   return m;
 }
 
@@ -289,6 +299,8 @@ void write_meta_attrs(h5::File& f, const CheckpointMeta& m, int64_t n_params, in
   f.set_attr("optim_tensors", n_optim);
   h5::Group c = f.create_group("counters");
   for (const auto& [k, v] : m.counters) c.set_attr(k, v);
+  const auto texts = optional_texts(m);
+  for (size_t i = 0; i < texts.size(); ++i) f.set_attr(kOptionalTexts[i], *texts[i]);
 }
 
 CheckpointMeta read_meta_attrs(const h5::File& f) {
@@ -317,6 +329,9 @@ CheckpointMeta read_meta_attrs(const h5::File& f) {
     h5::Group c = f.group("counters");
     for (const auto& k : c.attr_names()) m.counters[k] = c.attr<int64_t>(k);
   }
+  const auto texts = optional_texts(m);
+  for (size_t i = 0; i < texts.size(); ++i)
+    if (f.has_attr(kOptionalTexts[i])) *texts[i] = f.attr<std::string>(kOptionalTexts[i]);
   return m;
 }
 
@@ -376,7 +391,16 @@ std::string read_latest(const std::string& dir) {
 }
 
 void prune(const std::string& dir, int64_t just_written, const RetentionPolicy& keep) {
-  auto all = list_checkpoints(dir);  // oldest first
+  std::vector<std::pair<int64_t, std::string>> all;  // this lineage's, oldest first
+  for (auto& c : list_checkpoints(dir)) {
+    std::string lineage;
+    try {
+      lineage = checkpoint_lineage(c.second);
+    } catch (const std::exception&) {
+      continue;  // unreadable: not provably ours, leave it
+    }
+    if (lineage == keep.lineage) all.push_back(std::move(c));
+  }
   std::set<int64_t> kept{just_written};
   int n = 0;
   for (auto it = all.rbegin(); it != all.rend() && n < std::max(keep.keep_last, 1); ++it, ++n) kept.insert(it->first);
@@ -424,6 +448,11 @@ std::string checkpoint_file_name(int64_t step) {
   char b[40];
   std::snprintf(b, sizeof b, "step_%08lld.h5", static_cast<long long>(step));
   return b;
+}
+
+std::string checkpoint_lineage(const std::string& path) {
+  h5::File f = h5::File::open(path);
+  return f.has_attr("lineage") ? f.attr<std::string>("lineage") : "";
 }
 
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& ckpt_dir) {

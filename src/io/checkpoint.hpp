@@ -42,6 +42,13 @@ struct CheckpointMeta {
   std::string deck;          // the effective deck text (after --set overrides)
   std::string version;       // program version (MESHMOE_VERSION)
   std::map<std::string, int64_t> counters;  // anything else, e.g. {"bad_steps", 0}; /counters attrs
+  // The line of checkpoints this one belongs to: the id of the fresh start that began it
+  // (src/train/run_directory.hpp); pruning removes only checkpoints of the writer's lineage.
+  // Empty in files written before lineages existed.
+  std::string lineage;
+  std::string forked_from;  // a fresh lineage started from another checkpoint: "PATH (step N)"
+  // The dataset trained on (src/data/dataset_identity.hpp); empty in older files.
+  std::string data_path, data_summary, data_fingerprint, data_languages;
   // Filled on write, read back on read:
   MeshShape mesh;            // the mesh the checkpoint was written on
   int64_t param_count = 0;   // total logical parameter elements
@@ -51,6 +58,9 @@ struct CheckpointMeta {
 struct RetentionPolicy {
   int keep_last = 3;   // checkpoint.keep_last (>= 1)
   int keep_every = 0;  // checkpoint.keep_every (0: none extra)
+  // Only checkpoints of this lineage are ever removed (and counted); files of another lineage or
+  // whose lineage cannot be read are left alone.
+  std::string lineage;
 };
 
 // "step_00001000.h5"
@@ -94,6 +104,9 @@ struct ResumeChoice {
 // verifies, else the newest step_*.h5 that verifies; every file skipped and every stale
 // step_*.h5.tmp is reported in `warnings`. A missing ckpt_dir gives an empty choice.
 ResumeChoice find_resume_checkpoint(const std::string& ckpt_dir, MPI_Comm comm);
+
+// The lineage attribute of a checkpoint file ("" when it has none); throws Error when unreadable.
+std::string checkpoint_lineage(const std::string& path);
 
 // Committed checkpoints in ckpt_dir as (step, path), oldest first (no .tmp, no verification).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& ckpt_dir);

@@ -1,6 +1,7 @@
 #include "train/signals.hpp"
 
 #include <csignal>
+#include <initializer_list>
 
 namespace meshmoe {
 namespace {
@@ -13,8 +14,7 @@ void install_stop_signal_handlers() {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  sigaction(SIGUSR1, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  for (int sig : {SIGUSR1, SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
 }
 
 int stop_signal_received() { return int(g_signal); }

@@ -1,6 +1,8 @@
-// SIGUSR1 / SIGTERM: a flag set by the handler and read at the next step boundary, where the ranks
-// agree on it (all-reduce) and stop together with a checkpoint (exit code 75). Slurm sends SIGUSR1
-// before a time limit (`#SBATCH --signal=B:USR1@120`) and SIGTERM on preemption or scancel.
+// SIGUSR1 / SIGTERM / SIGINT / SIGHUP: a flag set by the handler and read at the next step boundary
+// (and between evaluation batches), where the ranks agree on it (all-reduce) and stop together with
+// a checkpoint (exit code 75). Slurm sends SIGUSR1 before a time limit (`#SBATCH
+// --signal=B:USR1@120`) and SIGTERM on preemption or scancel; mpirun forwards ^C (INT) and HUP.
+// main() installs them before MPI_Init for `meshmoe train`, so a stop request is never fatal.
 #pragma once
 
 namespace meshmoe {

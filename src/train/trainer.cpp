@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,8 +16,10 @@
 #include "core/timers.hpp"
 #include "data/batcher.hpp"
 #include "data/dataset.hpp"
+#include "data/dataset_identity.hpp"
 #include "io/checkpoint.hpp"
 #include "io/metrics.hpp"
+#include "mesh/agree.hpp"
 #include "mesh/comm.hpp"
 #include "model/transformer.hpp"
 #include "parallel/pipeline_schedule.hpp"
@@ -26,6 +29,7 @@
 #include "train/optimizer.hpp"
 #include "train/schedule.hpp"
 #include "train/select_device.hpp"
+#include "train/run_directory.hpp"
 #include "train/signals.hpp"
 
 namespace meshmoe {
@@ -61,33 +65,36 @@ std::string format_eta(double seconds) {
   return buf;
 }
 
-// Rank 0 creates the run directory and writes deck.toml; every rank learns whether it worked.
-void prepare_run_directory(const Deck& deck, const std::string& dir, Comm& world) {
-  int ok = 1;
-  std::string why;
-  if (world.rank() == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
+// Rank 0 writes deck.toml into the run directory (which RunDirectory made and locked).
+void write_deck_file(const Deck& deck, const std::string& dir, MPI_Comm world) {
+  std::string error;
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  if (rank == 0) {
     std::ofstream out(dir + "/deck.toml");
-    out << "# effective deck of run " << deck.cfg.run.name << " (from " << deck.path << ")\n" << deck.effective_toml;
+    // run.name is checked to be one printable line (deck.cpp); the deck's path may be anything.
+    std::string from = deck.path;
+    for (char& ch : from)
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+    out << "# effective deck of run " << deck.cfg.run.name << " (from " << from << ")\n" << deck.effective_toml;
     out.flush();
-    if (ec || !out) {
-      ok = 0;
-      why = "cannot write the run directory " + dir + (ec ? ": " + ec.message() : "") +
-            " (set run.out_dir to a writable place)";
-    }
+    if (!out) error = "cannot write the run directory " + dir + ": cannot write deck.toml (set run.out_dir to a writable place)";
   }
-  world.broadcast(&ok, 1, 0);
-  if (!ok) throw InputError(why.empty() ? "cannot write the run directory " + dir : why);
+  if (const std::string e = first_error(error, world); !e.empty()) throw InputError(e);
 }
 
-// Dataset::open with the mistakes of data.path named first.
-Dataset open_split(const std::string& path, const std::string& split) {
-  if (path.empty()) throw InputError("data.path is empty: set it to a dataset file written by `meshmoe prep gettext|text`");
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw InputError("data.path: " + path + ": is a directory, not a dataset file (write one with `meshmoe prep`)");
-  return Dataset::open(path, split);
+// Dataset::open with the mistakes of data.path named first. Collective: every rank reads the file
+// itself, and a rank that cannot (the file missing on its node only) stops every rank, named.
+Dataset open_split(const std::string& path, const std::string& split, MPI_Comm world) {
+  Dataset d;
+  agree_on_input(world, [&] {
+    if (path.empty()) throw InputError("data.path is empty: set it to a dataset file written by `meshmoe prep gettext|text`");
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+      throw InputError("data.path: " + path + ": is a directory, not a dataset file (write one with `meshmoe prep`)");
+    d = Dataset::open(path, split);
+  });
+  return d;
 }
 
 // The first `per_language` examples of every language of a split (all of it when 0), so that an
@@ -108,6 +115,25 @@ Dataset eval_subset(const Dataset& valid, int64_t per_language) {
     out.add_example(tokens, std::vector<uint8_t>(in.loss_mask.begin() + long(b), in.loss_mask.begin() + long(b + len)), lang);
   }
   return Dataset::from_memory(valid.info(), std::move(out), valid.path() + " (valid, " + std::to_string(per_language) + " per language)");
+}
+
+// run.threads: BLAS threads per rank; 0 keeps OPENBLAS_NUM_THREADS, or 1 when it is unset (OpenBLAS
+// would start one thread per core in every rank). Returns the count OpenBLAS reports afterwards.
+int apply_blas_threads(int64_t threads) {
+  int n = int(threads);
+  if (n <= 0) {
+    const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+    n = env && std::atoi(env) > 0 ? std::atoi(env) : 1;
+  }
+  openblas_set_num_threads(n);
+  return openblas_get_num_threads();
+}
+
+// Target tokens (loss_mask = 1) of a split.
+size_t target_tokens(const Dataset& d) {
+  size_t n = 0;
+  for (uint8_t m : d.split().loss_mask) n += m != 0;
+  return n;
 }
 
 // The step's global batch is split into micro-batches of consecutive rows, and each micro-batch
@@ -143,9 +169,11 @@ class Trainer {
         mesh_(mesh),
         data_comm_(mesh.axis(Axis::Data)),
         dir_(run_directory(cfg_)),
-        train_(open_split(cfg_.data.path, "train")),
-        valid_(Dataset::open(cfg_.data.path, "valid")),
+        run_dir_(dir_, mesh.world()),
+        train_(open_split(cfg_.data.path, "train", mesh.world())),
+        valid_(open_split(cfg_.data.path, "valid", mesh.world())),
         eval_set_(eval_subset(valid_, cfg_.eval.examples_per_language)) {
+    blas_threads_ = apply_blas_threads(cfg_.run.threads);  // before the sgemm peak is measured
     // Before anything the model allocates: its Buffers live where run.device says.
     const std::string device_line = select_device(cfg_.run.device, mesh.world());
     if (mesh.rank() == 0) std::printf("%s\n", device_line.c_str());
@@ -153,7 +181,8 @@ class Trainer {
     if (vocab_ < train_.vocab_size())
       throw InputError("model.vocab_size = " + std::to_string(vocab_) + " is smaller than the vocabulary of " +
                        cfg_.data.path + " (" + std::to_string(train_.vocab_size()) + "); set it to 0 to use the dataset's");
-    prepare_run_directory(deck, dir_, mesh.world_comm());
+    check_splits_in_use();
+    if (mesh.rank() == 0) data_identity_ = dataset_identity(cfg_.data.path, train_, valid_);
     install_stop_signal_handlers();
     ModelSharding sh;
     sh.tensor_rank = mesh.coord(Axis::Tensor);
@@ -183,9 +212,9 @@ class Trainer {
     const std::string memory = memory_report_collective(cfg_, mesh.shape(), mesh.world());
     if (mesh.rank() == 0) std::fputs(memory.c_str(), stdout);
     resume();
+    write_deck_file(deck, dir_, mesh.world());
     if (mesh.rank() == 0) {
-      std::string languages;
-      for (const auto& l : train_.info().languages) languages += (languages.empty() ? "" : ",") + l;
+      const std::string languages = join_languages(train_.info().languages);
       open_metrics(std::map<std::string, std::string>{{"run_name", cfg_.run.name},
                                                       {"mesh", mesh.shape().str()},
                                                       {"languages", languages},
@@ -203,43 +232,64 @@ class Trainer {
   int run() {
     const int64_t steps = cfg_.run.steps;
     if (mesh_.rank() == 0) print_header();
-    double interval_start = wall_seconds(), run_start = interval_start;
+    double interval_start = wall_seconds();
+    run_start_ = interval_start;
     int64_t interval_tokens = 0;
     const int64_t first = start_step_ + 1;
-    for (int64_t step = first; step <= steps; ++step) {
-      if (const int why = stop_requested(run_start)) return stop(step - 1, why);
-      const StepStats s = train_step(step);
-      interval_tokens += int64_t(cfg_.optim.batch_size) * cfg_.model.seq_len;
-      if (step % cfg_.run.log_every == 0 || step == steps || s.skipped) {
-        const double now = wall_seconds();
-        const double tokens_per_s = double(interval_tokens) / (now - interval_start);
-        log_step(step, s, tokens_per_s, (now - run_start) / double(step - first + 1) * double(steps - step));
-        interval_start = wall_seconds();
-        interval_tokens = 0;
+    int64_t done = start_step_;  // the last step whose update (or skip) is complete
+    try {
+      for (int64_t step = first; step <= steps; ++step) {
+        if (const int why = stop_requested()) return stop(step - 1, why);
+        const StepStats s = train_step(step);
+        done = step;
+        interval_tokens += int64_t(cfg_.optim.batch_size) * cfg_.model.seq_len;
+        if (step % cfg_.run.log_every == 0 || step == steps || s.skipped) {
+          const double now = wall_seconds();
+          const double tokens_per_s = double(interval_tokens) / (now - interval_start);
+          log_step(step, s, tokens_per_s, (now - run_start_) / double(step - first + 1) * double(steps - step));
+          interval_start = wall_seconds();
+          interval_tokens = 0;
+        }
+        if (bad_steps_ >= cfg_.run.max_bad_steps) {
+          if (mesh_.rank() == 0)
+            std::fprintf(stderr,
+                         "meshmoe: error: %lld consecutive non-finite steps (run.max_bad_steps) up to step %lld; "
+                         "stopping with the parameters of the last good step%s\n",
+                         (long long)bad_steps_, (long long)step, step_nonfinite_.empty() ? "" : " (see the warnings for the first non-finite layer)");
+          save_checkpoint(step - bad_steps_, &good_cursor_);
+          return kExitFailure;
+        }
+        if (cfg_.eval.every > 0 && (step % cfg_.eval.every == 0 || step == steps))
+          if (const int why = evaluate(step)) return stop(step, why);
+        if ((cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0) || step == steps) save_checkpoint(step);
       }
-      if (bad_steps_ >= cfg_.run.max_bad_steps) {
-        if (mesh_.rank() == 0)
-          std::fprintf(stderr,
-                       "meshmoe: error: %lld consecutive non-finite steps (run.max_bad_steps) up to step %lld; "
-                       "stopping with the parameters of the last good step%s\n",
-                       (long long)bad_steps_, (long long)step, step_nonfinite_.empty() ? "" : " (see the warnings for the first non-finite layer)");
-        save_checkpoint(step - bad_steps_, &good_cursor_);
-        return kExitFailure;
-      }
-      if (cfg_.eval.every > 0 && (step % cfg_.eval.every == 0 || step == steps)) evaluate(step);
-      if ((cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0) || step == steps) save_checkpoint(step);
+    } catch (const InputError&) {
+      save_checkpoint_before_failure(done);
+      throw;
+    } catch (const AgreedFailure&) {
+      save_checkpoint_before_failure(done);
+      throw;
     }
     if (mesh_.rank() == 0)
       std::printf("done: %lld steps in %s; run directory %s\n", (long long)steps,
-                  format_eta(wall_seconds() - run_start).c_str(), dir_.c_str());
+                  format_eta(wall_seconds() - run_start_).c_str(), dir_.c_str());
     return kExitOk;
+  }
+
+  // A failure that every rank reached together after some steps (it was agreed): the steps done
+  // are not lost; the caller then reports the failure.
+  void save_checkpoint_before_failure(int64_t done) {
+    if (done <= last_checkpoint_) return;
+    if (mesh_.rank() == 0)
+      std::fprintf(stderr, "meshmoe: writing a checkpoint of step %lld before stopping on the error below\n", (long long)done);
+    save_checkpoint(done);
   }
 
   // At a step boundary all ranks agree whether to stop: a signal on any rank (1) or the wall-time
   // limit run.max_walltime (2).
-  int stop_requested(double run_start) {
+  int stop_requested() {
     int why = stop_signal_received() ? 1 : 0;
-    if (cfg_.run.max_walltime > 0 && wall_seconds() - run_start >= cfg_.run.max_walltime) why = std::max(why, 2);
+    if (cfg_.run.max_walltime > 0 && wall_seconds() - run_start_ >= cfg_.run.max_walltime) why = std::max(why, 2);
     mesh_.world_comm().all_reduce(&why, 1, Op::Max);
     return why;
   }
@@ -267,8 +317,15 @@ class Trainer {
     m.deck = deck_.effective_toml;
     m.version = version_;
     m.counters = {{"bad_steps", cursor ? 0 : bad_steps_}};
-    const std::string path = write_checkpoint(dir_ + "/ckpt", model_->params(), optimizer_->state(), m, mesh_,
-                                              RetentionPolicy{int(cfg_.checkpoint.keep_last), int(cfg_.checkpoint.keep_every)});
+    m.lineage = lineage_;
+    m.forked_from = forked_from_;
+    m.data_path = data_identity_.path;  // rank 0's meta is the one written
+    m.data_summary = data_identity_.summary;
+    m.data_fingerprint = data_identity_.fingerprint;
+    m.data_languages = join_languages(data_identity_.languages);
+    const std::string path =
+        write_checkpoint(dir_ + "/ckpt", model_->params(), optimizer_->state(), m, mesh_,
+                         RetentionPolicy{int(cfg_.checkpoint.keep_last), int(cfg_.checkpoint.keep_every), lineage_});
     last_checkpoint_ = step;
     if (mesh_.rank() == 0) {
       std::printf("checkpoint step %lld: %s (%.2f s)\n", (long long)step, path.c_str(), wall_seconds() - t0);
@@ -278,39 +335,81 @@ class Trainer {
 
   // run.resume: auto (the newest complete checkpoint of the run directory, if any), never, or a
   // checkpoint path. Parameters, optimizer state, data cursor, update and bad-step counts come back;
-  // the mesh may differ from the one that wrote the checkpoint.
+  // the mesh may differ from the one that wrote the checkpoint. Resuming the run directory's newest
+  // checkpoint continues its lineage; anything else is a fresh start (or a fork of the given file)
+  // and first moves an earlier run's files aside, so that a later `auto` resume and the pruning
+  // only ever see this run's own checkpoints (src/train/run_directory.hpp).
   void resume() {
+    const std::string ckpt_dir = dir_ + "/ckpt";
     std::string path;
-    if (cfg_.run.resume == "never") return;
+    int continues = 0;
     if (cfg_.run.resume == "auto") {
-      const ResumeChoice c = find_resume_checkpoint(dir_ + "/ckpt", mesh_.world());
+      const ResumeChoice c = find_resume_checkpoint(ckpt_dir, mesh_.world());
       if (mesh_.rank() == 0)
         for (const auto& w : c.warnings) std::fprintf(stderr, "meshmoe: warning: %s\n", w.c_str());
       path = c.path;
-    } else {
+      continues = !path.empty();
+    } else if (cfg_.run.resume != "never") {
       path = cfg_.run.resume;
+      if (mesh_.rank() == 0) {
+        const auto mine = list_checkpoints(ckpt_dir);
+        std::error_code ec;
+        continues = !mine.empty() && std::filesystem::equivalent(path, mine.back().second, ec);
+      }
+      mesh_.world_comm().broadcast(&continues, 1, 0);
     }
-    if (path.empty()) return;
-    // What the file says about itself first: a clear message before any tensor is read.
-    const CheckpointMeta head = read_checkpoint_meta(path);
-    if (head.optimizer != cfg_.optim.name)
-      throw InputError("checkpoint " + path + " holds " + head.optimizer + " state but optim.name = " + cfg_.optim.name +
-                       " (set run.resume = never to start afresh)");
-    if (head.step > cfg_.run.steps)
-      throw InputError("checkpoint " + path + " is at step " + std::to_string(head.step) + ", beyond run.steps = " +
-                       std::to_string(cfg_.run.steps));
-    std::vector<StateTensor> state = optimizer_->state();
-    const CheckpointMeta m = read_checkpoint(path, model_->params(), state, mesh_.world());
-    batcher_->restore(m.data_cursor);
-    good_cursor_ = m.data_cursor;
-    start_step_ = m.step;
-    last_checkpoint_ = m.step;
-    updates_ = m.update_count;
-    if (auto it = m.counters.find("bad_steps"); it != m.counters.end()) bad_steps_ = it->second;
-    if (mesh_.rank() == 0) {
-      std::printf("resuming from %s: step %lld (written on mesh %s)\n", path.c_str(), (long long)m.step, m.mesh.str().c_str());
-      std::fflush(stdout);
+    lineage_ = run_dir_.nonce();
+    if (!path.empty()) {
+      // What the file says about itself first: a clear message before any tensor is read.
+      CheckpointMeta head;
+      agree_on_input(mesh_.world(), [&] { head = read_checkpoint_meta(path); });
+      if (head.optimizer != cfg_.optim.name)
+        throw InputError("checkpoint " + path + " holds " + head.optimizer + " state but optim.name = " + cfg_.optim.name +
+                         " (set run.resume = never to start afresh)");
+      if (head.step > cfg_.run.steps)
+        throw InputError("checkpoint " + path + " is at step " + std::to_string(head.step) + ", beyond run.steps = " +
+                         std::to_string(cfg_.run.steps));
+      check_same_data(path, head);
+      std::vector<StateTensor> state = optimizer_->state();
+      const CheckpointMeta m = read_checkpoint(path, model_->params(), state, mesh_.world());
+      batcher_->restore(m.data_cursor);
+      good_cursor_ = m.data_cursor;
+      start_step_ = m.step;
+      last_checkpoint_ = continues ? m.step : 0;
+      updates_ = m.update_count;
+      if (auto it = m.counters.find("bad_steps"); it != m.counters.end()) bad_steps_ = it->second;
+      if (continues) lineage_ = m.lineage;
+      else forked_from_ = path + " (step " + std::to_string(m.step) + ")";
+      if (mesh_.rank() == 0) {
+        std::printf("resuming from %s: step %lld (written on mesh %s)%s\n", path.c_str(), (long long)m.step,
+                    m.mesh.str().c_str(), continues ? "" : "; a new lineage of checkpoints starts here");
+        std::fflush(stdout);
+      }
     }
+    if (!continues) {
+      const std::string note = run_dir_.move_aside(mesh_.world());
+      if (mesh_.rank() == 0 && !note.empty()) std::fprintf(stderr, "meshmoe: note: %s\n", note.c_str());
+    }
+  }
+
+  // A checkpoint records the dataset it was trained on; resuming it on other data would continue a
+  // data cursor and per-language metrics that belong to that data (README "Checkpoints and restart").
+  void check_same_data(const std::string& path, const CheckpointMeta& head) {
+    std::string error;
+    if (mesh_.rank() == 0 && !head.data_fingerprint.empty()) {
+      const DatasetIdentity then{head.data_path, head.data_summary, head.data_fingerprint, split_languages(head.data_languages)};
+      const std::vector<std::string> diffs = data_identity_.differences_from(then);
+      if (!diffs.empty()) {
+        error = "checkpoint " + path + " was trained on other data:";
+        for (const auto& d : diffs) error += "\n  " + d;
+        error += "\n  its data cursor and per-language metrics belong to that data: set data.path back to " +
+                 head.data_path + ", or start afresh (run.resume = \"never\" moves the earlier run aside)";
+      } else if (head.data_path != cfg_.data.path) {
+        std::printf("data.path changed from %s to %s: the same data (fingerprint %s)\n", head.data_path.c_str(),
+                    cfg_.data.path.c_str(), head.data_fingerprint.c_str());
+      }
+    }
+    if (const std::string e = first_error(error, mesh_.world()); !e.empty()) throw InputError(e);
   }
 
   // metrics.h5: a new file, or on resume the existing one with the rows after the checkpoint's
@@ -546,11 +645,21 @@ class Trainer {
     return w;
   }
 
+  // Every split the run will use is checked before the first step: an empty validation split found
+  // only at the first evaluation would cost every step before it.
+  void check_splits_in_use() const {
+    if (cfg_.eval.every > 0 && target_tokens(eval_set_) == 0)
+      throw InputError(cfg_.data.path + ": the valid split has no target token (" + std::to_string(valid_.num_examples()) +
+                       " examples) but eval.every = " + std::to_string(cfg_.eval.every) +
+                       " evaluates on it: set eval.every = 0, or prepare the data set with a larger --valid-percent");
+  }
+
   void print_header() const {
     const auto& p = model_->params();
     std::printf("meshmoe train: run %s -> %s\n", cfg_.run.name.c_str(), dir_.c_str());
-    std::printf("  mesh %s; data %s: %zu train / %zu valid examples, vocab %d\n", mesh_.shape().str().c_str(),
-                cfg_.data.path.c_str(), train_.num_examples(), valid_.num_examples(), vocab_);
+    std::printf("  mesh %s, %d BLAS thread%s per rank; data %s: %zu train / %zu valid examples, vocab %d\n",
+                mesh_.shape().str().c_str(), blas_threads_, blas_threads_ == 1 ? "" : "s", cfg_.data.path.c_str(),
+                train_.num_examples(), valid_.num_examples(), vocab_);
     std::printf("  model: %d layers (%d MoE), d_model %lld, %zu parameters; %.3g train FLOPs/token; peak %.1f GFLOP/s\n",
                 model_->shape().num_layers, model_->shape().num_moe_layers(), (long long)cfg_.model.d_model,
                 p.size(), flops_per_token_, peak_ / 1e9);
@@ -569,7 +678,11 @@ class Trainer {
     mesh_.world_comm().all_reduce(secs.data(), secs.size(), Op::Max);
     timers_.reset();
     const double mfu = tokens_per_s * flops_per_token_ / peak_;
-    if (mesh_.rank() != 0) return;
+    on_rank0_agreed([&] { write_step_row(step, s, tokens_per_s, eta, mfu, names, secs); });
+  }
+
+  void write_step_row(int64_t step, const StepStats& s, double tokens_per_s, double eta, double mfu,
+                      const std::vector<std::string>& names, const std::vector<double>& secs) {
     std::printf("step %6lld/%lld | loss %.4f | aux %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | MFU %5.1f%% | ETA %s%s\n",
                 (long long)step, (long long)cfg_.run.steps, s.loss, s.aux, s.lr, s.grad_norm, tokens_per_s,
                 100 * mfu, format_eta(eta).c_str(), s.skipped ? " | SKIPPED" : "");
@@ -591,8 +704,25 @@ class Trainer {
     return "moe/unknown";
   }
 
-  // Validation: forward only, through the pipeline stages in turn; the last stage scores.
-  void evaluate(int64_t step) {
+  // Rank 0 alone writes metrics.h5; the ranks agree on whether that worked, so that a failure (a
+  // full disk, a series that no longer fits) stops them all together, after a checkpoint (run()).
+  template <class Write>
+  void on_rank0_agreed(Write&& write) {
+    std::string error;
+    if (mesh_.rank() == 0) {
+      try {
+        write();
+      } catch (const std::exception& e) {
+        error = "cannot write " + dir_ + "/metrics.h5: " + e.what();
+      }
+    }
+    if (const std::string e = first_error(error, mesh_.world()); !e.empty()) throw AgreedFailure(e);
+  }
+
+  // Validation: forward only, through the pipeline stages in turn; the last stage scores. Between
+  // batches the ranks agree on stop requests: a signal or run.max_walltime during a long evaluation
+  // returns its reason (stop_requested) at once, and nothing of the evaluation is logged; 0 when done.
+  int evaluate(int64_t step) {
     const int B = int(cfg_.optim.batch_size), T = int(cfg_.model.seq_len);
     const size_t L = train_.info().languages.size();
     Comm& pipe = mesh_.axis(Axis::Pipe);
@@ -605,6 +735,12 @@ class Trainer {
     const double start = wall_seconds();
     Buffer<float> x;
     for (int64_t b = 0; whole_subset ? batcher.cursor().epoch == 0 : b < cfg_.eval.batches; ++b) {
+      if (const int why = stop_requested()) {
+        if (mesh_.rank() == 0)
+          std::fprintf(stderr, "meshmoe: evaluation of step %lld interrupted after %lld batches (not recorded)\n",
+                       (long long)step, (long long)b);
+        return why;
+      }
       const Batch batch = batcher.next(B);
       std::vector<Micro> micros = micro_batches(batch, step, false, nullptr);
       for (size_t m = 0; m < micros.size(); ++m) {
@@ -629,7 +765,11 @@ class Trainer {
     }
     pipe.all_reduce(sums.data(), sums.size(), Op::Sum);
     data_comm_.all_reduce(sums.data(), sums.size(), Op::Sum);
-    if (mesh_.rank() != 0) return;
+    on_rank0_agreed([&] { write_eval_row(step, sums, L, start); });
+    return 0;
+  }
+
+  void write_eval_row(int64_t step, const std::vector<double>& sums, size_t L, double start) {
     const double loss = sums[1] > 0 ? sums[0] / sums[1] : std::nan("");
     std::vector<double> lang_loss(L);
     for (size_t l = 0; l < L; ++l) lang_loss[l] = sums[2 + L + l] > 0 ? sums[2 + l] / sums[2 + L + l] : std::nan("");
@@ -646,6 +786,7 @@ class Trainer {
   Mesh& mesh_;
   Comm& data_comm_;
   std::string dir_;
+  RunDirectory run_dir_;  // locked for this run; checked to be the same directory on every rank
   Dataset train_, valid_;
   Dataset eval_set_;  // valid_, or its first eval.examples_per_language examples of every language
   int vocab_ = 0;
@@ -656,12 +797,16 @@ class Trainer {
   std::unique_ptr<MetricsFile> metrics_;
   PhaseTimers timers_;
   double flops_per_token_ = 0, peak_ = 0;
+  double run_start_ = 0;
+  int blas_threads_ = 1;  // wall_seconds() when run() began (run.max_walltime)
   int64_t bad_steps_ = 0;
   std::string step_nonfinite_;  // this rank's first non-finite layer output in the current step
   int64_t updates_ = 0;
   int64_t start_step_ = 0;       // steps already done (from a checkpoint)
   DataCursor good_cursor_;       // the data cursor after the last step whose update was applied
-  int64_t last_checkpoint_ = 0;  // step of the newest checkpoint written or resumed from
+  int64_t last_checkpoint_ = 0;  // step of the newest checkpoint written or resumed from (this lineage)
+  std::string lineage_, forked_from_;  // CheckpointMeta::lineage / forked_from of what this run writes
+  DatasetIdentity data_identity_;      // rank 0 only
   std::vector<std::pair<size_t, size_t>> data_replicated_ranges_;  // (flat offset, size)
   std::vector<size_t> norm_entries_;
   size_t first_moe_layer_ = 0;  // global index of this stage's first MoE layer

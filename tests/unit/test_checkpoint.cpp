@@ -374,16 +374,35 @@ TEST_CASE("checkpoint: retention keeps keep_last newest and multiples of keep_ev
   };
   const std::string dir = fresh_dir("retain");
   for (int64_t s = 1; s <= 10; ++s) {
-    write_checkpoint(dir, src.store, src.state, sample_meta(s), mesh, RetentionPolicy{3, 4});
+    write_checkpoint(dir, src.store, src.state, sample_meta(s), mesh, RetentionPolicy{3, 4, ""});
     // Never fewer than what the policy promises, the newest always there.
     CHECK(steps_in(dir).back() == s);
   }
   CHECK(steps_in(dir) == std::vector<int64_t>{4, 8, 9, 10});
-  write_checkpoint(dir, src.store, src.state, sample_meta(11), mesh, RetentionPolicy{1, 0});
+  write_checkpoint(dir, src.store, src.state, sample_meta(11), mesh, RetentionPolicy{1, 0, ""});
   CHECK(steps_in(dir) == std::vector<int64_t>{11});
   // Re-writing an older step (a resumed run redoing steps) keeps the one just written.
-  write_checkpoint(dir, src.store, src.state, sample_meta(5), mesh, RetentionPolicy{1, 0});
+  write_checkpoint(dir, src.store, src.state, sample_meta(5), mesh, RetentionPolicy{1, 0, ""});
   CHECK(steps_in(dir) == std::vector<int64_t>{5, 11});
+  // Pruning touches only the writer's lineage: another run's checkpoints in the same directory
+  // stay, however many the policy would remove.
+  const std::string shared = fresh_dir("retain-lineage");
+  for (int64_t s = 1; s <= 3; ++s) {
+    CheckpointMeta m = sample_meta(s);
+    m.lineage = "first";
+    write_checkpoint(shared, src.store, src.state, m, mesh, RetentionPolicy{1, 0, "first"});
+  }
+  CHECK(steps_in(shared) == std::vector<int64_t>{3});
+  for (int64_t s = 10; s <= 12; ++s) {
+    CheckpointMeta m = sample_meta(s);
+    m.lineage = "second";
+    write_checkpoint(shared, src.store, src.state, m, mesh, RetentionPolicy{1, 0, "second"});
+  }
+  CHECK(steps_in(shared) == std::vector<int64_t>{3, 12});
+  if (rank == 0) {
+    CHECK(checkpoint_lineage(shared + "/" + checkpoint_file_name(3)) == "first");
+    CHECK(checkpoint_lineage(shared + "/" + checkpoint_file_name(12)) == "second");
+  }
 }
 
 TEST_CASE("checkpoint: corrupt, truncated and partial checkpoints are detected and skipped", "[checkpoint][mpi]") {

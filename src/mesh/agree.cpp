@@ -1,0 +1,42 @@
+#include "mesh/agree.hpp"
+
+#include <unistd.h>
+
+#include "core/error.hpp"
+
+namespace meshmoe {
+
+std::string first_error(const std::string& error, MPI_Comm comm) {
+  int me = 0, size = 1;
+  MPI_Comm_rank(comm, &me);
+  MPI_Comm_size(comm, &size);
+  int mine = error.empty() ? size : me, first = size;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == size) return "";
+  std::string msg = me == first ? error : "";
+  long long n = (long long)msg.size();
+  MPI_Bcast(&n, 1, MPI_LONG_LONG, first, comm);
+  msg.resize(size_t(n));
+  if (n > 0) MPI_Bcast(msg.data(), int(n), MPI_CHAR, first, comm);
+  return msg;
+}
+
+std::string rank_and_host() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return "rank " + std::to_string(rank) + " on " + host;
+}
+
+void throw_agreed_input_error(const std::string& mine, MPI_Comm comm) {
+  // Did every rank fail alike? Then the message needs no rank (e.g. a typo in data.path).
+  int failed = mine.empty() ? 0 : 1, failed_all = 0, failed_any = 0;
+  MPI_Allreduce(&failed, &failed_all, 1, MPI_INT, MPI_MIN, comm);
+  MPI_Allreduce(&failed, &failed_any, 1, MPI_INT, MPI_MAX, comm);
+  if (!failed_any) return;
+  const std::string tagged = failed_all || mine.empty() ? mine : rank_and_host() + ": " + mine;
+  throw InputError(first_error(tagged, comm));
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,40 @@
+// Agreement on a verdict that each rank reaches on its own (a file it cannot read, a directory it
+// cannot see, a GPU it lacks). On a cluster ranks do not share everything, so a check that fails on
+// one rank only must still stop every rank together, with the failing rank's reason (DESIGN.md
+// principle 6), instead of leaving the others waiting in the next collective.
+#pragma once
+#include <mpi.h>
+
+#include <string>
+
+namespace meshmoe {
+
+// Collective over `comm`. `error` is this rank's verdict ("" = fine). Returns on every rank the
+// message of the lowest failing rank, "" when none failed.
+std::string first_error(const std::string& error, MPI_Comm comm);
+
+// "rank R on HOST" of this process (world rank).
+std::string rank_and_host();
+
+// Collective over `comm`: runs `check` on every rank; when it throws on any rank, every rank throws
+// InputError with the lowest failing rank's message, prefixed with "rank R on HOST: " when not
+// every rank failed the same way (so the user learns which node lacks what).
+template <class Check>
+void agree_on_input(MPI_Comm comm, Check&& check);
+
+// The non-template part of agree_on_input: `mine` is this rank's message ("" = fine).
+void throw_agreed_input_error(const std::string& mine, MPI_Comm comm);
+
+template <class Check>
+void agree_on_input(MPI_Comm comm, Check&& check) {
+  std::string mine;
+  try {
+    check();
+  } catch (const std::exception& e) {
+    mine = e.what();
+    if (mine.empty()) mine = "failed";
+  }
+  throw_agreed_input_error(mine, comm);
+}
+
+}  // namespace meshmoe
