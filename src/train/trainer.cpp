@@ -275,7 +275,10 @@ class Trainer {
       path = write_checkpoint(dir_ + "/ckpt", model_->params(), optimizer_->state(), m, mesh_,
                               RetentionPolicy{int(cfg_.checkpoint.keep_last), int(cfg_.checkpoint.keep_every)});
     } catch (const NonFiniteState& e) {  // every rank alike
-      if (mesh_.rank() == 0) std::fprintf(stderr, "meshmoe: error: %s\n", e.what()), std::fflush(stderr);
+      if (mesh_.rank() == 0) {
+        std::fprintf(stderr, "meshmoe: error: %s\n", e.what());
+        std::fflush(stderr);
+      }
       return false;
     }
     last_checkpoint_ = step;
