@@ -50,6 +50,9 @@ void Dataset::validate() const {
     if (s.lang[i] < 0 || size_t(s.lang[i]) >= info_.languages.size())
       bad("lang[" + std::to_string(i) + "] = " + std::to_string(s.lang[i]) + " is not a language index");
   for (size_t i = 0; i < t; ++i)
+    if (s.loss_mask[i] > 1)  // a weight of 7 would scale the token's loss, not mark it
+      bad("loss_mask[" + std::to_string(i) + "] = " + std::to_string(int(s.loss_mask[i])) + " is neither 0 nor 1");
+  for (size_t i = 0; i < t; ++i)
     if (int64_t(s.token(i)) >= info_.vocab_size)
       bad("token " + std::to_string(s.token(i)) + " at " + std::to_string(i) + " is outside the vocabulary");
 }

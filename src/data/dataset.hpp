@@ -59,7 +59,8 @@ void write_dataset(const std::string& path, const DatasetInfo& info, const DataS
 class Dataset {
  public:
   // split = "train" or "valid". Throws InputError naming the file and what is wrong when it is
-  // missing, not HDF5, not a meshmoe dataset, or inconsistent.
+  // missing, not HDF5, not a meshmoe dataset, or inconsistent (a loss_mask value other than 0 or
+  // 1 included), and when the train split has no target token (no loss_mask = 1).
   static Dataset open(const std::string& path, const std::string& split);
   // For tests and tools: a dataset built in memory (validated like a file).
   static Dataset from_memory(DatasetInfo info, DataSplit split, std::string name = "<memory>");

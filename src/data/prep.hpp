@@ -52,9 +52,20 @@ struct PreparedDataset {
 };
 
 // Build the dataset in memory; progress and warnings go to `log`. Throw InputError on bad options
-// or sources (missing root, unknown language, no pairs, unreadable text file).
+// or sources (missing root, unknown language, no pairs, unreadable text file, an output that is
+// one of the inputs, an empty train split).
 PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log);
 PreparedDataset prepare_text(const PrepTextOptions& opt, std::ostream& log);
+
+// Throws InputError when `output` is the same file as one of `inputs` (std::filesystem::equivalent
+// when both exist, else the same weakly_canonical path: another spelling or a symlink), before
+// anything is written, so prep never overwrites what it reads. An empty output is not checked.
+void refuse_output_overwriting_input(const std::string& cmd, const std::string& output,
+                                     const std::vector<std::string>& inputs);
+
+// After a prep: an empty train split is an InputError (nothing to train on); an empty valid split
+// is a warning on `log` (a deck must then set eval.every = 0).
+void check_split_sizes(const std::string& cmd, const PreparedDataset& d, int64_t valid_percent, std::ostream& log);
 
 // One-line-per-item summary for the user.
 std::string prep_summary(const PreparedDataset& d);

@@ -33,6 +33,44 @@ std::string prep_summary(const PreparedDataset& d) {
 
 namespace {
 
+// The same file (inode) when both exist, else the same path once normalised (".", "..", symlinks).
+bool same_file(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) {
+    const bool eq = fs::equivalent(a, b, ec);
+    if (!ec) return eq;
+  }
+  const fs::path ca = fs::weakly_canonical(fs::absolute(a, ec), ec);
+  if (ec) return false;
+  const fs::path cb = fs::weakly_canonical(fs::absolute(b, ec), ec);
+  return !ec && ca == cb;
+}
+
+}  // namespace
+
+void refuse_output_overwriting_input(const std::string& cmd, const std::string& output,
+                                     const std::vector<std::string>& inputs) {
+  if (output.empty()) return;
+  for (const auto& in : inputs)
+    if (same_file(output, in))
+      throw InputError(cmd + ": the output file " + output + " is the input " + in +
+                       ": refusing to overwrite it (give another -o)");
+}
+
+void check_split_sizes(const std::string& cmd, const PreparedDataset& d, int64_t valid_percent, std::ostream& log) {
+  if (d.train.num_examples() == 0)
+    throw InputError(cmd + ": the train split is empty (" +
+                     (valid_percent >= 100 ? std::string("--valid-percent 100") : "every example hashed into valid") +
+                     "): nothing to train on; lower --valid-percent or give more input");
+  if (d.valid.num_examples() == 0)
+    log << cmd << ": warning: the valid split is empty ("
+        << (valid_percent == 0 ? std::string("--valid-percent 0") : "no example hashed into it; raise --valid-percent")
+        << "): a deck must set eval.every = 0 to train on it\n" << std::flush;
+}
+
+namespace {
+
 // Rank 0 runs `work`; its InputError (if any) is broadcast and raised on every rank.
 int on_rank0(const std::function<void()>& work) {
   int rank = 0;

@@ -61,6 +61,11 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
   if (opt.min_pairs < 0) throw InputError("prep gettext: --min-pairs must be >= 0");
 
   std::vector<Catalog> catalogs = scan_catalogs(opt.root);
+  {
+    std::vector<std::string> inputs;
+    for (const auto& c : catalogs) inputs.push_back(c.path);
+    refuse_output_overwriting_input("prep gettext", opt.output, inputs);
+  }
   if (!opt.languages.empty()) {
     std::vector<std::string> unknown;
     for (const auto& l : opt.languages)
@@ -167,6 +172,7 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
   st.valid_examples = int64_t(out.valid.num_examples());
   st.train_tokens = int64_t(out.train.num_tokens());
   st.valid_tokens = int64_t(out.valid.num_tokens());
+  check_split_sizes("prep gettext", out, opt.valid_percent, log);
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

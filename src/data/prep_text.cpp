@@ -54,6 +54,7 @@ PreparedDataset prepare_text(const PrepTextOptions& opt, std::ostream& log) {
   if (opt.max_len < 6) throw InputError("prep text: --max-len must be >= 6 (got " + std::to_string(opt.max_len) + ")");
   if (opt.valid_percent < 0 || opt.valid_percent > 100)
     throw InputError("prep text: --valid-percent must be in 0..100 (got " + std::to_string(opt.valid_percent) + ")");
+  refuse_output_overwriting_input("prep text", opt.output, opt.files);
 
   PreparedDataset out;
   const Tokenizer tok({"text"});
@@ -97,6 +98,7 @@ PreparedDataset prepare_text(const PrepTextOptions& opt, std::ostream& log) {
   st.train_tokens = int64_t(out.train.num_tokens());
   st.valid_tokens = int64_t(out.valid.num_tokens());
   if (st.train_examples + st.valid_examples == 0) throw InputError("prep text: the files hold no non-blank lines");
+  check_split_sizes("prep text", out, opt.valid_percent, log);
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 
 #include "core/error.hpp"
 #include "io/h5.hpp"
+#include "mesh/agree.hpp"
 
 namespace meshmoe {
 
@@ -116,16 +118,9 @@ std::vector<std::string> allgather_strings(const std::string& mine, MPI_Comm com
   return out;
 }
 
-// Every rank ran a step that may have failed on some of them (`error` empty = fine). Returns on
-// every rank the message of the lowest failing rank ("" when none failed), so all ranks can throw
-// together instead of one throwing while the others wait in the next collective.
-std::string agree_on_error(const std::string& error, MPI_Comm comm) {
-  const int me = comm_rank(comm);
-  int mine = error.empty() ? comm_size(comm) : me, first = 0;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == comm_size(comm)) return "";
-  return bcast_string(error, first, comm);
-}
+// Every rank ran a step that may have failed on some of them (`error` empty = fine): the message
+// of the lowest failing rank on every rank, so all can throw together (src/mesh/agree.hpp).
+std::string agree_on_error(const std::string& error, MPI_Comm comm) { return first_error(error, comm); }
 
 // ---------------------------------------------------------------------------------------------
 // The global plan of a write: every tensor of every rank, and who writes which block.
@@ -423,8 +418,39 @@ void walk_datasets(const h5::Location& loc, const std::string& prefix, std::vect
   }
 }
 
+// "[3, 5]": the logical coordinates of element i of a block (row-major in `local`, at `offset`).
+std::string coords_str(const std::vector<int64_t>& offset, const std::vector<int64_t>& local, int64_t i) {
+  std::vector<int64_t> c(local.size());
+  for (size_t d = local.size(); d-- > 0;) {
+    c[d] = offset[d] + i % std::max<int64_t>(local[d], 1);
+    i /= std::max<int64_t>(local[d], 1);
+  }
+  return dims_str(c);
+}
+
+std::string value_str(float v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.9g", double(v));
+  return b;
+}
+
+// Index of the first of data[0..n) that is NaN or infinite, or (nonnegative) below 0; -1 when none.
+int64_t first_bad_value(const float* data, int64_t n, bool nonnegative) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(data[i]) || (nonnegative && data[i] < 0)) return i;
+  return -1;
+}
+
+// "blocks.0.attn.wq [3, 5] = inf" plus why it is bad.
+std::string bad_value_str(const std::string& name, const std::vector<int64_t>& offset, const std::vector<int64_t>& local,
+                          int64_t i, float v) {
+  return name + " " + coords_str(offset, local, i) + " = " + value_str(v) +
+         (std::isfinite(v) ? ", a second moment must be >= 0" : "");
+}
+
 // Reads a whole float dataset slab by slab (bounded memory); the Fletcher32 filter checks each chunk.
-void read_fully(const h5::Dataset& d) {
+// Every value must be finite, and >= 0 when `nonnegative`; else throws Error naming the first bad one.
+void read_fully(const h5::Dataset& d, const std::string& name, bool nonnegative) {
   const auto shape = d.shape();
   if (product(shape) == 0) return;
   if (d.type_class() != H5T_FLOAT) throw Error(d.path() + ": not a floating-point dataset");
@@ -437,12 +463,23 @@ void read_fully(const h5::Dataset& d) {
     cnt[0] = std::min(rows, shape[0] - r0);
     buf.resize(size_t(product(cnt)));
     d.read_block(off, cnt, buf.data());
+    if (const int64_t i = first_bad_value(buf.data(), int64_t(buf.size()), nonnegative); i >= 0)
+      throw Error(std::string(std::isfinite(buf[size_t(i)]) ? "negative second moment: " : "non-finite value: ") +
+                  bad_value_str(name, off, cnt, i, buf[size_t(i)]));
   }
 }
 
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+
+bool is_second_moment_state(const std::string& name) {
+  for (const char* slot : {"/exp_avg_sq", "/v_row", "/v_col", "/v"}) {
+    const size_t n = std::strlen(slot);
+    if (name.size() > n && name.compare(name.size() - n, n, slot) == 0) return true;
+  }
+  return false;
+}
 
 std::string checkpoint_file_name(int64_t step) {
   char b[40];
@@ -491,6 +528,39 @@ std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float
   for (const auto& t : plan) {
     (t.kind == Kind::Param ? n_params : n_optim) += 1;
     if (t.kind == Kind::Param) meta.param_count += product(t.logical);
+  }
+
+  // Never commit a non-finite state as good (a run whose update overflowed the weights would make
+  // it LATEST): every rank scans the blocks it writes, one pass, before anything is created.
+  {
+    std::map<std::pair<Kind, std::string>, const Planned*> planned;
+    for (const auto& t : plan) planned[{t.kind, t.name}] = &t;
+    for (const auto& h : mine) {
+      bool writes = false;
+      for (const auto& b : planned.at({h.kind, h.name})->blocks)
+        writes = writes || (b.writer == me && b.offset == h.offset && b.local == h.local);
+      const bool nonnegative = h.kind == Kind::Optim && is_second_moment_state(h.name);
+      const int64_t i = writes ? first_bad_value(h.data, product(h.local), nonnegative) : -1;
+      if (i < 0) continue;
+      const float v = h.data[i];
+      err = std::string(h.kind == Kind::Param ? "the parameters" : "the optimizer state") + " at step " +
+            std::to_string(meta.step) + (h.kind == Kind::Param ? " are" : " is") +
+            (std::isfinite(v) ? " not valid (" : " not finite (") + bad_value_str(h.name, h.offset, h.local, i, v) + ")";
+      break;
+    }
+  }
+  if (auto e = agree_on_error(err, comm); !e.empty()) {
+    std::string latest;
+    if (me == 0) {
+      try {
+        latest = read_latest(ckpt_dir);
+      } catch (const std::exception&) {
+      }
+    }
+    latest = bcast_string(latest, 0, comm);
+    throw NonFiniteState(e + "; no checkpoint written; " +
+                         (latest.empty() ? "there is no earlier checkpoint in " + ckpt_dir
+                                         : "the newest good checkpoint is " + ckpt_dir + "/LATEST -> " + latest));
   }
 
   const std::string name = checkpoint_file_name(meta.step);
@@ -642,8 +712,8 @@ VerifyResult verify_checkpoint(const std::string& path) {
     walk_datasets(f.group("params"), "", params);
     walk_datasets(f.group("optim"), "", optim);
     int64_t count = 0;
-    for (const auto& [n, d] : params) read_fully(d), count += d.size();
-    for (const auto& [n, d] : optim) read_fully(d);
+    for (const auto& [n, d] : params) read_fully(d, "/params/" + n, false), count += d.size();
+    for (const auto& [n, d] : optim) read_fully(d, "/optim/" + n, is_second_moment_state(n));
     if (int64_t(params.size()) != f.attr<int64_t>("param_tensors") || int64_t(optim.size()) != f.attr<int64_t>("optim_tensors"))
       throw Error("holds " + std::to_string(params.size()) + " parameter and " + std::to_string(optim.size()) +
                   " optimizer tensors, its attributes say " + std::to_string(f.attr<int64_t>("param_tensors")) + " and " +

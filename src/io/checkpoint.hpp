@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.hpp"
 #include "data/batcher.hpp"
 #include "mesh/mesh.hpp"
 #include "model/params.hpp"
@@ -66,13 +67,29 @@ struct RetentionPolicy {
 // "step_00001000.h5"
 std::string checkpoint_file_name(int64_t step);
 
+// write_checkpoint refused the state: a parameter or optimizer state value is NaN or infinite, or a
+// second moment is negative. Thrown on every rank alike, before anything is written; LATEST and
+// the committed checkpoints are untouched. what(): "the parameters at step N are not finite
+// (<tensor> [i, j] = nan); no checkpoint written; the newest good checkpoint is <dir>/LATEST -> ..."
+class NonFiniteState : public Error {
+ public:
+  using Error::Error;
+};
+
+// Optimizer state tensors that are second moments (squared-gradient averages), so never negative:
+// AdamW's "<param>/exp_avg_sq", Adafactor's "<param>/v_row", "<param>/v_col" and "<param>/v"
+// (src/train/adamw.cpp, adafactor.cpp).
+bool is_second_moment_state(const std::string& name);
+
 // Collective over mesh.world(). Writes <ckpt_dir>/step_%08d.h5 (meta.step) atomically, updates
 // <ckpt_dir>/LATEST, then prunes by `keep`. Creates ckpt_dir if missing. Returns the path of the
 // committed file on every rank. Throws (on every rank alike) InputError when ckpt_dir cannot be
 // created or written, Error for inconsistent inputs (tensor shapes disagreeing between ranks,
 // blocks that do not tile a tensor). A failure of one rank inside the collective write (e.g. a full
 // disk) cannot be agreed on (the others wait in HDF5's collectives): that rank prints the reason and
-// calls MPI_Abort (exit code 1); the committed checkpoints stay untouched.
+// calls MPI_Abort (exit code 1); the committed checkpoints stay untouched. Before the file is
+// created every rank scans the blocks it writes: a non-finite value (or a negative second moment)
+// anywhere makes every rank throw NonFiniteState, with nothing written.
 std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float>& store,
                              const std::vector<StateTensor>& state, const CheckpointMeta& meta,
                              const Mesh& mesh, const RetentionPolicy& keep = {});
@@ -93,7 +110,9 @@ struct VerifyResult {
   std::string message;  // "ok: step 20, 6 parameters, 9 optimizer tensors" or the reason it is bad
 };
 // Serial (this process only). Opens the file, checks the attributes, reads every dataset fully
-// (Fletcher32 verifies each chunk) and checks param_count. Never throws.
+// (Fletcher32 verifies each chunk), checks that every value is finite and every second moment
+// (is_second_moment_state) >= 0 (the message names the tensor, the first bad index and value),
+// and checks param_count. Never throws.
 VerifyResult verify_checkpoint(const std::string& path);
 
 struct ResumeChoice {

@@ -261,7 +261,8 @@ class Trainer {
         }
         if (cfg_.eval.every > 0 && (step % cfg_.eval.every == 0 || step == steps))
           if (const int why = evaluate(step)) return stop(step, why);
-        if ((cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0) || step == steps) save_checkpoint(step);
+        if (((cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0) || step == steps) && !save_checkpoint(step))
+          return kExitFailure;
       }
     } catch (const InputError&) {
       save_checkpoint_before_failure(done);
@@ -298,15 +299,17 @@ class Trainer {
     if (mesh_.rank() == 0)
       std::fprintf(stderr, "meshmoe: %s after step %lld: writing a checkpoint and exiting with code %d (resume to continue)\n",
                    why == 1 ? "stop signal received" : "run.max_walltime reached", (long long)last_step, int(kExitCheckpointed));
-    save_checkpoint(last_step);
+    if (!save_checkpoint(last_step)) return kExitFailure;
     return kExitCheckpointed;
   }
 
   // Writes ckpt/step_N.h5 (collective; atomic, then LATEST, then pruning by checkpoint.keep_*).
   // `cursor`: the data cursor to record (default: where the batcher stands); a checkpoint of the
   // last good step (after non-finite steps) records that step's cursor and no bad steps.
-  void save_checkpoint(int64_t step, const DataCursor* cursor = nullptr) {
-    if (step <= 0 || step == last_checkpoint_) return;
+  // Returns false (rank 0 has said why) when the state is not finite and nothing was written: the
+  // caller exits with kExitFailure.
+  bool save_checkpoint(int64_t step, const DataCursor* cursor = nullptr) {
+    if (step <= 0 || step == last_checkpoint_) return true;
     const double t0 = wall_seconds();
     CheckpointMeta m;
     m.step = step;
@@ -323,14 +326,23 @@ class Trainer {
     m.data_summary = data_identity_.summary;
     m.data_fingerprint = data_identity_.fingerprint;
     m.data_languages = join_languages(data_identity_.languages);
-    const std::string path =
-        write_checkpoint(dir_ + "/ckpt", model_->params(), optimizer_->state(), m, mesh_,
-                         RetentionPolicy{int(cfg_.checkpoint.keep_last), int(cfg_.checkpoint.keep_every), lineage_});
+    std::string path;
+    try {
+      path = write_checkpoint(dir_ + "/ckpt", model_->params(), optimizer_->state(), m, mesh_,
+                              RetentionPolicy{int(cfg_.checkpoint.keep_last), int(cfg_.checkpoint.keep_every), lineage_});
+    } catch (const NonFiniteState& e) {  // every rank alike
+      if (mesh_.rank() == 0) {
+        std::fprintf(stderr, "meshmoe: error: %s\n", e.what());
+        std::fflush(stderr);
+      }
+      return false;
+    }
     last_checkpoint_ = step;
     if (mesh_.rank() == 0) {
       std::printf("checkpoint step %lld: %s (%.2f s)\n", (long long)step, path.c_str(), wall_seconds() - t0);
       std::fflush(stdout);
     }
+    return true;
   }
 
   // run.resume: auto (the newest complete checkpoint of the run directory, if any), never, or a

@@ -8,7 +8,8 @@
 namespace meshmoe {
 
 // Returns the process exit code: kExitOk when the run finished, kExitCheckpointed when a signal or
-// run.max_walltime stopped it with a checkpoint, kExitFailure after run.max_bad_steps non-finite steps.
+// run.max_walltime stopped it with a checkpoint, kExitFailure after run.max_bad_steps non-finite steps
+// or when a checkpoint is due and the parameters or optimizer state are not finite (none written).
 int train_main(const Deck& deck, Mesh& mesh, const std::string& version);
 
 // The run directory of a deck: run.out_dir, or runs/<run.name>.

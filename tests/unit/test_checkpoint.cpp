@@ -12,6 +12,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "../test_util.hpp"
 #include "core/error.hpp"
@@ -482,6 +483,104 @@ TEST_CASE("checkpoint: inconsistent blocks are refused before anything is writte
   CHECK(msg.find("cover 4 of its 8 elements") != std::string::npos);
   CHECK(list_checkpoints(dir).empty());
   (void)rank;
+}
+
+TEST_CASE("checkpoint: a non-finite state is never written, verify and resume reject one", "[checkpoint][mpi]") {
+  const int world = test::world_size(), rank = test::world_rank();
+  const MeshShape sh = MeshShape::all_for(world).back();
+  Mesh mesh(MPI_COMM_WORLD, sh.pipe, sh.data, sh.tensor);
+  Model src;
+  build(src, sh, rank, false, true, false);
+  const std::string dir = fresh_dir("nonfinite");
+  const std::string good = write_checkpoint(dir, src.store, src.state, sample_meta(10), mesh);
+  auto latest = [&] {
+    std::ifstream in(dir + "/LATEST");
+    std::string line;
+    std::getline(in, line);
+    return line;
+  };
+  auto refused = [&](int64_t step) {  // the message of NonFiniteState, "" when the write went through
+    try {
+      write_checkpoint(dir, src.store, src.state, sample_meta(step), mesh);
+    } catch (const NonFiniteState& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+
+  // An infinite weight on the last rank (in a block it writes): every rank throws, nothing is written.
+  float* w = nullptr;
+  for (const auto& p : src.store.infos())
+    if (!w && p.name.find("moe.w1") != std::string::npos && p.size > 1) w = src.store.weights() + p.flat_offset + 1;
+  REQUIRE(w != nullptr);
+  const float saved = *w;
+  if (rank == world - 1) *w = std::numeric_limits<float>::infinity();
+  std::string msg = refused(20);
+  INFO(msg);
+  CHECK(msg.find("the parameters at step 20 are not finite (blocks.") != std::string::npos);
+  CHECK(msg.find("moe.w1 [") != std::string::npos);
+  CHECK(msg.find("= inf") != std::string::npos);
+  CHECK(msg.find("no checkpoint written; the newest good checkpoint is " + dir + "/LATEST -> step_00000010.h5") !=
+        std::string::npos);
+  *w = saved;
+  CHECK(list_checkpoints(dir).size() == 1);
+  CHECK(!fs::exists(dir + "/step_00000020.h5.tmp"));
+  CHECK(latest() == "step_00000010.h5");
+
+  // A negative second moment (v_row, written by rank 0) is refused too; a negative first moment is not.
+  Buffer<float>* v_row = nullptr;
+  Buffer<float>* exp_avg = nullptr;
+  for (auto& t : src.state) {
+    if (!v_row && is_second_moment_state(t.name) && !t.data->empty()) v_row = t.data;
+    if (!exp_avg && !is_second_moment_state(t.name) && !t.data->empty()) exp_avg = t.data;
+  }
+  REQUIRE(v_row != nullptr);
+  REQUIRE(exp_avg != nullptr);
+  const float saved_v = (*v_row)[0];
+  if (rank == 0) (*v_row)[0] = -0.5f;
+  msg = refused(30);
+  CHECK(msg.find("the optimizer state at step 30 is not valid (") != std::string::npos);
+  CHECK(msg.find("/v_row [") != std::string::npos);
+  CHECK(msg.find("= -0.5, a second moment must be >= 0") != std::string::npos);
+  CHECK(latest() == "step_00000010.h5");
+  (*v_row)[0] = saved_v;
+  if (rank == 0) (*exp_avg)[0] = -0.5f;
+  CHECK(refused(40).empty());
+  CHECK(latest() == "step_00000040.h5");
+  CHECK(is_second_moment_state("blocks.0.attn.wq/exp_avg_sq"));
+  CHECK(is_second_moment_state("blocks.0.mlp.w1/v_col"));
+  CHECK(is_second_moment_state("final.ln.g/v"));
+  CHECK(!is_second_moment_state("blocks.0.attn.wq/exp_avg"));
+
+  // Files made bad after the write: verify names the tensor and the value, resume skips them.
+  const std::string p50 = dir + "/step_00000050.h5", p60 = dir + "/step_00000060.h5";
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) {
+    fs::copy_file(good, p50);
+    fs::copy_file(good, p60);
+    const float nan = std::numeric_limits<float>::quiet_NaN(), neg = -2.0f;
+    h5::File f50 = h5::File::open(p50, h5::Access::ReadWrite);
+    f50.dataset("/params/blocks.0.attn.w").write_block({1, 2}, {1, 1}, &nan);
+    f50.close();
+    h5::File f60 = h5::File::open(p60, h5::Access::ReadWrite);
+    f60.dataset("/optim/blocks.0.moe.w1/v_row").write_block({2, 1}, {1, 1}, &neg);
+    f60.close();
+    std::ofstream(dir + "/LATEST") << "step_00000060.h5\n";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  VerifyResult v = verify_checkpoint(p50);
+  INFO(v.message);
+  CHECK(!v.ok);
+  CHECK(v.message.find("non-finite value: /params/blocks.0.attn.w [1, 2] = nan") != std::string::npos);
+  v = verify_checkpoint(p60);
+  INFO(v.message);
+  CHECK(!v.ok);
+  CHECK(v.message.find("negative second moment: /optim/blocks.0.moe.w1/v_row [2, 1] = -2") != std::string::npos);
+  CHECK(verify_checkpoint(good).ok);
+  ResumeChoice c = find_resume_checkpoint(dir, MPI_COMM_WORLD);
+  CHECK(c.path == dir + "/step_00000040.h5");
+  CHECK(any_contains(c.warnings, "skipping bad checkpoint " + p60));
+  CHECK(any_contains(c.warnings, "skipping bad checkpoint " + p50));
 }
 
 // Written for tests/scripts/ckpt_cli.sh: $MESHMOE_TEST_TMPDIR/ckpt_cli/run/ckpt/step_00000007.h5.

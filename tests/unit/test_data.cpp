@@ -363,6 +363,68 @@ TEST_CASE("dataset file: prep gettext writes, Dataset::open reads back the same"
   CHECK_THROWS_AS(prep_gettext_main(PrepGettextOptions{}), InputError);  // no -o
 }
 
+TEST_CASE("dataset file: loss_mask values other than 0/1 and a train split without targets are refused", "[data]") {
+  const std::string dir = fresh_dir("mask");
+  write_text(dir + "/a.txt", "first line\nsecond line\nthird line\nfourth line\n");
+  PrepTextOptions opt;
+  opt.files = {dir + "/a.txt"};
+  opt.valid_percent = 0;
+  opt.quiet = true;
+  std::ostringstream log;
+  const PreparedDataset d = prepare_text(opt, log);
+  REQUIRE(d.train.num_tokens() > 5);
+  {
+    DataSplit bad = d.train;
+    bad.loss_mask[5] = 7;
+    write_dataset(dir + "/seven.h5", d.info, bad, d.valid);
+  }
+  CHECK_THROWS_WITH(Dataset::open(dir + "/seven.h5", "train"),
+                    Catch::Contains("seven.h5 (split /train): loss_mask[5] = 7 is neither 0 nor 1"));
+  {
+    DataSplit none = d.train;
+    std::fill(none.loss_mask.begin(), none.loss_mask.end(), uint8_t(0));
+    write_dataset(dir + "/zero.h5", d.info, none, none);
+  }
+  CHECK_THROWS_WITH(Dataset::open(dir + "/zero.h5", "train"),
+                    Catch::Contains("no target token (loss_mask = 1) in " + dir + "/zero.h5 /train: nothing to train on"));
+  CHECK(Dataset::open(dir + "/zero.h5", "valid").num_examples() == d.train.num_examples());  // valid: no loss is allowed
+}
+
+TEST_CASE("prep: the output is never one of the inputs; empty splits are reported", "[data]") {
+  const std::string dir = fresh_dir("same");
+  const std::string text = "first line\nsecond line\nthird line\n";
+  write_text(dir + "/a.txt", text);
+  fs::create_directories(dir + "/x");
+  fs::create_symlink(dir + "/a.txt", dir + "/link.h5");
+  PrepTextOptions opt;
+  opt.files = {dir + "/a.txt"};
+  opt.quiet = true;
+  std::ostringstream log;
+  for (const std::string& out : {dir + "/a.txt", dir + "/x/../a.txt", dir + "/./a.txt", dir + "/link.h5"}) {
+    INFO(out);
+    opt.output = out;
+    CHECK_THROWS_WITH(prepare_text(opt, log), Catch::Contains("refusing to overwrite it"));
+    CHECK_THROWS_AS(prep_text_main(opt), InputError);
+    CHECK(read_bytes(dir + "/a.txt") == text);
+  }
+  opt.output = dir + "/a.h5";
+  opt.valid_percent = 0;
+  CHECK_NOTHROW(prepare_text(opt, log));
+  CHECK(log.str().find("prep text: warning: the valid split is empty (--valid-percent 0): a deck must set eval.every = 0") !=
+        std::string::npos);
+  opt.valid_percent = 100;
+  CHECK_THROWS_WITH(prepare_text(opt, log), Catch::Contains("the train split is empty (--valid-percent 100)"));
+
+  PrepGettextOptions g;
+  g.root = make_locale_tree(dir + "/g");
+  g.quiet = true;
+  g.output = g.root + "/de/LC_MESSAGES/../LC_MESSAGES/a.mo";
+  const std::string mo = read_bytes(g.root + "/de/LC_MESSAGES/a.mo");
+  REQUIRE(!mo.empty());
+  CHECK_THROWS_WITH(prepare_gettext(g, log), Catch::Contains("refusing to overwrite it"));
+  CHECK(read_bytes(g.root + "/de/LC_MESSAGES/a.mo") == mo);
+}
+
 TEST_CASE("prep text: lines, paragraphs, long lines cut on UTF-8 boundaries", "[data]") {
   const std::string dir = fresh_dir("text");
   const std::string long_line = std::string(10, 'a') + "ü" + std::string(10, 'b');  // 22 bytes
