@@ -23,6 +23,7 @@
 
 #include "deck/config.hpp"
 #include "mesh/mesh.hpp"
+#include "train/memory_limit.hpp"
 
 namespace meshmoe {
 
