@@ -156,6 +156,9 @@ elif ! mkdir "$cg" 2>/dev/null; then
 elif ! echo $((768 << 20)) >"$cg/memory.limit_in_bytes" 2>/dev/null; then
   rmdir "$cg"
   echo "SKIP cgroup part: cannot set $cg/memory.limit_in_bytes"
+elif ! sh -c 'echo $$ > "$1/cgroup.procs"' sh "$cg" 2>/dev/null; then
+  rmdir "$cg"
+  echo "SKIP cgroup part: cannot move a process into $cg"
 else
   trap 'rmdir "$cg" 2>/dev/null' EXIT
   # in_cgroup NAME NP ARGS...: like run, inside the cgroup
