@@ -2,13 +2,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/sizes.hpp"
-#include "data/dataset.hpp"
+#include "io/h5.hpp"
 #include "train/memory.hpp"
 
 namespace meshmoe {
@@ -170,8 +171,13 @@ void check_memory_plan(const Config& cfg, const MeshShape& mesh, MPI_Comm world)
   MPI_Comm_rank(world, &rank);
   int vocab = int(cfg.model.vocab_size);
   if (vocab == 0 && rank == 0) {
+    // Only the attribute: the tokens are not read here (the trainer loads them after the check).
     try {
-      vocab = Dataset::open(cfg.data.path, "train").vocab_size();
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(cfg.data.path, ec)) {
+        h5::File f = h5::File::open(cfg.data.path);
+        if (f.has_attr("vocab_size")) vocab = int(std::clamp<int64_t>(f.attr<int64_t>("vocab_size"), 0, INT32_MAX));
+      }
     } catch (const std::exception&) {
       vocab = 0;  // the trainer says what is wrong with the data
     }
