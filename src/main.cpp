@@ -59,6 +59,7 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& overrides)
 
 int cmd_train(const std::string& path, const std::vector<std::string>& overrides) {
   Setup s = setup(path, overrides);
+  check_memory_plan(s.deck.cfg, s.mesh.shape(), s.mesh.world());  // exit 2 before allocating (train/memory_limit.hpp)
   if (world_rank() == 0) std::cout << "# effective deck (" << s.deck.path << ")\n" << s.deck.effective_toml << std::flush;
   return train_main(s.deck, s.mesh, MESHMOE_VERSION);
 }
@@ -116,6 +117,7 @@ int run(int argc, char** argv) {
   bench->add_option("--iters", bench_opt.iters, "Timed calls per size (default 0: adaptive, >= 0.05 s or 100 calls)");
   bench->add_option("-o,--output", bench_opt.output, "HDF5 file written by rank 0")->capture_default_str();
   bench->add_flag("-q,--quiet", bench_opt.quiet, "No table on stdout");
+  bench->add_option("--max-memory", bench_opt.max_memory, "Memory per node the buffers may use, e.g. 8G (default: cgroup limit or MemAvailable)");
 
   CkptCliOptions ckpt_opt;
   auto* ckpt = app.add_subcommand("ckpt", "Inspect a checkpoint (file, ckpt directory or run directory)");

@@ -15,6 +15,7 @@
 #include <toml++/toml.h>
 
 #include "core/error.hpp"
+#include "core/sizes.hpp"
 #include "deck/schema.hpp"
 
 namespace meshmoe {
@@ -368,6 +369,12 @@ void Parser::cross_checks() {
     rule({"mesh.pipe", "optim.micro_batches"}, o.micro_batches >= mesh.pipe,
          kv("mesh.pipe", mesh.pipe) + " needs optim.micro_batches >= " + std::to_string(mesh.pipe) + ", got " +
              kv("optim.micro_batches", o.micro_batches) + " (the 1F1B schedule keeps every stage busy)");
+  if (!cfg.run.max_memory.empty()) {
+    std::string why;
+    const bool ok = parse_byte_size(cfg.run.max_memory, &why).has_value();
+    rule({"run.max_memory"}, ok,
+         "run.max_memory = " + deck::toml_string(cfg.run.max_memory) + ": " + why);
+  }
   const auto& c = cfg.checkpoint;
   if (c.every > 0 && c.keep_every > 0)
     rule({"checkpoint.keep_every", "checkpoint.every"}, c.keep_every % c.every == 0,

@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "io/h5.hpp"
 #include "mesh/mesh.hpp"
+#include "train/memory_limit.hpp"
 
 namespace meshmoe {
 
@@ -285,7 +286,8 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
     else if (suffix == "k" || suffix == "kib" || suffix == "kb") shift = 10;
     else if (suffix == "m" || suffix == "mib" || suffix == "mb") shift = 20;
     else if (suffix == "g" || suffix == "gib" || suffix == "gb") shift = 30;
-    else throw InputError(bad + "has an unknown suffix '" + suffix + "': use K, M or G (powers of 1024)");
+    else if (suffix == "t" || suffix == "tib" || suffix == "tb") shift = 40;
+    else throw InputError(bad + "has an unknown suffix '" + suffix + "': use K, M, G or T (powers of 1024)");
     const int64_t v = std::stoll(item.substr(0, digits));
     if (v == 0) throw InputError(bad + "is zero: sizes must be positive");
     if (v > (kMaxSize >> shift)) throw InputError(bad + "is above the limit of 1 GiB per buffer");
@@ -318,6 +320,15 @@ int bench_comm_main(const BenchCommOptions& opt) {
         if (s < 4 * int64_t(n))
           throw InputError("bench-comm: size " + std::to_string(s) + " bytes is less than one float per rank for " + op +
                            " over " + std::to_string(n) + " ranks; use sizes >= " + std::to_string(4 * n));
+
+  // The largest buffers one rank holds at once (one op at one size): all_reduce S, all_gather S/n + S,
+  // all_to_all and permute 2 S; the ranks of a node together must fit in its available memory.
+  double peak = 0;
+  for (const std::string& op : ops)
+    for (int64_t s : sizes) peak = std::max(peak, (op == "all_reduce" ? 1.0 : op == "all_gather" ? 1.0 + 1.0 / n : 2.0) * double(s));
+  check_node_memory(peak, "bench-comm --sizes " + (opt.sizes.empty() ? std::string("(default)") : opt.sizes), opt.max_memory,
+                    "use smaller --sizes, fewer ranks per node, or --max-memory to override", MPI_COMM_WORLD,
+                    "--max-memory");
 
   // The output file is created first, so a bad -o costs nothing.
   h5::File file;

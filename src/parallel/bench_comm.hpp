@@ -25,6 +25,7 @@ struct BenchCommOptions {
   int iters = 0;                        // timed calls per size; 0 = adaptive (>= 0.05 s or 100 calls)
   std::string output = "bench-comm.h5"; // written by rank 0
   bool quiet = false;                   // no table on stdout
+  std::string max_memory;               // "8G": memory per node for the buffers; "" = detect (train/memory_limit.hpp)
 };
 
 // Collective over MPI_COMM_WORLD (call on every rank). Returns an exit code; bad options raise
@@ -34,7 +35,7 @@ int bench_comm_main(const BenchCommOptions& opt);
 // ---- pieces, exposed for the tests ---------------------------------------------------------------
 
 // "1024,64K,1M" -> {1024, 65536, 1048576}. InputError naming the bad entry for anything but a
-// positive whole number of bytes with an optional K|M|G suffix (also KiB/MiB/GiB, case-insensitive),
+// positive whole number of bytes with an optional K|M|G|T suffix (also KiB/MiB/GiB, case-insensitive),
 // a multiple of 4 (float elements) and at most 1 GiB.
 std::vector<int64_t> parse_sizes(const std::string& text);
 // Powers of 4 from 1 KiB to 16 MiB.

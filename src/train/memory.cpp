@@ -7,16 +7,19 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/sizes.hpp"
 #include "data/dataset.hpp"
 #include "model/activation.hpp"
 #include "model/moe/moe_options.hpp"
 #include "model/transformer.hpp"
 #include "parallel/pipeline_schedule.hpp"
+#include "train/memory_limit.hpp"
 #include "train/optimizer.hpp"
 
 namespace meshmoe {
@@ -29,17 +32,21 @@ constexpr size_t kF = sizeof(float);  // host training is fp32 (activations, wei
 double ring_allreduce(double bytes, int n) { return n > 1 ? 2.0 * (n - 1) / n * bytes : 0.0; }
 double all_to_all(double bytes, int n) { return n > 1 ? double(n - 1) / n * bytes : 0.0; }
 
+// A byte count of the plan as the size_t of MemoryPlan (Checked values are never negative here).
+size_t bytes(Checked c) { return size_t(c.value()); }
+
 void need(bool ok, const std::string& msg) {
   if (!ok) throw InputError(msg);
 }
 
 // Adafactor's state of one parameter of local shape s (adafactor.cpp): >= 2 dims are factored into
 // batch x (rows + cols), the last two dims being rows and columns; a vector keeps one per element.
-size_t adafactor_state_elems(const std::vector<int64_t>& s) {
-  const size_t size = std::accumulate(s.begin(), s.end(), size_t(1), [](size_t a, int64_t b) { return a * size_t(b); });
+Checked adafactor_state_elems(const std::vector<Checked>& s) {
+  Checked size = 1;
+  for (const Checked d : s) size *= d;
   if (s.size() < 2) return size;
-  const size_t rows = size_t(s[s.size() - 2]), cols = size_t(s[s.size() - 1]);
-  const size_t batch = rows * cols == 0 ? 0 : size / (rows * cols);
+  const Checked rows = s[s.size() - 2], cols = s[s.size() - 1];
+  const Checked batch = rows * cols == 0 ? Checked(0) : size / (rows * cols);
   return batch * (rows + cols);
 }
 
@@ -88,70 +95,81 @@ int64_t heap_in_use() {
   return int64_t(mi.uordblks) + int64_t(mi.hblkhd);
 }
 
-MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
+MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
                        int tensor_rank) {
   const int P = mesh.pipe, D = mesh.data, Tn = mesh.tensor;
+  // The layers index with int: every width must fit, with room for geglu's doubled input width.
+  constexpr int64_t kMaxDim = std::numeric_limits<int>::max() / 2;
+  for (const auto& [key, v] : std::initializer_list<std::pair<const char*, int64_t>>{
+           {"model.seq_len", cfg.model.seq_len},       {"model.d_model", cfg.model.d_model},
+           {"model.num_layers", cfg.model.num_layers}, {"model.num_heads", cfg.model.num_heads},
+           {"model.d_ff", cfg.model.d_ff},             {"moe.num_experts", cfg.moe.num_experts},
+           {"moe.expert_d_ff", cfg.moe.expert_d_ff},   {"moe.group_size", cfg.moe.group_size},
+           {"moe.top_k", cfg.moe.top_k},               {"optim.batch_size", cfg.optim.batch_size},
+           {"optim.micro_batches", cfg.optim.micro_batches}})
+    need(v <= kMaxDim, "the model is too large: " + std::string(key) + " = " + std::to_string(v) + " is above " +
+                           std::to_string(kMaxDim) + " (dimensions are 32-bit indices)");
   need(vocab >= 1, "memory plan: the vocabulary size is unknown (set model.vocab_size or prepare data.path)");
   need(pipe_rank >= 0 && pipe_rank < P && data_rank >= 0 && data_rank < D && tensor_rank >= 0 && tensor_rank < Tn,
        "memory plan: rank coordinates outside the mesh " + mesh.str());
-  const int64_t V = vocab, T = cfg.model.seq_len, M = cfg.model.d_model, NL = cfg.model.num_layers,
+  const Checked V = vocab, T = cfg.model.seq_len, M = cfg.model.d_model, NL = cfg.model.num_layers,
                 NH = cfg.model.num_heads, FF = cfg.model.d_ff, B = cfg.optim.batch_size, MB = cfg.optim.micro_batches;
-  need(M % NH == 0, "model.d_model = " + std::to_string(M) + " must be divisible by model.num_heads = " + std::to_string(NH));
-  need(NH % Tn == 0, "model.num_heads = " + std::to_string(NH) + " must be divisible by mesh.tensor = " + std::to_string(Tn));
-  need(FF % Tn == 0, "model.d_ff = " + std::to_string(FF) + " must be divisible by mesh.tensor = " + std::to_string(Tn));
-  need(NL % P == 0, "model.num_layers = " + std::to_string(NL) + " must be divisible by mesh.pipe = " + std::to_string(P));
-  need(B % (MB * D) == 0, "optim.batch_size = " + std::to_string(B) + " must be divisible by optim.micro_batches x mesh.data = " +
-                              std::to_string(MB * D));
+  need(M % NH == 0, "model.d_model = " + to_string(M) + " must be divisible by model.num_heads = " + to_string(NH));
+  need(NH % Tn == 0, "model.num_heads = " + to_string(NH) + " must be divisible by mesh.tensor = " + to_string(Tn));
+  need(FF % Tn == 0, "model.d_ff = " + to_string(FF) + " must be divisible by mesh.tensor = " + to_string(Tn));
+  need(NL % P == 0, "model.num_layers = " + to_string(NL) + " must be divisible by mesh.pipe = " + to_string(P));
+  need(B % (MB * D) == 0, "optim.batch_size = " + to_string(B) + " must be divisible by optim.micro_batches x mesh.data = " +
+                              to_string(MB * D));
   const ModelShape shape = model_shape(cfg, vocab);
   const Activation act = parse_activation(cfg.model.activation);
   const bool train_dropout = cfg.model.dropout > 0;
 
   MemoryPlan p;
   p.pipe_rank = pipe_rank, p.data_rank = data_rank, p.tensor_rank = tensor_rank;
-  p.num_blocks = int(NL / P);
+  p.num_blocks = int((NL / P).value());
   p.first_block = pipe_rank * p.num_blocks;
   p.first_stage = pipe_rank == 0;
   p.last_stage = pipe_rank == P - 1;
-  p.rows = int(B / (MB * D));
-  p.seq_len = int(T);
-  const int64_t N = int64_t(p.rows) * T;  // tokens of one micro-batch on this rank
-  const int64_t NM = N * M;
+  p.rows = int((B / (MB * D)).value());
+  p.seq_len = int(T.value());
+  const Checked N = Checked(p.rows) * T;  // tokens of one micro-batch on this rank
+  const Checked NM = N * M;
 
   // Megatron split (transformer.cpp): heads and dense hidden units over tensor.
-  const int64_t L = M / Tn;                 // local attention width = local heads x head dim
-  const int64_t LH = NH / Tn;               // local heads
-  const int64_t FFl = FF / Tn;              // local dense hidden units
-  const int64_t Wl = activation_in_width(act, int(FFl));
+  const Checked L = M / Tn;                 // local attention width = local heads x head dim
+  const Checked LH = NH / Tn;               // local heads
+  const Checked FFl = FF / Tn;              // local dense hidden units
+  const Checked Wl = activation_in_width(act, int(FFl.value()));
   const bool attn_sharded = Tn > 1, mlp_sharded = Tn > 1;
 
   // MoE placement (DESIGN.md "The mesh").
   const bool any_moe = shape.num_moe_layers() > 0;
   MoeOptions mo;
-  int64_t E = 0, El = 0, He = 0, Hel = 0, Hin = 0, Hinl = 0, S = 0, G = 0, C = 0, k = 0;
+  Checked E = 0, El = 0, He = 0, Hel = 0, Hin = 0, Hinl = 0, S = 0, G = 0, C = 0, k = 0;
   const bool expert_on_data = cfg.moe.expert_axis == "data";
   if (any_moe) {
     mo = moe_options(cfg, 0);
     E = mo.num_experts, He = mo.d_ff, S = mo.group_size, k = mo.k();
     const int ext = expert_on_data ? D : Tn;
-    need(E % ext == 0, "moe.num_experts = " + std::to_string(E) + " must be divisible by mesh." + cfg.moe.expert_axis +
-                           " = " + std::to_string(ext) + " (moe.expert_axis)");
+    need(E % ext == 0, "moe.num_experts = " + to_string(E) + " must be divisible by mesh." + cfg.moe.expert_axis +
+                           " = " + to_string(ext) + " (moe.expert_axis)");
     El = E / ext;
     const int hsplit = expert_on_data ? Tn : 1;
-    need(He % hsplit == 0, "the expert hidden width " + std::to_string(He) + " must be divisible by mesh.tensor = " +
-                               std::to_string(hsplit) + " (experts over data split their hidden units over tensor)");
+    need(He % hsplit == 0, "the expert hidden width " + to_string(He) + " must be divisible by mesh.tensor = " +
+                               to_string(hsplit) + " (experts over data split their hidden units over tensor)");
     Hel = He / hsplit;
-    Hin = activation_in_width(mo.activation, int(He));
-    Hinl = activation_in_width(mo.activation, int(Hel));
-    need(N % S == 0, "a micro-batch of " + std::to_string(p.rows) + " x " + std::to_string(T) + " = " + std::to_string(N) +
-                         " tokens per rank is not a multiple of moe.group_size = " + std::to_string(S));
+    Hin = activation_in_width(mo.activation, int(He.value()));
+    Hinl = activation_in_width(mo.activation, int(Hel.value()));
+    need(N % S == 0, "a micro-batch of " + to_string(p.rows) + " x " + to_string(T) + " = " + to_string(N) +
+                         " tokens per rank is not a multiple of moe.group_size = " + to_string(S));
     G = N / S;
     C = mo.capacity(true);
   }
 
   // ---- parameters: the local shapes each layer registers ----------------------------------------
-  std::vector<std::vector<int64_t>> shapes;        // this rank's ParamStore entries
-  int64_t expert_local = 0;                        // elements of those split over data (expert weights)
-  auto add = [&](std::vector<int64_t> s) { shapes.push_back(std::move(s)); };
+  std::vector<std::vector<Checked>> shapes;        // this rank's ParamStore entries
+  Checked expert_local = 0;                        // elements of those split over data (expert weights)
+  auto add = [&](std::vector<Checked> s) { shapes.push_back(std::move(s)); };
   if (p.first_stage) add({V, M}), add({T, M});     // embed.wte, embed.wpe
   for (int i = p.first_block; i < p.first_block + p.num_blocks; ++i) {
     add({M}), add({M});                            // ln1
@@ -171,36 +189,39 @@ MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int 
     add({M}), add({M});                            // ln_f
     if (!cfg.model.tied_embeddings || !p.first_stage) add({V, M});  // head.wout, or the tied copy
   }
-  size_t elems = 0, adafactor = 0;
+  Checked elems = 0, adafactor = 0;
   for (const auto& s : shapes) {
-    elems += std::accumulate(s.begin(), s.end(), size_t(1), [](size_t a, int64_t b) { return a * size_t(b); });
+    Checked n = 1;
+    for (const Checked d : s) n *= d;
+    elems += n;
     adafactor += adafactor_state_elems(s);
   }
-  p.params_rank = int64_t(elems);
-  p.param_bytes = p.grad_bytes = elems * kF;
-  p.optim_bytes = (cfg.optim.name == "adafactor" ? adafactor : 2 * elems) * kF;
+  p.params_rank = elems.value();
+  p.param_bytes = p.grad_bytes = bytes(elems * kF);
+  p.optim_bytes = bytes((cfg.optim.name == "adafactor" ? adafactor : 2 * elems) * kF);
 
   // Whole-model counts (unsharded).
-  const int64_t dense_ffn = M * activation_in_width(act, int(FF)) + FF * M;
-  const int64_t expert_one = any_moe ? M * Hin + He * M : 0;
-  const int64_t n_moe = shape.num_moe_layers(), n_dense = NL - n_moe;
-  const int64_t per_block = 4 * M + 4 * M * M;
-  p.params_total = V * M + T * M + NL * per_block + n_dense * dense_ffn + n_moe * (M * E + E * expert_one) + 2 * M +
+  const Checked dense_ffn = M * activation_in_width(act, int(FF.value())) + FF * M;
+  const Checked expert_one = any_moe ? M * Hin + He * M : 0;
+  const Checked n_moe = Checked(shape.num_moe_layers()), n_dense = NL - n_moe;
+  const Checked per_block = 4 * M + 4 * M * M;
+  const Checked params_total = V * M + T * M + NL * per_block + n_dense * dense_ffn + n_moe * (M * E + E * expert_one) + 2 * M +
                    (cfg.model.tied_embeddings ? 0 : V * M);
-  p.params_activated = p.params_total - n_moe * std::max<int64_t>(E - k, 0) * expert_one;
+  p.params_total = params_total.value();
+  p.params_activated = (params_total - n_moe * std::max<Checked>(E - k, 0) * expert_one).value();
   p.flops_per_token = train_flops_per_token(cfg, shape);
 
   // ---- activations: the buffers each layer's first forward allocates (one micro-batch) -----------
-  size_t a_stage = 3 * NM * kF;  // Transformer x_, h_, f_
-  size_t a_embed = 0, a_ln = 0, a_attn = 0, a_mlp = 0, a_moe = 0, a_head = 0;
-  size_t w = 2 * NM * kF;        // backward: Transformer d_, dh_
+  Checked a_stage = 3 * NM * kF;  // Transformer x_, h_, f_
+  Checked a_embed = 0, a_ln = 0, a_attn = 0, a_mlp = 0, a_moe = 0, a_head = 0;
+  Checked w = 2 * NM * kF;        // backward: Transformer d_, dh_
   if (p.first_stage) a_embed = N * sizeof(int32_t);  // token ids
-  const size_t keep = train_dropout ? NM : 0;           // dropout keep mask, uint8 [N, M]
+  const Checked keep = train_dropout ? NM : 0;           // dropout keep mask, uint8 [N, M]
   int moe_here = 0, dense_here = 0;
   for (int i = p.first_block; i < p.first_block + p.num_blocks; ++i) {
     a_ln += 2 * (NM + N) * kF;                                   // ln1, ln2: xhat [N, M], rstd [N]
     // x [N, M], q/k/v 3 x [N, L], softmax probabilities [B, LH, T, T], output before wo [N, L]
-    a_attn += (NM + 3 * N * L + int64_t(p.rows) * LH * T * T + N * L) * kF + keep;
+    a_attn += (NM + 3 * N * L + Checked(p.rows) * LH * T * T + N * L) * kF + keep;
     // backward scratch: dy [N, M], datt [N, L], dqkv 3 x [N, L], dP [T, T], partial dx [N, M] if split
     w += (NM + N * L + 3 * N * L + T * T + (attn_sharded ? NM : 0)) * kF;
     if (shape.is_moe_block(i)) {
@@ -208,16 +229,16 @@ MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int 
       // router: input copy [N, M] (+ jitter [N, M]), logits and probs [N, E], lse [N] double,
       // top [N k] int, norm [N] double, frac [G, E] double; routing: expert, slot [N k] int,
       // gate [N k], load [E] int64
-      size_t r = (NM + (mo.jitter_eps > 0 ? NM : 0) + 2 * N * E) * kF + N * sizeof(double) + N * k * sizeof(int) +
+      Checked r = (NM + (mo.jitter_eps > 0 ? NM : 0) + 2 * N * E) * kF + N * sizeof(double) + N * k * sizeof(int) +
                  N * sizeof(double) + G * E * sizeof(double) + 2 * N * k * sizeof(int) + N * k * kF +
                  E * sizeof(int64_t);
       // token side (dispatcher): slot -> token maps [E', G, C] int and int64, buffers [E', G, C, M]
       // in and out; E' = E (all-to-all moves them whole) or E_local (index-select picks its experts)
-      const int64_t Et = expert_on_data ? E : El;
+      const Checked Et = expert_on_data ? E : El;
       r += Et * G * C * (sizeof(int) + sizeof(int64_t)) + 2 * Et * G * C * M * kF;
       // expert side: rows = E_local x (D G over data | G) x C; x [rows, M], pre [rows, H'],
       // h [rows, H] (+ dropout mask [rows, H])
-      const int64_t rows = El * (expert_on_data ? D : 1) * G * C;
+      const Checked rows = El * (expert_on_data ? D : 1) * G * C;
       r += (rows * M + rows * Hinl + rows * Hel + (mo.expert_dropout > 0 ? rows * Hel : 0)) * kF;
       // all-to-all path (experts over data, data > 1): the dispatcher's receive buffer [rows, M], the
       // global token of each row [rows] int64, per-source/expert counts and offsets (the expert-side
@@ -238,15 +259,15 @@ MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int 
     // head input [N, M], logits [N, V]; cross-entropy: loss [N] double, lse and mask [N], targets [N]
     a_head = (NM + N * V) * kF + N * sizeof(double) + 2 * N * kF + N * sizeof(int32_t);
   }
-  p.activation_parts = {{"stage buffers", a_stage}, {"embedding", a_embed}, {"layernorms", a_ln},
-                        {"attention", a_attn},      {"dense ffn", a_mlp},   {"moe", a_moe},
-                        {"head + loss", a_head}};
-  p.activation_bytes = a_stage + a_embed + a_ln + a_attn + a_mlp + a_moe + a_head;
-  p.workspace_bytes = w;
+  p.activation_parts = {{"stage buffers", bytes(a_stage)}, {"embedding", bytes(a_embed)}, {"layernorms", bytes(a_ln)},
+                        {"attention", bytes(a_attn)},      {"dense ffn", bytes(a_mlp)},   {"moe", bytes(a_moe)},
+                        {"head + loss", bytes(a_head)}};
+  p.activation_bytes = bytes(a_stage + a_embed + a_ln + a_attn + a_mlp + a_moe + a_head);
+  p.workspace_bytes = bytes(w);
 
   // ---- pipeline: the 1F1B schedule of this stage (trainer run_pipeline) --------------------------
   int live = 0, forwards = 0, last_forward = -1;
-  for (const PipelineOp& op : one_f_one_b(pipe_rank, P, int(MB))) {
+  for (const PipelineOp& op : one_f_one_b(pipe_rank, P, int(MB.value()))) {
     if (op.forward) {
       ++forwards, last_forward = op.micro;
       p.in_flight = std::max(p.in_flight, ++live);
@@ -259,8 +280,10 @@ MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int 
     // a later stage holds the inputs of its in-flight micro-batches and the input gradients it
     // sends back; an earlier one the outputs it sends and the gradient it receives (isend buffers
     // live until the end of the step)
-    if (!p.first_stage) p.pipeline_bytes += (p.in_flight + MB) * NM * kF;
-    if (!p.last_stage) p.pipeline_bytes += (MB + 1) * NM * kF;
+    Checked pipe_bytes = 0;
+    if (!p.first_stage) pipe_bytes += (p.in_flight + MB) * NM * kF;
+    if (!p.last_stage) pipe_bytes += (MB + 1) * NM * kF;
+    p.pipeline_bytes = bytes(pipe_bytes);
   }
 
   // ---- bytes sent per step ----------------------------------------------------------------------
@@ -284,7 +307,25 @@ MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int 
     if (!p.first_stage) p.sent_pipe += double(MB) * act_bytes;
     if (cfg.model.tied_embeddings && (p.first_stage || p.last_stage)) p.sent_pipe += double(V * M) * kF;
   }
+  // total_bytes() sums these: the sum must fit too
+  (void)(Checked(p.param_bytes) + Checked(p.grad_bytes) + Checked(p.optim_bytes) + Checked(p.activation_bytes) +
+         Checked(p.workspace_bytes) + Checked(p.pipeline_bytes));
   return p;
+}
+
+MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
+                       int tensor_rank) {
+  try {
+    return plan_memory_checked(cfg, vocab, mesh, pipe_rank, data_rank, tensor_rank);
+  } catch (const SizeOverflow&) {
+    const auto& m = cfg.model;
+    throw InputError("the model is too large: its memory plan overflows 64-bit byte counts (vocabulary " +
+                     std::to_string(vocab) + ", model.d_model = " + std::to_string(m.d_model) +
+                     ", model.d_ff = " + std::to_string(m.d_ff) + ", model.num_layers = " + std::to_string(m.num_layers) +
+                     ", model.seq_len = " + std::to_string(m.seq_len) + ", moe.num_experts = " +
+                     std::to_string(cfg.moe.num_experts) + ", moe.expert_d_ff = " + std::to_string(cfg.moe.expert_d_ff) +
+                     ", optim.batch_size = " + std::to_string(cfg.optim.batch_size) + "); make it smaller");
+  }
 }
 
 MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
@@ -412,7 +453,7 @@ std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, d
       if (double(p.total_bytes()) > node_bytes_per_rank)
         o << "warning: stage " << p.pipe_rank << " needs " << format_bytes(double(p.total_bytes()))
           << " per rank but this node has " << format_bytes(node_bytes_per_rank)
-          << " per rank (MemTotal / ranks on the node): use more ranks, smaller micro-batches or a smaller model\n";
+          << " per rank (available memory / ranks on the node): use more ranks, smaller micro-batches or a smaller model\n";
   return o.str();
 }
 
@@ -431,18 +472,46 @@ std::string memory_report_collective(const Config& cfg, const MeshShape& mesh, M
   }
   MPI_Bcast(&vocab, 1, MPI_INT, 0, world);
   // Ranks on this node share its memory.
+  // The memory available to this process (cgroup limit, MemAvailable, or run.max_memory); a bad
+  // run.max_memory was refused by the deck already, so it raises nothing here.
+  MemoryLimit avail;
+  try {
+    avail = available_memory(cfg.run.max_memory);
+  } catch (const InputError&) {
+  }
   MPI_Comm node;
   MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
   int local = 1;
   MPI_Comm_size(node, &local);
+  double node_bytes = avail.bytes > 0 ? avail.bytes : 1e300;
+  MPI_Allreduce(MPI_IN_PLACE, &node_bytes, 1, MPI_DOUBLE, MPI_MIN, node);  // the node's tightest rank
   MPI_Comm_free(&node);
-  double per_rank = node_memory_bytes() / local;
-  MPI_Allreduce(MPI_IN_PLACE, &per_rank, 1, MPI_DOUBLE, MPI_MIN, world);  // the tightest node
+  struct {
+    double v;
+    int r;
+  } mine{node_bytes / local, rank}, least{};
+  MPI_Allreduce(&mine, &least, 1, MPI_DOUBLE_INT, MPI_MINLOC, world);  // the tightest node
+  // Rank 0 names where the tightest node's figure came from.
+  std::string source = avail.source;
+  int len = int(source.size()), nlocal = local;
+  MPI_Bcast(&len, 1, MPI_INT, least.r, world);
+  MPI_Bcast(&nlocal, 1, MPI_INT, least.r, world);
+  source.resize(size_t(len));
+  MPI_Bcast(source.data(), len, MPI_CHAR, least.r, world);
+  const double per_rank = least.v < 1e299 ? least.v : 0;
   if (rank != 0) return "";
   if (vocab <= 0)
     return "memory: not computed: model.vocab_size = 0 and the dataset " + cfg.data.path +
            " could not be read (" + why + "); set model.vocab_size to plan without data\n";
-  return memory_report(cfg, vocab, mesh, per_rank);
+  std::string text = memory_report(cfg, vocab, mesh, per_rank);
+  if (per_rank > 0) {
+    double need = 0;
+    for (int s = 0; s < mesh.pipe; ++s) need = std::max(need, double(plan_memory(cfg, vocab, mesh, s, 0, 0).total_bytes()));
+    text += "available memory: " + format_bytes(per_rank * nlocal) + " per node (" + source + "), " +
+            std::to_string(nlocal) + (nlocal == 1 ? " rank" : " ranks") + " on the node: " +
+            (need <= per_rank ? "the plan fits" : "the plan does NOT fit (meshmoe train refuses it)") + "\n";
+  }
+  return text;
 }
 
 }  // namespace meshmoe

@@ -23,6 +23,7 @@
 
 #include "deck/config.hpp"
 #include "mesh/mesh.hpp"
+#include "train/memory_limit.hpp"
 
 namespace meshmoe {
 
@@ -82,14 +83,16 @@ std::string format_bytes(double bytes);
 
 // The report `meshmoe plan` prints and the trainer logs: one column per distinct placement (ranks
 // with the same pipeline stage and the same shard sizes share one), then a warning line for each
-// placement whose total exceeds `node_bytes_per_rank` (0: no check).
+// placement whose total exceeds `node_bytes_per_rank` (0: no check): the available memory of the
+// node (available_memory, memory_limit.hpp) divided by its ranks.
 std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, double node_bytes_per_rank);
 
-// MemTotal of /proc/meminfo in bytes (0 when unreadable).
+// MemTotal of /proc/meminfo in bytes (0 when unreadable). The checks use available_memory().
 double node_memory_bytes();
 
 // Collective over `world` (the mesh's ranks): the vocabulary (model.vocab_size, else the dataset's),
-// the ranks sharing this node, and the report text on rank 0 ("" elsewhere). When the vocabulary
+// the ranks sharing this node and the memory available to them (the tightest node), and the report
+// text on rank 0 ("" elsewhere), ending with an "available memory: ..., the plan fits" line. When the vocabulary
 // cannot be known (vocab_size = 0 and no readable dataset) the report says so instead of numbers.
 std::string memory_report_collective(const Config& cfg, const MeshShape& mesh, MPI_Comm world);
 

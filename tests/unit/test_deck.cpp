@@ -515,3 +515,14 @@ TEST_CASE("deck: the markdown reference has one table per section and a row per 
   CHECK(count_of(md, "<") == count_of(md, "\\<"));
   CHECK(count_of(md, "*") == count_of(md, "\\*"));
 }
+
+TEST_CASE("deck: run.max_memory takes a byte size with K/M/G/T suffixes; anything else names file and line", "[deck]") {
+  CHECK(parse_deck("[run]\nmax_memory = \"24G\"\n", "f.toml").cfg.run.max_memory == "24G");
+  CHECK(parse_deck("", "f.toml").cfg.run.max_memory.empty());
+  CHECK(deck_errors("[run]\nmax_memory = \"512M\"\n").empty());
+  const std::string e = deck_errors("[run]\nsteps = 2\nmax_memory = \"12X\"\n");
+  CHECK_THAT(e, Catch::Contains("deck.toml:3:14: run.max_memory = \"12X\": unknown suffix 'x'"));
+  CHECK_THAT(deck_errors("", {"run.max_memory=0G"}),
+             Catch::Contains("--set run.max_memory=0G: run.max_memory = \"0G\": must be positive"));
+  CHECK_THAT(deck_errors("", {"run.max_memory=lots"}), Catch::Contains("run.max_memory = \"lots\": expected a whole number"));
+}

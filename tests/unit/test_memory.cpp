@@ -11,10 +11,15 @@
 //   stay within 10% from 1 to 8 ranks, while the same decks with replicated experts do not.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "core/error.hpp"
+#include "core/sizes.hpp"
 #include "train/memory.hpp"
 
 using namespace meshmoe;
@@ -207,4 +212,98 @@ TEST_CASE("memory plan: a deck that does not split over the mesh is an InputErro
   m.moe.num_experts = 3;
   m.moe.router = "top1";
   CHECK_THROWS_AS(plan_memory(m, 50, MeshShape{1, 2, 1}, 0, 0, 0), InputError);  // 3 experts over 2
+}
+
+TEST_CASE("checked sizes: arithmetic throws instead of wrapping", "[memory]") {
+  const Checked big = int64_t(1) << 62;
+  CHECK((big + (big - 1)).value() == INT64_MAX);
+  CHECK_THROWS_AS(big + big, SizeOverflow);
+  CHECK_THROWS_AS(big * 2, SizeOverflow);
+  CHECK_THROWS_AS(Checked(INT64_MIN) - 1, SizeOverflow);
+  CHECK_THROWS_AS(Checked(uint64_t(1) << 63), SizeOverflow);
+  CHECK((Checked(3) * 4 + 5 - 2).value() == 15);
+  CHECK((Checked(17) / 5).value() == 3);
+  CHECK((Checked(17) % 5).value() == 2);
+  CHECK(Checked(1000000000) * 1000000000 == Checked(int64_t(1000000000000000000)));
+  CHECK(to_string(Checked(-7)) == "-7");
+}
+
+TEST_CASE("byte sizes: K, M, G, T suffixes are powers of 1024; anything else is refused", "[memory]") {
+  CHECK(parse_byte_size("512") == 512);
+  CHECK(parse_byte_size("1K") == 1024);
+  CHECK(parse_byte_size("512M") == int64_t(512) << 20);
+  CHECK(parse_byte_size("24G") == int64_t(24) << 30);
+  CHECK(parse_byte_size("24gib") == int64_t(24) << 30);
+  CHECK(parse_byte_size(" 3 GB ") == int64_t(3) << 30);
+  CHECK(parse_byte_size("2T") == int64_t(2) << 40);
+  CHECK(parse_byte_size("4194304T") == int64_t(1) << 62);
+  std::string why;
+  for (const char* bad : {"", "G", "12X", "-1G", "0", "0M", "1.5G", "4194305T", "99999999999999999999", "1 P"}) {
+    INFO("'" << bad << "'");
+    CHECK_FALSE(parse_byte_size(bad, &why).has_value());
+    CHECK_FALSE(why.empty());
+    why.clear();
+  }
+}
+
+TEST_CASE("memory plan: a model too large for 64-bit byte counts is an InputError naming the keys", "[memory]") {
+  Config c = dense_config();
+  c.model.d_model = 268435456;  // 2^28: four [M, M] attention matrices per block already pass 2^63 bytes
+  c.model.num_heads = 4;
+  c.model.num_layers = 64;
+  try {
+    plan_memory(c, 50, MeshShape{1, 1, 1}, 0, 0, 0);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    CHECK(m.find("too large") != std::string::npos);
+    CHECK(m.find("model.d_model = 268435456") != std::string::npos);
+  }
+  // A width beyond the layers' 32-bit indices is refused by name too.
+  c.model.d_model = int64_t(1) << 40;
+  CHECK_THROWS_WITH(plan_memory(c, 50, MeshShape{1, 1, 1}, 0, 0, 0), Catch::Contains("model.d_model"));
+  // Large but representable: exact totals, optimizer state (AdamW) = 2 x parameters.
+  c.model.d_model = 65536, c.model.num_heads = 8;
+  const MemoryPlan p = plan_memory(c, 50, MeshShape{1, 1, 1}, 0, 0, 0);
+  CHECK(p.params_rank >= int64_t(64) * 4 * 65536 * 65536);
+  CHECK(p.optim_bytes == 2 * p.param_bytes);
+  CHECK(p.total_bytes() > p.param_bytes + p.grad_bytes + p.optim_bytes);
+}
+
+TEST_CASE("memory limit: cgroup v1 and v2 limits, the smallest ancestor, unlimited values ignored", "[memory]") {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("meshmoe_cgroup_test_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  auto put = [&](const fs::path& p, const std::string& text) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text << "\n";
+  };
+  // v1: the memory controller's hierarchy; the parent's limit is the smaller one
+  put(root / "memory/memory.limit_in_bytes", "9223372036854771712");
+  put(root / "memory/job/memory.limit_in_bytes", "3221225472");
+  put(root / "memory/job/step/memory.limit_in_bytes", "9223372036854771712");
+  std::string file;
+  auto v1 = cgroup_memory_limit("5:cpu,cpuacct:/other\n4:memory:/job/step\n0::/\n", root.string(), &file);
+  REQUIRE(v1.has_value());
+  CHECK(*v1 == 3221225472.0);
+  CHECK(file == (root / "memory/job/memory.limit_in_bytes").string());
+  // v2: "max" is no limit; the cgroup's own limit
+  put(root / "a/memory.max", "max");
+  put(root / "a/b/memory.max", "1073741824");
+  auto v2 = cgroup_memory_limit("0::/a/b\n", root.string(), &file);
+  REQUIRE(v2.has_value());
+  CHECK(*v2 == 1073741824.0);
+  CHECK(file == (root / "a/b/memory.max").string());
+  CHECK_FALSE(cgroup_memory_limit("0::/a\n", root.string(), &file).has_value());
+  CHECK_FALSE(cgroup_memory_limit("4:memory:/\n", root.string(), &file).has_value());
+  CHECK_FALSE(cgroup_memory_limit("", root.string(), &file).has_value());
+  fs::remove_all(root);
+  // This process: some positive figure with its source, and run.max_memory replaces it.
+  const MemoryLimit here = available_memory();
+  CHECK(here.bytes > 0);
+  CHECK_FALSE(here.source.empty());
+  const MemoryLimit set = available_memory("3G");
+  CHECK(set.bytes == 3.0 * 1024 * 1024 * 1024);
+  CHECK(set.source == "run.max_memory = \"3G\"");
+  CHECK_THROWS_AS(available_memory("3Q"), InputError);
 }

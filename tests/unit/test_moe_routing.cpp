@@ -57,6 +57,26 @@ TEST_CASE("moe capacity formula", "[moe]") {
   CHECK_THROWS_AS(o.validate(), InputError);  // more choices than experts
 }
 
+TEST_CASE("moe capacity: huge factors are clamped to the group size in double, normal ones unchanged", "[moe][memory]") {
+  MoeOptions o = small_moe(RouterKind::Top2);
+  o.num_experts = 8, o.group_size = 256;
+  for (double f : {1e300, 1e6, 1e18, 1e10, 4.0, 1.7976931348623157e308}) {
+    o.capacity_factor_train = o.capacity_factor_eval = f;
+    INFO("factor " << f);
+    CHECK(o.capacity(true) == 256);  // a token visits an expert once: C <= S (1e300 used to give 1)
+    CHECK(o.capacity(false) == 256);
+  }
+  // Below the cap: exactly the ceil formula of DESIGN.md, as before the clamp.
+  const std::pair<double, int> cases[] = {{1.25, 80}, {2.0, 128}, {1.0, 64}, {0.5, 32}, {1.01, 65}, {3.99, 256}, {3.9, 250}};
+  for (const auto& [f, c] : cases) {
+    o.capacity_factor_train = f;
+    INFO("factor " << f);
+    CHECK(o.capacity(true) == c);
+  }
+  o.router = RouterKind::Top1, o.group_size = 16, o.num_experts = 4, o.capacity_factor_train = 1e300;
+  CHECK(o.capacity(true) == 16);
+}
+
 TEST_CASE("moe routing invariants over random settings; NTLB never drops more", "[moe]") {
   std::mt19937 gen(2024);
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };

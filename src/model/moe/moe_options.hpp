@@ -44,6 +44,8 @@ struct MoeOptions {
     if (dropless) return group_size;
     const double cf = training ? capacity_factor_train : capacity_factor_eval;
     const double v = double(k()) * group_size * cf / num_experts;
+    // Clamped in double first: a huge factor (1e300) would overflow the integer conversion.
+    if (!(v < double(group_size))) return group_size;
     const double r = std::round(v);
     const int64_t c = std::abs(v - r) <= 1e-9 * std::max(1.0, v) ? int64_t(r) : int64_t(std::ceil(v));
     return int(std::clamp<int64_t>(c, 1, group_size));
