@@ -3,7 +3,8 @@
 #   1. train-cpu.sbatch (through submit.sh) with a tiny deck on 2 ranks: the job COMPLETES, its
 #      metrics.h5 has every step, the checkpoint is there and verifies.
 #   2. The same deck, sent USR1 mid-run (scancel --signal=USR1 --batch): meshmoe checkpoints and
-#      exits 75, the job requeues itself, resumes, and ends with the same final loss as job 1.
+#      exits 75, the job requeues itself, resumes, and ends with the same final loss as job 1;
+#      the same with INT (the scripts pass every stop request on as USR1).
 #   3. sweep.sh over moe.num_experts: one run directory per value.
 #   4. train-gpu.sbatch (submit.sh --gpu) on 1 rank: Slurm grants the GPU (the script reports
 #      CUDA_VISIBLE_DEVICES) and the ranks run with run.device = "cuda". The test node's GPU is a
@@ -103,6 +104,23 @@ grep -q "restart 1" "$out" && ok "job $id requeued and restarted" || bad "job $i
 read -r loss2 step2 < <(final_loss "$T/run2/metrics.h5" 2>/dev/null) || true
 if [ -n "${loss1:-}" ] && [ "${loss2:-x}" = "$loss1" ] && [ "$step2" = "$step1" ]; then ok "resumed run ends with the same final loss ($loss2)"
 else bad "final loss after resume ${loss2:-none} (step ${step2:-none}) differs from the uninterrupted ${loss1:-none}"; fi
+
+# 2b. INT to the batch shell (any stop request is passed on to the ranks as USR1): checkpoint,
+# exit 75, requeue, resume, same final loss
+id=$("$ROOT/jobscripts/submit.sh" deck.toml --set run.out_dir="$T/run2b" -- --parsable)
+for _ in $(seq 300); do
+  [ -s "$T/run2b/metrics.h5" ] && /usr/bin/python3 -c "import h5py,sys; sys.exit(0 if h5py.File('$T/run2b/metrics.h5','r')['step'].shape[0] >= 3 else 1)" 2>/dev/null && break
+  sleep 0.2
+done
+scancel --signal=INT --batch "$id"
+wait_job "$id" >/dev/null
+out="$T/meshmoe-$id.out"
+grep -q "got INT; asking the ranks to checkpoint" "$out" && grep -q "meshmoe exited with 75" "$out" &&
+  ok "job $id: INT -> checkpoint and exit 75" || { bad "job $id: no exit 75 after INT"; tail -30 "$out"; }
+read -r loss2b step2b < <(final_loss "$T/run2b/metrics.h5" 2>/dev/null) || true
+if grep -q "restart 1" "$out" && [ "$(job_state "$id")" = COMPLETED ] && [ "${loss2b:-x}" = "${loss1:-}" ] && [ "$step2b" = "$step1" ]; then
+  ok "job $id requeued, resumed and ends with the same final loss"
+else bad "job $id after INT: state $(job_state "$id"), final loss ${loss2b:-none} at step ${step2b:-none}"; fi
 
 # 3. a sweep over moe.num_experts
 id=$("$ROOT/jobscripts/sweep.sh" deck.toml moe.num_experts "2 4" --set checkpoint.every=0 -- --parsable)

@@ -209,7 +209,8 @@ TEST_CASE("deck: --set overrides", "[deck]") {
 TEST_CASE("deck: effective_toml lists every key and round-trips unchanged", "[deck]") {
   std::vector<std::pair<std::string, std::vector<std::string>>> inputs = {
       {"", {}},
-      {"[run]\nname = \"quote\\\" back\\\\slash\\ttab \u00e9\"\n", {}},
+      // A free-form string key (run.name is restricted to a name's characters: see below).
+      {"[data]\npath = \"quote\\\" back\\\\slash\\ttab \u00e9\"\n", {}},
       {"", {"optim.lr=0.30000000000000004", "moe.jitter_eps=1e-2", "optim.adafactor_eps=2.5e-300"}},
   };
   for (const auto& p : decks_in("good")) inputs.push_back({read_text(p), {}});
@@ -228,7 +229,14 @@ TEST_CASE("deck: effective_toml lists every key and round-trips unchanged", "[de
     for (const auto& k : deck::schema()) CHECK(t[k.section][k.key].node() != nullptr);
   }
   const Deck q = parse_deck(inputs[1].first, "q.toml");
-  CHECK(q.cfg.run.name == "quote\" back\\slash\ttab \u00e9");
+  CHECK(q.cfg.data.path == "quote\" back\\slash\ttab \u00e9");
+  // run.name names a directory and a line of deck.toml: a quote, a tab, a '/' are refused.
+  CHECK_THROWS_WITH(parse_deck("[run]\nname = \"quote\\\" back\\\\slash\\ttab \u00e9\"\n", "n.toml"),
+                    Catch::Contains("run.name holds '\"' at character 6"));
+  CHECK_THROWS_WITH(parse_deck("[run]\nname = \"a\\nb\"\n", "n.toml"), Catch::Contains("run.name holds a control character (0x0a)"));
+  CHECK_THROWS_WITH(parse_deck("", "n.toml", {"run.name=a/b"}), Catch::Contains("run.name holds a '/' at character 2"));
+  CHECK_THROWS_WITH(parse_deck("", "n.toml", {"run.name=\"\""}), Catch::Contains("run.name is empty"));
+  CHECK(parse_deck("", "n.toml", {"run.name=m4-switch_tiny.v2+lr=3e-4"}).cfg.run.name == "m4-switch_tiny.v2+lr=3e-4");
   // Schema order: [run] first, [checkpoint] last, keys in schema.def order.
   const std::string e = parse_deck("", "x").effective_toml;
   CHECK(e.find("[run]\nname = ") < e.find("[mesh]\npipe = 1\ndata = 1\ntensor = 1\n"));
