@@ -692,6 +692,19 @@ CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store
       t.data->resize(size_t(product(t.local_shape)));
       f.dataset("/optim/" + t.name).read_block(t.offset, t.local_shape, t.data->data());
     }
+    // A state that is not finite cannot train (a resume from it would only run non-finite steps):
+    // the same check as `ckpt verify`, on the blocks this rank read (run.resume = PATH skips verify).
+    for (const auto& p : store.infos())
+      if (const int64_t i = first_bad_value(store.weights() + p.flat_offset, product(p.local_shape), false); i >= 0)
+        throw InputError("checkpoint " + path + " is bad: non-finite value: " +
+                         bad_value_str("/params/" + p.name, p.offset, p.local_shape, i, store.weights()[p.flat_offset + size_t(i)]));
+    for (const auto& t : state) {
+      const bool nonnegative = is_second_moment_state(t.name);
+      if (const int64_t i = first_bad_value(t.data->data(), int64_t(t.data->size()), nonnegative); i >= 0)
+        throw InputError("checkpoint " + path + " is bad: " +
+                         (std::isfinite((*t.data)[size_t(i)]) ? "negative second moment: " : "non-finite value: ") +
+                         bad_value_str("/optim/" + t.name, t.offset, t.local_shape, i, (*t.data)[size_t(i)]));
+    }
   } catch (const InputError& e) {
     err = e.what();
   } catch (const std::exception& e) {

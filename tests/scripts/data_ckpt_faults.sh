@@ -124,6 +124,12 @@ why=(); run "$T/skip.out" mpirun -np 1 "$M" train "$T/deck.toml" --set run.out_d
 has "$T/skip.out" "warning: skipping bad checkpoint .*/skip/ckpt/step_00000004.h5: non-finite value: /params/blocks.0.attn.wq"
 has "$T/skip.out" "resuming from .*/skip/ckpt/step_00000002.h5: step 2"
 report "resume auto skips a newest checkpoint holding NaN" "${why[@]}"
+for bad in nan negsq; do
+  why=(); run "$T/path-$bad.out" mpirun -np 2 "$M" train "$T/deck.toml" --set mesh.data=2 --set run.out_dir="$T/path-$bad" \
+    --set run.resume="$T/$bad.h5" --set run.steps=6; rc_is 2
+  has "$T/path-$bad.out" "meshmoe: error: checkpoint .*/$bad.h5 is bad: (non-finite value: /params/blocks.0.attn.wq \[0, 3\] = nan|negative second moment: /optim/blocks.0.attn.wq/exp_avg_sq \[0, 3\] = -1)"
+  report "run.resume = PATH of a checkpoint holding $bad: exit 2 on every rank" "${why[@]}"
+done
 
 # ---- a run whose update makes the weights infinite --------------------------------------------
 # Resumed from a good step 2 with lr = 1e39: step 3's loss and gradient are finite, its update
