@@ -22,8 +22,10 @@
 #include "mesh/agree.hpp"
 #include "mesh/comm.hpp"
 #include "model/transformer.hpp"
-#include "parallel/pipeline_schedule.hpp"
+#include "parallel/gradient_sync.hpp"
+#include "parallel/pipeline_executor.hpp"
 #include "tensor/blas.hpp"
+#include "train/evaluate.hpp"
 #include "train/grad_clip.hpp"
 #include "train/memory.hpp"
 #include "train/optimizer.hpp"
@@ -31,6 +33,7 @@
 #include "train/select_device.hpp"
 #include "train/run_directory.hpp"
 #include "train/signals.hpp"
+#include "train/step_stats.hpp"
 
 namespace meshmoe {
 
@@ -136,17 +139,6 @@ size_t target_tokens(const Dataset& d) {
   return n;
 }
 
-// The step's global batch is split into micro-batches of consecutive rows, and each micro-batch
-// over the data axis: the token groups, and so the routing, do not depend on the mesh.
-struct RowRange {
-  int begin = 0, end = 0;
-};
-RowRange rows_of(int batch, int micro_batches, int micro, int data, int d) {
-  const int per_micro = batch / micro_batches, per_rank = per_micro / data;
-  const int b = micro * per_micro + d * per_rank;
-  return {b, b + per_rank};
-}
-
 // The phases timed in a step, written to metrics.h5 as /time/<phase> (max over ranks). Nested:
 // tensor_allreduce happens inside attention and dense_ffn; gate, dispatch, expert and combine are
 // the MoE layer's stages, moe_alltoall (expert_axis = data) is inside dispatch and combine,
@@ -196,7 +188,8 @@ class Trainer {
     model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, sh);
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
-    plan_gradient_sync();
+    pipeline_ = std::make_unique<PipelineExecutor>(*model_, mesh, timers_);
+    grad_sync_ = std::make_unique<GradientSync>(*model_, mesh);
     optimizer_ = make_optimizer(cfg_, model_->params(), all_entries(model_->params()),
                                 [this](const ParamInfo& p, int dim, double* buf, size_t n) {
                                   // A block split along `dim`: the expert dimension of [E, ...] expert
@@ -207,8 +200,11 @@ class Trainer {
     schedule_ = Schedule::from_config(cfg_);
     batcher_ = std::make_unique<Batcher>(train_, int(cfg_.model.seq_len), uint64_t(cfg_.run.seed), cfg_.data.shuffle);
     flops_per_token_ = train_flops_per_token(cfg_, model_->shape());
+    // The sgemm ceiling with the run's BLAS threads (applied above), measured by every rank at once so
+    // that the ranks of a node share its cores as they do in a step; the mesh's ceiling is the sum.
+    mesh.world_comm().barrier();
     peak_ = measure_peak_flops();
-    mesh.world_comm().all_reduce(&peak_, 1, Op::Sum);  // the whole mesh
+    mesh.world_comm().all_reduce(&peak_, 1, Op::Sum);
     const std::string memory = memory_report_collective(cfg_, mesh.shape(), mesh.world());
     if (mesh.rank() == 0) std::fputs(memory.c_str(), stdout);
     resume();
@@ -238,6 +234,12 @@ class Trainer {
     const int64_t first = start_step_ + 1;
     int64_t done = start_step_;  // the last step whose update (or skip) is complete
     try {
+      // An evaluation a stop request interrupted is done first, so that metrics.h5 holds what an
+      // uninterrupted run's does.
+      if (eval_pending_) {
+        if (const int why = evaluate(start_step_)) return stop(start_step_, why);
+        eval_pending_ = false;
+      }
       for (int64_t step = first; step <= steps; ++step) {
         if (const int why = stop_requested()) return stop(step - 1, why);
         const StepStats s = train_step(step);
@@ -255,12 +257,15 @@ class Trainer {
             std::fprintf(stderr,
                          "meshmoe: error: %lld consecutive non-finite steps (run.max_bad_steps) up to step %lld; "
                          "stopping with the parameters of the last good step%s\n",
-                         (long long)bad_steps_, (long long)step, step_nonfinite_.empty() ? "" : " (see the warnings for the first non-finite layer)");
+                         (long long)bad_steps_, (long long)step, pipeline_->first_nonfinite().empty() ? "" : " (see the warnings for the first non-finite layer)");
           save_checkpoint(step - bad_steps_, &good_cursor_);
           return kExitFailure;
         }
         if (cfg_.eval.every > 0 && (step % cfg_.eval.every == 0 || step == steps))
-          if (const int why = evaluate(step)) return stop(step, why);
+          if (const int why = evaluate(step)) {
+            eval_pending_ = true;  // recorded in the checkpoint: the resumed run evaluates this step first
+            return stop(step, why);
+          }
         if (((cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0) || step == steps) && !save_checkpoint(step))
           return kExitFailure;
       }
@@ -319,7 +324,7 @@ class Trainer {
     m.optimizer = cfg_.optim.name;
     m.deck = deck_.effective_toml;
     m.version = version_;
-    m.counters = {{"bad_steps", cursor ? 0 : bad_steps_}};
+    m.counters = {{"bad_steps", cursor ? 0 : bad_steps_}, {"eval_pending", eval_pending_ ? 1 : 0}};
     m.lineage = lineage_;
     m.forked_from = forked_from_;
     m.data_path = data_identity_.path;  // rank 0's meta is the one written
@@ -390,6 +395,7 @@ class Trainer {
       last_checkpoint_ = continues ? m.step : 0;
       updates_ = m.update_count;
       if (auto it = m.counters.find("bad_steps"); it != m.counters.end()) bad_steps_ = it->second;
+      if (auto it = m.counters.find("eval_pending"); it != m.counters.end()) eval_pending_ = it->second != 0 && cfg_.eval.every > 0;
       if (continues) lineage_ = m.lineage;
       else forked_from_ = path + " (step " + std::to_string(m.step) + ")";
       if (mesh_.rank() == 0) {
@@ -444,119 +450,16 @@ class Trainer {
   }
 
  private:
-  struct StepStats {
-    double loss = 0, aux = 0, z = 0, grad_norm = 0, lr = 0;
-    std::vector<std::vector<double>> load;  // [moe layer][E] fraction of the step's dispatched choices
-    std::vector<double> dropped;            // [moe layer] dropped fraction
-    bool skipped = false;
-  };
-
-  // One micro-batch of this rank: its rows of the global batch and the context keyed by them.
-  struct Micro {
-    Batch rows;
-    StepContext ctx;
-    MicroBatch view() const { return MicroBatch{rows.rows, rows.seq_len, rows.inputs.data(), rows.targets.data(), rows.mask.data()}; }
-  };
   std::vector<Micro> micro_batches(const Batch& batch, int64_t step, bool training, PhaseTimers* timers) const {
-    const int B = batch.rows, T = batch.seq_len, MB = int(cfg_.optim.micro_batches);
-    const int D = mesh_.extent(Axis::Data), d = mesh_.coord(Axis::Data);
-    std::vector<Micro> out;
-    for (int m = 0; m < MB; ++m) {
-      const RowRange r = rows_of(B, MB, m, D, d);
-      out.push_back({batch.slice(r.begin, r.end), StepContext{uint64_t(cfg_.run.seed), uint32_t(step), training,
-                                                              uint64_t(r.begin) * T, timers}});
-    }
-    return out;
+    return split_micro_batches(batch, int(cfg_.optim.micro_batches), mesh_.extent(Axis::Data), mesh_.coord(Axis::Data),
+                               uint64_t(cfg_.run.seed), step, training, timers);
   }
 
-  // Adds one forward's statistics to the step sums: ce, mask, aux, z, then per MoE layer of the
-  // whole model (global order, so the stages' sums add up) load[E], wanted, dropped.
-  void add_forward_stats(std::vector<double>& sums, const ForwardStats& f) const {
-    sums[0] += f.ce_sum;
-    sums[1] += f.mask_sum;
-    sums[2] += f.aux_sum;
-    sums[3] += f.z_sum;
-    const size_t E = size_t(cfg_.moe.num_experts);
-    const auto moe = model_->moe_layers();
-    for (size_t l = 0; l < moe.size(); ++l) {
-      double* o = &sums[4 + (first_moe_layer_ + l) * (E + 2)];
-      const MoeStats& ms = moe[l]->stats();
-      for (size_t e = 0; e < E; ++e) o[e] += double(ms.load[e]);
-      o[E] += double(ms.wanted);
-      o[E + 1] += double(ms.dropped);
-    }
-  }
-
-  // Runs the micro-batches through this pipeline stage on the 1F1B schedule. Activations go to the
-  // next stage and gradients to the previous one by send/recv over the pipe axis. A stage keeps
-  // only each in-flight micro-batch's input and recomputes its forward before the backward when a
-  // later forward has run in between (the layers hold one micro-batch's saved activations).
-  // Without a pipeline this is forward, backward for each micro-batch in turn.
-  void run_pipeline(std::vector<Micro>& micros, const LossWeights& w, std::vector<double>& sums) {
-    Comm& pipe = mesh_.axis(Axis::Pipe);
-    const int stage = mesh_.coord(Axis::Pipe), stages = mesh_.extent(Axis::Pipe);
-    const size_t NM = size_t(micros[0].rows.rows) * micros[0].rows.seq_len * size_t(cfg_.model.d_model);
-    std::vector<Buffer<float>> x_in(micros.size()), x_out(micros.size()), d_in(micros.size());
-    Buffer<float> d_out(NM);
-    int last_forward = -1;
-    for (const PipelineOp& op : one_f_one_b(stage, stages, int(micros.size()))) {
-      Micro& mb = micros[size_t(op.micro)];
-      const int tag = 2 * op.micro;
-      if (op.forward) {
-        if (!model_->first_stage()) {
-          ScopedPhase t(&timers_, "pipeline_wait");
-          x_in[op.micro].resize(NM);
-          pipe.recv(x_in[op.micro].data(), NM, stage - 1, tag);
-        }
-        add_forward_stats(sums, model_->forward(mb.ctx, mb.view(), w, x_in[op.micro].data()));
-        if (step_nonfinite_.empty()) step_nonfinite_ = model_->first_nonfinite();
-        last_forward = op.micro;
-        if (!model_->last_stage()) {
-          x_out[op.micro] = model_->stage_output();
-          pipe.isend(x_out[op.micro].data(), NM, stage + 1, tag);
-        }
-      } else {
-        if (last_forward != op.micro) {
-          ScopedPhase t(&timers_, "pipeline_recompute");
-          model_->forward(mb.ctx, mb.view(), w, x_in[op.micro].data());
-          last_forward = op.micro;
-        }
-        if (!model_->last_stage()) {
-          ScopedPhase t(&timers_, "pipeline_wait");
-          pipe.recv(d_out.data(), NM, stage + 1, tag + 1);
-        }
-        model_->backward(mb.ctx, w, d_out.data());
-        x_in[op.micro] = {};
-        if (!model_->first_stage()) {
-          d_in[op.micro] = model_->input_grad();
-          pipe.isend(d_in[op.micro].data(), NM, stage - 1, tag + 1);
-        }
-      }
-    }
-    ScopedPhase t(&timers_, "pipeline_wait");
-    pipe.wait_sends();
-  }
-
-  // With tied embeddings on a pipeline, the first stage's token embedding and the last stage's
-  // copy of it (the output projection) are one parameter: both get the sum of the two gradients.
-  void sync_tied_embedding() {
-    if (mesh_.extent(Axis::Pipe) == 1 || !cfg_.model.tied_embeddings) return;
-    ParamView<float>* v = model_->first_stage() ? model_->tied_embedding() : model_->tied_copy();
-    if (!v) return;
-    Comm& pipe = mesh_.axis(Axis::Pipe);
-    const int other = model_->first_stage() ? pipe.size() - 1 : 0;
-    std::vector<float> mine(v->g, v->g + v->size), theirs(v->size);
-    pipe.isend(mine.data(), mine.size(), other, 1 << 20);
-    pipe.recv(theirs.data(), theirs.size(), other, 1 << 20);
-    pipe.wait_sends();
-    // Same order of the two terms on both stages, so the copies stay bitwise equal.
-    const bool first = model_->first_stage();
-    for (size_t i = 0; i < v->size; ++i) v->g[i] = first ? mine[i] + theirs[i] : theirs[i] + mine[i];
-  }
-
+  // One optimizer step: this rank's micro-batches forward and backward through its pipeline stage,
+  // the gradients and statistics summed over the mesh, the global norm, then the update (or, when
+  // the loss or the norm is not finite, no update: the step is counted as bad).
   StepStats train_step(int64_t step) {
     const int B = int(cfg_.optim.batch_size), T = int(cfg_.model.seq_len);
-    const int D = mesh_.extent(Axis::Data);
     const Batch batch = batcher_->next(B);
     double mask_total = 0;
     for (float m : batch.mask) mask_total += m;
@@ -564,50 +467,32 @@ class Trainer {
 
     auto& P = model_->params();
     P.zero_grad();
-    const size_t E = size_t(cfg_.moe.num_experts), n_moe = size_t(model_->shape().num_moe_layers());
-    std::vector<double> sums(4 + n_moe * (E + 2), 0.0);
+    StepSums sums(size_t(model_->shape().num_moe_layers()), size_t(cfg_.moe.num_experts));
     std::vector<Micro> micros = micro_batches(batch, step, true, &timers_);
     if (cfg_.debug.nan_step > 0 && step >= cfg_.debug.nan_step && step < cfg_.debug.nan_step + cfg_.debug.nan_steps &&
         mesh_.rank() == cfg_.debug.nan_rank)
       model_->inject_nan_next_forward();
-    step_nonfinite_.clear();
-    run_pipeline(micros, w, sums);
+    const auto moe = model_->moe_layers();
+    pipeline_->train(micros, w, [&](const ForwardStats& f) { sums.add(f, moe, first_moe_layer_); });
     {
       ScopedPhase t(&timers_, "grad_allreduce");
-      sync_tied_embedding();
-      if (D > 1)
-        for (const auto& [begin, size] : data_replicated_ranges_) data_comm_.all_reduce(P.grads() + begin, size, Op::Sum);
-      mesh_.axis(Axis::Pipe).all_reduce(sums.data(), sums.size(), Op::Sum);
-      data_comm_.all_reduce(sums.data(), sums.size(), Op::Sum);
+      pipeline_->sync_tied_embedding(cfg_.model.tied_embeddings);
+      grad_sync_->reduce_over_data();
+      sums.all_reduce(mesh_.axis(Axis::Pipe), data_comm_);
     }
-    const size_t n_moe_layers = n_moe;
-    StepStats s;
-    const double groups = double(B) * T / double(cfg_.moe.group_size);
-    // A step whose batch holds no target token (possible with tiny sequences) has no loss: NaN.
-    s.loss = sums[1] > 0 ? sums[0] / sums[1] : std::nan("");
-    s.aux = n_moe_layers == 0 ? 0 : sums[2] / groups;
-    s.z = n_moe_layers == 0 ? 0 : sums[3] / (double(B) * T);
-    for (size_t l = 0; l < n_moe_layers; ++l) {
-      const double* o = &sums[4 + l * (E + 2)];
-      double total = 0;
-      for (size_t e = 0; e < E; ++e) total += o[e];
-      std::vector<double> load(E);
-      for (size_t e = 0; e < E; ++e) load[e] = total > 0 ? o[e] / total : 0;
-      s.load.push_back(std::move(load));
-      s.dropped.push_back(o[E] > 0 ? o[E + 1] / o[E] : 0);
-    }
+    StepStats s = sums.stats(double(B) * T, double(B) * T / double(cfg_.moe.group_size));
     ScopedPhase t(&timers_, "optimizer");
-    s.grad_norm = global_grad_norm();
+    s.grad_norm = grad_sync_->global_norm();
     s.lr = schedule_(step);
-    if (!std::isfinite(s.grad_norm) || (sums[1] > 0 && !std::isfinite(s.loss))) {
+    if (!std::isfinite(s.grad_norm) || (sums.target_tokens() > 0 && !std::isfinite(s.loss))) {
       s.skipped = true;
       ++bad_steps_;
       if (mesh_.rank() == 0)
         std::fprintf(stderr, "meshmoe: warning: step %lld: non-finite loss or gradient norm; update skipped (%lld in a row)\n",
                      (long long)step, (long long)bad_steps_);
-      if (!step_nonfinite_.empty())
+      if (!pipeline_->first_nonfinite().empty())
         std::fprintf(stderr, "meshmoe: warning: step %lld: rank %d: first non-finite output: %s\n", (long long)step,
-                     mesh_.rank(), step_nonfinite_.c_str());
+                     mesh_.rank(), pipeline_->first_nonfinite().c_str());
       std::fflush(stderr);
       return s;
     }
@@ -618,34 +503,6 @@ class Trainer {
     scale_grads(P, scale);
     optimizer_->step(P, s.lr, updates_);  // t counts applied updates (bias correction)
     return s;
-  }
-
-  // Gradients of parameters replicated over data are summed over the data ranks (all but experts
-  // split over data): contiguous runs of them in the flat buffer, one all-reduce per run.
-  void plan_gradient_sync() {
-    const auto& infos = model_->params().infos();
-    for (const ParamInfo& p : infos) {
-      if (p.sharded_over & kShardData) continue;
-      if (!data_replicated_ranges_.empty() &&
-          data_replicated_ranges_.back().first + data_replicated_ranges_.back().second == p.flat_offset)
-        data_replicated_ranges_.back().second += p.size;
-      else
-        data_replicated_ranges_.emplace_back(p.flat_offset, p.size);
-    }
-    // For the global norm, a replicated parameter is counted on one rank of its replicas: the one
-    // at coordinate 0 of every axis it is not split over.
-    const bool data0 = mesh_.coord(Axis::Data) == 0, tensor0 = mesh_.coord(Axis::Tensor) == 0;
-    for (size_t i = 0; i < infos.size(); ++i) {
-      if (infos[i].name == "embed.wte" && !model_->first_stage()) continue;  // tied copy: counted on stage 0
-      const uint8_t s = infos[i].sharded_over;
-      if (((s & kShardData) || data0) && ((s & kShardTensor) || tensor0)) norm_entries_.push_back(i);
-    }
-  }
-
-  double global_grad_norm() {
-    double sq = grad_sum_squares(model_->params(), norm_entries_);
-    mesh_.world_comm().all_reduce(&sq, 1, Op::Sum);
-    return std::sqrt(sq);
   }
 
   LossWeights loss_weights(double mask_total, double tokens) const {
@@ -731,65 +588,26 @@ class Trainer {
     if (const std::string e = first_error(error, mesh_.world()); !e.empty()) throw AgreedFailure(e);
   }
 
-  // Validation: forward only, through the pipeline stages in turn; the last stage scores. Between
-  // batches the ranks agree on stop requests: a signal or run.max_walltime during a long evaluation
-  // returns its reason (stop_requested) at once, and nothing of the evaluation is logged; 0 when done.
+  // Validation (src/train/evaluate.hpp). A stop request during it (signal, run.max_walltime)
+  // returns its reason at once, and nothing of the evaluation is logged; 0 when done.
   int evaluate(int64_t step) {
-    const int B = int(cfg_.optim.batch_size), T = int(cfg_.model.seq_len);
-    const size_t L = train_.info().languages.size();
-    Comm& pipe = mesh_.axis(Axis::Pipe);
-    const int stage = mesh_.coord(Axis::Pipe);
-    // The same sample each time: eval.batches seeded batches of the split, or the per-language
-    // subset once through (its last batch may repeat a few examples from the start).
-    const bool whole_subset = cfg_.eval.examples_per_language > 0;
-    Batcher batcher(eval_set_, T, uint64_t(cfg_.run.seed), !whole_subset);
-    std::vector<double> sums(2 + 2 * L, 0.0);  // loss, tokens, per-language loss, per-language tokens
     const double start = wall_seconds();
-    Buffer<float> x;
-    for (int64_t b = 0; whole_subset ? batcher.cursor().epoch == 0 : b < cfg_.eval.batches; ++b) {
-      if (const int why = stop_requested()) {
-        if (mesh_.rank() == 0)
-          std::fprintf(stderr, "meshmoe: evaluation of step %lld interrupted after %lld batches (not recorded)\n",
-                       (long long)step, (long long)b);
-        return why;
-      }
-      const Batch batch = batcher.next(B);
-      std::vector<Micro> micros = micro_batches(batch, step, false, nullptr);
-      for (size_t m = 0; m < micros.size(); ++m) {
-        const Micro& mb = micros[m];
-        x.resize(size_t(mb.rows.rows) * T * size_t(cfg_.model.d_model));
-        if (!model_->first_stage()) pipe.recv(x.data(), x.size(), stage - 1, int(m));
-        const ForwardStats f = model_->forward(mb.ctx, mb.view(), LossWeights{}, x.data());
-        if (!model_->last_stage()) {
-          pipe.send(model_->stage_output().data(), x.size(), stage + 1, int(m));
-          continue;
-        }
-        sums[0] += f.ce_sum;
-        sums[1] += f.mask_sum;
-        const auto& per_token = model_->loss().per_token_loss();
-        for (size_t n = 0; n < per_token.size(); ++n) {
-          const int lang = mb.rows.lang[n];
-          if (lang < 0 || size_t(lang) >= L || mb.rows.mask[n] == 0) continue;
-          sums[2 + size_t(lang)] += per_token[n];
-          sums[2 + L + size_t(lang)] += 1;
-        }
-      }
+    const Evaluation e = meshmoe::evaluate(eval_set_, train_.info().languages.size(), cfg_, step, *model_, *pipeline_, mesh_,
+                                           [this] { return stop_requested(); });
+    if (e.stopped) {
+      if (mesh_.rank() == 0)
+        std::fprintf(stderr, "meshmoe: evaluation of step %lld interrupted after %lld batches (not recorded)\n",
+                     (long long)step, (long long)e.batches);
+      return e.stopped;
     }
-    pipe.all_reduce(sums.data(), sums.size(), Op::Sum);
-    data_comm_.all_reduce(sums.data(), sums.size(), Op::Sum);
-    on_rank0_agreed([&] { write_eval_row(step, sums, L, start); });
+    on_rank0_agreed([&] {
+      std::printf("eval step %lld | valid loss %.4f over %.0f tokens\n", (long long)step, e.loss(), e.tokens);
+      std::fflush(stdout);
+      metrics_->append(step, {{"eval/loss", e.loss()}, {"eval/tokens", e.tokens}, {"eval/time", wall_seconds() - start}});
+      metrics_->append_row("eval/lang_loss", e.lang_loss());
+      metrics_->append_row("eval/lang_tokens", e.lang_tokens);
+    });
     return 0;
-  }
-
-  void write_eval_row(int64_t step, const std::vector<double>& sums, size_t L, double start) {
-    const double loss = sums[1] > 0 ? sums[0] / sums[1] : std::nan("");
-    std::vector<double> lang_loss(L);
-    for (size_t l = 0; l < L; ++l) lang_loss[l] = sums[2 + L + l] > 0 ? sums[2 + l] / sums[2 + L + l] : std::nan("");
-    std::printf("eval step %lld | valid loss %.4f over %.0f tokens\n", (long long)step, loss, sums[1]);
-    std::fflush(stdout);
-    metrics_->append(step, {{"eval/loss", loss}, {"eval/tokens", sums[1]}, {"eval/time", wall_seconds() - start}});
-    metrics_->append_row("eval/lang_loss", lang_loss);
-    metrics_->append_row("eval/lang_tokens", std::vector<double>(sums.begin() + 2 + long(L), sums.end()));
   }
 
   const Deck& deck_;
@@ -803,6 +621,8 @@ class Trainer {
   Dataset eval_set_;  // valid_, or its first eval.examples_per_language examples of every language
   int vocab_ = 0;
   std::unique_ptr<Transformer<float>> model_;
+  std::unique_ptr<PipelineExecutor> pipeline_;
+  std::unique_ptr<GradientSync> grad_sync_;
   std::unique_ptr<Optimizer> optimizer_;
   Schedule schedule_;
   std::unique_ptr<Batcher> batcher_;
@@ -812,15 +632,13 @@ class Trainer {
   double run_start_ = 0;
   int blas_threads_ = 1;  // wall_seconds() when run() began (run.max_walltime)
   int64_t bad_steps_ = 0;
-  std::string step_nonfinite_;  // this rank's first non-finite layer output in the current step
   int64_t updates_ = 0;
   int64_t start_step_ = 0;       // steps already done (from a checkpoint)
   DataCursor good_cursor_;       // the data cursor after the last step whose update was applied
+  bool eval_pending_ = false;     // the evaluation of the last completed step was interrupted
   int64_t last_checkpoint_ = 0;  // step of the newest checkpoint written or resumed from (this lineage)
   std::string lineage_, forked_from_;  // CheckpointMeta::lineage / forked_from of what this run writes
   DatasetIdentity data_identity_;      // rank 0 only
-  std::vector<std::pair<size_t, size_t>> data_replicated_ranges_;  // (flat offset, size)
-  std::vector<size_t> norm_entries_;
   size_t first_moe_layer_ = 0;  // global index of this stage's first MoE layer
 };
 

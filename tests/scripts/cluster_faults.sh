@@ -187,6 +187,17 @@ kill -USR1 "$(pid_of "train $D --set mesh.data=2 --set run.out_dir=$T/long-eval"
 wait $job; rc=$(cat "$T/long-eval.rc")
 expect "USR1 during a long evaluation" 75 "evaluation of step 5 interrupted" "$T/long-eval.log"
 [ -s "$T/long-eval/ckpt/step_00000005.h5" ] && verify_all "$T/long-eval/ckpt" && ok "checkpoint of step 5 written" || bad "no checkpoint of step 5" "$T/long-eval.log"
+run "$T/long-eval-resumed.out" mpirun -np 2 "$M" train "$D" --set mesh.data=2 --set run.out_dir="$T/long-eval" --set eval.every=5 --set run.steps=6
+expect "the resumed run does the interrupted evaluation first" 0 "eval step 5 \| valid loss" "$T/long-eval-resumed.out"
+train_or_fail long-eval-straight 2 --set mesh.data=2 --set eval.every=5 --set run.steps=6
+$PYTHON - "$T/long-eval/metrics.h5" "$T/long-eval-straight/metrics.h5" <<'PY' &&
+import sys, h5py, numpy as np
+a, b = (h5py.File(p, "r") for p in sys.argv[1:3])
+for k in ["step", "loss", "eval/loss", "eval/lang_loss", "eval/tokens"]:
+    if not np.array_equal(a[k][()], b[k][()], equal_nan=True):
+        sys.exit(f"{k}: {a[k][()]} after the interrupted evaluation, {b[k][()]} uninterrupted")
+PY
+  ok "metrics.h5 after the interrupted evaluation equals the uninterrupted run's (bitwise)" || bad "metrics.h5 differs from the uninterrupted run's"
 
 for sig in INT HUP; do
   (setsid timeout -k 5 60 mpirun -np 2 "$M" train "$D" --set mesh.data=2 --set run.out_dir="$T/sig-$sig" --set run.steps=1000000 \

@@ -1,0 +1,53 @@
+#include "train/evaluate.hpp"
+
+#include <cmath>
+
+namespace meshmoe {
+
+double Evaluation::loss() const { return tokens > 0 ? loss_sum / tokens : std::nan(""); }
+
+std::vector<double> Evaluation::lang_loss() const {
+  std::vector<double> out(lang_tokens.size());
+  for (size_t l = 0; l < out.size(); ++l) out[l] = lang_tokens[l] > 0 ? lang_loss_sum[l] / lang_tokens[l] : std::nan("");
+  return out;
+}
+
+Evaluation evaluate(const Dataset& set, size_t languages, const Config& cfg, int64_t step, const Transformer<float>& model,
+                    PipelineExecutor& pipeline, Mesh& mesh, const std::function<int()>& stop_requested) {
+  const int B = int(cfg.optim.batch_size), T = int(cfg.model.seq_len);
+  const size_t L = languages;
+  const bool whole_subset = cfg.eval.examples_per_language > 0;
+  Batcher batcher(set, T, uint64_t(cfg.run.seed), !whole_subset);
+  Evaluation e;
+  std::vector<double> sums(2 + 2 * L, 0.0);  // loss, tokens, per-language loss, per-language tokens
+  for (int64_t b = 0; whole_subset ? batcher.cursor().epoch == 0 : b < cfg.eval.batches; ++b) {
+    if ((e.stopped = stop_requested())) return e;
+    ++e.batches;
+    const Batch batch = batcher.next(B);
+    const std::vector<Micro> micros = split_micro_batches(batch, int(cfg.optim.micro_batches), mesh.extent(Axis::Data),
+                                                          mesh.coord(Axis::Data), uint64_t(cfg.run.seed), step, false, nullptr);
+    for (size_t m = 0; m < micros.size(); ++m) {
+      const Micro& mb = micros[m];
+      const ForwardStats f = pipeline.forward_only(mb, int(m));
+      if (!model.last_stage()) continue;
+      sums[0] += f.ce_sum;
+      sums[1] += f.mask_sum;
+      const auto& per_token = model.loss().per_token_loss();
+      for (size_t n = 0; n < per_token.size(); ++n) {
+        const int lang = mb.rows.lang[n];
+        if (lang < 0 || size_t(lang) >= L || mb.rows.mask[n] == 0) continue;
+        sums[2 + size_t(lang)] += per_token[n];
+        sums[2 + L + size_t(lang)] += 1;
+      }
+    }
+  }
+  mesh.axis(Axis::Pipe).all_reduce(sums.data(), sums.size(), Op::Sum);
+  mesh.axis(Axis::Data).all_reduce(sums.data(), sums.size(), Op::Sum);
+  e.loss_sum = sums[0];
+  e.tokens = sums[1];
+  e.lang_loss_sum.assign(sums.begin() + 2, sums.begin() + 2 + long(L));
+  e.lang_tokens.assign(sums.begin() + 2 + long(L), sums.end());
+  return e;
+}
+
+}  // namespace meshmoe
