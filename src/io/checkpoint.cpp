@@ -118,9 +118,6 @@ std::vector<std::string> allgather_strings(const std::string& mine, MPI_Comm com
   return out;
 }
 
-// Every rank ran a step that may have failed on some of them (`error` empty = fine): the message
-// of the lowest failing rank on every rank, so all can throw together (src/mesh/agree.hpp).
-std::string agree_on_error(const std::string& error, MPI_Comm comm) { return first_error(error, comm); }
 
 // ---------------------------------------------------------------------------------------------
 // The global plan of a write: every tensor of every rank, and who writes which block.
@@ -522,7 +519,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float
   } catch (const std::exception& e) {
     err = e.what();
   }
-  if (auto e = agree_on_error(err, comm); !e.empty()) throw Error(e);
+  if (auto e = first_error(err, comm); !e.empty()) throw Error(e);
   const std::vector<Planned> plan = make_plan(mine, comm);  // throws alike on every rank
   int64_t n_params = 0, n_optim = 0;
   for (const auto& t : plan) {
@@ -549,7 +546,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float
       break;
     }
   }
-  if (auto e = agree_on_error(err, comm); !e.empty()) {
+  if (auto e = first_error(err, comm); !e.empty()) {
     std::string latest;
     if (me == 0) {
       try {
@@ -570,7 +567,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float
     fs::create_directories(ckpt_dir, ec);
     if (ec) err = "cannot create the checkpoint directory " + ckpt_dir + ": " + ec.message();
   }
-  if (auto e = agree_on_error(err, comm); !e.empty()) throw InputError(e);
+  if (auto e = first_error(err, comm); !e.empty()) throw InputError(e);
 
   // Collective HDF5 phase. Every rank creates every dataset in plan order.
   try {
@@ -609,7 +606,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float
   } catch (const std::exception& e) {
     err = e.what();  // the file could not be created (on every rank alike)
   }
-  if (auto e = agree_on_error(err, comm); !e.empty()) {
+  if (auto e = first_error(err, comm); !e.empty()) {
     if (me == 0) std::remove(tmp.c_str());
     throw InputError("cannot write checkpoint " + tmp + ": " + e);
   }
@@ -625,7 +622,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float
       err = e.what();
     }
   }
-  if (auto e = agree_on_error(err, comm); !e.empty()) throw InputError("cannot commit checkpoint " + path + ": " + e);
+  if (auto e = first_error(err, comm); !e.empty()) throw InputError("cannot commit checkpoint " + path + ": " + e);
   return path;
 }
 
@@ -710,7 +707,7 @@ CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store
   } catch (const std::exception& e) {
     err = "cannot read checkpoint " + path + " (corrupt or truncated?): " + e.what();
   }
-  if (auto e = agree_on_error(err, comm); !e.empty()) throw InputError(e);
+  if (auto e = first_error(err, comm); !e.empty()) throw InputError(e);
   return meta;
 }
 
