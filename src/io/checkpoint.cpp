@@ -820,6 +820,10 @@ int ckpt_info(const std::string& path) {
   std::printf("data cursor  epoch %llu, position %llu\n", (unsigned long long)m.data_cursor.epoch,
               (unsigned long long)m.data_cursor.position);
   std::printf("optimizer    %s\n", m.optimizer.c_str());
+  std::printf("lineage      %s%s\n", m.lineage.empty() ? "(none: written before lineages)" : m.lineage.c_str(),
+              m.forked_from.empty() ? "" : (", forked from " + m.forked_from).c_str());
+  if (!m.data_fingerprint.empty())
+    std::printf("data         %s: %s (fingerprint %s)\n", m.data_path.c_str(), m.data_summary.c_str(), m.data_fingerprint.c_str());
   for (const auto& [k, v] : m.counters) std::printf("counter      %s = %lld\n", k.c_str(), (long long)v);
   std::vector<std::pair<std::string, h5::Dataset>> params, optim;
   walk_datasets(f.group("params"), "", params);

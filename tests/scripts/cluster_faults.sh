@@ -136,6 +136,10 @@ run "$T/fork.out" mpirun -np 1 "$M" train "$D" --set run.out_dir="$R" --set run.
 expect "a resume from another checkpoint starts a new lineage and moves this one aside" 0 "a new lineage of checkpoints starts here" "$T/fork.out"
 [ "$(ls -d "$R"/superseded-* | wc -l)" = 2 ] && [ "$(sha256sum "$aside/ckpt/step_00000020.h5" | cut -d' ' -f1)" = "$sum_old" ] &&
   [ "$(ls "$R/ckpt" | grep '^step_')" = "step_00000025.h5" ] && ok "pruning kept to the new lineage" || bad "after the fork: $(ls "$R" "$R/ckpt")"
+"$M" ckpt info "$R" >"$T/fork-info.out" 2>&1
+grep -qE "^lineage +[0-9a-f]{16}, forked from .*superseded-.*/ckpt/step_00000020.h5 \(step 20\)" "$T/fork-info.out" &&
+  grep -qE "^data +$T/data.h5: tokenizer .*\(fingerprint [0-9a-f]{16}\)" "$T/fork-info.out" &&
+  ok "ckpt info shows the lineage, its fork and the data" || bad "ckpt info: lineage or data missing" "$T/fork-info.out"
 
 echo "== every split the deck uses is checked at start"
 printf 'one line of text for a data set without a validation split\n' >"$T/one-line.txt"
