@@ -70,6 +70,7 @@ class MetricsFile {
   std::map<std::string, MetricInfo> described_;
   int64_t rows_ = 0;
   std::optional<int64_t> last_step_;
+  bool broken_ = false;  // an append failed part-way
 };
 
 }  // namespace meshmoe

@@ -10,7 +10,8 @@
 #   - a fresh start (run.resume = never, or a checkpoint path) in a directory holding another
 #     run's checkpoints moves them aside (bitwise intact), a later auto resume continues the new
 #     run, and pruning leaves the old ones alone;
-#   - an empty validation split is an input error before step 1 when evaluations are on;
+#   - an empty validation split is an input error before step 1 when evaluations are on; an error
+#     every rank reaches after some steps (metrics.h5 on a full disk) checkpoints them first;
 #   - a resume on other data (another data.path content) exits 2 saying what changed; the same
 #     data under another path resumes;
 #   - USR1 while the data loads, and during a long evaluation: exit 75 with a checkpoint;
@@ -147,6 +148,26 @@ printf 'one line of text for a data set without a validation split\n' >"$T/one-l
 run "$T/novalid.out" mpirun -np 2 "$M" train "$D" --set mesh.data=2 --set data.path="$T/novalid.h5" --set run.out_dir="$T/novalid" --set eval.every=5
 expect "an empty validation split with evaluations on" 2 "meshmoe: error: .*novalid.h5: the valid split has no target token .*eval.every = 5" "$T/novalid.out"
 grep -qE "^step " "$T/novalid.out" && bad "steps ran before the empty validation split was found"
+
+echo "== an error every rank reaches after some steps"
+# metrics.h5 on a file system that fills up (a tmpfs bind-mounted over the file; needs root): rank
+# 0 cannot append, the ranks agree, a checkpoint of the last completed step is written first.
+R="$T/metrics-full"
+train_or_fail metrics-full 2 --set mesh.data=2 --set run.steps=10
+mkdir -p "$T/small"
+if mount -t tmpfs -o size=$(( ($(stat -c %s "$R/metrics.h5") + 65536) / 1024 ))k tmpfs "$T/small" 2>/dev/null; then
+  cp "$R/metrics.h5" "$T/small/metrics.h5"
+  mount --bind "$T/small/metrics.h5" "$R/metrics.h5"
+  run "$T/metrics-full.out" mpirun -np 2 "$M" train "$D" --set mesh.data=2 --set run.out_dir="$R" --set run.steps=1000000 --set checkpoint.every=0
+  umount "$R/metrics.h5"; umount "$T/small"
+  expect "metrics.h5 cannot be written: exit 1 after a checkpoint" 1 "meshmoe: error: cannot write .*metrics-full/metrics.h5" "$T/metrics-full.out"
+  last=$(sed -n 's/^meshmoe: writing a checkpoint of step \([0-9]*\) before stopping.*/\1/p' "$T/metrics-full.out")
+  [ -n "$last" ] && [ "$last" -gt 10 ] && "$M" ckpt verify "$R/ckpt/$(printf 'step_%08d.h5' "$last")" >/dev/null 2>&1 &&
+    [ "$(cat "$R/ckpt/LATEST")" = "$(printf 'step_%08d.h5' "$last")" ] &&
+    ok "the steps done are kept (checkpoint of step $last, LATEST)" || bad "no checkpoint of the steps done" "$T/metrics-full.out"
+else
+  echo "(mount not permitted: no full-disk case)"
+fi
 
 echo "== resume on other data"
 R="$T/data-change"
