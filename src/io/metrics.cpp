@@ -130,7 +130,7 @@ MetricsFile::MetricsFile(const std::string& path, const std::string& deck_text,
 
 MetricsFile::~MetricsFile() {
   if (broken_) {
-    // A write failed (e.g. the disk is full): closing the file would flush again, fail, and leave
+    // A write failed (e.g. the disk is full; guarded()): closing the file would flush again, fail, and leave
     // HDF5 1.10 with half-closed objects that crash its shutdown in MPI_Finalize. Leave the handles
     // open; the rows flushed before the failure are in the file.
     step_.release();
@@ -194,36 +194,34 @@ void pad_nan(h5::Dataset& d, int64_t n) {
 }  // namespace
 
 void MetricsFile::write_at_current_row(h5::Dataset& d, const std::vector<double>& values) {
-  pad_nan(d, rows_ - 1);
-  h5::Dims s = d.shape();
-  if (s[0] < rows_) {
-    s[0] = rows_;
-    d.resize(s);
-  }
-  d.write_row(rows_ - 1, values.data(), static_cast<int64_t>(values.size()));
+  guarded([&] {
+    pad_nan(d, rows_ - 1);
+    h5::Dims s = d.shape();
+    if (s[0] < rows_) {
+      s[0] = rows_;
+      d.resize(s);
+    }
+    d.write_row(rows_ - 1, values.data(), static_cast<int64_t>(values.size()));
+  });
 }
 
 void MetricsFile::append(int64_t step, const std::map<std::string, double>& scalars) {
-  broken_ = true;  // until the append is complete: a failed write leaves the HDF5 file unusable
   if (last_step_ && step < *last_step_)
     throw Error(path_ + ": step " + std::to_string(step) + " logged after step " + std::to_string(*last_step_));
   if (!last_step_ || step > *last_step_) {
-    step_.append(&step, 1);
+    guarded([&] { step_.append(&step, 1); });
     ++rows_;
     last_step_ = step;
   }
   for (const auto& [name, value] : scalars) write_at_current_row(series(name, 0), {value});
-  file_.flush();
-  broken_ = false;
+  guarded([&] { file_.flush(); });
 }
 
 void MetricsFile::append_row(const std::string& name, const std::vector<double>& row) {
   if (rows_ == 0) throw Error(path_ + ": append_row('" + name + "') before any append(step, ...)");
   if (row.empty()) throw Error(path_ + ": append_row('" + name + "') with an empty row");
-  broken_ = true;
   write_at_current_row(series(name, static_cast<int64_t>(row.size())), row);
-  file_.flush();
-  broken_ = false;
+  guarded([&] { file_.flush(); });
 }
 
 void MetricsFile::pad_all() {

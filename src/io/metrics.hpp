@@ -70,7 +70,17 @@ class MetricsFile {
   std::map<std::string, MetricInfo> described_;
   int64_t rows_ = 0;
   std::optional<int64_t> last_step_;
-  bool broken_ = false;  // an append failed part-way
+  bool broken_ = false;  // an HDF5 write failed (not a caller's mistake): see ~MetricsFile
+  // Runs an HDF5 write; when it throws, marks the file broken and rethrows.
+  template <class Write>
+  void guarded(Write&& write) {
+    try {
+      write();
+    } catch (...) {
+      broken_ = true;
+      throw;
+    }
+  }
 };
 
 }  // namespace meshmoe
