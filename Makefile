@@ -31,6 +31,8 @@ endif
 TEST_SRC ?= $(shell find tests -name '*.cpp' | sort)
 OBJ      := $(SRC:%.cpp=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
+# Test-only code (oracles) lives under tests/ and is included as "oracle/...".
+$(TEST_OBJ): ALL_CXXFLAGS += -Itests
 VERSION  := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 
 .PHONY: all tests run check check-slurm bench clean deps features readme

@@ -12,7 +12,7 @@
 #include "data/prep.hpp"
 #include "data/prep_cli.hpp"
 #include "deck/deck.hpp"
-#include "io/checkpoint.hpp"
+#include "train/checkpoint.hpp"
 #include "mesh/mesh.hpp"
 #include "parallel/bench_comm.hpp"
 #include "tensor/device.hpp"

@@ -17,7 +17,7 @@
 #include "data/batcher.hpp"
 #include "data/dataset.hpp"
 #include "data/dataset_identity.hpp"
-#include "io/checkpoint.hpp"
+#include "train/checkpoint.hpp"
 #include "io/metrics.hpp"
 #include "mesh/agree.hpp"
 #include "mesh/comm.hpp"

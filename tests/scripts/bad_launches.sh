@@ -3,7 +3,7 @@
 # the case needs) and must end
 #   - with the documented exit code (README "Exit codes": 2 for input errors: deck, command line,
 #     rank count, data file; a checkpoint that cannot be read or written is an InputError too,
-#     src/io/checkpoint.hpp),
+#     src/train/checkpoint.hpp),
 #   - with a clear message (the regular expression given with the case),
 #   - within 30 s (timeout 30: a hang fails), without a crash (no "exited on signal") and without a
 #     core file (ulimit -c 0, and none may appear in the working or run directory),

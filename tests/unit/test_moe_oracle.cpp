@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "model/moe/einsum_oracle.hpp"
+#include "oracle/einsum_oracle.hpp"
 #include "test_moe_util.hpp"
 
 using namespace meshmoe;

@@ -1,5 +1,5 @@
 // Checkpoint files: see checkpoint.hpp.
-#include "io/checkpoint.hpp"
+#include "train/checkpoint.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

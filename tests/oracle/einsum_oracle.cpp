@@ -1,4 +1,4 @@
-#include "model/moe/einsum_oracle.hpp"
+#include "oracle/einsum_oracle.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-// Checkpoint files (DESIGN "Files a run writes", issue 5): one HDF5 file per checkpoint,
+// Checkpoint files (DESIGN "Files a run writes"): one HDF5 file per checkpoint,
 // ckpt/step_%08d.h5, holding every parameter (/params/<name>) and every optimizer state tensor
 // (/optim/<name>) in its LOGICAL (unsharded) shape, written collectively as hyperslabs by the ranks
 // that hold them, chunked with the Fletcher32 filter; step, RNG seed, data cursor, update count,
