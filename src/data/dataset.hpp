@@ -12,6 +12,7 @@
 //   root attributes: tokenizer, vocab_size, pad_id, bos_id, eos_id, sep_id, languages, created_by, root
 #pragma once
 #include "core/hash.hpp"  // fnv1a64: assigns an example to the train or valid split
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -31,6 +32,8 @@ struct DataSplit {
 
   size_t num_examples() const { return lang.size(); }
   size_t num_tokens() const { return loss_mask.size(); }
+  // Whether any token is a prediction target (loss_mask = 1).
+  bool has_target() const { return std::find(loss_mask.begin(), loss_mask.end(), uint8_t(1)) != loss_mask.end(); }
   uint32_t token(size_t i) const { return wide ? tokens32[i] : tokens16[i]; }
   size_t example_begin(size_t e) const { return size_t(doc_offsets[e]); }
   size_t example_size(size_t e) const { return size_t(doc_offsets[e + 1] - doc_offsets[e]); }

@@ -110,7 +110,7 @@ Dataset Dataset::open(const std::string& path, const std::string& split) {
   if (d.split_.doc_offsets.empty()) throw InputError("dataset " + path + ": /" + split + "/doc_offsets is empty" + hint);
   d.validate();
   // Every step of a run on it would have no loss (NaN) and be skipped.
-  if (split == "train" && std::find(d.split_.loss_mask.begin(), d.split_.loss_mask.end(), uint8_t(1)) == d.split_.loss_mask.end())
+  if (split == "train" && !d.split_.has_target())
     throw InputError("no target token (loss_mask = 1) in " + path + " /train: nothing to train on");
   return d;
 }

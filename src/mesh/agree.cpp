@@ -6,6 +6,14 @@
 
 namespace meshmoe {
 
+std::string broadcast_string(std::string s, int root, MPI_Comm comm) {
+  long long n = (long long)s.size();
+  MPI_Bcast(&n, 1, MPI_LONG_LONG, root, comm);
+  s.resize(size_t(n));
+  if (n > 0) MPI_Bcast(s.data(), int(n), MPI_CHAR, root, comm);
+  return s;
+}
+
 std::string first_error(const std::string& error, MPI_Comm comm) {
   int me = 0, size = 1;
   MPI_Comm_rank(comm, &me);
@@ -13,20 +21,19 @@ std::string first_error(const std::string& error, MPI_Comm comm) {
   int mine = error.empty() ? size : me, first = size;
   MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
   if (first == size) return "";
-  std::string msg = me == first ? error : "";
-  long long n = (long long)msg.size();
-  MPI_Bcast(&n, 1, MPI_LONG_LONG, first, comm);
-  msg.resize(size_t(n));
-  if (n > 0) MPI_Bcast(msg.data(), int(n), MPI_CHAR, first, comm);
-  return msg;
+  return broadcast_string(me == first ? error : "", first, comm);
+}
+
+std::string host_name() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return host;
 }
 
 std::string rank_and_host() {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  return "rank " + std::to_string(rank) + " on " + host;
+  return "rank " + std::to_string(rank) + " on " + host_name();
 }
 
 void throw_agreed_input_error(const std::string& mine, MPI_Comm comm) {

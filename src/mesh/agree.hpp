@@ -9,11 +9,15 @@
 
 namespace meshmoe {
 
+// Collective over `comm`: rank `root`'s string on every rank.
+std::string broadcast_string(std::string s, int root, MPI_Comm comm);
+
 // Collective over `comm`. `error` is this rank's verdict ("" = fine). Returns on every rank the
 // message of the lowest failing rank, "" when none failed.
 std::string first_error(const std::string& error, MPI_Comm comm);
 
-// "rank R on HOST" of this process (world rank).
+// This machine's host name, and "rank R on HOST" of this process (world rank).
+std::string host_name();
 std::string rank_and_host();
 
 // Collective over `comm`: runs `check` on every rank; when it throws on any rank, every rank throws

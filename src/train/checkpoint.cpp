@@ -94,15 +94,6 @@ struct In {
   bool done() const { return p >= end; }
 };
 
-// Rank `root`'s string on every rank of comm.
-std::string bcast_string(std::string s, int root, MPI_Comm comm) {
-  int64_t n = int64_t(s.size());
-  MPI_Bcast(&n, 1, MPI_INT64_T, root, comm);
-  s.resize(size_t(n));
-  if (n > 0) MPI_Bcast(s.data(), int(n), MPI_CHAR, root, comm);
-  return s;
-}
-
 // Every rank's string, in rank order, on every rank.
 std::vector<std::string> allgather_strings(const std::string& mine, MPI_Comm comm) {
   const int n = comm_size(comm);
@@ -508,7 +499,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float
   const int me = comm_rank(comm);
 
   // Rank 0's meta is the truth: attribute writes on a parallel file must agree on every rank.
-  CheckpointMeta meta = unpack_meta(bcast_string(me == 0 ? pack_meta(meta_in) : "", 0, comm));
+  CheckpointMeta meta = unpack_meta(broadcast_string(me == 0 ? pack_meta(meta_in) : "", 0, comm));
   meta.mesh = mesh.shape();
   meta.world_size = comm_size(comm);
 
@@ -554,7 +545,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float
       } catch (const std::exception&) {
       }
     }
-    latest = bcast_string(latest, 0, comm);
+    latest = broadcast_string(latest, 0, comm);
     throw NonFiniteState(e + "; no checkpoint written; " +
                          (latest.empty() ? "there is no earlier checkpoint in " + ckpt_dir
                                          : "the newest good checkpoint is " + ckpt_dir + "/LATEST -> " + latest));
@@ -786,7 +777,7 @@ ResumeChoice find_resume_checkpoint(const std::string& ckpt_dir, MPI_Comm comm) 
   o.str(c.path);
   o.i64(int64_t(c.warnings.size()));
   for (const auto& w : c.warnings) o.str(w);
-  const std::string s = bcast_string(o.buf, 0, comm);
+  const std::string s = broadcast_string(o.buf, 0, comm);
   In in{s.data(), s.data() + s.size()};
   ResumeChoice out;
   out.path = in.str();

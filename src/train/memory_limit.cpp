@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "core/sizes.hpp"
 #include "io/h5.hpp"
+#include "mesh/agree.hpp"
 #include "train/memory.hpp"
 
 namespace meshmoe {
@@ -133,11 +134,7 @@ void check_node_memory(double bytes_here, const std::string& what, const std::st
     int r;
   } mine{here.bytes > 0 ? here.bytes : 1e300, node_rank}, least{};
   MPI_Allreduce(&mine, &least, 1, MPI_DOUBLE_INT, MPI_MINLOC, node);
-  std::string source = here.source;
-  int len = int(source.size());
-  MPI_Bcast(&len, 1, MPI_INT, least.r, node);
-  source.resize(size_t(len));
-  MPI_Bcast(source.data(), len, MPI_CHAR, least.r, node);
+  const std::string source = broadcast_string(here.source, least.r, node);
   MPI_Comm_free(&node);
 
   // The worst node over the world: the largest need / have; its lowest rank tells the story.
@@ -158,11 +155,7 @@ void check_node_memory(double bytes_here, const std::string& what, const std::st
           (node_size == 1 ? " rank: " : " ranks: ") + per + "), more than the " + format_bytes(have) +
           " available (" + source + "); " + hint;
   }
-  len = int(msg.size());
-  MPI_Bcast(&len, 1, MPI_INT, worst.r, world);
-  msg.resize(size_t(len));
-  MPI_Bcast(msg.data(), len, MPI_CHAR, worst.r, world);
-  throw InputError(msg);
+  throw InputError(broadcast_string(msg, worst.r, world));
 }
 
 void check_memory_plan(const Config& cfg, const MeshShape& mesh, MPI_Comm world) {

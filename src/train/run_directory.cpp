@@ -20,6 +20,7 @@
 #include "core/error.hpp"
 #include "core/hash.hpp"
 #include "mesh/agree.hpp"
+#include "train/checkpoint.hpp"
 
 namespace meshmoe {
 
@@ -44,25 +45,10 @@ std::string utc_now(const char* format) {
   return buf;
 }
 
-std::string hostname() {
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  return host;
-}
-
 std::string absolute(const std::string& p) {
   std::error_code ec;
   const fs::path a = fs::absolute(p, ec);
   return ec ? p : a.lexically_normal().string();
-}
-
-// Rank 0's broadcast of a string.
-std::string bcast(std::string s, MPI_Comm comm) {
-  long long n = (long long)s.size();
-  MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm);
-  s.resize(size_t(n));
-  if (n > 0) MPI_Bcast(s.data(), int(n), MPI_CHAR, 0, comm);
-  return s;
 }
 
 // The value of `key=` in the lock file's text, "" when absent.
@@ -125,10 +111,10 @@ RunDirectory::RunDirectory(std::string dir, MPI_Comm world) : dir_(std::move(dir
       const auto now = std::chrono::system_clock::now().time_since_epoch().count();
       char hex[17];
       std::snprintf(hex, sizeof hex, "%016llx",
-                    (unsigned long long)fnv1a64(hostname() + "/" + std::to_string(getpid()) + "/" + std::to_string(now)));
+                    (unsigned long long)fnv1a64(host_name() + "/" + std::to_string(getpid()) + "/" + std::to_string(now)));
       nonce_ = hex;
       const char* job = std::getenv("SLURM_JOB_ID");
-      const std::string text = "nonce=" + nonce_ + "\nhost=" + hostname() + "\npid=" + std::to_string(getpid()) +
+      const std::string text = "nonce=" + nonce_ + "\nhost=" + host_name() + "\npid=" + std::to_string(getpid()) +
                                "\njob=" + (job ? job : "-") + "\nstarted=" + utc_now("%Y-%m-%dT%H:%M:%SZ") + "\n";
       if (::ftruncate(lock_fd_, 0) != 0 || ::pwrite(lock_fd_, text.data(), text.size(), 0) != ssize_t(text.size()) ||
           ::fsync(lock_fd_) != 0)
@@ -136,7 +122,7 @@ RunDirectory::RunDirectory(std::string dir, MPI_Comm world) : dir_(std::move(dir
     }
   }
   if (const std::string e = first_error(error, world); !e.empty()) throw InputError(e);
-  nonce_ = bcast(nonce_, world);
+  nonce_ = broadcast_string(nonce_, 0, world);
 
   // Every other rank must read rank 0's nonce in the same file. A file system shared over the
   // network may show a new file late: look again for a few seconds before giving up.
@@ -168,14 +154,12 @@ std::string RunDirectory::move_aside(MPI_Comm world) const {
   if (comm_rank(world) == 0) {
     std::error_code ec;
     const std::string ckpt = dir_ + "/ckpt";
-    std::vector<std::string> steps;
-    bool ckpt_files = false;
+    const auto steps = list_checkpoints(ckpt);  // committed ones, oldest first
+    bool ckpt_files = false;                    // those, .tmp leftovers or LATEST
     if (fs::is_directory(ckpt, ec))
       for (const auto& e : fs::directory_iterator(ckpt, ec)) {
         const std::string n = e.path().filename().string();
-        if (n.rfind("step_", 0) == 0 || n.rfind("LATEST", 0) == 0) ckpt_files = true;
-        if (n.rfind("step_", 0) == 0 && n.size() > 8 && n.compare(n.size() - 3, 3, ".h5") == 0)
-          steps.push_back(std::to_string(std::atoll(n.c_str() + 5)));
+        ckpt_files = ckpt_files || n.rfind("step_", 0) == 0 || n.rfind("LATEST", 0) == 0;
       }
     std::vector<std::string> moved;  // names relative to dir_
     if (ckpt_files) moved.push_back("ckpt");
@@ -194,12 +178,11 @@ std::string RunDirectory::move_aside(MPI_Comm world) const {
         fs::rename(dir_ + "/" + n, aside + "/" + n, ec);
         if (ec) error = "cannot move " + dir_ + "/" + n + " aside to " + aside + ": " + ec.message();
       }
-      std::sort(steps.begin(), steps.end(), [](const std::string& a, const std::string& b) { return std::stoll(a) < std::stoll(b); });
       std::string what;
       if (!steps.empty()) {
         what = "checkpoints of step";
         what += steps.size() > 1 ? "s " : " ";
-        for (size_t i = 0; i < steps.size(); ++i) what += (i ? ", " : "") + steps[i];
+        for (size_t i = 0; i < steps.size(); ++i) what += (i ? ", " : "") + std::to_string(steps[i].first);
       }
       for (const auto& n : moved)
         if (n != "ckpt" || steps.empty()) what += (what.empty() ? "" : ", ") + n;

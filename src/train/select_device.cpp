@@ -1,10 +1,7 @@
 #include "train/select_device.hpp"
 
-#include <unistd.h>
-
-#include <climits>
-
 #include "core/error.hpp"
+#include "mesh/agree.hpp"
 #include "tensor/device.hpp"
 
 namespace meshmoe {
@@ -37,16 +34,9 @@ std::string select_device(const std::string& device, MPI_Comm world) {
     why = e.what();
   }
   // The first failing rank tells everyone why.
-  int mine = why.empty() ? INT_MAX : rank, first = INT_MAX;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, world);
-  if (first != INT_MAX) {
-    char host[256] = {0};
-    gethostname(host, sizeof host - 1);
-    std::string msg = rank == first ? "run.device = \"cuda\": rank " + std::to_string(rank) + " on " + host + ": " + why : "";
-    int n = int(msg.size());
-    MPI_Bcast(&n, 1, MPI_INT, first, world);
-    msg.resize(size_t(n));
-    MPI_Bcast(msg.data(), n, MPI_CHAR, first, world);
+  const std::string msg =
+      first_error(why.empty() ? "" : "run.device = \"cuda\": rank " + std::to_string(rank) + " on " + host_name() + ": " + why, world);
+  if (!msg.empty()) {
     set_device(Device::Cpu);
     throw InputError(msg);
   }

@@ -132,13 +132,6 @@ int apply_blas_threads(int64_t threads) {
   return openblas_get_num_threads();
 }
 
-// Target tokens (loss_mask = 1) of a split.
-size_t target_tokens(const Dataset& d) {
-  size_t n = 0;
-  for (uint8_t m : d.split().loss_mask) n += m != 0;
-  return n;
-}
-
 // The phases timed in a step, written to metrics.h5 as /time/<phase> (max over ranks). Nested:
 // tensor_allreduce happens inside attention and dense_ffn; gate, dispatch, expert and combine are
 // the MoE layer's stages, moe_alltoall (expert_axis = data) is inside dispatch and combine,
@@ -517,7 +510,7 @@ class Trainer {
   // Every split the run will use is checked before the first step: an empty validation split found
   // only at the first evaluation would cost every step before it.
   void check_splits_in_use() const {
-    if (cfg_.eval.every > 0 && target_tokens(eval_set_) == 0)
+    if (cfg_.eval.every > 0 && !eval_set_.split().has_target())
       throw InputError(cfg_.data.path + ": the valid split has no target token (" + std::to_string(valid_.num_examples()) +
                        " examples) but eval.every = " + std::to_string(cfg_.eval.every) +
                        " evaluates on it: set eval.every = 0, or prepare the data set with a larger --valid-percent");
