@@ -87,7 +87,8 @@ check-slurm:
 
 bench: deps
 	@$(MAKE) --no-print-directory tests
-	bench/run.sh
+	BUILD=$(BUILD) bench/speed.sh
+	BUILD=$(BUILD) bench/run.sh
 
 # Regenerates the deck reference between the markers in README.md from `meshmoe deck-doc`.
 readme: $(BUILD)/meshmoe

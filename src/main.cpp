@@ -15,6 +15,7 @@
 #include "train/checkpoint.hpp"
 #include "mesh/mesh.hpp"
 #include "parallel/bench_comm.hpp"
+#include "tensor/gemm_rate.hpp"
 #include "tensor/device.hpp"
 #include "train/memory.hpp"
 #include "train/signals.hpp"
@@ -120,6 +121,11 @@ int run(int argc, char** argv) {
   bench->add_option("--max-memory", bench_opt.max_memory, "Memory per node the buffers may use, e.g. 8G (default: cgroup limit or MemAvailable)");
 
   CkptCliOptions ckpt_opt;
+  BenchGemmOptions gemm_opt;
+  auto* bench_gemm = app.add_subcommand("bench-gemm", "Measure the fp32 sgemm ceiling (GFLOP/s) that MFU and make bench compare against");
+  bench_gemm->add_option("--threads", gemm_opt.threads, "BLAS threads per rank (default 0: OPENBLAS_NUM_THREADS, or 1)");
+  bench_gemm->add_option("--sizes", gemm_opt.sizes, "Matrix sizes n, comma-separated")->capture_default_str();
+  bench_gemm->add_option("--seconds", gemm_opt.seconds, "Time spent per size (the best call counts)")->capture_default_str();
   auto* ckpt = app.add_subcommand("ckpt", "Inspect a checkpoint (file, ckpt directory or run directory)");
   ckpt->require_subcommand(1);
   for (const char* action : {"info", "verify"}) {
@@ -170,6 +176,7 @@ int run(int argc, char** argv) {
     return kExitOk;
   }
   if (*bench) return bench_comm_main(bench_opt);
+  if (*bench_gemm) return bench_gemm_main(gemm_opt);
   if (*ckpt) return ckpt_main(ckpt_opt);
   if (*prep_gettext) return prep_gettext_main(gettext_opt);
   if (*prep_text) return prep_text_main(text_opt);

@@ -25,6 +25,7 @@
 #include "parallel/gradient_sync.hpp"
 #include "parallel/pipeline_executor.hpp"
 #include "tensor/blas.hpp"
+#include "tensor/gemm_rate.hpp"
 #include "train/evaluate.hpp"
 #include "train/grad_clip.hpp"
 #include "train/memory.hpp"
@@ -41,20 +42,7 @@ std::string run_directory(const Config& cfg) {
   return cfg.run.out_dir.empty() ? "runs/" + cfg.run.name : cfg.run.out_dir;
 }
 
-double measure_peak_flops() {
-  const int n = 512;
-  Buffer<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);  // on the run's device
-  matmul(false, false, n, n, n, a.data(), b.data(), c.data());  // warm-up
-  double best = 0, spent = 0;
-  while (spent < 0.2) {
-    const double t0 = wall_seconds();
-    matmul(false, false, n, n, n, a.data(), b.data(), c.data());
-    const double dt = wall_seconds() - t0;
-    spent += dt;
-    best = std::max(best, 2.0 * n * n * n / dt);
-  }
-  return best;
-}
+double measure_peak_flops() { return sgemm_rate(512, 0.2); }
 
 namespace {
 
@@ -208,7 +196,9 @@ class Trainer {
                                                       {"mesh", mesh.shape().str()},
                                                       {"languages", languages},
                                                       {"data_path", cfg_.data.path},
-                                                      {"version", version_}});
+                                                      {"version", version_},
+                                                      {"train_flops_per_token", std::to_string(flops_per_token_)},
+                                                      {"sgemm_peak_flops", std::to_string(peak_)}});
       metrics_->describe("skipped", "1", "1 when the update was skipped for a non-finite loss or gradient norm");
       metrics_->describe("mfu", "1", "model FLOPs utilisation against the fp32 sgemm peak measured at start-up");
       metrics_->describe("eval/time", "s", "wall time of the evaluation");

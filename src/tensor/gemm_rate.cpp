@@ -1,0 +1,78 @@
+#include "tensor/gemm_rate.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/timers.hpp"
+#include "tensor/blas.hpp"
+#include "tensor/device.hpp"
+
+namespace meshmoe {
+
+double sgemm_rate(int n, double seconds) {
+  Buffer<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);  // on the current device
+  matmul(false, false, n, n, n, a.data(), b.data(), c.data());                     // warm-up
+  double best = 0, spent = 0;
+  while (spent < seconds) {
+    const double t0 = wall_seconds();
+    matmul(false, false, n, n, n, a.data(), b.data(), c.data());
+    device_synchronize();
+    const double dt = wall_seconds() - t0;
+    spent += dt;
+    best = std::max(best, 2.0 * n * n * n / dt);
+  }
+  return best;
+}
+
+namespace {
+std::vector<int> parse_gemm_sizes(const std::string& text) {
+  std::vector<int> sizes;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const long n = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || n < 16 || n > 16384)
+      throw InputError("bench-gemm: --sizes '" + text + "': '" + item + "' is not a matrix size in [16, 16384]");
+    sizes.push_back(int(n));
+  }
+  if (sizes.empty()) throw InputError("bench-gemm: --sizes is empty; give e.g. 512,1024,2048");
+  return sizes;
+}
+}  // namespace
+
+int bench_gemm_main(const BenchGemmOptions& opt) {
+  const std::vector<int> sizes = parse_gemm_sizes(opt.sizes);
+  if (!(opt.seconds > 0)) throw InputError("bench-gemm: --seconds must be > 0");
+  int threads = opt.threads;
+  if (threads <= 0) {
+    const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+    threads = env && std::atoi(env) > 0 ? std::atoi(env) : 1;
+  }
+  openblas_set_num_threads(threads);
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  if (rank == 0)
+    std::printf("bench-gemm: fp32 sgemm n x n x n, %d rank%s x %d BLAS thread%s, best of %.2g s per size\n"
+                "%8s  %12s\n", ranks, ranks == 1 ? "" : "s", openblas_get_num_threads(),
+                openblas_get_num_threads() == 1 ? "" : "s", opt.seconds, "n", "GFLOP/s");
+  double ceiling = 0;
+  for (int n : sizes) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double rate = sgemm_rate(n, opt.seconds);
+    MPI_Allreduce(MPI_IN_PLACE, &rate, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    ceiling = std::max(ceiling, rate);
+    if (rank == 0) std::printf("%8d  %12.1f\n", n, rate / 1e9);
+  }
+  if (rank == 0) std::printf("ceiling %.1f GFLOP/s\n", ceiling / 1e9);
+  return 0;
+}
+
+}  // namespace meshmoe
