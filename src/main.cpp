@@ -12,7 +12,7 @@
 #include "data/prep.hpp"
 #include "data/prep_cli.hpp"
 #include "deck/deck.hpp"
-#include "train/checkpoint.hpp"
+#include "train/checkpoint_cli.hpp"
 #include "mesh/mesh.hpp"
 #include "parallel/bench_comm.hpp"
 #include "tensor/gemm_rate.hpp"

@@ -1,6 +1,6 @@
 // Byte counts that cannot wrap: a checked 64-bit integer for size arithmetic (the memory plan) and
 // the parser of human byte sizes ("512M", "24G") shared by the deck (run.max_memory) and the
-// command line.
+// command line; the "[3, 5]" form of a shape in messages.
 #pragma once
 #include <cctype>
 #include <concepts>
@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace meshmoe {
 
@@ -93,6 +94,13 @@ inline std::optional<int64_t> parse_byte_size(const std::string& text, std::stri
   if (v == 0) return fail("must be positive");
   if (v > (int64_t(1) << (62 - shift))) return fail("too large (at most 4 EiB)");
   return v << shift;
+}
+
+// "[3, 5]"
+inline std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
 }
 
 }  // namespace meshmoe

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "mesh/agree.hpp"
 #include "io/h5.hpp"
 #include "mesh/mesh.hpp"
 #include "train/memory_limit.hpp"
@@ -110,11 +111,8 @@ void on_rank0_or_input_error(int rank, const std::function<void()>& work) {
       if (error.empty()) error = "bench-comm: failed on rank 0";
     }
   }
-  int n = int(error.size());
-  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  error.resize(size_t(n));
-  MPI_Bcast(error.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
-  if (n > 0) throw InputError(error);
+  error = broadcast_string(error, 0, MPI_COMM_WORLD);
+  if (!error.empty()) throw InputError(error);
 }
 
 // A value that names (block tag, index) exactly in float: tag < 4096, index pattern < 4093 (a

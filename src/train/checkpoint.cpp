@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/sizes.hpp"
 #include "io/h5.hpp"
 #include "mesh/agree.hpp"
 
@@ -32,11 +33,6 @@ const std::vector<std::string> kRequiredAttrs = {
     "data_position", "optimizer", "deck", "version", "mesh", "mesh_shape", "world_size",
     "param_count", "param_tensors", "optim_tensors"};
 
-std::string dims_str(const std::vector<int64_t>& d) {
-  std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + "]";
-}
 int64_t product(const std::vector<int64_t>& d) {
   int64_t n = 1;
   for (auto x : d) n *= x;
@@ -144,7 +140,7 @@ std::vector<Held> held_tensors(const ParamStore<float>& store, const std::vector
   for (const auto& t : state) {
     if (!t.data || int64_t(t.data->size()) != product(t.local_shape))
       throw Error("checkpoint: optimizer state '" + t.name + "' holds " + std::to_string(t.data ? t.data->size() : 0) +
-                  " values for its block " + dims_str(t.local_shape));
+                  " values for its block " + shape_str(t.local_shape));
     out.push_back({Kind::Optim, t.name, t.logical_shape, t.offset, t.local_shape, t.data->data()});
   }
   std::set<std::pair<Kind, std::string>> seen;
@@ -154,8 +150,8 @@ std::vector<Held> held_tensors(const ParamStore<float>& store, const std::vector
       throw Error("checkpoint: tensor '" + h.name + "': block and logical shape differ in rank");
     for (size_t d = 0; d < h.logical.size(); ++d)
       if (h.offset[d] < 0 || h.local[d] < 0 || h.offset[d] + h.local[d] > h.logical[d])
-        throw Error("checkpoint: tensor '" + h.name + "': block offset " + dims_str(h.offset) + " size " +
-                    dims_str(h.local) + " outside its logical shape " + dims_str(h.logical));
+        throw Error("checkpoint: tensor '" + h.name + "': block offset " + shape_str(h.offset) + " size " +
+                    shape_str(h.local) + " outside its logical shape " + shape_str(h.logical));
     if (!seen.insert({h.kind, h.name}).second) throw Error("checkpoint: tensor '" + h.name + "' registered twice");
   }
   return out;
@@ -190,8 +186,8 @@ std::vector<Planned> make_plan(const std::vector<Held>& mine, MPI_Comm comm) {
       if (fresh) plan.push_back({k, name, logical, {}});
       Planned& t = plan[it->second];
       if (t.logical != logical)
-        throw Error("checkpoint: ranks disagree on the logical shape of '" + name + "': " + dims_str(t.logical) +
-                    " and " + dims_str(logical) + " (rank " + std::to_string(r) + ")");
+        throw Error("checkpoint: ranks disagree on the logical shape of '" + name + "': " + shape_str(t.logical) +
+                    " and " + shape_str(logical) + " (rank " + std::to_string(r) + ")");
       if (product(local) == 0) continue;
       bool known = false;
       for (const auto& b : t.blocks) known = known || (b.offset == offset && b.local == local);
@@ -206,13 +202,13 @@ std::vector<Planned> make_plan(const std::vector<Held>& mine, MPI_Comm comm) {
       for (size_t j = 0; j < i; ++j)
         if (overlap(t.blocks[i], t.blocks[j]))
           throw Error("checkpoint: blocks of '" + t.name + "' overlap without being equal: offset " +
-                      dims_str(t.blocks[i].offset) + " size " + dims_str(t.blocks[i].local) + " (rank " +
-                      std::to_string(t.blocks[i].writer) + ") and offset " + dims_str(t.blocks[j].offset) + " size " +
-                      dims_str(t.blocks[j].local) + " (rank " + std::to_string(t.blocks[j].writer) + ")");
+                      shape_str(t.blocks[i].offset) + " size " + shape_str(t.blocks[i].local) + " (rank " +
+                      std::to_string(t.blocks[i].writer) + ") and offset " + shape_str(t.blocks[j].offset) + " size " +
+                      shape_str(t.blocks[j].local) + " (rank " + std::to_string(t.blocks[j].writer) + ")");
     }
     if (covered != product(t.logical))
       throw Error("checkpoint: the ranks' blocks of '" + t.name + "' cover " + std::to_string(covered) + " of its " +
-                  std::to_string(product(t.logical)) + " elements " + dims_str(t.logical));
+                  std::to_string(product(t.logical)) + " elements " + shape_str(t.logical));
   }
   return plan;
 }
@@ -413,7 +409,7 @@ std::string coords_str(const std::vector<int64_t>& offset, const std::vector<int
     c[d] = offset[d] + i % std::max<int64_t>(local[d], 1);
     i /= std::max<int64_t>(local[d], 1);
   }
-  return dims_str(c);
+  return shape_str(c);
 }
 
 std::string value_str(float v) {
@@ -651,13 +647,13 @@ CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store
     auto check_shape = [&](const std::string& dpath, const std::vector<int64_t>& logical, const char* what,
                            const std::string& name) {
       if (!f.is_dataset(dpath)) {
-        bad.push_back(std::string(what) + " '" + name + "' " + dims_str(logical) + " is not in the checkpoint");
+        bad.push_back(std::string(what) + " '" + name + "' " + shape_str(logical) + " is not in the checkpoint");
         return false;
       }
       auto shape = f.dataset(dpath).shape();
       if (shape != logical) {
-        bad.push_back(std::string(what) + " '" + name + "' is " + dims_str(shape) + " in the checkpoint, " +
-                      dims_str(logical) + " in this model");
+        bad.push_back(std::string(what) + " '" + name + "' is " + shape_str(shape) + " in the checkpoint, " +
+                      shape_str(logical) + " in this model");
         return false;
       }
       return true;
@@ -785,80 +781,15 @@ ResumeChoice find_resume_checkpoint(const std::string& ckpt_dir, MPI_Comm comm) 
   return out;
 }
 
-// ---------------------------------------------------------------------------------------------
-// meshmoe ckpt info|verify
+std::string read_latest_name(const std::string& dir) { return read_latest(dir); }
 
-namespace {
-// PATH as given: a file, or a ckpt dir / run dir whose LATEST names the file.
-std::string resolve_ckpt_path(const std::string& p) {
-  std::error_code ec;
-  if (fs::is_regular_file(p, ec)) return p;
-  if (!fs::exists(p, ec)) throw Error(p + ": no such file or directory");
-  for (const std::string& dir : {p, p + "/ckpt"}) {
-    if (fs::exists(dir + "/LATEST", ec)) return dir + "/" + read_latest(dir);
-  }
-  throw Error(p + ": a directory without LATEST (nor ckpt/LATEST): give a checkpoint file");
-}
-
-int ckpt_info(const std::string& path) {
+std::vector<CheckpointTensorInfo> checkpoint_tensors(const std::string& path, const std::string& group) {
   h5::File f = h5::File::open(path);
-  CheckpointMeta m = read_meta_attrs(f);
-  std::printf("checkpoint   %s\n", path.c_str());
-  std::printf("step         %lld (optimizer updates %lld)\n", (long long)m.step, (long long)m.update_count);
-  std::printf("mesh         %s\n", m.mesh.str().c_str());
-  std::printf("version      %s\n", m.version.c_str());
-  std::printf("seed         %llu\n", (unsigned long long)m.seed);
-  std::printf("data cursor  epoch %llu, position %llu\n", (unsigned long long)m.data_cursor.epoch,
-              (unsigned long long)m.data_cursor.position);
-  std::printf("optimizer    %s\n", m.optimizer.c_str());
-  std::printf("lineage      %s%s\n", m.lineage.empty() ? "(none: written before lineages)" : m.lineage.c_str(),
-              m.forked_from.empty() ? "" : (", forked from " + m.forked_from).c_str());
-  if (!m.data_fingerprint.empty())
-    std::printf("data         %s: %s (fingerprint %s)\n", m.data_path.c_str(), m.data_summary.c_str(), m.data_fingerprint.c_str());
-  for (const auto& [k, v] : m.counters) std::printf("counter      %s = %lld\n", k.c_str(), (long long)v);
-  std::vector<std::pair<std::string, h5::Dataset>> params, optim;
-  walk_datasets(f.group("params"), "", params);
-  walk_datasets(f.group("optim"), "", optim);
-  int64_t total = 0;
-  for (const auto& [n, d] : params) total += d.size();
-  std::printf("parameters   %zu tensors, %lld elements\n", params.size(), (long long)total);
-  for (const auto& [n, d] : params) std::printf("  %-40s %s\n", n.c_str(), dims_str(d.shape()).c_str());
-  std::printf("optimizer state  %zu tensors\n", optim.size());
-  for (const auto& [n, d] : optim) std::printf("  %-40s %s\n", n.c_str(), dims_str(d.shape()).c_str());
-  std::printf("deck         %zu bytes (h5py: f.attrs['deck'])\n", m.deck.size());
-  return kExitOk;
-}
-}  // namespace
-
-int ckpt_main(const CkptCliOptions& opt) {
-  int rc = kExitFailure;
-  if (comm_rank(MPI_COMM_WORLD) == 0) {
-    try {
-      const std::string path = resolve_ckpt_path(opt.path);
-      if (opt.action == "info") {
-        rc = ckpt_info(path);
-      } else if (opt.action == "verify") {
-        VerifyResult v = verify_checkpoint(path);
-        if (v.ok) {
-          std::printf("%s: %s\n", path.c_str(), v.message.c_str());
-          rc = kExitOk;
-        } else {
-          std::fprintf(stderr, "meshmoe: checkpoint %s is bad: %s\n", path.c_str(), v.message.c_str());
-          rc = kExitFailure;
-        }
-      } else {
-        std::fprintf(stderr, "meshmoe: ckpt: unknown action '%s' (info, verify)\n", opt.action.c_str());
-        rc = kExitInputError;
-      }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "meshmoe: ckpt %s: %s\n", opt.action.c_str(), e.what());
-      rc = kExitFailure;
-    }
-    std::fflush(stdout);
-    std::fflush(stderr);
-  }
-  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  return rc;
+  std::vector<std::pair<std::string, h5::Dataset>> found;
+  walk_datasets(f.group(group), "", found);
+  std::vector<CheckpointTensorInfo> out;
+  for (const auto& [name, d] : found) out.push_back({name, d.shape()});
+  return out;
 }
 
 }  // namespace meshmoe

@@ -130,13 +130,15 @@ std::string checkpoint_lineage(const std::string& path);
 // Committed checkpoints in ckpt_dir as (step, path), oldest first (no .tmp, no verification).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& ckpt_dir);
 
-// `meshmoe ckpt info PATH` / `meshmoe ckpt verify PATH` (PATH: a checkpoint file, a ckpt
-// directory or a run directory; for a directory the file LATEST names). Rank 0 works, every rank
-// returns its exit code: 0 good, 1 bad or unreadable (reason on stderr), 2 bad command line.
-struct CkptCliOptions {
-  std::string action;  // "info" | "verify"
-  std::string path;
+// The file name LATEST in `dir` holds ("" when there is none); throws Error when it holds
+// something that is not a checkpoint name.
+std::string read_latest_name(const std::string& dir);
+
+// The tensors of a checkpoint's group "params" or "optim": name (path under the group) and shape.
+struct CheckpointTensorInfo {
+  std::string name;
+  std::vector<int64_t> shape;
 };
-int ckpt_main(const CkptCliOptions& opt);
+std::vector<CheckpointTensorInfo> checkpoint_tensors(const std::string& path, const std::string& group);
 
 }  // namespace meshmoe
