@@ -19,6 +19,19 @@ std::vector<Micro> split_micro_batches(const Batch& batch, int micro_batches, in
   return out;
 }
 
+ModelSharding model_sharding(Mesh& mesh) {
+  ModelSharding sh;
+  sh.tensor_rank = mesh.coord(Axis::Tensor);
+  sh.tensor_size = mesh.extent(Axis::Tensor);
+  sh.tensor = &mesh.axis(Axis::Tensor);
+  sh.pipe_rank = mesh.coord(Axis::Pipe);
+  sh.pipe_size = mesh.extent(Axis::Pipe);
+  sh.data = &mesh.axis(Axis::Data);
+  sh.data_rank = mesh.coord(Axis::Data);
+  sh.data_size = mesh.extent(Axis::Data);
+  return sh;
+}
+
 namespace {
 // A wait on the pipe axis: timed as the phase pipeline_wait and added to the step's bubble.
 class PipeWait {

@@ -30,6 +30,9 @@ struct Micro {
 std::vector<Micro> split_micro_batches(const Batch& batch, int micro_batches, int data, int d, uint64_t seed, int64_t step,
                                        bool training, PhaseTimers* timers);
 
+// This rank's part of the model on `mesh`: its coordinate, the extent and the Comm of every axis.
+ModelSharding model_sharding(Mesh& mesh);
+
 class PipelineExecutor {
  public:
   PipelineExecutor(Transformer<float>& model, Mesh& mesh, PhaseTimers& timers, Recompute recompute = Recompute::None)

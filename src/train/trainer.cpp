@@ -169,16 +169,7 @@ class Trainer {
     check_splits_in_use();
     if (mesh.rank() == 0) data_identity_ = dataset_identity(cfg_.data.path, train_, valid_);
     install_stop_signal_handlers();
-    ModelSharding sh;
-    sh.tensor_rank = mesh.coord(Axis::Tensor);
-    sh.tensor_size = mesh.extent(Axis::Tensor);
-    sh.tensor = &mesh.axis(Axis::Tensor);
-    sh.pipe_rank = mesh.coord(Axis::Pipe);
-    sh.pipe_size = mesh.extent(Axis::Pipe);
-    sh.data = &mesh.axis(Axis::Data);
-    sh.data_rank = mesh.coord(Axis::Data);
-    sh.data_size = mesh.extent(Axis::Data);
-    model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, sh);
+    model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, model_sharding(mesh));
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
     pipeline_ = std::make_unique<PipelineExecutor>(*model_, mesh, timers_, parse_recompute(cfg_.model.recompute));

@@ -159,14 +159,7 @@ struct StageRun {
 // optimizer updates: the gradients accumulate over the steps (each step has other random numbers).
 StageRun run_pipeline(const Config& cfg, Mesh& mesh, Recompute recompute, int micro_batches, int steps) {
   const int V = 13, T = 8, B = 8;
-  ModelSharding sh;
-  sh.pipe_rank = mesh.coord(Axis::Pipe);
-  sh.pipe_size = mesh.extent(Axis::Pipe);
-  sh.data = &mesh.axis(Axis::Data);
-  sh.data_rank = mesh.coord(Axis::Data);
-  sh.data_size = mesh.extent(Axis::Data);
-  sh.tensor = &mesh.axis(Axis::Tensor);
-  Transformer<float> model(cfg, V, sh);
+  Transformer<float> model(cfg, V, model_sharding(mesh));
   model.init(9, 1.0);
   PhaseTimers timers;
   PipelineExecutor pipeline(model, mesh, timers, recompute);
