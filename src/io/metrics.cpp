@@ -52,6 +52,8 @@ const std::vector<Known>& known_metrics() {
       {"grad_norm", {"1", "global L2 norm of the gradient before clipping"}},
       {"tokens_per_s", {"tokens/s", "training throughput over the step, all ranks together"}},
       {"mfu", {"1", "model FLOPs utilization"}},
+      {"pipeline_bubble", {"1", "fraction of its time in the 1F1B schedule a rank waited on the pipe axis, mean over ranks (mesh.pipe > 1)"}},
+      {"pipeline_bubble_ideal", {"1", "the ideal 1F1B bubble (pipe - 1) / (micro_batches + pipe - 1)"}},
       {"time/*", {"s", "wall time of this phase during the step (max over ranks)"}},
       {"moe/*/dropped_fraction", {"1", "fraction of token-to-expert assignments dropped for lack of capacity"}},
       {"moe/*/expert_load", {"1", "fraction of the tokens routed to each expert; row per step, column per expert"}},

@@ -35,6 +35,17 @@ class CausalSelfAttention {
   // dy [N, M] -> dx [N, M] (+=), wq/wk/wv/wo .g (+=)
   void backward(const StepContext& ctx, const T* dy, T* dx, int N);
 
+  // What backward reads of the last forward (activation_stash.hpp).
+  template <class F>
+  void saved_state(F&& f) {
+    f(T_);
+    f(x_);
+    f(qkv_);
+    f(p_);
+    f(att_);
+    dropout_.saved_state(f);
+  }
+
   ParamView<T> wq, wk, wv, wo;
   std::function<void(T*, size_t)> tensor_allreduce;  // sum over the tensor axis, in place
 

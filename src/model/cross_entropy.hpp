@@ -21,6 +21,16 @@ class CrossEntropy {
   // what forward saw; dlogits may alias logits (in-place, saves an [N, V] buffer).
   void backward(const StepContext& ctx, const T* logits, T* dlogits, int N);
 
+  // What backward reads of the last forward (activation_stash.hpp).
+  template <class F>
+  void saved_state(F&& f) {
+    f(V_);
+    f(weight_);
+    f(lse_);
+    f(mask_);
+    f(targets_);
+  }
+
   // From the last forward: unweighted per-token loss [N] (0 where masked), the masked-token count.
   const Buffer<double>& per_token_loss() const { return loss_; }
   double count() const { return count_; }

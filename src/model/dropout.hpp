@@ -27,6 +27,13 @@ class Dropout {
   // d [N, C] in place: d = d * keep / (1 - rate), with the mask of the last forward.
   void backward(const StepContext& ctx, T* d, int N, int C) const;
 
+  // What backward reads of the last forward (activation_stash.hpp).
+  template <class F>
+  void saved_state(F&& f) {
+    f(was_active_);
+    f(keep_);
+  }
+
   // The keep decision for one element (also the test oracle's definition of the mask).
   static bool keep(const Rng& rng, double rate, uint64_t global_token, int c, int C) {
     const uint64_t per_token = (uint64_t(C) + 3) / 4;

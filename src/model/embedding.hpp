@@ -25,6 +25,13 @@ class Embedding {
   // dx [N, M] -> adds into wte.g and wpe.g (tokens saved by forward)
   void backward(const StepContext& ctx, const T* dx, int N);
 
+  // What backward reads of the last forward (activation_stash.hpp).
+  template <class F>
+  void saved_state(F&& f) {
+    f(T_);
+    f(tokens_);
+  }
+
   ParamView<T> wte, wpe;
   int vocab() const { return V_; }
   int d_model() const { return M_; }
@@ -53,6 +60,12 @@ class OutputHead {
   void forward(const StepContext& ctx, const T* x, T* logits, int N);
   // dlogits [N, V] -> adds into W.g and dx [N, M]
   void backward(const StepContext& ctx, const T* dlogits, T* dx, int N);
+
+  // What backward reads of the last forward (activation_stash.hpp).
+  template <class F>
+  void saved_state(F&& f) {
+    f(x_);
+  }
 
   ParamView<T> wout;  // used when untied
   bool tied() const { return W_ != &wout; }

@@ -21,6 +21,13 @@ class LayerNorm {
   // dy [N, M] -> dx [N, M] (+=), gain.g, bias.g (+=)
   void backward(const StepContext& ctx, const T* dy, T* dx, int N);
 
+  // What backward reads of the last forward (activation_stash.hpp).
+  template <class F>
+  void saved_state(F&& f) {
+    f(xhat_);
+    f(rstd_);
+  }
+
   ParamView<T> gain, bias;
 
  private:

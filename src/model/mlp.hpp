@@ -35,6 +35,15 @@ class MLP {
   // dy [N, M] -> dx [N, M] (+=), w_in.g, w_out.g (+=)
   void backward(const StepContext& ctx, const T* dy, T* dx, int N);
 
+  // What backward reads of the last forward (activation_stash.hpp).
+  template <class F>
+  void saved_state(F&& f) {
+    f(x_);
+    f(pre_);
+    f(h_);
+    dropout_.saved_state(f);
+  }
+
   ParamView<T> w_in, w_out;
   std::function<void(T*, size_t)> tensor_allreduce;  // sum over the tensor axis, in place
 

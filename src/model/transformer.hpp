@@ -98,6 +98,28 @@ class Transformer {
   // loss; an earlier one from d_out [N, M] (the next stage's input gradient). A later stage leaves
   // the gradient of its input in input_grad().
   void backward(const StepContext& ctx, const LossWeights& w, const T* d_out = nullptr);
+  // What backward reads of the last forward, every layer's included (activation_stash.hpp): the
+  // pipeline parks an in-flight micro-batch's state with it instead of recomputing the forward.
+  template <class F>
+  void saved_state(F&& f) {
+    f(N_);
+    f(T_);
+    if (first_stage()) emb_.saved_state(f);
+    for (Block& b : blocks_) {
+      b.ln1.saved_state(f);
+      b.attn.saved_state(f);
+      b.ln2.saved_state(f);
+      if (b.moe)
+        b.moe->saved_state(f);
+      else
+        b.mlp->saved_state(f);
+    }
+    if (!last_stage()) return;
+    lnf_.saved_state(f);
+    head_.saved_state(f);
+    ce_.saved_state(f);
+    f(logits_);
+  }
   const Buffer<T>& stage_output() const { return x_; }
   // The first part of this stage whose output held a NaN or Inf in the last forward ("embed",
   // "blocks.<i>", "head"), or "" when all were finite.

@@ -1,5 +1,8 @@
 #include "parallel/pipeline_executor.hpp"
 
+#include <algorithm>
+#include <stdexcept>
+
 #include "parallel/pipeline_schedule.hpp"
 
 namespace meshmoe {
@@ -16,51 +19,118 @@ std::vector<Micro> split_micro_batches(const Batch& batch, int micro_batches, in
   return out;
 }
 
+ModelSharding model_sharding(Mesh& mesh) {
+  ModelSharding sh;
+  sh.tensor_rank = mesh.coord(Axis::Tensor);
+  sh.tensor_size = mesh.extent(Axis::Tensor);
+  sh.tensor = &mesh.axis(Axis::Tensor);
+  sh.pipe_rank = mesh.coord(Axis::Pipe);
+  sh.pipe_size = mesh.extent(Axis::Pipe);
+  sh.data = &mesh.axis(Axis::Data);
+  sh.data_rank = mesh.coord(Axis::Data);
+  sh.data_size = mesh.extent(Axis::Data);
+  return sh;
+}
+
+namespace {
+// A wait on the pipe axis: timed as the phase pipeline_wait and added to the step's bubble.
+class PipeWait {
+ public:
+  PipeWait(PhaseTimers& timers, double& total) : phase_(&timers, "pipeline_wait"), total_(total), start_(wall_seconds()) {}
+  ~PipeWait() { total_ += wall_seconds() - start_; }
+
+ private:
+  ScopedPhase phase_;
+  double& total_;
+  double start_;
+};
+}  // namespace
+
+void PipelineExecutor::park(int micro) {
+  for (size_t i = 0; i < stash_.size(); ++i)
+    if (stash_owner_[i] < 0) {
+      stash_[i].swap_with(model_);
+      stash_owner_[i] = micro;
+      parked_peak_ = std::max(parked_peak_, int(std::count_if(stash_owner_.begin(), stash_owner_.end(),
+                                                                [](int m) { return m >= 0; })));
+      return;
+    }
+  throw std::logic_error("PipelineExecutor: more micro-batches in flight than the 1F1B bound of this stage");
+}
+
+void PipelineExecutor::unpark(int micro, int displaced) {
+  for (size_t i = 0; i < stash_.size(); ++i)
+    if (stash_owner_[i] == micro) {
+      stash_[i].swap_with(model_);
+      stash_owner_[i] = displaced;
+      return;
+    }
+  throw std::logic_error("PipelineExecutor: micro-batch " + std::to_string(micro) + " was not parked");
+}
+
 void PipelineExecutor::train(std::vector<Micro>& micros, const LossWeights& w,
                              const std::function<void(const ForwardStats&)>& on_forward) {
+  const double start = wall_seconds();
   Comm& pipe = mesh_.axis(Axis::Pipe);
   const int stage = mesh_.coord(Axis::Pipe), stages = mesh_.extent(Axis::Pipe);
+  const bool park_states = recompute_ == Recompute::None;
   const size_t NM = size_t(micros[0].rows.rows) * micros[0].rows.seq_len * size_t(model_.shape().d_model);
-  std::vector<Buffer<float>> x_in(micros.size()), x_out(micros.size()), d_in(micros.size());
+  // Recompute::Block keeps every in-flight micro-batch's stage input; None needs one receive buffer.
+  std::vector<Buffer<float>> x_in(park_states ? 1 : micros.size()), x_out(micros.size()), d_in(micros.size());
   Buffer<float> d_out(NM);
   first_nonfinite_.clear();
-  int last_forward = -1;
+  const size_t stashes = park_states ? size_t(std::max(0, stages - stage - 1)) : 0;
+  stash_.resize(stashes);
+  stash_owner_.assign(stashes, -1);
+  parked_peak_ = 0;
+  double waited = 0;
+  int in_layers = -1;  // the micro-batch whose saved state the layers hold, awaiting its backward
   for (const PipelineOp& op : one_f_one_b(stage, stages, int(micros.size()))) {
     Micro& mb = micros[size_t(op.micro)];
     const int tag = 2 * op.micro;
     if (op.forward) {
+      Buffer<float>& in = x_in[park_states ? 0 : size_t(op.micro)];
       if (!model_.first_stage()) {
-        ScopedPhase t(&timers_, "pipeline_wait");
-        x_in[op.micro].resize(NM);
-        pipe.recv(x_in[op.micro].data(), NM, stage - 1, tag);
+        PipeWait t(timers_, waited);
+        in.resize(NM);
+        pipe.recv(in.data(), NM, stage - 1, tag);
       }
-      on_forward(model_.forward(mb.ctx, mb.view(), w, x_in[op.micro].data()));
+      if (park_states && in_layers >= 0) park(in_layers);
+      on_forward(model_.forward(mb.ctx, mb.view(), w, in.data()));
       if (first_nonfinite_.empty()) first_nonfinite_ = model_.first_nonfinite();
-      last_forward = op.micro;
+      in_layers = op.micro;
       if (!model_.last_stage()) {
         x_out[op.micro] = model_.stage_output();
         pipe.isend(x_out[op.micro].data(), NM, stage + 1, tag);
       }
     } else {
-      if (last_forward != op.micro) {
-        ScopedPhase t(&timers_, "pipeline_recompute");
-        model_.forward(mb.ctx, mb.view(), w, x_in[op.micro].data());
-        last_forward = op.micro;
+      if (in_layers != op.micro) {
+        if (park_states) {
+          unpark(op.micro, in_layers);
+        } else {
+          ScopedPhase t(&timers_, "pipeline_recompute");
+          model_.forward(mb.ctx, mb.view(), w, x_in[op.micro].data());
+        }
       }
       if (!model_.last_stage()) {
-        ScopedPhase t(&timers_, "pipeline_wait");
+        PipeWait t(timers_, waited);
         pipe.recv(d_out.data(), NM, stage + 1, tag + 1);
       }
       model_.backward(mb.ctx, w, d_out.data());
-      x_in[op.micro] = {};
+      in_layers = -1;
+      if (!park_states) x_in[op.micro] = {};
       if (!model_.first_stage()) {
         d_in[op.micro] = model_.input_grad();
         pipe.isend(d_in[op.micro].data(), NM, stage - 1, tag + 1);
       }
     }
   }
-  ScopedPhase t(&timers_, "pipeline_wait");
-  pipe.wait_sends();
+  {
+    PipeWait t(timers_, waited);
+    pipe.wait_sends();
+  }
+  bubble_.wait_s += waited;
+  bubble_.train_s += wall_seconds() - start;
 }
 
 ForwardStats PipelineExecutor::forward_only(const Micro& mb, int index) {

@@ -5,12 +5,15 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/timers.hpp"
 #include "data/batcher.hpp"
 #include "mesh/mesh.hpp"
+#include "model/activation_stash.hpp"
 #include "model/transformer.hpp"
+#include "parallel/pipeline_schedule.hpp"
 
 namespace meshmoe {
 
@@ -27,17 +30,36 @@ struct Micro {
 std::vector<Micro> split_micro_batches(const Batch& batch, int micro_batches, int data, int d, uint64_t seed, int64_t step,
                                        bool training, PhaseTimers* timers);
 
+// This rank's part of the model on `mesh`: its coordinate, the extent and the Comm of every axis.
+ModelSharding model_sharding(Mesh& mesh);
+
 class PipelineExecutor {
  public:
-  PipelineExecutor(Transformer<float>& model, Mesh& mesh, PhaseTimers& timers) : model_(model), mesh_(mesh), timers_(timers) {}
+  PipelineExecutor(Transformer<float>& model, Mesh& mesh, PhaseTimers& timers, Recompute recompute = Recompute::None)
+      : model_(model), mesh_(mesh), timers_(timers), recompute_(recompute) {}
 
   // Forward and backward of every micro-batch through this stage on the 1F1B schedule. Activations
-  // go to the next stage and gradients to the previous one by send/recv over the pipe axis. A stage
-  // keeps only each in-flight micro-batch's input and recomputes its forward before the backward
-  // when a later forward has run in between (the layers hold one micro-batch's saved activations).
-  // Without a pipeline this is forward, backward for each micro-batch in turn. `on_forward` sees
-  // the statistics of every forward (recomputes excluded).
+  // go to the next stage and gradients to the previous one by send/recv over the pipe axis.
+  // Recompute::None: when a forward runs while an earlier micro-batch still awaits its backward,
+  // the layers' saved state of that one is parked in a stash and swapped back before its backward
+  // (at most P-p-1 parked on stage p: the 1F1B bound of P-p in flight, one of them in the layers).
+  // Recompute::Block: a stage keeps only each in-flight micro-batch's input and recomputes its
+  // forward before the backward when a later forward has run in between (phase
+  // pipeline_recompute). Both give bitwise the same gradients. Without a pipeline this is
+  // forward, backward for each micro-batch in turn. `on_forward` sees the statistics of every
+  // forward (recomputes excluded).
   void train(std::vector<Micro>& micros, const LossWeights& w, const std::function<void(const ForwardStats&)>& on_forward);
+
+  // Since the last take_bubble(): seconds this rank waited on the pipe axis (receives and the
+  // step's final send wait) and seconds it spent in train(). Their ratio is the rank's measured
+  // bubble fraction (0 without a pipeline).
+  struct Bubble {
+    double wait_s = 0, train_s = 0;
+  };
+  Bubble take_bubble() { return std::exchange(bubble_, Bubble{}); }
+  // The most micro-batches parked at once in the last train() (Recompute::None; tests).
+  int parked_peak() const { return parked_peak_; }
+  Recompute recompute() const { return recompute_; }
 
   // The first non-finite layer output this rank saw in the last train() ("" when none).
   const std::string& first_nonfinite() const { return first_nonfinite_; }
@@ -51,11 +73,22 @@ class PipelineExecutor {
   void sync_tied_embedding(bool tied_embeddings);
 
  private:
+  // Parks the layers' state of micro-batch `micro` in a free stash.
+  void park(int micro);
+  // Brings micro-batch `micro`'s state back into the layers; the state they held goes into its
+  // stash, owned by `displaced` (-1: nobody needs it, the stash is free).
+  void unpark(int micro, int displaced);
+
   Transformer<float>& model_;
   Mesh& mesh_;
   PhaseTimers& timers_;
+  Recompute recompute_;
   std::string first_nonfinite_;
   Buffer<float> eval_x_;
+  std::vector<ActivationStash> stash_;  // P-p-1 on stage p; reused over steps (buffers circulate)
+  std::vector<int> stash_owner_;        // micro-batch parked in stash_[i], -1 when free
+  int parked_peak_ = 0;
+  Bubble bubble_;
 };
 
 }  // namespace meshmoe

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "core/error.hpp"
+
 namespace meshmoe {
 
 std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches) {
@@ -17,6 +19,16 @@ std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches) {
   }
   for (int m = micro_batches - warmup; m < micro_batches; ++m) ops.push_back({false, m});
   return ops;
+}
+
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::None;
+  if (name == "block") return Recompute::Block;
+  throw InputError("model.recompute = \"" + name + "\": expected \"none\" or \"block\"");
+}
+
+double ideal_bubble(int stages, int micro_batches) {
+  return double(stages - 1) / double(micro_batches + stages - 1);
 }
 
 }  // namespace meshmoe

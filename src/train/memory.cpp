@@ -213,6 +213,9 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
 
   // ---- activations: the buffers each layer's first forward allocates (one micro-batch) -----------
   Checked a_stage = 3 * NM * kF;  // Transformer x_, h_, f_
+  // Of the activations, what no backward reads (not parked with recompute = none): the stage
+  // buffers, router logits, the all-to-all receive buffer, the per-token losses.
+  Checked unparked = a_stage;
   Checked a_embed = 0, a_ln = 0, a_attn = 0, a_mlp = 0, a_moe = 0, a_head = 0;
   Checked w = 2 * NM * kF;        // backward: Transformer d_, dh_
   if (p.first_stage) a_embed = N * sizeof(int32_t);  // token ids
@@ -246,6 +249,7 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
       if (expert_on_data && D > 1)
         r += rows * M * kF + rows * sizeof(int64_t) + (2 * D + 3 * D * El) * sizeof(int64_t) + El * sizeof(int);
       a_moe += r;
+      unparked += N * E * kF + (expert_on_data && D > 1 ? rows * M * kF : Checked(0));
     } else {
       ++dense_here;
       // x [N, M], pre [N, W], h [N, H_local]
@@ -258,6 +262,7 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
     a_ln += (NM + N) * kF;  // ln_f
     // head input [N, M], logits [N, V]; cross-entropy: loss [N] double, lse and mask [N], targets [N]
     a_head = (NM + N * V) * kF + N * sizeof(double) + 2 * N * kF + N * sizeof(int32_t);
+    unparked += N * sizeof(double);
   }
   p.activation_parts = {{"stage buffers", bytes(a_stage)}, {"embedding", bytes(a_embed)}, {"layernorms", bytes(a_ln)},
                         {"attention", bytes(a_attn)},      {"dense ffn", bytes(a_mlp)},   {"moe", bytes(a_moe)},
@@ -265,14 +270,15 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   p.activation_bytes = bytes(a_stage + a_embed + a_ln + a_attn + a_mlp + a_moe + a_head);
   p.workspace_bytes = bytes(w);
 
-  // ---- pipeline: the 1F1B schedule of this stage (trainer run_pipeline) --------------------------
+  // ---- pipeline: the 1F1B schedule of this stage (PipelineExecutor::train) -----------------------
+  const bool park = parse_recompute(cfg.model.recompute) == Recompute::None;
   int live = 0, forwards = 0, last_forward = -1;
   for (const PipelineOp& op : one_f_one_b(pipe_rank, P, int(MB.value()))) {
     if (op.forward) {
       ++forwards, last_forward = op.micro;
       p.in_flight = std::max(p.in_flight, ++live);
     } else {
-      if (last_forward != op.micro) ++forwards, last_forward = op.micro;  // recompute before backward
+      if (!park && last_forward != op.micro) ++forwards, last_forward = op.micro;  // recompute before backward
       --live;
     }
   }
@@ -281,9 +287,11 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
     // sends back; an earlier one the outputs it sends and the gradient it receives (isend buffers
     // live until the end of the step)
     Checked pipe_bytes = 0;
-    if (!p.first_stage) pipe_bytes += (p.in_flight + MB) * NM * kF;
+    if (!p.first_stage) pipe_bytes += ((park ? 1 : p.in_flight) + MB) * NM * kF;
     if (!p.last_stage) pipe_bytes += (MB + 1) * NM * kF;
     p.pipeline_bytes = bytes(pipe_bytes);
+    // recompute = none: the layers hold one in-flight micro-batch, the stashes the others
+    if (park) p.stash_bytes = bytes((p.in_flight - 1) * (Checked(p.activation_bytes) - unparked));
   }
 
   // ---- bytes sent per step ----------------------------------------------------------------------
@@ -309,7 +317,7 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   }
   // total_bytes() sums these: the sum must fit too
   (void)(Checked(p.param_bytes) + Checked(p.grad_bytes) + Checked(p.optim_bytes) + Checked(p.activation_bytes) +
-         Checked(p.workspace_bytes) + Checked(p.pipeline_bytes));
+         Checked(p.workspace_bytes) + Checked(p.pipeline_bytes) + Checked(p.stash_bytes));
   return p;
 }
 
@@ -442,6 +450,7 @@ std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, d
   row("backward workspace", [&](const MemoryPlan& p) { return num(p.workspace_bytes); });
   row("micro-batches in flight", [&](const MemoryPlan& p) { return num(p.in_flight); });
   row("pipeline buffers", [&](const MemoryPlan& p) { return num(p.pipeline_bytes); });
+  row("parked activations", [&](const MemoryPlan& p) { return num(p.stash_bytes); });
   row("total", [&](const MemoryPlan& p) { return num(p.total_bytes()); });
   row("total", [&](const MemoryPlan& p) { return format_bytes(double(p.total_bytes())); });
   o << "bytes sent per rank per step (ring all-reduce 2(n-1)/n, all-to-all (n-1)/n):\n";

@@ -33,7 +33,7 @@ struct MemoryPlan {
   int first_block = 0, num_blocks = 0;  // this stage's blocks [first_block, first_block + num_blocks)
   bool first_stage = true, last_stage = true;
   int rows = 0, seq_len = 0;            // one micro-batch of this rank: rows sequences of seq_len tokens
-  int in_flight = 1;                    // micro-batches whose stage input is held at once (1F1B)
+  int in_flight = 1;                    // micro-batches between forward and backward at once (1F1B)
 
   // parameter counts (elements)
   int64_t params_total = 0;      // the whole model, unsharded, the tied embedding once
@@ -45,10 +45,13 @@ struct MemoryPlan {
   size_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;
   size_t activation_bytes = 0;   // kept by one micro-batch's forward (what the first forward allocates)
   size_t workspace_bytes = 0;    // kept by backward between steps (its scratch buffers)
-  size_t pipeline_bytes = 0;     // stage inputs of in-flight micro-batches and the send buffers of a step
+  size_t pipeline_bytes = 0;     // receive buffers (model.recompute = block: the stage inputs of in-flight
+                                 // micro-batches) and the send buffers of a step
+  size_t stash_bytes = 0;        // recompute = none: the saved activations of the in_flight - 1
+                                 // micro-batches parked while the layers hold another one
   std::vector<std::pair<std::string, size_t>> activation_parts;  // breakdown of activation_bytes
   size_t total_bytes() const {
-    return param_bytes + grad_bytes + optim_bytes + activation_bytes + workspace_bytes + pipeline_bytes;
+    return param_bytes + grad_bytes + optim_bytes + activation_bytes + workspace_bytes + pipeline_bytes + stash_bytes;
   }
 
   // bytes this rank sends per optimizer step on each axis (ring all-reduce: 2 (n-1)/n x the buffer;

@@ -157,19 +157,10 @@ class Trainer {
     check_splits_in_use();
     if (mesh.rank() == 0) data_identity_ = dataset_identity(cfg_.data.path, train_, valid_);
     install_stop_signal_handlers();
-    ModelSharding sh;
-    sh.tensor_rank = mesh.coord(Axis::Tensor);
-    sh.tensor_size = mesh.extent(Axis::Tensor);
-    sh.tensor = &mesh.axis(Axis::Tensor);
-    sh.pipe_rank = mesh.coord(Axis::Pipe);
-    sh.pipe_size = mesh.extent(Axis::Pipe);
-    sh.data = &mesh.axis(Axis::Data);
-    sh.data_rank = mesh.coord(Axis::Data);
-    sh.data_size = mesh.extent(Axis::Data);
-    model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, sh);
+    model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, model_sharding(mesh));
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
-    pipeline_ = std::make_unique<PipelineExecutor>(*model_, mesh, timers_);
+    pipeline_ = std::make_unique<PipelineExecutor>(*model_, mesh, timers_, parse_recompute(cfg_.model.recompute));
     grad_sync_ = std::make_unique<GradientSync>(*model_, mesh);
     optimizer_ = make_optimizer(cfg_, model_->params(), all_entries(model_->params()),
                                 [this](const ParamInfo& p, int dim, double* buf, size_t n) {
@@ -530,18 +521,36 @@ class Trainer {
     mesh_.world_comm().all_reduce(secs.data(), secs.size(), Op::Max);
     timers_.reset();
     const double mfu = tokens_per_s * flops_per_token_ / peak_;
-    on_rank0_agreed([&] { write_step_row(step, s, tokens_per_s, eta, mfu, names, secs); });
+    const double bubble = pipeline_bubble();
+    on_rank0_agreed([&] { write_step_row(step, s, tokens_per_s, eta, mfu, bubble, names, secs); });
   }
 
-  void write_step_row(int64_t step, const StepStats& s, double tokens_per_s, double eta, double mfu,
+  // The measured pipeline bubble of the logging interval: the fraction of its time in the 1F1B
+  // schedule that a rank waited on the pipe axis, mean over the ranks; -1 without a pipeline.
+  double pipeline_bubble() {
+    const PipelineExecutor::Bubble b = pipeline_->take_bubble();
+    if (mesh_.extent(Axis::Pipe) == 1) return -1;
+    double fraction = b.train_s > 0 ? b.wait_s / b.train_s : 0;
+    mesh_.world_comm().all_reduce(&fraction, 1, Op::Sum);
+    return fraction / mesh_.world_comm().size();
+  }
+
+  void write_step_row(int64_t step, const StepStats& s, double tokens_per_s, double eta, double mfu, double bubble,
                       const std::vector<std::string>& names, const std::vector<double>& secs) {
-    std::printf("step %6lld/%lld | loss %.4f | aux %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | MFU %5.1f%% | ETA %s%s\n",
+    const double ideal = ideal_bubble(mesh_.extent(Axis::Pipe), int(cfg_.optim.micro_batches));
+    char bubble_text[64] = "";
+    if (bubble >= 0) std::snprintf(bubble_text, sizeof bubble_text, " | bubble %.0f%% (ideal %.0f%%)", 100 * bubble, 100 * ideal);
+    std::printf("step %6lld/%lld | loss %.4f | aux %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | MFU %5.1f%%%s | ETA %s%s\n",
                 (long long)step, (long long)cfg_.run.steps, s.loss, s.aux, s.lr, s.grad_norm, tokens_per_s,
-                100 * mfu, format_eta(eta).c_str(), s.skipped ? " | SKIPPED" : "");
+                100 * mfu, bubble_text, format_eta(eta).c_str(), s.skipped ? " | SKIPPED" : "");
     std::fflush(stdout);
     std::map<std::string, double> row{{"loss", s.loss},       {"aux_loss", s.aux},          {"z_loss", s.z},
                                       {"lr", s.lr},           {"grad_norm", s.grad_norm},   {"tokens_per_s", tokens_per_s},
                                       {"mfu", mfu},           {"skipped", s.skipped ? 1.0 : 0.0}};
+    if (bubble >= 0) {
+      row["pipeline_bubble"] = bubble;
+      row["pipeline_bubble_ideal"] = ideal;
+    }
     for (size_t i = 0; i < names.size(); ++i) row["time/" + names[i]] = secs[i];
     for (size_t l = 0; l < s.load.size(); ++l) row[moe_name(l) + "/dropped_fraction"] = s.dropped[l];
     metrics_->append(step, row);

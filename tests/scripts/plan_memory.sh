@@ -69,7 +69,10 @@ run_plan() {  # NAME NP
   [ "$rc" = 0 ] || { fail "$1: exit $rc"; sed 's/^/   stderr: /' "$tmp/$1.err"; }
 }
 run_plan dense 4
+# The same with model.recompute = block: stage inputs kept, forwards recomputed, nothing parked.
+sed 's/^\[model\]$/[model]\nrecompute = "block"/' "$tmp/switch.toml" >"$tmp/switch-block.toml"
 run_plan switch 4
+run_plan switch-block 4
 
 # The expected numbers, from the deck values (f = 4 bytes per float).
 "$PYTHON" - "$tmp" <<'PY' || fails=$((fails + 1))
@@ -136,13 +139,14 @@ rows = B // (MB * D); N = rows * T; NM = N * Md; G = N // S
 C = min(S, math.ceil(k * S * cf / E))
 El = E // D
 adaf = lambda *s: (math.prod(s[:-2]) * (s[-2] + s[-1])) if len(s) >= 2 else s[0]
-t = table(f"{tmp}/switch.out")
 n_total, n_act = head(f"{tmp}/switch.out")
 expert_one = Md * 2 * He + He * Md
 total = V * Md + T * Md + L * (4 * Md + 4 * Md * Md) + 2 * (Md * 2 * FF + FF * Md) + 2 * (Md * E + E * expert_one) + 2 * Md + V * Md
 expect("switch", "model parameters", n_total, total)
 expect("switch", "activated per token", n_act, total - 2 * (E - k) * expert_one)
-for stage in (0, 1):
+for deck, stage in [(d, s) for d in ("switch", "switch-block") for s in (0, 1)]:
+    t = table(f"{tmp}/{deck}.out")
+    park = deck == "switch"  # recompute = none
     blocks = [2 * stage, 2 * stage + 1]          # block 1 and 3 are MoE (every = 2)
     shapes = []
     if stage == 0: shapes += [(V, Md), (T, Md)]
@@ -166,8 +170,12 @@ for stage in (0, 1):
         act += (NM + N) * f + (NM + N * V) * f + N * 8 + 2 * N * f + N * 4
     work = (2 * NM + 2 * (NM + 4 * NM + T * T) + (NM + N * FF + 2 * N * FF)) * f
     in_flight = 2 if stage == 0 else 1
-    pipe_buf = (MB + 1) * NM * f if stage == 0 else (in_flight + MB) * NM * f
-    name = f"switch stage {stage}"
+    # recompute = block: a later stage keeps each in-flight input; none: one receive buffer
+    pipe_buf = (MB + 1) * NM * f if stage == 0 else ((1 if park else in_flight) + MB) * NM * f
+    # recompute = none parks in_flight - 1 micro-batches' activations, less what no backward reads:
+    # stage buffers, router logits [N, E], the all-to-all receive buffer [R, M] (one MoE layer here)
+    parked = (in_flight - 1) * (act - 3 * NM * f - N * E * f - El * D * G * C * Md * f) if park else 0
+    name = f"{deck} stage {stage}"
     c = stage
     expect(name, "parameters", int(t["parameters"][c]), params * f)
     expect(name, "optimizer state", int(t["optimizer state (adafactor)"][c]), state * f)
@@ -176,11 +184,12 @@ for stage in (0, 1):
     expect(name, "backward workspace", int(t["backward workspace"][c]), work)
     expect(name, "in flight", int(t["micro-batches in flight"][c]), in_flight)
     expect(name, "pipeline buffers", int(t["pipeline buffers"][c]), pipe_buf)
-    expect(name, "total", int(t["total"][c]), 2 * params * f + state * f + act + work + pipe_buf)
+    expect(name, "parked activations", int(t["parked activations"][c]), parked)
+    expect(name, "total", int(t["total"][c]), 2 * params * f + state * f + act + work + pipe_buf + parked)
     # data: ring all-reduce of the replicated params; 4 all-to-alls of [E, G, C, M] per MoE layer per
-    # forward and backward; 1F1B on stage 0 runs F0 F1 B0 B1 and recomputes each forward before its
-    # backward (the layers hold one micro-batch): 4 forwards there, 2 on stage 1
-    forwards = 4 if stage == 0 else 2
+    # forward and backward; 1F1B on stage 0 runs F0 F1 B0 B1; with recompute = block it recomputes
+    # each forward before its backward: 4 forwards there, 2 on stage 1
+    forwards = 4 if stage == 0 and not park else 2
     a2a = (forwards * 2 + MB * 2) * (D - 1) / D * E * G * C * Md * f
     expect(name, "data", int(t["data"][c]), round(ring((params - experts) * f, D) + a2a))
     expect(name, "pipe", int(t["pipe"][c]), MB * NM * f)

@@ -81,6 +81,15 @@ train_or_fail geglu-adafactor-pmoe-t2 2 --set model.activation=geglu --set optim
 train_or_fail evalsub 1 --set eval.examples_per_language=3
 train_or_fail evalsub-d2t2 4 --set eval.examples_per_language=3 --set mesh.data=2 --set mesh.tensor=2
 pairs+="evalsub:evalsub-d2t2 "
+# model.recompute (docs/ARCHITECTURE.md "Pipeline activations"): parking the in-flight
+# micro-batches' activations (none, the default) and recomputing the forward (block) are the same
+# arithmetic: bitwise equal; also with 4 micro-batches, which match one rank to 1e-5.
+train_or_fail gshard-p2-block 2 --set mesh.pipe=2 --set optim.micro_batches=2 ${model[gshard]} --set model.recompute=block
+train_or_fail dense-p2-block 2 --set mesh.pipe=2 --set optim.micro_batches=2 ${model[dense]} --set model.recompute=block
+train_or_fail gshard-p2-m4 2 --set mesh.pipe=2 --set optim.micro_batches=4 ${model[gshard]}
+train_or_fail gshard-p2-m4-block 2 --set mesh.pipe=2 --set optim.micro_batches=4 ${model[gshard]} --set model.recompute=block
+pairs+="gshard-1:gshard-p2-m4 "
+export BITWISE="gshard-p2:gshard-p2-block dense-p2:dense-p2-block gshard-p2-m4:gshard-p2-m4-block"
 pairs+="ref:micro2 ref:data2-micro2 untied:untied-pipe2 ref-h4:switch55-t4 ntlb:ntlb-d2t2 "
 pairs+="geglu-adafactor:geglu-adafactor-d2t2 "
 export PAIRS=$pairs
@@ -110,6 +119,22 @@ for ref_name, run in pairs:
         status = "ok" if np.array_equal(a, b) else "MISMATCH"
         bad += status != "ok"
         print(f"{run:24s} moe/{layer}/expert_load exact {status}")
+# recompute = none equals block bitwise; none never recomputes, block does (stage 0 of 2).
+for pair in os.environ["BITWISE"].split():
+    none_name, block_name = pair.split(":")
+    a, b = h5py.File(f"{T}/{none_name}/metrics.h5", "r"), h5py.File(f"{T}/{block_name}/metrics.h5", "r")
+    for key in ["loss", "aux_loss", "z_loss", "grad_norm", "eval/loss"]:
+        same = np.array_equal(a[key][()], b[key][()], equal_nan=True)
+        bad += not same
+        print(f"{block_name:24s} {key:10s} bitwise {'ok' if same else 'MISMATCH'}")
+    rn, rb = a["time/pipeline_recompute"][()], b["time/pipeline_recompute"][()]
+    ok = np.all(rn == 0) and np.all(rb > 0)
+    bad += not ok
+    print(f"{block_name:24s} pipeline_recompute none {rn.sum():.4f} s, block {rb.sum():.4f} s {'ok' if ok else 'MISMATCH'}")
+    bub, ideal = a["pipeline_bubble"][()], a["pipeline_bubble_ideal"][()]
+    ok = np.all((bub >= 0) & (bub < 1)) and np.all(ideal == ideal[0]) and ideal[0] > 0
+    bad += not ok
+    print(f"{none_name:24s} pipeline_bubble {bub.mean():.3f} (ideal {ideal[0]:.3f}) {'ok' if ok else 'MISMATCH'}")
 # eval.examples_per_language scores every language that has validation examples.
 sub = h5py.File(f"{T}/evalsub/metrics.h5", "r")
 toks = sub["eval/lang_tokens"][()]

@@ -39,6 +39,23 @@ class AllToAllDispatcher {
   // expert [expert_rows_total, M] -> local [local_rows, M] (overwritten)
   void from_experts(const StepContext& ctx, const T* expert, T* local);
 
+  // The plan of the last forward (activation_stash.hpp); recv_ is scratch.
+  template <class F>
+  void saved_state(F&& f) {
+    f(fixed_);
+    f(local_rows_);
+    f(expert_total_);
+    f(recv_rows_);
+    f(recv_off_);
+    f(expert_off_);
+    f(send_rows_d_);
+    f(recv_rows_d_);
+    f(expert_rows_);
+    f(expert_token_);
+    f(expert_from_recv_);
+    f(recv_from_expert_);
+  }
+
   size_t local_rows() const { return local_rows_; }
   size_t expert_rows_total() const { return expert_total_; }
   // [E_local] rows of each local expert on the expert side (from all ranks).

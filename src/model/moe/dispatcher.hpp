@@ -44,6 +44,17 @@ class IndexDispatcher {
   // dgate = <dy[n], out[row]>, 0 for a choice without a row)
   void combine_backward(const Routing<T>& r, const T* dy, const T* out, T* dout, T* dgate, int M) const;
 
+  // The plan of the last forward (activation_stash.hpp).
+  template <class F>
+  void saved_state(F&& f) {
+    f(slot_token_);
+    f(slot_global_);
+    f(slot_choice_);
+    f(choice_row_);
+    f(token_rows_);
+    f(expert_rows_);
+  }
+
   size_t rows() const { return slot_token_.size(); }
   // [experts held] rows of each expert, in buffer order.
   const std::vector<int>& expert_rows() const { return expert_rows_; }

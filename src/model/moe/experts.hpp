@@ -47,6 +47,16 @@ class Experts {
   // dy [rows, M] -> dx [rows, M] (added), w_in.g, w_out.g (added); the row layout of the last forward.
   void backward(const StepContext& ctx, const T* dy, T* dx);
 
+  // What backward reads of the last forward (activation_stash.hpp).
+  template <class F>
+  void saved_state(F&& f) {
+    f(start_);
+    f(x_);
+    f(pre_);
+    f(h_);
+    f(mask_);
+  }
+
   int e0() const { return e0_; }
   int e_local() const { return e_local_; }
   int h0() const { return h0_; }

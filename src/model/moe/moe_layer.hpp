@@ -58,6 +58,19 @@ class MoeLayer {
   // stats().aux_sum and stats().z_sum in the trainer's loss.
   void backward(const StepContext& ctx, const T* dy, T* dx, int N, double aux_weight, double z_weight);
 
+  // What backward reads of the last forward, the stages' included (activation_stash.hpp); the
+  // index-select dispatcher keeps nothing.
+  template <class F>
+  void saved_state(F&& f) {
+    router.saved_state(f);
+    dispatcher.saved_state(f);
+    experts.saved_state(f);
+    if (a2a) a2a->saved_state(f);
+    f(buf_);
+    f(out_);
+    f(expert_side_elems_);
+  }
+
   const MoeStats& stats() const { return stats_; }
   const MoeOptions& options() const { return opt_; }
   const MoePlacement& placement() const { return place_; }

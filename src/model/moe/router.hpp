@@ -51,6 +51,20 @@ class Router {
   // coef / total groups and coef / total tokens).
   void backward(const StepContext& ctx, const T* dgate, T* dx, int N, double aux_weight, double z_weight);
 
+  // What backward reads of the last forward (activation_stash.hpp).
+  template <class F>
+  void saved_state(F&& f) {
+    f(jittered_);
+    f(jitter_);
+    f(xj_);
+    f(probs_);
+    f(lse_);
+    f(top_);
+    f(norm_);
+    f(frac_);
+    f(r_);
+  }
+
   const Routing<T>& routing() const { return r_; }
   const Buffer<T>& probs() const { return probs_; }  // [N, E] softmax of the router logits
   double aux_sum = 0, z_sum = 0;
