@@ -89,6 +89,16 @@ class Comm {
   virtual void isend_raw(const void* buf, size_t n, DType t, int dest, int tag) { send_raw(buf, n, t, dest, tag); }
   // Waits for every isend of this Comm to complete.
   virtual void wait_sends() {}
+  // A non-blocking all-reduce in place: returns at once; `buf` must stay untouched until
+  // wait_all_reduces() returns or test_all_reduces() returned true. Blocking and non-blocking
+  // collectives keep one order on every rank of the group (MPI 3.1 section 5.12). The default
+  // (NCCL, whose collectives are already asynchronous to the host on the comm's stream) reduces now.
+  virtual void iall_reduce_raw(void* buf, size_t n, DType t, Op op) { all_reduce_raw(buf, n, t, op); }
+  // Lets the pending non-blocking all-reduces progress (Open MPI moves them only inside MPI calls)
+  // and returns true when all of them have completed.
+  virtual bool test_all_reduces() { return true; }
+  // Waits for every pending non-blocking all-reduce of this Comm to complete.
+  virtual void wait_all_reduces() {}
 
   // Counts exchange before a variable all-to-all: given what this rank sends to each rank
   // ([size] host array), returns what it receives from each rank. Always on the host.
@@ -100,6 +110,10 @@ class Comm {
   template <class T>
   void all_reduce(T* buf, size_t n, Op op = Op::Sum) {
     all_reduce_raw(buf, n, dtype_of<T>(), op);
+  }
+  template <class T>
+  void iall_reduce(T* buf, size_t n, Op op = Op::Sum) {
+    iall_reduce_raw(buf, n, dtype_of<T>(), op);
   }
   template <class T>
   void broadcast(T* buf, size_t n, int root) {

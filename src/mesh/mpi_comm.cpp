@@ -1,4 +1,5 @@
-// MpiComm: every operation is one MPI call on the group's communicator (blocking).
+// MpiComm: every operation is one MPI call on the group's communicator (blocking, but for isend and
+// iall_reduce, which leave requests that wait_sends / test_all_reduces / wait_all_reduces complete).
 #include "mesh/mpi_comm.hpp"
 
 #include <climits>
@@ -124,6 +125,27 @@ void MpiComm::all_to_allv_raw(const void* send, const size_t* send_counts, void*
   count(r_off, "all_to_allv receive total");
   check(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type(t), recv, rc.data(), rd.data(), mpi_type(t), comm_),
         "MPI_Alltoallv");
+}
+
+void MpiComm::iall_reduce_raw(void* buf, size_t n, DType t, Op op) {
+  MPI_Request r;
+  check(MPI_Iallreduce(MPI_IN_PLACE, buf, count(n, "iall_reduce"), mpi_type(t), mpi_op(op), comm_, &r),
+        "MPI_Iallreduce");
+  pending_reduces_.push_back(r);
+}
+
+bool MpiComm::test_all_reduces() {
+  if (pending_reduces_.empty()) return true;
+  int done = 0;
+  check(MPI_Testall(int(pending_reduces_.size()), pending_reduces_.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+  if (done) pending_reduces_.clear();
+  return done != 0;
+}
+
+void MpiComm::wait_all_reduces() {
+  if (pending_reduces_.empty()) return;
+  check(MPI_Waitall(int(pending_reduces_.size()), pending_reduces_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  pending_reduces_.clear();
 }
 
 std::vector<size_t> MpiComm::exchange_counts(std::span<const size_t> send_counts) {

@@ -40,6 +40,9 @@ class MpiComm final : public Comm {
   void recv_raw(void* buf, size_t n, DType t, int source, int tag) override;
   void isend_raw(const void* buf, size_t n, DType t, int dest, int tag) override;
   void wait_sends() override;
+  void iall_reduce_raw(void* buf, size_t n, DType t, Op op) override;
+  bool test_all_reduces() override;
+  void wait_all_reduces() override;
   std::vector<size_t> exchange_counts(std::span<const size_t> send_counts) override;
 
  private:
@@ -49,6 +52,7 @@ class MpiComm final : public Comm {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<MPI_Request> pending_sends_;
+  std::vector<MPI_Request> pending_reduces_;
   std::string label_;
   int rank_ = 0, size_ = 0;
 };

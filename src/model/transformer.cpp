@@ -82,19 +82,25 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& s
   const int L = shape_.num_layers, P = sharding_.pipe_size, stage = sharding_.pipe_rank;
   first_block_ = stage * L / P;
   if (first_stage()) emb_.declare(params_, "embed");
+  std::vector<BlockGrads> block_first_param;  // indices into the parameter table
   for (int i = first_block_; i < (stage + 1) * L / P; ++i) {
     Block& b = blocks_.emplace_back(cfg, shape_, i, sharding_);
     b.attn.tensor_allreduce = tensor_allreduce;
     if (b.mlp) b.mlp->tensor_allreduce = tensor_allreduce;
     const std::string p = "blocks." + std::to_string(i);
+    BlockGrads& first = block_first_param.emplace_back();
+    first.block = params_.infos().size();
     b.ln1.declare(params_, p + ".ln1");
+    first.attn = params_.infos().size();
     b.attn.declare(params_, p + ".attn");
     b.ln2.declare(params_, p + ".ln2");
+    first.ffn = params_.infos().size();
     if (b.moe)
       b.moe->declare(params_, p + ".moe");
     else
       b.mlp->declare(params_, p + ".mlp");
   }
+  const size_t tail_first_param = params_.infos().size();
   if (last_stage()) {
     lnf_.declare(params_, "ln_f");
     ParamView<T>* tied = nullptr;
@@ -107,6 +113,12 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& s
     head_.declare(params_, "head", tied);
   }
   params_.allocate();
+  auto flat_begin = [&](size_t param) {
+    return param < params_.infos().size() ? params_.infos()[param].flat_offset : params_.size();
+  };
+  for (const BlockGrads& p : block_first_param)
+    block_grads_.push_back({flat_begin(p.block), flat_begin(p.attn), flat_begin(p.ffn)});
+  tail_grads_begin_ = flat_begin(tail_first_param);
 }
 
 template <typename T>
@@ -202,8 +214,14 @@ void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w, cons
   } else {
     copy_from(d_.data(), d_out, NM);
   }
+  auto final_from = [&](size_t offset) {
+    if (grads_final_from && offset > 0) grads_final_from(offset);  // 0 once, at the end
+  };
+  final_from(tail_grads_begin_);
+  size_t block = blocks_.size();
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
     Block& b = *it;
+    --block;
     fill_with(dh_.data(), NM, T(0));
     if (b.moe) {
       b.moe->backward(ctx, d_.data(), dh_.data(), N_, w.aux, w.z);
@@ -211,15 +229,19 @@ void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w, cons
       ScopedPhase t(ctx.timers, "dense_ffn");
       b.mlp->backward(ctx, d_.data(), dh_.data(), N_);
     }
+    final_from(block_grads_[block].ffn);
     b.ln2.backward(ctx, dh_.data(), d_.data(), N_);  // d_ = residual grad + ln2 path
     fill_with(dh_.data(), NM, T(0));
     {
       ScopedPhase t(ctx.timers, "attention");
       b.attn.backward(ctx, d_.data(), dh_.data(), N_);
     }
+    final_from(block_grads_[block].attn);
     b.ln1.backward(ctx, dh_.data(), d_.data(), N_);
+    final_from(block_grads_[block].block);
   }
   if (first_stage()) emb_.backward(ctx, d_.data(), N_);
+  if (grads_final_from) grads_final_from(0);
 }
 
 template class Transformer<float>;

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,6 +121,13 @@ class Transformer {
     ce_.saved_state(f);
     f(logits_);
   }
+  // Called during backward with a flat offset into the gradient buffer: from there to its end, this
+  // backward will not change a gradient again (the head first, then the blocks last first, each
+  // feed-forward before its attention, the embedding last: docs/ARCHITECTURE.md "One training
+  // step"). The offsets never increase, and the backward ends with 0, once. Lets the data-parallel
+  // gradient all-reduce start while the backward goes on, as the tensor all-reduce hook lets the
+  // tensor axis talk, without the model knowing the mesh.
+  std::function<void(size_t)> grads_final_from;
   const Buffer<T>& stage_output() const { return x_; }
   // The first part of this stage whose output held a NaN or Inf in the last forward ("embed",
   // "blocks.<i>", "head"), or "" when all were finite.
@@ -153,6 +161,11 @@ class Transformer {
   ParamView<T> wte_copy_;     // last stage with tied embeddings and pipe > 1: "embed.wte" again
   std::deque<Block> blocks_;  // deque: layers must not move after declare()
   int first_block_ = 0;
+  struct BlockGrads {
+    size_t block, attn, ffn;  // flat offsets of the block's, its attention's and its FFN's parameters
+  };
+  std::vector<BlockGrads> block_grads_;  // for grads_final_from
+  size_t tail_grads_begin_ = 0;          // flat offset of ln_f (last stage), else the buffer's end
   LayerNorm<T> lnf_;
   OutputHead<T> head_;
   CrossEntropy<T> ce_;

@@ -1,8 +1,17 @@
 // What a step's gradients need between the backward and the update (DESIGN.md "The mesh"): the
 // gradients of parameters replicated over the data axis are summed over it, and the global norm
 // counts every unique parameter element once, whatever the mesh.
+//
+// The sum over data can overlap the backward (PyTorch DDP's gradient buckets): the data-replicated
+// gradients are cut into buckets of contiguous ranges of the flat buffer, in the order the backward
+// finishes them (the head, then the last block first), and each bucket's non-blocking all-reduce
+// starts as soon as the model reports its gradients final in the last micro-batch's backward
+// (docs/ARCHITECTURE.md "One training step"); the token embedding's rows that the last micro-batch
+// does not embed go first. Each element is summed over the same ranks as in the blocking path.
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -13,12 +22,31 @@ namespace meshmoe {
 
 class GradientSync {
  public:
-  // Plans the all-reduces and the norm's entries from the model's parameter table.
-  GradientSync(Transformer<float>& model, Mesh& mesh);
+  // Plans the all-reduces and the norm's entries from the model's parameter table. bucket_elems > 0
+  // (run.grad_bucket_mb) overlaps the sum over data with the backward in buckets of about that many
+  // elements; 0 sums everything after the backward. With tied embeddings on a pipeline, the token
+  // embedding and its copy are summed over pipe first (PipelineExecutor::sync_tied_embedding), so
+  // they stay out of the buckets and are reduced after the backward.
+  GradientSync(Transformer<float>& model, Mesh& mesh, size_t bucket_elems = 0, bool tied_embeddings = false);
+  ~GradientSync();
+  GradientSync(const GradientSync&) = delete;
+  GradientSync& operator=(const GradientSync&) = delete;
+
+  // Arms the overlap for a step of `micro_batches` backward passes on this rank: buckets start
+  // during the last one, when the gradients have summed every micro-batch. The tokens of the last
+  // micro-batch's global rows (all data ranks) let the token embedding's rows they do not name
+  // start first; without them its rows wait for the end of the backward.
+  void begin_step(int micro_batches, std::span<const int32_t> last_micro_batch_tokens = {});
 
   // Sums the gradients of data-replicated parameters over the data axis (all but experts split
-  // over data): contiguous runs of them in the flat buffer, one all-reduce per run.
+  // over data). Without overlap: contiguous runs of them in the flat buffer, one all-reduce per run.
+  // With overlap: waits for the buckets (starting any the backward did not), then reduces the
+  // parameters kept out of them. Call after sync_tied_embedding.
   void reduce_over_data();
+
+  // Buckets of the last step whose all-reduce started before its backward ended.
+  int buckets_started_in_backward() const { return started_in_backward_; }
+  size_t num_buckets() const { return buckets_.size(); }
 
   // The global gradient norm: each rank sums the squares of the elements it is responsible for
   // (a replicated parameter on one rank of its replicas: coordinate 0 of every axis it is not
@@ -26,9 +54,31 @@ class GradientSync {
   double global_norm();
 
  private:
+  using Range = std::pair<size_t, size_t>;  // (flat offset, size)
+  struct Bucket {
+    size_t begin, size;
+    size_t ready_from;  // starts when the backward reports gradients final from here: begin, or
+                        // SIZE_MAX for the first report
+  };
+  // Appends `range` cut from its end into buckets, ready from their begin or at the first report.
+  void add_buckets(std::vector<Bucket>& out, Range range, bool at_first_report) const;
+  void on_grads_final(size_t from);  // the model's grads_final_from hook
+  void start_ready(size_t from);
+
   Transformer<float>& model_;
   Mesh& mesh_;
-  std::vector<std::pair<size_t, size_t>> data_replicated_ranges_;  // (flat offset, size)
+  size_t bucket_elems_;
+  bool overlap_ = false;
+  std::vector<Range> data_replicated_ranges_;  // blocking path: every run
+  std::vector<Bucket> planned_;                // overlap: all but the token embedding, last first
+  std::vector<Bucket> buckets_;                // this step's, in start order (ready_from descending)
+  std::vector<Range> after_backward_;          // overlap: the tied embedding (pipe > 1)
+  struct {
+    size_t offset = 0, rows = 0, width = 0;
+  } token_embedding_;                          // overlap on the first stage, unless tied over pipe
+  size_t next_bucket_ = 0;                     // buckets_[0, next_bucket_) have started
+  int backwards_left_ = 0;                     // of this step; the buckets start in the last one
+  int started_in_backward_ = 0;
   std::vector<size_t> norm_entries_;
 };
 

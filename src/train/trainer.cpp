@@ -161,7 +161,9 @@ class Trainer {
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
     pipeline_ = std::make_unique<PipelineExecutor>(*model_, mesh, timers_, parse_recompute(cfg_.model.recompute));
-    grad_sync_ = std::make_unique<GradientSync>(*model_, mesh);
+    const size_t bucket_elems = size_t(cfg_.run.grad_bucket_mb * (1 << 20)) / sizeof(float);
+    grad_sync_ = std::make_unique<GradientSync>(
+        *model_, mesh, cfg_.run.grad_bucket_mb > 0 ? std::max<size_t>(bucket_elems, 1) : 0, cfg_.model.tied_embeddings);
     optimizer_ = make_optimizer(cfg_, model_->params(), all_entries(model_->params()),
                                 [this](const ParamInfo& p, int dim, double* buf, size_t n) {
                                   // A block split along `dim`: the expert dimension of [E, ...] expert
@@ -447,9 +449,11 @@ class Trainer {
         mesh_.rank() == cfg_.debug.nan_rank)
       model_->inject_nan_next_forward();
     const auto moe = model_->moe_layers();
+    const size_t last_micro_tokens = size_t(B / cfg_.optim.micro_batches) * T;  // all data ranks' rows
+    grad_sync_->begin_step(int(micros.size()), std::span(batch.inputs).last(last_micro_tokens));
     pipeline_->train(micros, w, [&](const ForwardStats& f) { sums.add(f, moe, first_moe_layer_); });
     {
-      ScopedPhase t(&timers_, "grad_allreduce");
+      ScopedPhase t(&timers_, "grad_allreduce");  // with buckets: what the backward did not hide
       pipeline_->sync_tied_embedding(cfg_.model.tied_embeddings);
       grad_sync_->reduce_over_data();
       sums.all_reduce(mesh_.axis(Axis::Pipe), data_comm_);
