@@ -17,20 +17,6 @@
 
 namespace meshmoe {
 
-// This rank's part of the model on `mesh`: its coordinates and the communicators of its layers.
-inline ModelSharding model_sharding(Mesh& mesh) {
-  ModelSharding sh;
-  sh.tensor_rank = mesh.coord(Axis::Tensor);
-  sh.tensor_size = mesh.extent(Axis::Tensor);
-  sh.tensor = &mesh.axis(Axis::Tensor);
-  sh.pipe_rank = mesh.coord(Axis::Pipe);
-  sh.pipe_size = mesh.extent(Axis::Pipe);
-  sh.data = &mesh.axis(Axis::Data);
-  sh.data_rank = mesh.coord(Axis::Data);
-  sh.data_size = mesh.extent(Axis::Data);
-  return sh;
-}
-
 // One micro-batch of this rank: its rows of the global batch and the context keyed by them.
 struct Micro {
   Batch rows;
