@@ -236,7 +236,8 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
                  N * sizeof(double) + G * E * sizeof(double) + 2 * N * k * sizeof(int) + N * k * kF +
                  E * sizeof(int64_t);
       // token side (dispatcher): slot -> token maps [E', G, C] int and int64, buffers [E', G, C, M]
-      // in and out; E' = E (all-to-all moves them whole) or E_local (index-select picks its experts)
+      // in and out; E' = E (all-to-all) or E_local (index-select picks its experts). Only the filled
+      // slots are used, but the buffers keep this room (MoeLayer::reserve_full_layout)
       const Checked Et = expert_on_data ? E : El;
       r += Et * G * C * (sizeof(int) + sizeof(int64_t)) + 2 * Et * G * C * M * kF;
       // expert side: rows = E_local x (D G over data | G) x C; x [rows, M], pre [rows, H'],
@@ -250,6 +251,10 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
         r += rows * M * kF + rows * sizeof(int64_t) + (2 * D + 3 * D * El) * sizeof(int64_t) + El * sizeof(int);
       a_moe += r;
       unparked += N * E * kF + (expert_on_data && D > 1 ? rows * M * kF : Checked(0));
+      // backward scratch: router dxr [N, M] (jitter only); dgate [N k], dout [E' G C, M], dxe
+      // [rows, M]; index-select: dx [N, M]; one expert's dh [R, H] and dpre [R, H'], R = rows / E_local
+      w += ((mo.jitter_eps > 0 ? NM : 0) + N * k + Et * G * C * M + rows * M + (!expert_on_data && Tn > 1 ? NM : 0) +
+            rows / El * (Hel + Hinl)) * kF;
     } else {
       ++dense_here;
       // x [N, M], pre [N, W], h [N, H_local]

@@ -168,7 +168,11 @@ for deck, stage in [(d, s) for d in ("switch", "switch-block") for s in (0, 1)]:
            + (NM + 2 * N * FF + N * FF) * f + moe)
     if stage == 1:
         act += (NM + N) * f + (NM + N * V) * f + N * 8 + 2 * N * f + N * 4
-    work = (2 * NM + 2 * (NM + 4 * NM + T * T) + (NM + N * FF + 2 * N * FF)) * f
+    # MoE backward scratch: router dxr [N, M] (jitter); dgate [N k], dout [E G C, M], dxe [R, M];
+    # one expert's dh [R / El, He] and dpre [R / El, 2 He]
+    R = El * D * G * C
+    moe_work = (NM + N * k + E * G * C * Md + R * Md + R // El * (He + 2 * He)) * f
+    work = (2 * NM + 2 * (NM + 4 * NM + T * T) + (NM + N * FF + 2 * N * FF)) * f + moe_work
     in_flight = 2 if stage == 0 else 1
     # recompute = block: a later stage keeps each in-flight input; none: one receive buffer
     pipe_buf = (MB + 1) * NM * f if stage == 0 else ((1 if park else in_flight) + MB) * NM * f

@@ -22,10 +22,8 @@ AllToAllDispatcher<T>::AllToAllDispatcher(Comm* data, int D, int data_rank, int 
 }
 
 template <typename T>
-void AllToAllDispatcher<T>::plan(const StepContext& ctx, std::span<const int> send_rows, const int64_t* row_token,
-                                 bool fixed) {
+void AllToAllDispatcher<T>::plan(const StepContext& ctx, std::span<const int> send_rows, const int64_t* row_token) {
   if (send_rows.size() != size_t(E_)) throw std::logic_error("AllToAllDispatcher::plan: one row count per expert");
-  fixed_ = fixed;
   local_rows_ = 0;
   for (int r : send_rows) local_rows_ += size_t(r);
   send_rows_d_.assign(D_, 0);
@@ -33,17 +31,13 @@ void AllToAllDispatcher<T>::plan(const StepContext& ctx, std::span<const int> se
 
   // Rows arriving from rank j for local expert el.
   recv_rows_.assign(size_t(D_) * El_, 0);
-  if (fixed) {
-    for (int e = 1; e < E_; ++e)
-      if (send_rows[e] != send_rows[0]) throw std::logic_error("AllToAllDispatcher: fixed layout with unequal rows");
-    std::fill(recv_rows_.begin(), recv_rows_.end(), int64_t(send_rows[0]));
-  } else {
-    // THE HOST WAIT POINT of the dropless dispatch: the data exchange cannot be sized before every
-    // peer's per-expert counts have arrived.
-    std::vector<int64_t> mine(send_rows.begin(), send_rows.end());
+  {
+    // THE HOST WAIT POINT of the dispatch: the data exchange cannot be sized before every peer's
+    // per-expert counts have arrived.
+    mine_.assign(send_rows.begin(), send_rows.end());
     ScopedPhase t(ctx.timers, "moe_alltoall");
-    if (D_ > 1) comm_->all_to_all(mine.data(), recv_rows_.data(), size_t(El_));
-    else recv_rows_ = mine;
+    if (D_ > 1) comm_->all_to_all(mine_.data(), recv_rows_.data(), size_t(El_));
+    else recv_rows_ = mine_;
   }
   recv_rows_d_.assign(D_, 0);
   recv_off_.assign(size_t(D_) * El_, 0);
@@ -73,10 +67,19 @@ void AllToAllDispatcher<T>::plan(const StepContext& ctx, std::span<const int> se
     }
 
   // The global token of every row travels with it (keys the expert dropout on the receiving rank).
-  std::vector<int64_t> recv_tok(expert_total_);
-  exchange(row_token, recv_tok.data(), 1, false);
+  recv_tok_.resize(expert_total_);
+  exchange(row_token, recv_tok_.data(), 1, false);
   expert_token_.resize(expert_total_);
-  for (size_t row = 0; row < expert_total_; ++row) expert_token_[row] = recv_tok[size_t(expert_from_recv_[row])];
+  for (size_t row = 0; row < expert_total_; ++row) expert_token_[row] = recv_tok_[size_t(expert_from_recv_[row])];
+}
+
+template <typename T>
+void AllToAllDispatcher<T>::reserve(size_t rows) {
+  recv_.reserve(rows * size_t(M_));
+  expert_token_.reserve(rows);
+  expert_from_recv_.reserve(rows);
+  recv_from_expert_.reserve(rows);
+  recv_tok_.reserve(rows);
 }
 
 // One all-to-all of rows of `width` elements: forward (local -> recv order) or back.
@@ -90,16 +93,13 @@ void AllToAllDispatcher<T>::exchange(const U* send, U* recv, size_t width, bool 
     else std::copy(send, send + s[0] * width, recv);
     return;
   }
-  if (fixed_) {
-    comm_->all_to_all(send, recv, s[0] * width);
-    return;
-  }
-  std::vector<size_t> sc(D_), rc(D_);
+  sc_.resize(D_);
+  rc_.resize(D_);
   for (int j = 0; j < D_; ++j) {
-    sc[j] = s[j] * width;
-    rc[j] = r[j] * width;
+    sc_[j] = s[j] * width;
+    rc_[j] = r[j] * width;
   }
-  comm_->all_to_allv(send, std::span<const size_t>(sc), recv, std::span<const size_t>(rc));
+  comm_->all_to_allv(send, std::span<const size_t>(sc_), recv, std::span<const size_t>(rc_));
 }
 
 // local [local_rows, M] -> recv [D, El, rows, M] -> expert [El, D, rows, M]

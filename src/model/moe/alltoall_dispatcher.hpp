@@ -8,9 +8,8 @@
 //   local buffer  [rows, M]  rows of expert 0, 1, ..., E-1 (this rank's tokens)
 //   expert side   [rows', M] rows of local expert 0 from rank 0, 1, ..., D-1, then local expert 1, ...
 //
-// Capacity routing: every rank sends G*C rows per expert (equal on all ranks), one all_to_all.
-// Dropless routing: only the filled slots; the per-expert row counts are exchanged first (the host
-// wait point) and the rows move with all_to_allv. The global token index of every row travels with
+// Only the filled slots move (the compact layout, dispatcher.hpp): the per-expert row counts are
+// exchanged first (the host wait point) and the rows move with all_to_allv. The global token index of every row travels with
 // the rows (int64), so the receiving rank keys the expert dropout exactly as the unsharded layer.
 #pragma once
 #include <cstdint>
@@ -30,9 +29,10 @@ class AllToAllDispatcher {
   AllToAllDispatcher(Comm* data, int D, int data_rank, int E, int M);
 
   // send_rows [E]: rows of each expert in the local buffer; row_token [sum send_rows]: global token
-  // of each row, -1 for an empty one. fixed: send_rows is the same on every rank (capacity routing:
-  // one all_to_all, no counts exchange). Exchanges the counts (unless fixed) and the row tokens.
-  void plan(const StepContext& ctx, std::span<const int> send_rows, const int64_t* row_token, bool fixed);
+  // of each row. Exchanges the counts and the row tokens.
+  void plan(const StepContext& ctx, std::span<const int> send_rows, const int64_t* row_token);
+  // Room for `rows` expert-side rows, so that plan() and the exchanges do not reallocate below it.
+  void reserve(size_t rows);
 
   // local [local_rows, M] -> expert [expert_rows_total, M] (overwritten)
   void to_experts(const StepContext& ctx, const T* local, T* expert);
@@ -60,7 +60,7 @@ class AllToAllDispatcher {
   size_t expert_rows_total() const { return expert_total_; }
   // [E_local] rows of each local expert on the expert side (from all ranks).
   const std::vector<int>& expert_rows() const { return expert_rows_; }
-  // [expert_rows_total] global token of each expert-side row, -1 for an empty one.
+  // [expert_rows_total] global token of each expert-side row.
   const Buffer<int64_t>& expert_row_token() const { return expert_token_; }
   int e0() const { return e0_; }
   int e_local() const { return El_; }
@@ -71,7 +71,6 @@ class AllToAllDispatcher {
 
   Comm* comm_;
   int D_, E_, El_, e0_, M_;
-  bool fixed_ = true;
   size_t local_rows_ = 0, expert_total_ = 0;
   std::vector<int64_t> recv_rows_;   // [D, El] rows from source j for local expert el
   std::vector<size_t> recv_off_;     // [D, El] first row of (j, el) in recv order
@@ -84,6 +83,10 @@ class AllToAllDispatcher {
   Buffer<int64_t> expert_from_recv_;  // [expert_rows_total] recv-order row of each expert-order row
   Buffer<int64_t> recv_from_expert_;  // [expert_rows_total] the inverse permutation
   Buffer<T> recv_;                    // [expert_rows_total, M] in recv order
+  // plan's and exchange's scratch: this rank's counts [E], the row tokens in recv order, the
+  // all_to_allv element counts [D]
+  std::vector<int64_t> mine_, recv_tok_;
+  std::vector<size_t> sc_, rc_;
 };
 
 }  // namespace meshmoe

@@ -11,7 +11,7 @@ namespace meshmoe {
 
 template <typename T>
 void IndexDispatcher<T>::plan(const Routing<T>& r, uint64_t token_offset, DispatchLayout layout) {
-  const int e0 = layout.e0, El = layout.count < 0 ? r.E - e0 : layout.count, G = r.G, C = r.C;
+  const int e0 = layout.e0, El = layout.count < 0 ? r.E - e0 : layout.count, G = r.G;
   for (int n = 0; n < r.N; ++n)
     for (int i = 0; i < r.k; ++i) {
       const size_t c = size_t(n) * r.k + i;
@@ -21,24 +21,24 @@ void IndexDispatcher<T>::plan(const Routing<T>& r, uint64_t token_offset, Dispat
                     " slot " + std::to_string(r.slot[c]) + " outside E = " + std::to_string(r.E) +
                     ", C = " + std::to_string(r.C));
     }
-  // start [El*G]: first row of (expert e0 + el, group g); fill [El*G]: its rows.
-  std::vector<int64_t> start(size_t(El) * G), fill(size_t(El) * G, layout.compact ? 0 : C);
-  if (layout.compact)
-    for (int n = 0; n < r.N; ++n)
-      for (int i = 0; i < r.k; ++i) {
-        const size_t c = size_t(n) * r.k + i;
-        const int el = r.expert[c] - e0;
-        if (r.expert[c] < 0 || el < 0 || el >= El) continue;
-        int64_t& f = fill[size_t(el) * G + n / r.S];
-        f = std::max<int64_t>(f, r.slot[c] + 1);
-      }
+  // start [El*G]: first row of (expert e0 + el, group g); fill [El*G]: its rows (highest slot + 1).
+  start_.assign(size_t(El) * G, 0);
+  fill_.assign(size_t(El) * G, 0);
+  for (int n = 0; n < r.N; ++n)
+    for (int i = 0; i < r.k; ++i) {
+      const size_t c = size_t(n) * r.k + i;
+      const int el = r.expert[c] - e0;
+      if (r.expert[c] < 0 || el < 0 || el >= El) continue;
+      int64_t& f = fill_[size_t(el) * G + n / r.S];
+      f = std::max<int64_t>(f, r.slot[c] + 1);
+    }
   expert_rows_.assign(size_t(El), 0);
   int64_t total = 0;
   for (int el = 0; el < El; ++el)
     for (int g = 0; g < G; ++g) {
-      start[size_t(el) * G + g] = total;
-      total += fill[size_t(el) * G + g];
-      expert_rows_[el] += int(fill[size_t(el) * G + g]);
+      start_[size_t(el) * G + g] = total;
+      total += fill_[size_t(el) * G + g];
+      expert_rows_[el] += int(fill_[size_t(el) * G + g]);
     }
   slot_token_.assign(size_t(total), -1);
   slot_global_.assign(size_t(total), -1);
@@ -52,7 +52,7 @@ void IndexDispatcher<T>::plan(const Routing<T>& r, uint64_t token_offset, Dispat
       const size_t c = size_t(n) * r.k + i;
       const int el = r.expert[c] - e0;
       if (r.expert[c] < 0 || el < 0 || el >= El) continue;
-      const int64_t row = start[size_t(el) * G + n / r.S] + r.slot[c];
+      const int64_t row = start_[size_t(el) * G + n / r.S] + r.slot[c];
       choice_row_[c] = row;
       slot_token_[row] = n;
       slot_global_[row] = int64_t(token_offset + uint64_t(n));
@@ -61,6 +61,13 @@ void IndexDispatcher<T>::plan(const Routing<T>& r, uint64_t token_offset, Dispat
     }
     std::sort(rows_of_n, rows_of_n + held);
   }
+}
+
+template <typename T>
+void IndexDispatcher<T>::reserve(size_t rows) {
+  slot_token_.reserve(rows);
+  slot_global_.reserve(rows);
+  slot_choice_.reserve(rows);
 }
 
 // x [N, M] -> buf [rows, M]

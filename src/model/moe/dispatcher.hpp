@@ -1,14 +1,15 @@
 // Local permutation between token order [N, M] and the expert buffers, driven by the router's
 // (expert, slot, gate) triples (Tutel / Megatron style index form: the fast path).
 //
-// Two buffer layouts, both expert-major (GShard's EGCM order, Algorithm 2 line 3), so that splitting
-// a buffer over the expert dimension for an all-to-all is a contiguous split:
-//   full     [E, G, C, M]: G*C rows per expert, zeros in unused slots (capacity routing);
-//   compact  only the filled slots, still in (expert, group, slot) order: rows[e] rows per expert
-//            (dropless routing, where C = S would make the full buffer huge, and Pipeline-MoE's
-//            index selection). Slots of an (expert, group) are filled from 0 up (router.cpp), so
-//            a compact row is start(e, g) + slot.
-// A layout may also hold only the experts [e0, e0 + count) (expert_axis = tensor: this rank's
+// The buffer is expert-major (GShard's EGCM order, Algorithm 2 line 3), so that splitting it over the
+// expert dimension for an all-to-all is a contiguous split, and compact: only the filled slots have
+// a row, in (expert, group, slot) order, rows[e] rows per expert. Slots of an (expert, group) are
+// filled from 0 up (router.cpp), so a row is start(e, g) + slot. The full [E, G, C, M] form of
+// Algorithm 2 would add all-zero rows for the empty slots: under capacity routing at least a
+// fifth of the rows at capacity factor 1.25, under dropless routing (C = S) most of them. The expert
+// FFN has no biases, so an empty row's output is zero and leaving it out changes no result (only
+// the blocking of the GEMMs' sums: the last bits).
+// The layout may hold only the experts [e0, e0 + count) (expert_axis = tensor: this rank's
 // experts); choices of other experts have no row. This class never communicates: a dispatcher that
 // moves the buffers between ranks goes between dispatch() and the experts, and between the experts
 // and combine().
@@ -22,7 +23,6 @@
 namespace meshmoe {
 
 struct DispatchLayout {
-  bool compact = false;
   int e0 = 0, count = -1;  // experts held; count < 0: all from e0
 };
 
@@ -31,8 +31,10 @@ class IndexDispatcher {
  public:
   // Builds the row <-> choice maps of routing r. token_offset: global index of local token 0.
   void plan(const Routing<T>& r, uint64_t token_offset, DispatchLayout layout = {});
+  // Room for `rows` rows in the maps, so that plan() does not reallocate below it.
+  void reserve(size_t rows);
 
-  // x [N, M] -> buf [rows, M] (overwritten; zeros in unused slots)
+  // x [N, M] -> buf [rows, M] (overwritten)
   void dispatch(const Routing<T>& r, const T* x, T* buf, int M) const;
   // dbuf [rows, M] -> dx [N, M] (added)
   void dispatch_backward(const Routing<T>& r, const T* dbuf, T* dx, int M) const;
@@ -72,6 +74,7 @@ class IndexDispatcher {
   Buffer<int64_t> choice_row_;
   Buffer<int64_t> token_rows_;   // [N, k] rows of each token's choices, ascending, -1 after the last
   std::vector<int> expert_rows_;
+  std::vector<int64_t> start_, fill_;  // plan's scratch [experts held, G]: first row and rows of (e, g)
 };
 
 }  // namespace meshmoe

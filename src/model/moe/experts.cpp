@@ -43,6 +43,17 @@ void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, int R, const 
   forward(ctx, x, y, rows, row_token);
 }
 
+template <typename T>
+void Experts<T>::reserve(size_t rows, size_t expert_rows) {
+  const size_t M = size_t(opt_.d_model), LH = size_t(LH_), W = size_t(W_);
+  x_.reserve(rows * M);
+  pre_.reserve(rows * W);
+  h_.reserve(rows * LH);
+  if (opt_.expert_dropout > 0) mask_.reserve(rows * LH);
+  reserve_rows_ = rows;
+  reserve_expert_rows_ = expert_rows;
+}
+
 // x [rows, M] -> pre [rows, W] -> h [rows, LH] -> y [rows, M] (all-reduced over tensor when split)
 template <typename T>
 void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, std::span<const int> rows,
@@ -84,29 +95,32 @@ template <typename T>
 void Experts<T>::backward(const StepContext& ctx, const T* dy, T* dx) {
   const int M = opt_.d_model, LH = LH_, W = W_;
   const size_t total = start_.back();
+  if (hidden_split()) dxs_.reserve(reserve_rows_ * M);
+  dh_.reserve(reserve_expert_rows_ * LH);
+  dpre_.reserve(reserve_expert_rows_ * W);
   T* dxo = dx;  // where dpre W_in^T goes
   if (hidden_split()) {
     dxs_.resize(total * M);
     fill_with(dxs_.data(), total * M, T(0));
     dxo = dxs_.data();
   }
-  Buffer<T> dh, dpre;
   for (int el = 0; el < e_local_; ++el) {
     const size_t r0 = start_[el];
     const int R = int(start_[el + 1] - r0);
     if (R == 0) continue;
-    dh.resize(size_t(R) * LH);
-    dpre.resize(size_t(R) * W);
+    dh_.resize(size_t(R) * LH);
+    dpre_.resize(size_t(R) * W);
+    T *dh = dh_.data(), *dpre = dpre_.data();
     const T* win = w_in.w + size_t(el) * M * W;
     const T* wout = w_out.w + size_t(el) * LH * M;
     // y = h W_out: dW_out += h^T dy, dh = dy W_out^T
     matmul(true, false, LH, M, R, &h_[r0 * LH], dy + r0 * M, w_out.g + size_t(el) * LH * M, true);
-    matmul(false, true, R, LH, M, dy + r0 * M, wout, dh.data());
-    if (!mask_.empty()) for_each_index(int64_t(dh.size()), ExpertDropoutBackward<T>{&mask_[r0 * LH], dh.data()});
-    activation_backward(opt_.activation, &pre_[r0 * W], dh.data(), dpre.data(), R, LH);
+    matmul(false, true, R, LH, M, dy + r0 * M, wout, dh);
+    if (!mask_.empty()) for_each_index(int64_t(R) * LH, ExpertDropoutBackward<T>{&mask_[r0 * LH], dh});
+    activation_backward(opt_.activation, &pre_[r0 * W], dh, dpre, R, LH);
     // pre = x W_in: dW_in += x^T dpre, dx += dpre W_in^T
-    matmul(true, false, M, W, R, &x_[r0 * M], dpre.data(), w_in.g + size_t(el) * M * W, true);
-    matmul(false, true, R, M, W, dpre.data(), win, dxo + r0 * M, true);
+    matmul(true, false, M, W, R, &x_[r0 * M], dpre, w_in.g + size_t(el) * M * W, true);
+    matmul(false, true, R, M, W, dpre, win, dxo + r0 * M, true);
   }
   if (hidden_split()) {
     if (total > 0) {

@@ -44,6 +44,9 @@ class Experts {
   void forward(const StepContext& ctx, const T* x, T* y, std::span<const int> rows, const int64_t* row_token);
   // The same with R rows for every expert (x [E_local, R, M]).
   void forward(const StepContext& ctx, const T* x, T* y, int R, const int64_t* row_token);
+  // Room for `rows` input rows, at most `expert_rows` of one expert, in the buffers of forward and
+  // (from the next backward on) backward, so that a step below it does not reallocate.
+  void reserve(size_t rows, size_t expert_rows);
   // dy [rows, M] -> dx [rows, M] (added), w_in.g, w_out.g (added); the row layout of the last forward.
   void backward(const StepContext& ctx, const T* dy, T* dx);
 
@@ -74,6 +77,8 @@ class Experts {
   Buffer<T> h_;     // [rows, LH] activation after dropout
   Buffer<T> mask_;  // [rows, LH] dropout scale: 0 or 1/(1-p) (empty without dropout)
   Buffer<T> dxs_;   // [rows, M] partial input gradient (hidden split only)
+  Buffer<T> dh_, dpre_;  // backward scratch of one expert: [R, LH], [R, W]
+  size_t reserve_rows_ = 0, reserve_expert_rows_ = 0;
 };
 
 }  // namespace meshmoe

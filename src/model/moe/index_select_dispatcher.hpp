@@ -1,7 +1,7 @@
 // Expert parallelism over the tensor axis (Pipeline-MoE, seed 003 section 3.3 and Algorithm 1):
 // the tokens are replicated over the tensor group and every rank runs the same (replicated) router.
 // Tensor rank t owns experts [t*E_local, (t+1)*E_local); its dispatch is the index selection of
-// the tokens routed to ITS experts (IndexDispatcher with a compact layout of those experts: no
+// the tokens routed to ITS experts (IndexDispatcher with a layout of only those experts: no
 // communication), its combine gives a partial y holding only its experts' contributions, and one
 // all-reduce over tensor completes y.
 //
@@ -30,8 +30,8 @@ class IndexSelectDispatcher {
   // tensor: the tensor-axis Comm (T ranks, this one tensor_rank); E experts.
   IndexSelectDispatcher(Comm* tensor, int T_size, int tensor_rank, int E);
 
-  // The local layout: this rank's experts, filled slots only.
-  DispatchLayout layout() const { return {true, e0_, El_}; }
+  // The local layout: this rank's experts.
+  DispatchLayout layout() const { return {e0_, El_}; }
   int e0() const { return e0_; }
   int e_local() const { return El_; }
 

@@ -50,19 +50,40 @@ void MoeLayer<T>::route(const StepContext& ctx, const T* x, int N) {
   stats_.declined = r.declined;
 }
 
+// Capacity routing: the row buffers get the room of the full [E, G, C, M] layout once, what the
+// memory plan counts (train/memory.cpp), so that no step reallocates them as the filled rows vary.
+// Dropless routing (C = S) keeps its buffers at the filled rows: the full layout would be E times
+// the tokens.
+template <typename T>
+void MoeLayer<T>::reserve_full_layout(const Routing<T>& r) {
+  if (opt_.dropless) return;
+  const size_t M = size_t(opt_.d_model), GC = size_t(r.G) * size_t(r.C);
+  const size_t token_side = size_t(isel ? isel->e_local() : r.E) * GC;
+  // all-to-all: every source rank sends at most G*C rows per expert
+  const size_t sources = a2a ? size_t(place_.data_size) : 1;
+  const size_t expert_side = size_t(experts.e_local()) * sources * GC;
+  dispatcher.reserve(token_side);
+  experts.reserve(expert_side, sources * GC);
+  if (a2a) a2a->reserve(expert_side);
+  buf_.reserve(token_side * M);
+  out_.reserve(token_side * M);
+  reserve_token_side_ = token_side;  // for the backward scratch
+  reserve_expert_side_ = expert_side;
+}
+
 // x [N, M] -> buf [rows, M] (local, expert-major) -> xin [rows', M] (all-to-all path)
 template <typename T>
 void MoeLayer<T>::dispatch(const StepContext& ctx, const T* x) {
   const Routing<T>& r = router.routing();
   const int M = opt_.d_model;
-  // Dropless: only the filled slots (C = S would make the full buffer E*S rows per group).
-  DispatchLayout layout{opt_.dropless};
-  if (isel) layout = isel->layout();
-  dispatcher.plan(r, ctx.token_offset, layout);
+  // Only the filled slots get a row (dispatcher.hpp): an empty slot of the [E, G, C, M] form would
+  // be an all-zero row through every expert GEMM, and moves over the all-to-all for nothing.
+  dispatcher.plan(r, ctx.token_offset, isel ? isel->layout() : DispatchLayout{});
+  reserve_full_layout(r);
   buf_.resize(dispatcher.rows() * M);
   dispatcher.dispatch(r, x, buf_.data(), M);
   if (a2a) {
-    a2a->plan(ctx, dispatcher.expert_rows(), dispatcher.slot_token_global().data(), !layout.compact);
+    a2a->plan(ctx, dispatcher.expert_rows(), dispatcher.slot_token_global().data());
     xin_.resize(a2a->expert_rows_total() * M);
     a2a->to_experts(ctx, buf_.data(), xin_.data());
   }
@@ -119,39 +140,40 @@ void MoeLayer<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N, do
   const Routing<T>& r = router.routing();
   const int M = opt_.d_model;
   const size_t NM = size_t(N) * M;
-  Buffer<T> dout(out_.size()), dgate(size_t(N) * r.k), dexp;
+  dout_.reserve(reserve_token_side_ * M);
+  dxe_.reserve(reserve_expert_side_ * M);
+  dout_.resize(out_.size());
+  dgate_.resize(size_t(N) * r.k);
   {
     ScopedPhase t(ctx.timers, "combine");
-    dispatcher.combine_backward(r, dy, out_.data(), dout.data(), dgate.data(), M);
+    dispatcher.combine_backward(r, dy, out_.data(), dout_.data(), dgate_.data(), M);
     if (a2a) {
-      dexp.resize(expert_side_elems_);
-      a2a->to_experts(ctx, dout.data(), dexp.data());
+      dexp_.resize(expert_side_elems_);
+      a2a->to_experts(ctx, dout_.data(), dexp_.data());
     }
   }
-  Buffer<T> dxe(a2a ? expert_side_elems_ : buf_.size(), T(0));
+  dxe_.assign(a2a ? expert_side_elems_ : buf_.size(), T(0));
   {
     ScopedPhase t(ctx.timers, "expert");
-    experts.backward(ctx, a2a ? dexp.data() : dout.data(), dxe.data());
+    experts.backward(ctx, a2a ? dexp_.data() : dout_.data(), dxe_.data());
+    if (a2a) Buffer<T>().swap(dexp_);  // alive only during the pass, as xin_ and xout_
   }
   {
     ScopedPhase t(ctx.timers, "dispatch");
-    Buffer<T> dbuf;
-    if (a2a) {
-      dbuf.resize(buf_.size());
-      a2a->from_experts(ctx, dxe.data(), dbuf.data());
-    }
-    const T* db = a2a ? dbuf.data() : dxe.data();
+    // All-to-all path: the input gradient rows come back into dout_ (token side, free again).
+    if (a2a) a2a->from_experts(ctx, dxe_.data(), dout_.data());
+    const T* db = a2a ? dout_.data() : dxe_.data();
     if (isel) {
-      Buffer<T> dxp(NM, T(0));
-      dispatcher.dispatch_backward(r, db, dxp.data(), M);
-      isel->reduce_grads(ctx, dxp.data(), NM, dgate.data(), dgate.size());
-      add_into(dx, dxp.data(), NM);
+      dxp_.assign(NM, T(0));
+      dispatcher.dispatch_backward(r, db, dxp_.data(), M);
+      isel->reduce_grads(ctx, dxp_.data(), NM, dgate_.data(), dgate_.size());
+      add_into(dx, dxp_.data(), NM);
     } else {
       dispatcher.dispatch_backward(r, db, dx, M);
     }
   }
   ScopedPhase t(ctx.timers, "gate");
-  router.backward(ctx, dgate.data(), dx, N, aux_weight, z_weight);
+  router.backward(ctx, dgate_.data(), dx, N, aux_weight, z_weight);
 }
 
 template class MoeLayer<float>;

@@ -93,10 +93,12 @@ class MoeLayer {
   void dispatch(const StepContext& ctx, const T* x);
   void run_experts(const StepContext& ctx);
   void combine(const StepContext& ctx, T* y);
+  void reserve_full_layout(const Routing<T>& r);
 
   MoeOptions opt_;
   MoePlacement place_;
-  Buffer<T> buf_;   // [rows, M] local expert buffer (dispatch order)
+  // Saved by the forward for the backward (with the router's and the experts' own):
+  Buffer<T> buf_;   // [rows, M] local expert buffer (dispatch order; the backward reads its size)
   Buffer<T> out_;   // [rows, M] expert outputs in the local buffer's order
   // All-to-all path: expert-side input and output [rows', M]. Only alive during the forward (the
   // experts keep their own copy of the input; combine's output is in out_), so that the memory held
@@ -104,6 +106,12 @@ class MoeLayer {
   Buffer<T> xin_, xout_;
   size_t expert_side_elems_ = 0;  // rows' * M of the last forward
   MoeStats stats_;
+  // Backward scratch, not saved state: overwritten by every backward, members so that a step does
+  // not allocate them. dout [rows, M] (the all-to-all path reuses it for the returning input
+  // gradient), dgate [N*k], dxe [rows or rows', M]; index-select path: dxp [N, M] (this rank's
+  // partial dx). The all-to-all path's dexp [rows', M] lives only during the backward.
+  Buffer<T> dout_, dgate_, dxe_, dxp_, dexp_;
+  size_t reserve_token_side_ = 0, reserve_expert_side_ = 0;  // rows of the full layout (reserve_full_layout)
 };
 
 }  // namespace meshmoe

@@ -60,14 +60,14 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
   // threshold routing (train and eval).
   top_.resize(size_t(N) * k);
   norm_.resize(N);
-  Buffer<uint8_t> want(size_t(N) * k);
+  want_.resize(size_t(N) * k);
   {
     const bool top2 = opt_.router == RouterKind::Top2;
     const bool random_second = top2 && opt_.second_expert == SecondExpertPolicy::Random && ctx.training;
     const bool threshold_second = top2 && opt_.second_expert == SecondExpertPolicy::Threshold;
     const Rng rng{ctx.seed, ctx.step, opt_.layer_id, RngPurpose::SecondExpert};
     for_each_index(N, RouterTopChoicesRow<T>{rng, ctx.token_offset, probs_.data(), top_.data(), norm_.data(),
-                                             want.data(), E, k, opt_.router != RouterKind::Top1, random_second,
+                                             want_.data(), E, k, opt_.router != RouterKind::Top1, random_second,
                                              threshold_second, opt_.second_expert_threshold});
   }
 
@@ -93,25 +93,25 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
   r_.slot.resize(size_t(N) * k);
   r_.gate.resize(size_t(N) * k);
   frac_.resize(size_t(G) * E);
-  Buffer<int> count(size_t(G) * E);
-  Buffer<uint8_t> dropped(size_t(N) * k);
-  Buffer<double> aux_term(size_t(G) * E);
-  Buffer<int64_t> stats(size_t(G) * 4);
-  for_each_index(G, RouterAssignGroup<T>{probs_.data(), top_.data(), norm_.data(), want.data(), r_.expert.data(),
-                                         r_.slot.data(), r_.gate.data(), count.data(), dropped.data(), frac_.data(),
-                                         aux_term.data(), stats.data(), S, k, E, C, opt_.no_token_left_behind});
+  count_.resize(size_t(G) * E);
+  dropped_.resize(size_t(N) * k);
+  aux_term_.resize(size_t(G) * E);
+  group_stats_.resize(size_t(G) * 4);
+  for_each_index(G, RouterAssignGroup<T>{probs_.data(), top_.data(), norm_.data(), want_.data(), r_.expert.data(),
+                                         r_.slot.data(), r_.gate.data(), count_.data(), dropped_.data(), frac_.data(),
+                                         aux_term_.data(), group_stats_.data(), S, k, E, C, opt_.no_token_left_behind});
 
   // Totals over the groups, in group order.
   r_.load.assign(E, 0);
   r_.wanted = r_.dropped = r_.rerouted = r_.declined = 0;
   aux_sum = 0;
   for (int g = 0; g < G; ++g) {
-    for (int e = 0; e < E; ++e) r_.load[e] += count[size_t(g) * E + e];
-    r_.wanted += stats[size_t(g) * 4 + 0];
-    r_.declined += stats[size_t(g) * 4 + 1];
-    r_.dropped += stats[size_t(g) * 4 + 2];
-    r_.rerouted += stats[size_t(g) * 4 + 3];
-    for (int e = 0; e < E; ++e) aux_sum += aux_term[size_t(g) * E + e];
+    for (int e = 0; e < E; ++e) r_.load[e] += count_[size_t(g) * E + e];
+    r_.wanted += group_stats_[size_t(g) * 4 + 0];
+    r_.declined += group_stats_[size_t(g) * 4 + 1];
+    r_.dropped += group_stats_[size_t(g) * 4 + 2];
+    r_.rerouted += group_stats_[size_t(g) * 4 + 3];
+    for (int e = 0; e < E; ++e) aux_sum += aux_term_[size_t(g) * E + e];
   }
 }
 
@@ -120,6 +120,8 @@ template <typename T>
 void Router<T>::backward(const StepContext& ctx, const T* dgate, T* dx, int N, double aux_weight, double z_weight) {
   const int M = opt_.d_model, E = opt_.num_experts, S = opt_.group_size, k = opt_.k();
   const bool renorm = opt_.router != RouterKind::Top1;
+  // dlogits and dprobs [N, E] are allocated per call: small, and as members they would make the
+  // memory held between steps grow with E (GShard section 5.1 wants it flat as experts grow with ranks).
   Buffer<T> dlogits(size_t(N) * E);
   Buffer<double> dprobs(size_t(N) * E);
   for_each_index(N, RouterBackwardRow<T>{probs_.data(), norm_.data(), lse_.data(), frac_.data(), r_.expert.data(),
@@ -131,9 +133,9 @@ void Router<T>::backward(const StepContext& ctx, const T* dgate, T* dx, int N, d
     matmul(false, true, N, M, E, dlogits.data(), wg.w, dx, true);
     return;
   }
-  Buffer<T> dxr(size_t(N) * M);
-  matmul(false, true, N, M, E, dlogits.data(), wg.w, dxr.data());
-  for_each_index(int64_t(N) * M, RouterJitterBackwardElement<T>{dxr.data(), jitter_.data(), dx});
+  dxr_.resize(size_t(N) * M);
+  matmul(false, true, N, M, E, dlogits.data(), wg.w, dxr_.data());
+  for_each_index(int64_t(N) * M, RouterJitterBackwardElement<T>{dxr_.data(), jitter_.data(), dx});
 }
 
 template class Router<float>;
