@@ -42,7 +42,6 @@ class AllToAllDispatcher {
   // The plan of the last forward (activation_stash.hpp); recv_ is scratch.
   template <class F>
   void saved_state(F&& f) {
-    f(fixed_);
     f(local_rows_);
     f(expert_total_);
     f(recv_rows_);
