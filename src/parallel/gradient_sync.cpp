@@ -20,8 +20,9 @@ void append_run(std::vector<std::pair<size_t, size_t>>& runs, const ParamInfo& p
 
 }  // namespace
 
-GradientSync::GradientSync(Transformer<float>& model, Mesh& mesh, size_t bucket_elems, bool tied_embeddings)
-    : model_(model), mesh_(mesh), bucket_elems_(bucket_elems) {
+GradientSync::GradientSync(Transformer<float>& model, Mesh& mesh, size_t bucket_elems, bool tied_embeddings,
+                           PhaseTimers* timers)
+    : model_(model), mesh_(mesh), bucket_elems_(bucket_elems), timers_(timers) {
   const auto& infos = model_.params().infos();
   overlap_ = bucket_elems > 0 && mesh_.extent(Axis::Data) > 1;
   const bool tied_over_pipe = tied_embeddings && mesh_.extent(Axis::Pipe) > 1;
@@ -95,6 +96,7 @@ void GradientSync::begin_step(int micro_batches, std::span<const int32_t> last_m
 void GradientSync::on_grads_final(size_t from) {
   if (backwards_left_ <= 0) return;  // not in a step (evaluation; a test driving the model alone)
   if (backwards_left_ == 1) {
+    ScopedPhase t(timers_, "grad_overlap");
     start_ready(from);
     mesh_.axis(Axis::Data).test_all_reduces();
   }

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/timers.hpp"
 #include "mesh/mesh.hpp"
 #include "model/transformer.hpp"
 
@@ -27,7 +28,9 @@ class GradientSync {
   // elements; 0 sums everything after the backward. With tied embeddings on a pipeline, the token
   // embedding and its copy are summed over pipe first (PipelineExecutor::sync_tied_embedding), so
   // they stay out of the buckets and are reduced after the backward.
-  GradientSync(Transformer<float>& model, Mesh& mesh, size_t bucket_elems = 0, bool tied_embeddings = false);
+  // `timers` (optional) gets "grad_overlap": the time the backward spends starting and testing buckets.
+  GradientSync(Transformer<float>& model, Mesh& mesh, size_t bucket_elems = 0, bool tied_embeddings = false,
+               PhaseTimers* timers = nullptr);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -68,6 +71,7 @@ class GradientSync {
   Transformer<float>& model_;
   Mesh& mesh_;
   size_t bucket_elems_;
+  PhaseTimers* timers_;
   bool overlap_ = false;
   std::vector<Range> data_replicated_ranges_;  // blocking path: every run
   std::vector<Bucket> planned_;                // overlap: all but the token embedding, last first

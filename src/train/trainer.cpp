@@ -124,10 +124,11 @@ int apply_blas_threads(int64_t threads) {
 // tensor_allreduce happens inside attention and dense_ffn; gate, dispatch, expert and combine are
 // the MoE layer's stages, moe_alltoall (expert_axis = data) is inside dispatch and combine,
 // moe_allreduce (experts over tensor, Switch 5.5 expert hidden split) inside expert or combine.
+// grad_overlap is the backward's part of the overlapped gradient sum, grad_allreduce the wait after it.
 constexpr const char* kPhases[] = {"attention", "dense_ffn", "gate", "dispatch", "expert", "combine",
                                    "moe_alltoall", "moe_allreduce",
                                    "head_loss", "tensor_allreduce", "pipeline_wait", "pipeline_recompute",
-                                   "grad_allreduce", "optimizer"};
+                                   "grad_overlap", "grad_allreduce", "optimizer"};
 
 }  // namespace
 
@@ -163,7 +164,8 @@ class Trainer {
     pipeline_ = std::make_unique<PipelineExecutor>(*model_, mesh, timers_, parse_recompute(cfg_.model.recompute));
     const size_t bucket_elems = size_t(cfg_.run.grad_bucket_mb * (1 << 20)) / sizeof(float);
     grad_sync_ = std::make_unique<GradientSync>(
-        *model_, mesh, cfg_.run.grad_bucket_mb > 0 ? std::max<size_t>(bucket_elems, 1) : 0, cfg_.model.tied_embeddings);
+        *model_, mesh, cfg_.run.grad_bucket_mb > 0 ? std::max<size_t>(bucket_elems, 1) : 0, cfg_.model.tied_embeddings,
+        &timers_);
     optimizer_ = make_optimizer(cfg_, model_->params(), all_entries(model_->params()),
                                 [this](const ParamInfo& p, int dim, double* buf, size_t n) {
                                   // A block split along `dim`: the expert dimension of [E, ...] expert
