@@ -2,8 +2,8 @@
 # `make bench`, part 1: where a training step's time goes, against the machine's ceiling and a peer,
 # all measured in this one run:
 #   - the fp32 sgemm ceiling with the runs' thread count (`meshmoe bench-gemm`, n = 512..2048);
-#   - the FLOP-matched speed decks at d_model 512 (dense peer, Switch top-1, GShard top-2) and a
-#     GPT-2-124M-shaped dense model, each on 1 rank x THREADS BLAS threads;
+#   - the FLOP-matched speed decks at d_model 512 (dense peer, Switch top-1, GShard top-2; the MoE
+#     ones also dropless) and a GPT-2-124M-shaped dense model, each on 1 rank x THREADS BLAS threads;
 #   - the GPT-2 shape again on THREADS ranks x 1 thread (mesh.data = THREADS: the gradient
 #     all-reduce of 124 M floats against the backward);
 #   - the same models in PyTorch (bench/torch_peer.py) at its best setting on this host.
@@ -38,6 +38,11 @@ train() {  # name np threads deck [--set ...]
 }
 for deck in speed-dense-512 speed-switch-512 speed-gshard-512 gpt2-124m-dense; do
   train "$deck" 1 "$THREADS" "bench/decks/$deck.toml"
+done
+# Every choice computed (moe.dropless): model FLOPs are then the FLOPs done, whatever the routers
+# (untrained, they send most tokens to few experts, and capacity drops the overflow).
+for moe in switch gshard; do
+  train "speed-$moe-512-dropless" 1 "$THREADS" "bench/decks/speed-$moe-512.toml" --set moe.dropless=true
 done
 train "gpt2-124m-dense-data$THREADS" "$THREADS" 1 bench/decks/gpt2-124m-dense.toml --set mesh.data="$THREADS"
 

@@ -2,7 +2,9 @@
 """Report of bench/speed.sh: reads OUT/gemm.txt (the sgemm ceiling), OUT/<run>/metrics.h5 and
 OUT/torch-<deck>.txt, prints two markdown tables:
   1. per run: step time, tokens/s, model GFLOP/s (the deck's train FLOPs per token, as MFU counts
-     them), fraction of the ceiling, step time against the dense peer, PyTorch's step time and the
+     them), fraction of the ceiling, step time against the dense peer, the fraction of routing
+     choices dropped for capacity (model FLOPs count them, the experts do not compute them: a
+     router that has not learnt to balance yet flatters an MoE run), PyTorch's step time and the
      speed-up over it;
   2. the profile: each phase's share of the step (phases nest: tensor_allreduce inside attention,
      moe_alltoall inside dispatch/combine; "other" is what no top-level phase covers: embedding,
@@ -19,7 +21,7 @@ import numpy as np
 
 # Top-level phases (they do not nest in each other); the rest are shown but not summed.
 TOP = ["attention", "dense_ffn", "gate", "dispatch", "expert", "combine", "head_loss", "pipeline_wait",
-       "pipeline_recompute", "grad_allreduce", "optimizer"]
+       "pipeline_recompute", "grad_overlap", "grad_allreduce", "optimizer"]
 INNER = ["tensor_allreduce", "moe_alltoall", "moe_allreduce"]
 
 
@@ -41,7 +43,9 @@ def run_summary(run_dir):
         for name in TOP + INNER:
             if f"time/{name}" in f:
                 phases[name] = float(np.median(f[f"time/{name}"][()][keep]))
-        return dict(step=step, tps=tps, flops=flops * tps, phases=phases)
+        drops = [float(np.median(f[f"moe/{l}/dropped_fraction"][()][keep])) for l in f.get("moe", {})
+                 if f"moe/{l}/dropped_fraction" in f]
+        return dict(step=step, tps=tps, flops=flops * tps, phases=phases, dropped=np.mean(drops) if drops else None)
 
 
 def deck_int(deck, key):
@@ -60,20 +64,21 @@ def main():
     out = sys.argv[1]
     peak = ceiling(out)
     runs = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(out, "*", "metrics.h5")))
-    order = ["speed-dense-512", "speed-switch-512", "speed-gshard-512"]
+    order = ["speed-dense-512", "speed-switch-512", "speed-gshard-512", "speed-switch-512-dropless", "speed-gshard-512-dropless"]
     runs.sort(key=lambda r: (order.index(os.path.basename(r)) if os.path.basename(r) in order else 9, r))
     rows = {os.path.basename(r): run_summary(r) for r in runs}
     dense = rows.get("speed-dense-512")
     print(f"\nsgemm ceiling (this run): {peak / 1e9:.1f} GFLOP/s\n")
-    print("| run | step (s) | tokens/s | model GFLOP/s | of ceiling | vs dense | PyTorch step (s) | speed-up |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| run | step (s) | tokens/s | model GFLOP/s | of ceiling | vs dense | dropped | PyTorch step (s) | speed-up |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, s in rows.items():
         vs = f"{s['step'] / dense['step']:.2f}x" if dense and name.startswith("speed-") else ""
-        t = torch_step(out, name)
+        t = torch_step(out, name) if not name.endswith("-dropless") else None
         ts = f"{t:.3f}" if t else ""
         up = f"{t / s['step']:.2f}x" if t else ""
+        drop = f"{100 * s['dropped']:.0f}%" if s["dropped"] is not None else ""
         print(f"| {name} | {s['step']:.3f} | {s['tps']:.0f} | {s['flops'] / 1e9:.1f} | {100 * s['flops'] / peak:.1f}% "
-              f"| {vs} | {ts} | {up} |")
+              f"| {vs} | {drop} | {ts} | {up} |")
     names = [n for n in TOP + INNER if any(n in s["phases"] and s["phases"][n] > 0 for s in rows.values())]
     print("\nProfile: share of the step time per phase (" + ", ".join(INNER) + " are inside other phases)\n")
     print("| run | " + " | ".join(names) + " | other |")

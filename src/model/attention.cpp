@@ -1,5 +1,6 @@
 #include "model/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -14,6 +15,20 @@ namespace meshmoe {
 template <typename T>
 static void ensure(Buffer<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
+}
+
+// Rows of the causal [T, T] matrices per GEMM. A block's GEMMs stop at its last row's causal
+// edge, skipping most of the zero upper triangle; on the GPU one GEMM per (b, h) pair is cheaper
+// than more, smaller launches.
+static int causal_block(int Tq) {
+  constexpr int kHostBlock = 64;
+  return current_device() == Device::Cuda ? Tq : kHostBlock;
+}
+
+// Offset of pair bh = b * LH + h in an [N, L] buffer: row b*T, column h*D.
+static size_t pair_base(int64_t bh, int Tq, int L, int D) {
+  const int64_t lh = L / D;
+  return size_t(bh / lh) * Tq * L + size_t(bh % lh) * D;
 }
 
 template <typename T>
@@ -65,21 +80,29 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   matmul(false, false, N, L, M_, x, wk.w, k);
   matmul(false, false, N, L, M_, x, wv.w, v);
   const T scale = T(1) / std::sqrt(T(D));
+  const int blk = causal_block(Tq);
   // S [T, T] = scale * Q_bh [T, D] K_bh^T for every (sequence b, local head h), then the causal
-  // softmax of all B * LH * T rows at once, then O_bh [T, D] = P [T, T] V_bh [T, D].
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < LH_; ++h) {
-      const size_t base = size_t(b) * Tq * L + size_t(h) * D;  // row b*T, column h*D of an [N, L] buffer
-      T* P = p_.data() + (size_t(b) * LH_ + h) * Tq * Tq;
-      gemm(false, true, Tq, Tq, D, scale, q + base, L, k + base, L, T(0), P, Tq);
+  // softmax of all B * LH * T rows at once, then O_bh [T, D] = P [T, T] V_bh [T, D]. The (b, h)
+  // pairs are independent tasks; each GEMM stops at the causal edge of its row block.
+  for_each_task(int64_t(B) * LH_, [&](int64_t bh) {
+    const size_t base = pair_base(bh, Tq, L, D);
+    T* P = p_.data() + size_t(bh) * Tq * Tq;
+    for (int i0 = 0; i0 < Tq; i0 += blk) {
+      const int rows = std::min(blk, Tq - i0);
+      gemm(false, true, rows, i0 + rows, D, scale, q + base + size_t(i0) * L, L, k + base, L, T(0),
+           P + size_t(i0) * Tq, Tq);
     }
-  for_each_index(int64_t(B) * LH_ * Tq, AttentionCausalSoftmaxRow<T>{p_.data(), Tq});
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < LH_; ++h) {
-      const size_t base = size_t(b) * Tq * L + size_t(h) * D;
-      const T* P = p_.data() + (size_t(b) * LH_ + h) * Tq * Tq;
-      gemm(false, false, Tq, D, Tq, T(1), P, Tq, v + base, L, T(0), att_.data() + base, L);
+  });
+  for_each_index(int64_t(B) * LH_ * Tq, AttentionCausalSoftmaxRow<T>{p_.data(), Tq}, Tq);
+  for_each_task(int64_t(B) * LH_, [&](int64_t bh) {
+    const size_t base = pair_base(bh, Tq, L, D);
+    const T* P = p_.data() + size_t(bh) * Tq * Tq;
+    for (int i0 = 0; i0 < Tq; i0 += blk) {
+      const int rows = std::min(blk, Tq - i0);
+      gemm(false, false, rows, D, i0 + rows, T(1), P + size_t(i0) * Tq, Tq, v + base, L, T(0),
+           att_.data() + base + size_t(i0) * L, L);
     }
+  });
   // y [N, M] = att [N, L] wo [L, M]  (partial over heads when sharded)
   matmul(false, false, N, M_, L, att_.data(), wo.w, y);
   if (sharded() && tensor_allreduce) tensor_allreduce(y, size_t(N) * M_);
@@ -95,7 +118,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   ensure(dy_, size_t(N) * M_);
   ensure(datt_, NL);
   ensure(dqkv_, 3 * NL);
-  ensure(dp_, size_t(Tq) * Tq);
+  ensure(dp_, size_t(B) * LH_ * Tq * Tq);
   copy_from(dy_.data(), dy, size_t(N) * M_);
   dropout_.backward(ctx, dy_.data(), N, M_);
   // wo.g [L, M] += att^T dy; datt [N, L] = dy wo^T
@@ -108,22 +131,31 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   T* dk = dq + NL;
   T* dv = dk + NL;
   const T scale = T(1) / std::sqrt(T(D));
-  T* dP = dp_.data();
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < LH_; ++h) {
-      const size_t base = size_t(b) * Tq * L + size_t(h) * D;
-      const T* P = p_.data() + (size_t(b) * LH_ + h) * Tq * Tq;
-      const T* dO = datt_.data() + base;
+  const int blk = causal_block(Tq);
+  // Per (b, h) pair, in row blocks that stop at the causal edge: rows past a block's last row are
+  // zero in P and dS (trailing zeros of dQ's and O's sums, leading zeros of dK's and dV's).
+  for_each_task(int64_t(B) * LH_, [&](int64_t bh) {
+    const size_t base = pair_base(bh, Tq, L, D);
+    const T* P = p_.data() + size_t(bh) * Tq * Tq;
+    T* dP = dp_.data() + size_t(bh) * Tq * Tq;
+    const T* dO = datt_.data() + base;
+    for (int i0 = 0; i0 < Tq; i0 += blk) {
+      const int rows = std::min(blk, Tq - i0);
+      const size_t r = size_t(i0) * L;
       // dP [T, T] = dO V^T; dV [T, D] = P^T dO
-      gemm(false, true, Tq, Tq, D, T(1), dO, L, v + base, L, T(0), dP, Tq);
-      gemm(true, false, Tq, D, Tq, T(1), P, Tq, dO, L, T(0), dv + base, L);
-      // softmax backward: dS = P * (dP - sum_j P dP); zero above the diagonal since P is
-      for_each_index(Tq, AttentionCausalSoftmaxBackwardRow<T>{P, dP, Tq});
-      // dQ = scale dS K; dK = scale dS^T Q
-      gemm(false, false, Tq, D, Tq, scale, dP, Tq, k + base, L, T(0), dq + base, L);
-      gemm(true, false, Tq, D, Tq, scale, dP, Tq, q + base, L, T(0), dk + base, L);
+      gemm(false, true, rows, i0 + rows, D, T(1), dO + r, L, v + base, L, T(0), dP + size_t(i0) * Tq, Tq);
+      gemm(true, false, rows, D, Tq - i0, T(1), P + size_t(i0) * Tq + i0, Tq, dO + r, L, T(0), dv + base + r, L);
     }
-  }
+    // softmax backward: dS = P * (dP - sum_j P dP); zero above the diagonal since P is
+    for_each_index(Tq, AttentionCausalSoftmaxBackwardRow<T>{P, dP, Tq}, Tq);
+    for (int i0 = 0; i0 < Tq; i0 += blk) {
+      const int rows = std::min(blk, Tq - i0);
+      const size_t r = size_t(i0) * L;
+      // dQ = scale dS K; dK = scale dS^T Q
+      gemm(false, false, rows, D, i0 + rows, scale, dP + size_t(i0) * Tq, Tq, k + base, L, T(0), dq + base + r, L);
+      gemm(true, false, rows, D, Tq - i0, scale, dP + size_t(i0) * Tq + i0, Tq, q + base + r, L, T(0), dk + base + r, L);
+    }
+  });
   // W.g [M, L] += x^T dW-input; dx [N, M] += dq wq^T + dk wk^T + dv wv^T
   matmul(true, false, M_, L, N, x_.data(), dq, wq.g, true);
   matmul(true, false, M_, L, N, x_.data(), dk, wk.g, true);

@@ -64,7 +64,8 @@ class CausalSelfAttention {
   Buffer<T> p_;    // softmax probabilities [B, LH, T, T] (zero above the diagonal)
   Buffer<T> att_;  // attention output before wo [N, L]
   // backward scratch
-  Buffer<T> dy_, datt_, dqkv_, dp_, dxs_;
+  Buffer<T> dy_, datt_, dqkv_, dxs_;
+  Buffer<T> dp_;  // dP, then dS, of every (b, h) pair [B, LH, T, T]
 };
 
 }  // namespace meshmoe

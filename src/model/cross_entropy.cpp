@@ -27,7 +27,7 @@ double CrossEntropy<T>::forward(const StepContext& ctx, const T* logits, const i
       throw Error("target token " + std::to_string(t) + " outside the vocabulary [0, " + std::to_string(V) +
                   "): the data file does not match model.vocab_size");
   }
-  for_each_index(N, CrossEntropyForwardRow<T>{logits, mask_.data(), targets_.data(), lse_.data(), loss_.data(), V});
+  for_each_index(N, CrossEntropyForwardRow<T>{logits, mask_.data(), targets_.data(), lse_.data(), loss_.data(), V}, V);
   // The sum over tokens stays on the host, in token order.
   double total = 0;
   for (int n = 0; n < N; ++n) {

@@ -16,15 +16,16 @@ template <typename T>
 void LayerNorm<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
   if (xhat_.size() < size_t(N) * M_) xhat_.resize(size_t(N) * M_);
   if (rstd_.size() < size_t(N)) rstd_.resize(N);
-  for_each_index(N, LayerNormForwardRow<T>{x, gain.w, bias.w, xhat_.data(), rstd_.data(), y, M_, T(eps_)});
+  for_each_index(N, LayerNormForwardRow<T>{x, gain.w, bias.w, xhat_.data(), rstd_.data(), y, M_, T(eps_)}, M_);
 }
 
 // dy [N, M] -> dx [N, M] (+=), gain.g and bias.g (+=)
 template <typename T>
 void LayerNorm<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
-  for_each_index(N, LayerNormBackwardRow<T>{dy, xhat_.data(), rstd_.data(), gain.w, dx, M_});
+  for_each_index(N, LayerNormBackwardRow<T>{dy, xhat_.data(), rstd_.data(), gain.w, dx, M_}, M_);
   constexpr int kColumns = LayerNormParamGradColumns<T>::kColumns;
-  for_each_index((M_ + kColumns - 1) / kColumns, LayerNormParamGradColumns<T>{dy, xhat_.data(), gain.g, bias.g, N, M_});
+  for_each_index((M_ + kColumns - 1) / kColumns, LayerNormParamGradColumns<T>{dy, xhat_.data(), gain.g, bias.g, N, M_},
+                 int64_t(N) * kColumns);
 }
 
 template class LayerNorm<float>;

@@ -1,5 +1,7 @@
 #include "tensor/device.hpp"
 
+#include <cblas.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <new>
@@ -12,6 +14,7 @@ namespace meshmoe {
 namespace {
 Device g_device = Device::Cpu;
 bool g_reversed = false;  // host loops backwards (tensor/launch.hpp, for the race tests)
+int g_saved_blas_threads = 0;
 
 // Every Buffer allocation starts with a 64-byte header that says how it was made.
 constexpr size_t kHeader = 64;
@@ -72,5 +75,14 @@ void cuda_gemm(bool, bool, int, int, int, double, const double*, int, const doub
 
 bool host_loop_reversed() { return g_reversed; }
 void set_host_loop_reversed(bool reversed) { g_reversed = reversed; }
+
+void set_blas_threads_for_tasks(bool tasks_running) {
+  if (tasks_running) {
+    g_saved_blas_threads = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+  } else {
+    openblas_set_num_threads(g_saved_blas_threads);
+  }
+}
 
 }  // namespace meshmoe

@@ -7,6 +7,14 @@
 // never matters. The host loop can run backwards (set_host_loop_reversed) so that a test can
 // prove that: any body that reads what another index writes changes the result.
 //
+// On the host, a loop of at least kParallelWork elements (indices x work_per_index, the elements
+// one index touches: a row body passes its row length) is split over host_loop_threads() threads
+// in contiguous blocks (tensor/host_threads.hpp). Each index still runs the same arithmetic alone,
+// so the result is bitwise the same for any thread count; smaller loops stay serial, where waking
+// a thread costs more than it saves. for_each_task(n, fn) is for coarse tasks that call gemm
+// (tensor/blas.hpp) themselves: on the host the tasks are spread over the threads with OpenBLAS
+// single-threaded inside, on the GPU they run in order on the stream.
+//
 // A body used on the GPU is instantiated in the layer's .cu file with MESHMOE_CUDA_BODY (see
 // tensor/launch_cuda.cuh); a missing one is a link error in a CUDA build.
 #pragma once
@@ -15,11 +23,38 @@
 
 #include "core/hd.hpp"
 #include "tensor/device.hpp"
+#include "tensor/host_threads.hpp"
 
 namespace meshmoe {
 
 bool host_loop_reversed();
 void set_host_loop_reversed(bool reversed);
+
+constexpr int64_t kParallelWork = int64_t(1) << 15;
+
+// The threads a host loop of `work` elements gets: 1 when small, reversed, or already inside a
+// threaded part (no nesting).
+inline int host_threads_for(int64_t work) {
+  if (work < kParallelWork || host_loop_reversed() || in_host_parts()) return 1;
+  return host_loop_threads();
+}
+
+// Runs fn(i) for i in [0, n) on up to `threads` host threads, each a contiguous block of indices.
+template <class Fn>
+void host_parallel_for(int64_t n, int threads, const Fn& fn) {
+  const int parts = int(n < threads ? n : threads);
+  if (parts <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  run_host_parts(parts, [&](int p) {
+    const int64_t end = n * (p + 1) / parts;
+    for (int64_t i = n * p / parts; i < end; ++i) fn(i);
+  });
+}
+
+// OpenBLAS's thread count is global: for_each_task sets it to 1 while its tasks run.
+void set_blas_threads_for_tasks(bool tasks_running);
 
 #ifdef MESHMOE_CUDA
 template <class Body>
@@ -27,7 +62,7 @@ void launch_on_cuda(int64_t rows, int64_t cols, const Body& body);  // tensor/la
 #endif
 
 template <class Body>
-void for_each_index(int64_t n, const Body& body) {
+void for_each_index(int64_t n, const Body& body, int64_t work_per_index = 1) {
   if (current_device() == Device::Cuda) {
 #ifdef MESHMOE_CUDA
     launch_on_cuda(n, 1, body);
@@ -39,7 +74,7 @@ void for_each_index(int64_t n, const Body& body) {
   if (host_loop_reversed())
     for (int64_t i = n; i-- > 0;) body(i);
   else
-    for (int64_t i = 0; i < n; ++i) body(i);
+    host_parallel_for(n, host_threads_for(n * work_per_index), body);
 }
 
 template <class Body>
@@ -56,9 +91,24 @@ void for_each_index_2d(int64_t rows, int64_t cols, const Body& body) {
     for (int64_t r = rows; r-- > 0;)
       for (int64_t c = cols; c-- > 0;) body(r, c);
   } else {
-    for (int64_t r = 0; r < rows; ++r)
+    host_parallel_for(rows, host_threads_for(rows * cols), [&](int64_t r) {
       for (int64_t c = 0; c < cols; ++c) body(r, c);
+    });
   }
+}
+
+// fn(i) for i in [0, n), each task free to call gemm (see above).
+template <class Fn>
+void for_each_task(int64_t n, const Fn& fn) {
+  const bool serial = current_device() == Device::Cuda || host_loop_reversed() || in_host_parts();
+  const int threads = serial ? 1 : host_loop_threads();
+  if (threads <= 1 || n < 2) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  set_blas_threads_for_tasks(true);
+  host_parallel_for(n, threads, fn);
+  set_blas_threads_for_tasks(false);
 }
 
 }  // namespace meshmoe

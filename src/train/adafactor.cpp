@@ -68,13 +68,13 @@ void Adafactor::step(ParamStore<float>& store, double lr, int64_t t) {
       const double n_logical = double(p.logical_shape[nd - 2]), m_logical = double(p.logical_shape[nd - 1]);
       // g [B, n, m]; row sums [B, n] over m, column sums [B, m] over n
       double *row = row_sums_.data(), *col = col_sums_.data(), *rsum = row_moment_sums_.data();
-      for_each_index(int64_t(B * n), AdafactorRowSumSquares{g, row, int64_t(m)});
-      for_each_index(int64_t(B * m), AdafactorColumnSumSquares{g, col, int64_t(n), int64_t(m)});
+      for_each_index(int64_t(B * n), AdafactorRowSumSquares{g, row, int64_t(m)}, int64_t(m));
+      for_each_index(int64_t(B * m), AdafactorColumnSumSquares{g, col, int64_t(n), int64_t(m)}, int64_t(n));
       if (split(p, nd - 1)) reduce(p, int(nd - 1), row, B * n);
       if (split(p, nd - 2)) reduce(p, int(nd - 2), col, B * m);
       for_each_index(int64_t(B * n), AdafactorFactorMoment{en.v_row.data(), row, beta, m_logical, eps1});
       for_each_index(int64_t(B * m), AdafactorFactorMoment{en.v_col.data(), col, beta, n_logical, eps1});
-      for_each_index(int64_t(B), AdafactorRowMomentSum{en.v_row.data(), rsum, int64_t(n)});
+      for_each_index(int64_t(B), AdafactorRowMomentSum{en.v_row.data(), rsum, int64_t(n)}, int64_t(n));
       if (split(p, nd - 2)) reduce(p, int(nd - 2), rsum, B);
       for_each_index(int64_t(p.size), AdafactorFactoredUpdateElement{g, en.v_row.data(), en.v_col.data(), rsum, u,
                                                                      int64_t(n), int64_t(m), n_logical});

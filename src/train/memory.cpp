@@ -225,8 +225,8 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
     a_ln += 2 * (NM + N) * kF;                                   // ln1, ln2: xhat [N, M], rstd [N]
     // x [N, M], q/k/v 3 x [N, L], softmax probabilities [B, LH, T, T], output before wo [N, L]
     a_attn += (NM + 3 * N * L + Checked(p.rows) * LH * T * T + N * L) * kF + keep;
-    // backward scratch: dy [N, M], datt [N, L], dqkv 3 x [N, L], dP [T, T], partial dx [N, M] if split
-    w += (NM + N * L + 3 * N * L + T * T + (attn_sharded ? NM : 0)) * kF;
+    // backward scratch: dy [N, M], datt [N, L], dqkv 3 x [N, L], dP [B, LH, T, T], partial dx [N, M] if split
+    w += (NM + N * L + 3 * N * L + Checked(p.rows) * LH * T * T + (attn_sharded ? NM : 0)) * kF;
     if (shape.is_moe_block(i)) {
       ++moe_here;
       // router: input copy [N, M] (+ jitter [N, M]), logits and probs [N, E], lse [N] double,

@@ -26,7 +26,8 @@ template <typename T>
 double sum_squares(const T* v, size_t n, Buffer<double>& partials) {
   const int64_t chunks = (int64_t(n) + SumSquaresChunk<T>::kChunk - 1) / SumSquaresChunk<T>::kChunk;
   if (partials.size() < size_t(chunks)) partials.resize(size_t(chunks));
-  for_each_index(chunks, SumSquaresChunk<T>{v, int64_t(n), partials.data()});
+  for_each_index(chunks, SumSquaresChunk<T>{v, int64_t(n), partials.data()},
+                 SumSquaresChunk<T>::kChunk);
   double s = 0.0;
   for (int64_t c = 0; c < chunks; ++c) s += partials[size_t(c)];
   return s;

@@ -26,6 +26,7 @@
 #include "parallel/pipeline_executor.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/gemm_rate.hpp"
+#include "tensor/launch.hpp"
 #include "train/evaluate.hpp"
 #include "train/grad_clip.hpp"
 #include "train/memory.hpp"
@@ -108,7 +109,7 @@ Dataset eval_subset(const Dataset& valid, int64_t per_language) {
   return Dataset::from_memory(valid.info(), std::move(out), valid.path() + " (valid, " + std::to_string(per_language) + " per language)");
 }
 
-// run.threads: BLAS threads per rank; 0 keeps OPENBLAS_NUM_THREADS, or 1 when it is unset (OpenBLAS
+// run.threads: BLAS and host-loop threads per rank; 0 keeps OPENBLAS_NUM_THREADS, or 1 when it is unset (OpenBLAS
 // would start one thread per core in every rank). Returns the count OpenBLAS reports afterwards.
 int apply_blas_threads(int64_t threads) {
   int n = int(threads);
@@ -117,6 +118,7 @@ int apply_blas_threads(int64_t threads) {
     n = env && std::atoi(env) > 0 ? std::atoi(env) : 1;
   }
   openblas_set_num_threads(n);
+  set_host_loop_threads(n);  // the element-wise host loops use the same cores (tensor/launch.hpp)
   return openblas_get_num_threads();
 }
 

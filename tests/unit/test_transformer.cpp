@@ -2,12 +2,14 @@
 // attention, dense and MoE feed-forwards, LayerNorms, tied head, masked cross-entropy, aux and z
 // losses, dropout and router jitter all active, with capacity drops. Tolerance (stated):
 // |analytic - numeric| <= 1e-6 * max(1, |numeric|), h = 1e-6.
+// Last case: bitwise equality of one and two host threads.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <random>
 
 #include "model/transformer.hpp"
+#include "tensor/launch.hpp"
 
 using namespace meshmoe;
 
@@ -119,4 +121,37 @@ TEST_CASE("transformer: model FLOPs per token follow the formula", "[model]") {
   const double dense_block = 8 * M * M + 4 * T * M + 4 * M * H;
   const double moe_block = 8 * M * M + 4 * T * M + 2 * M * E + 1 * 4 * M * H;
   CHECK(train_flops_per_token(cfg, s) == Approx(3 * (2 * M * V + dense_block + moe_block)).epsilon(1e-12));
+}
+
+// The host loops and attention's (sequence, head) tasks on 2 threads (tensor/launch.hpp) give
+// bitwise the loss and gradients of 1 thread (docs/ARCHITECTURE.md, Invariants): shapes large
+// enough that every threaded path runs (T = 128: two causal row blocks per head).
+TEST_CASE("transformer: two host threads give bitwise the loss and gradients of one", "[model]") {
+  const int B = 4, T = 128, V = 600;
+  Config cfg = tiny_config("top2", true);
+  cfg.model.seq_len = T;
+  cfg.model.d_model = 64;
+  cfg.model.num_heads = 4;
+  cfg.model.d_ff = 128;
+  cfg.moe.group_size = 64;
+  Transformer<float> model(cfg, V);
+  model.init(7, 1.0);
+  const Case c = random_case(B, T, V, 5);
+  const MicroBatch mb{B, T, c.inputs.data(), c.targets.data(), c.mask.data()};
+  const StepContext ctx{42, 5, true, 16, nullptr};
+  const LossWeights w{1.0 / (B * T), cfg.moe.aux_loss_coef / 2.0, cfg.moe.z_loss_coef / (B * T)};
+  auto step = [&](int threads) {
+    set_host_loop_threads(threads);
+    auto& P = model.params();
+    P.zero_grad();
+    const ForwardStats f = model.forward(ctx, mb, w);
+    model.backward(ctx, w);
+    set_host_loop_threads(1);
+    std::vector<double> out{f.ce_sum, f.aux_sum, f.z_sum};
+    out.insert(out.end(), P.grads(), P.grads() + P.size());
+    return out;
+  };
+  const std::vector<double> one = step(1), two = step(2);
+  CHECK(one[0] > 0);
+  CHECK(one == two);
 }

@@ -1,0 +1,102 @@
+#include "tensor/host_threads.hpp"
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace meshmoe {
+
+namespace {
+
+thread_local bool t_in_parts = false;
+
+class Pool {
+ public:
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
+  int threads() const { return threads_; }
+
+  void set_threads(int n) {
+    threads_ = n < 1 ? 1 : n;
+    while (int(workers_.size()) < threads_ - 1) {
+      const int id = int(workers_.size()) + 1;
+      const uint64_t now = generation_;  // a new worker must not miss a job started before it runs
+      workers_.emplace_back([this, id, now] { work(id, now); });
+    }
+  }
+
+  void run(int parts, const std::function<void(int)>& part) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      job_ = &part;
+      parts_ = parts;
+      pending_ = parts - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    t_in_parts = true;
+    part(0);
+    t_in_parts = false;
+    std::unique_lock<std::mutex> lock(m_);
+    done_.wait(lock, [this] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void work(int id, uint64_t seen) {
+    std::unique_lock<std::mutex> lock(m_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      if (id >= parts_) continue;
+      const std::function<void(int)>* job = job_;
+      lock.unlock();
+      t_in_parts = true;
+      (*job)(id);
+      t_in_parts = false;
+      lock.lock();
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex m_;
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int threads_ = 1, parts_ = 0, pending_ = 0;
+  bool stop_ = false;
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+}  // namespace
+
+int host_loop_threads() { return pool().threads(); }
+void set_host_loop_threads(int threads) { pool().set_threads(threads); }
+bool in_host_parts() { return t_in_parts; }
+
+void run_host_parts(int parts, const std::function<void(int)>& part) {
+  if (parts > host_loop_threads()) throw std::logic_error("run_host_parts: more parts than host threads");
+  if (parts <= 1 || t_in_parts) {
+    for (int p = 0; p < parts; ++p) part(p);
+    return;
+  }
+  pool().run(parts, part);
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,21 @@
+// The host threads of the element-wise loops and of attention's tasks (tensor/launch.hpp): a
+// fork-join pool of run.threads - 1 workers beside the calling thread. Workers block on a condition
+// variable between jobs and never spin: between two loops OpenBLAS's own threads run the GEMMs on
+// the same cores, and a spinning worker (as OpenMP's default wait policy does) would take a core
+// from them.
+#pragma once
+#include <functional>
+
+namespace meshmoe {
+
+// Threads of the host loops, the caller included (run.threads, set by the trainer); 1 by default.
+int host_loop_threads();
+void set_host_loop_threads(int threads);
+
+// Runs part(p) for every p in [0, parts), parts <= host_loop_threads(), part 0 on the calling
+// thread, and returns when all are done. A part must not throw. Not reentrant: inside a part,
+// in_host_parts() is true and loops run serially.
+void run_host_parts(int parts, const std::function<void(int)>& part);
+bool in_host_parts();
+
+}  // namespace meshmoe
