@@ -30,7 +30,9 @@ $M bench-gemm --threads "$THREADS" --seconds 1 | tee "$OUT/gemm.txt"
 train() {  # name np threads deck [--set ...]
   local name=$1 np=$2 threads=$3 deck=$4; shift 4
   echo "== $name: $np rank(s) x $threads thread(s), $STEPS steps"
-  mpirun -np "$np" $M train "$deck" --set run.threads="$threads" --set run.steps="$STEPS" --set run.log_every=1 \
+  # mpirun binds each rank to one core unless told otherwise: give a threaded rank its cores
+  local bind=(); [ "$threads" -gt 1 ] && bind=(--map-by "slot:PE=$threads")
+  mpirun "${bind[@]}" -np "$np" $M train "$deck" --set run.threads="$threads" --set run.steps="$STEPS" --set run.log_every=1 \
     --set run.resume=never --set eval.every=0 --set run.out_dir="$OUT/$name" "$@" >"$OUT/$name.log" 2>&1 ||
     { tail -20 "$OUT/$name.log"; exit 1; }
   grep -E '^step' "$OUT/$name.log" | tail -1

@@ -1,5 +1,6 @@
 #include "train/trainer.hpp"
 
+#include <sched.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -43,7 +44,7 @@ std::string run_directory(const Config& cfg) {
   return cfg.run.out_dir.empty() ? "runs/" + cfg.run.name : cfg.run.out_dir;
 }
 
-double measure_peak_flops() { return sgemm_rate(512, 0.2); }
+double measure_peak_flops() { return std::max(sgemm_rate(512, 0.1), sgemm_rate(1024, 0.2)); }
 
 namespace {
 
@@ -122,6 +123,29 @@ int apply_blas_threads(int64_t threads) {
   return openblas_get_num_threads();
 }
 
+// Cores this process may run on (its CPU affinity: mpirun binds each rank to one core by default,
+// srun to its --cpus-per-task).
+int allowed_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+}
+
+// More threads than allowed cores share them: the run is as slow as with fewer threads, and the
+// sgemm peak MFU is measured against is too (every rank checks; rank 0 says it once).
+void warn_threads_over_cores(int threads, MPI_Comm world) {
+  int cores = allowed_cores(), rank = 0;
+  if (cores <= 0) cores = threads;
+  MPI_Allreduce(MPI_IN_PLACE, &cores, 1, MPI_INT, MPI_MIN, world);
+  MPI_Comm_rank(world, &rank);
+  if (rank == 0 && threads > cores)
+    std::fprintf(stderr,
+                 "meshmoe: warning: %d threads per rank (run.threads) but a rank may run on only %d core%s (its CPU "
+                 "affinity): the threads share %s. Launch with `mpirun --map-by slot:PE=%d` (or --bind-to none), or "
+                 "`srun --cpus-per-task=%d`\n",
+                 threads, cores, cores == 1 ? "" : "s", cores == 1 ? "it" : "them", threads, threads);
+}
+
 // The phases timed in a step, written to metrics.h5 as /time/<phase> (max over ranks). Nested:
 // tensor_allreduce happens inside attention and dense_ffn; gate, dispatch, expert and combine are
 // the MoE layer's stages, moe_alltoall (expert_axis = data) is inside dispatch and combine,
@@ -150,6 +174,7 @@ class Trainer {
         valid_(open_split(cfg_.data.path, "valid", mesh.world())),
         eval_set_(eval_subset(valid_, cfg_.eval.examples_per_language)) {
     blas_threads_ = apply_blas_threads(cfg_.run.threads);  // before the sgemm peak is measured
+    warn_threads_over_cores(blas_threads_, mesh.world());
     // Before anything the model allocates: its Buffers live where run.device says.
     const std::string device_line = select_device(cfg_.run.device, mesh.world());
     if (mesh.rank() == 0) std::printf("%s\n", device_line.c_str());

@@ -3,7 +3,8 @@
 # ranks (rates summed, one table from rank 0), bad options exit 2 at once; and a short training run
 # records the ceiling and the FLOPs per token it measured MFU with as metrics.h5 root attributes,
 # consistent with its mfu column (mfu = tokens_per_s * train_flops_per_token / sgemm_peak_flops,
-# rtol 1e-5: the attributes are printed with 6 significant digits).
+# rtol 1e-5: the attributes are printed with 6 significant digits). A rank with more threads
+# (run.threads) than cores in its CPU affinity is warned about, with the launch option that fixes it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -41,5 +42,19 @@ with h5py.File(sys.argv[1], "r") as f:
     np.testing.assert_allclose(mfu, tps * flops / peak, rtol=1e-5)
     print(f"metrics.h5: train_flops_per_token {flops:.6g}, sgemm_peak_flops {peak:.6g}, mfu {mfu}")
 PY
+# run.threads = 2 on a rank that mpirun bound to one core: a warning naming the fix; unbound, none.
+threads_run() {  # NAME MPIRUN-OPTIONS...
+  local name=$1; shift
+  timeout 300 mpirun "$@" -np 1 "$M" train inputs/m4-dense-tiny.toml --set data.path="$T/data.h5" --set run.out_dir="$T/$name" \
+    --set run.steps=1 --set run.threads=2 --set eval.every=0 --set model.seq_len=32 --set model.num_layers=1 \
+    --set optim.batch_size=4 >"$T/$name.out" 2>&1 || fail "$name: exit $?"
+}
+threads_run bound --bind-to core
+grep -q "warning: 2 threads per rank (run.threads) but a rank may run on only 1 core" "$T/bound.out" &&
+  grep -q -- "--map-by slot:PE=2" "$T/bound.out" || { fail "bound to one core: no warning"; cat "$T/bound.out"; }
+if [ "$(nproc)" -ge 2 ]; then
+  threads_run unbound --bind-to none
+  ! grep -q "warning: 2 threads per rank" "$T/unbound.out" || fail "unbound with $(nproc) cores: unexpected warning"
+fi
 [ $fails = 0 ] && echo "bench_gemm: all checks passed"
 exit $((fails > 0))
