@@ -13,7 +13,7 @@ STEPS=${STEPS:-10}
 OUT=${OUT:-/dev/shm/meshmoe-overlap}
 DECK=bench/decks/gpt2-124m-dense.toml
 declare -A cmd=(
-  [1rank-2threads]="mpirun -np 1 $BUILD/meshmoe train $DECK --set run.threads=2"
+  [1rank-2threads]="mpirun --map-by slot:PE=2 -np 1 $BUILD/meshmoe train $DECK --set run.threads=2"
   [2ranks-blocking]="mpirun -np 2 $BUILD/meshmoe train $DECK --set mesh.data=2 --set run.threads=1 --set run.grad_bucket_mb=0"
   [2ranks-overlap]="mpirun -np 2 $BUILD/meshmoe train $DECK --set mesh.data=2 --set run.threads=1 --set run.grad_bucket_mb=25"
 )
