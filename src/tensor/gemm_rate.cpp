@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <sstream>
 #include <vector>
 
@@ -12,6 +11,7 @@
 #include "core/timers.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/device.hpp"
+#include "tensor/host_threads.hpp"
 
 namespace meshmoe {
 
@@ -29,6 +29,8 @@ double sgemm_rate(int n, double seconds) {
   }
   return best;
 }
+
+double measure_peak_flops() { return std::max(sgemm_rate(512, 0.1), sgemm_rate(1024, 0.2)); }
 
 namespace {
 std::vector<int> parse_gemm_sizes(const std::string& text) {
@@ -50,19 +52,13 @@ std::vector<int> parse_gemm_sizes(const std::string& text) {
 int bench_gemm_main(const BenchGemmOptions& opt) {
   const std::vector<int> sizes = parse_gemm_sizes(opt.sizes);
   if (!(opt.seconds > 0)) throw InputError("bench-gemm: --seconds must be > 0");
-  int threads = opt.threads;
-  if (threads <= 0) {
-    const char* env = std::getenv("OPENBLAS_NUM_THREADS");
-    threads = env && std::atoi(env) > 0 ? std::atoi(env) : 1;
-  }
-  openblas_set_num_threads(threads);
+  const int threads = apply_run_threads(opt.threads);
   int rank = 0, ranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   if (rank == 0)
     std::printf("bench-gemm: fp32 sgemm n x n x n, %d rank%s x %d BLAS thread%s, best of %.2g s per size\n"
-                "%8s  %12s\n", ranks, ranks == 1 ? "" : "s", openblas_get_num_threads(),
-                openblas_get_num_threads() == 1 ? "" : "s", opt.seconds, "n", "GFLOP/s");
+                "%8s  %12s\n", ranks, ranks == 1 ? "" : "s", threads, threads == 1 ? "" : "s", opt.seconds, "n", "GFLOP/s");
   double ceiling = 0;
   for (int n : sizes) {
     MPI_Barrier(MPI_COMM_WORLD);

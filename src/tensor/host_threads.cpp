@@ -1,7 +1,10 @@
 #include "tensor/host_threads.hpp"
 
+#include <cblas.h>
+
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -89,6 +92,17 @@ Pool& pool() {
 int host_loop_threads() { return pool().threads(); }
 void set_host_loop_threads(int threads) { pool().set_threads(threads); }
 bool in_host_parts() { return t_in_parts; }
+
+int apply_run_threads(int64_t threads) {
+  int n = int(threads);
+  if (n <= 0) {
+    const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+    n = env && std::atoi(env) > 0 ? std::atoi(env) : 1;
+  }
+  openblas_set_num_threads(n);
+  set_host_loop_threads(n);  // the element-wise host loops use the same cores (tensor/launch.hpp)
+  return openblas_get_num_threads();
+}
 
 void run_host_parts(int parts, const std::function<void(int)>& part) {
   if (parts > host_loop_threads()) throw std::logic_error("run_host_parts: more parts than host threads");

@@ -4,6 +4,7 @@
 // the same cores, and a spinning worker (as OpenMP's default wait policy does) would take a core
 // from them.
 #pragma once
+#include <cstdint>
 #include <functional>
 
 namespace meshmoe {
@@ -11,6 +12,11 @@ namespace meshmoe {
 // Threads of the host loops, the caller included (run.threads, set by the trainer); 1 by default.
 int host_loop_threads();
 void set_host_loop_threads(int threads);
+
+// run.threads (and bench-gemm --threads): this rank's BLAS and host-loop threads; 0 keeps
+// OPENBLAS_NUM_THREADS, or 1 when it is unset (OpenBLAS would start one thread per core in every
+// rank). Returns the count OpenBLAS reports afterwards.
+int apply_run_threads(int64_t threads);
 
 // Runs part(p) for every p in [0, parts), parts <= host_loop_threads(), part 0 on the calling
 // thread, and returns when all are done. A part must not throw. Not reentrant: inside a part,

@@ -27,7 +27,7 @@
 #include "parallel/pipeline_executor.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/gemm_rate.hpp"
-#include "tensor/launch.hpp"
+#include "tensor/host_threads.hpp"
 #include "train/evaluate.hpp"
 #include "train/grad_clip.hpp"
 #include "train/memory.hpp"
@@ -43,8 +43,6 @@ namespace meshmoe {
 std::string run_directory(const Config& cfg) {
   return cfg.run.out_dir.empty() ? "runs/" + cfg.run.name : cfg.run.out_dir;
 }
-
-double measure_peak_flops() { return std::max(sgemm_rate(512, 0.1), sgemm_rate(1024, 0.2)); }
 
 namespace {
 
@@ -110,19 +108,6 @@ Dataset eval_subset(const Dataset& valid, int64_t per_language) {
   return Dataset::from_memory(valid.info(), std::move(out), valid.path() + " (valid, " + std::to_string(per_language) + " per language)");
 }
 
-// run.threads: BLAS and host-loop threads per rank; 0 keeps OPENBLAS_NUM_THREADS, or 1 when it is unset (OpenBLAS
-// would start one thread per core in every rank). Returns the count OpenBLAS reports afterwards.
-int apply_blas_threads(int64_t threads) {
-  int n = int(threads);
-  if (n <= 0) {
-    const char* env = std::getenv("OPENBLAS_NUM_THREADS");
-    n = env && std::atoi(env) > 0 ? std::atoi(env) : 1;
-  }
-  openblas_set_num_threads(n);
-  set_host_loop_threads(n);  // the element-wise host loops use the same cores (tensor/launch.hpp)
-  return openblas_get_num_threads();
-}
-
 // Cores this process may run on (its CPU affinity: mpirun binds each rank to one core by default,
 // srun to its --cpus-per-task).
 int allowed_cores() {
@@ -173,7 +158,7 @@ class Trainer {
         train_(open_split(cfg_.data.path, "train", mesh.world())),
         valid_(open_split(cfg_.data.path, "valid", mesh.world())),
         eval_set_(eval_subset(valid_, cfg_.eval.examples_per_language)) {
-    blas_threads_ = apply_blas_threads(cfg_.run.threads);  // before the sgemm peak is measured
+    blas_threads_ = apply_run_threads(cfg_.run.threads);  // before the sgemm peak is measured
     warn_threads_over_cores(blas_threads_, mesh.world());
     // Before anything the model allocates: its Buffers live where run.device says.
     const std::string device_line = select_device(cfg_.run.device, mesh.world());

@@ -15,8 +15,4 @@ int train_main(const Deck& deck, Mesh& mesh, const std::string& version);
 // The run directory of a deck: run.out_dir, or runs/<run.name>.
 std::string run_directory(const Config& cfg);
 
-// Sustained fp32 GEMM rate of this rank (FLOP/s): the best sgemm of n = 512 and 1024 in ~0.3 s
-// (tensor/gemm_rate.hpp), the peak against which model FLOPs utilisation is reported.
-double measure_peak_flops();
-
 }  // namespace meshmoe
