@@ -2,9 +2,12 @@
 #pragma once
 #include <mpi.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <random>
 #include <string>
 
+#include "data/batcher.hpp"
 #include "tensor/launch.hpp"
 
 namespace meshmoe::test {
@@ -33,5 +36,21 @@ struct HostLoopsReversed {
   HostLoopsReversed(const HostLoopsReversed&) = delete;
   HostLoopsReversed& operator=(const HostLoopsReversed&) = delete;
 };
+
+// `rows` sequences of `T` random tokens and targets below `V` (language 0), from `seed`; about one
+// target in `masked_one_in` is masked out.
+inline Batch random_batch(int rows, int T, int V, uint32_t seed, int masked_one_in) {
+  std::mt19937 rng(seed);
+  Batch b;
+  b.rows = rows;
+  b.seq_len = T;
+  for (int i = 0; i < rows * T; ++i) {
+    b.inputs.push_back(int32_t(rng() % V));
+    b.targets.push_back(int32_t(rng() % V));
+    b.lang.push_back(0);
+    b.mask.push_back(rng() % masked_one_in == 0 ? 0.f : 1.f);
+  }
+  return b;
+}
 
 }  // namespace meshmoe::test

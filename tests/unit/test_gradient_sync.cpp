@@ -40,20 +40,6 @@ Config overlap_config() {
   return c;
 }
 
-Batch random_batch(uint32_t seed) {
-  std::mt19937 rng(seed);
-  Batch b;
-  b.rows = kRows;
-  b.seq_len = kSeq;
-  for (int i = 0; i < kRows * kSeq; ++i) {
-    b.inputs.push_back(int32_t(rng() % kVocab));
-    b.targets.push_back(int32_t(rng() % kVocab));
-    b.lang.push_back(0);
-    b.mask.push_back(rng() % 4 == 0 ? 0.f : 1.f);
-  }
-  return b;
-}
-
 struct Trained {
   std::vector<float> weights;
   int fewest_started_in_backward = 1 << 30;  // over the steps
@@ -69,7 +55,7 @@ Trained train(const Config& cfg, Mesh& mesh, size_t bucket_elems, int steps) {
   GradientSync sync(model, mesh, bucket_elems, cfg.model.tied_embeddings);
   Trained out;
   for (int step = 0; step < steps; ++step) {
-    const Batch batch = random_batch(uint32_t(100 + step));
+    const Batch batch = test::random_batch(kRows, kSeq, kVocab, uint32_t(100 + step), 4);
     double mask_total = 0;
     for (float m : batch.mask) mask_total += m;
     const double tokens = kRows * kSeq;

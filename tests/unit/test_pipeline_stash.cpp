@@ -50,20 +50,6 @@ Config stash_config(bool moe, int layers) {
   return c;
 }
 
-Batch random_batch(int rows, int T, int V, uint32_t seed) {
-  std::mt19937 rng(seed);
-  Batch b;
-  b.rows = rows;
-  b.seq_len = T;
-  for (int i = 0; i < rows * T; ++i) {
-    b.inputs.push_back(int32_t(rng() % V));
-    b.targets.push_back(int32_t(rng() % V));
-    b.lang.push_back(0);
-    b.mask.push_back(rng() % 5 == 0 ? 0.f : 1.f);
-  }
-  return b;
-}
-
 std::vector<float> random_floats(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d;
@@ -84,7 +70,7 @@ void check_park_and_restore(const Config& cfg, int pipe_rank, int pipe_size) {
   Transformer<float> ref(cfg, V, sh), parked(cfg, V, sh);
   ref.init(3, 1.0);
   parked.init(3, 1.0);
-  const Batch a = random_batch(2, T, V, 1), b = random_batch(6, T / 2, V, 2);  // B: other N and T
+  const Batch a = test::random_batch(2, T, V, 1, 5), b = test::random_batch(6, T / 2, V, 2, 5);  // B: other N and T
   const Micro ma{a, StepContext{5, 7, true, 16, nullptr}}, mb{b, StepContext{5, 8, true, 40, nullptr}};
   const LossWeights w{1.0 / 30, 0.01, 0.001}, wb{1.0 / 17, 0.03, 0.004};
   const std::vector<float> xa = random_floats(size_t(2) * T * M, 3), xb = random_floats(size_t(6) * T / 2 * M, 4);
@@ -166,7 +152,7 @@ StageRun run_pipeline(const Config& cfg, Mesh& mesh, Recompute recompute, int mi
   StageRun out;
   model.params().zero_grad();
   for (int step = 1; step <= steps; ++step) {
-    const Batch batch = random_batch(B, T, V, uint32_t(100 + step));
+    const Batch batch = test::random_batch(B, T, V, uint32_t(100 + step), 5);
     std::vector<Micro> micros = split_micro_batches(batch, micro_batches, mesh.extent(Axis::Data),
                                                     mesh.coord(Axis::Data), 5, step, true, &timers);
     const LossWeights w{1.0 / 50, 0.01, 0.001};
