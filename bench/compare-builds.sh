@@ -26,10 +26,9 @@ for deck in "${DECKS[@]}"; do
 done
 /usr/bin/python3 - "$T" "$REPEATS" "${DECKS[@]}" <<'PY'
 import sys, os, h5py, numpy as np
+sys.path.insert(0, "bench")
+from benchlib import step_tokens
 T, reps, decks = sys.argv[1], int(sys.argv[2]), [os.path.basename(d)[:-5] for d in sys.argv[3:]]
-
-def deck_int(deck, key):
-    return int(next(l for l in deck.splitlines() if l.startswith(key + " ")).split("=")[1])
 
 print("| deck | A step (ms) | B step (ms) | B/A | final loss A | final loss B |")
 print("| --- | ---: | ---: | ---: | ---: | ---: |")
@@ -39,8 +38,7 @@ for d in decks:
         ms = []
         for r in range(1, reps + 1):
             with h5py.File(f"{T}/{w}-{r}-{d}/metrics.h5", "r") as f:
-                deck = bytes(f["deck"][()]).decode()
-                tokens = deck_int(deck, "batch_size") * deck_int(deck, "seq_len")
+                tokens = step_tokens(f)
                 ms.append(1000 * float(np.mean(tokens / f["tokens_per_s"][5:])))
                 loss[w] = float(f["loss"][-1])
         t[w] = float(np.mean(ms))

@@ -5,15 +5,10 @@
 #   NP=2 STEPS=300 bench/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source tests/env.sh
-BUILD=${BUILD:-build}
+source bench/lib.sh
 NP=${NP:-2}
 STEPS=${STEPS:-300}
-M=$BUILD/meshmoe
-if [ ! -s data/gettext.h5 ]; then
-  mkdir -p data
-  $M prep gettext -q -o data/gettext.h5.tmp && mv data/gettext.h5.tmp data/gettext.h5
-fi
+ensure_gettext_data
 runs=()
 for name in dense switch gshard; do
   out=runs/bench-m4-$name-tiny

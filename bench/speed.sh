@@ -12,16 +12,11 @@
 #   THREADS=2 STEPS=20 bench/speed.sh        (results and logs in runs/bench-speed/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source tests/env.sh
-BUILD=${BUILD:-build}
+source bench/lib.sh
 THREADS=${THREADS:-2}
 STEPS=${STEPS:-20}
 OUT=${OUT:-runs/bench-speed}
-M=$BUILD/meshmoe
-if [ ! -s data/gettext.h5 ]; then
-  mkdir -p data
-  $M prep gettext -q -o data/gettext.h5.tmp && mv data/gettext.h5.tmp data/gettext.h5
-fi
+ensure_gettext_data
 rm -rf "$OUT"; mkdir -p "$OUT"
 
 echo "== sgemm ceiling, 1 rank x $THREADS threads"

@@ -19,6 +19,8 @@ import sys
 import h5py
 import numpy as np
 
+from benchlib import step_tokens
+
 # Top-level phases (they do not nest in each other); the rest are shown but not summed.
 TOP = ["attention", "dense_ffn", "gate", "dispatch", "expert", "combine", "head_loss", "pipeline_wait",
        "pipeline_recompute", "grad_overlap", "grad_allreduce", "optimizer"]
@@ -32,12 +34,11 @@ def ceiling(out):
 
 def run_summary(run_dir):
     with h5py.File(os.path.join(run_dir, "metrics.h5"), "r") as f:
-        deck = bytes(f["deck"][()]).decode()
         flops = float(f.attrs["train_flops_per_token"])
         tps = f["tokens_per_s"][()]
         keep = slice(3, None) if len(tps) > 5 else slice(0, None)
         tps = float(np.median(tps[keep]))
-        tokens = deck_int(deck, "batch_size") * deck_int(deck, "seq_len")
+        tokens = step_tokens(f)
         step = tokens / tps
         phases = {}
         for name in TOP + INNER:
@@ -46,10 +47,6 @@ def run_summary(run_dir):
         drops = [float(np.median(f[f"moe/{l}/dropped_fraction"][()][keep])) for l in f.get("moe", {})
                  if f"moe/{l}/dropped_fraction" in f]
         return dict(step=step, tps=tps, flops=flops * tps, phases=phases, dropped=np.mean(drops) if drops else None)
-
-
-def deck_int(deck, key):
-    return int(next(l for l in deck.splitlines() if l.startswith(key + " ")).split("=")[1].split("#")[0])
 
 
 def torch_step(out, run):

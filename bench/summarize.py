@@ -7,6 +7,8 @@ import sys
 import h5py
 import numpy as np
 
+from benchlib import step_tokens
+
 
 def summary(run):
     with h5py.File(os.path.join(run, "metrics.h5"), "r") as f:
@@ -14,14 +16,7 @@ def summary(run):
         last = np.where(np.isfinite(ev))[0][-1]
         tps = f["tokens_per_s"][()]
         tps = tps[np.isfinite(tps)]
-        tokens = None
-        deck = f["deck"][()].decode() if isinstance(f["deck"][()], bytes) else str(f["deck"][()])
-        for line in deck.splitlines():
-            if line.startswith("batch_size"):
-                bs = int(line.split("=")[1])
-            if line.startswith("seq_len"):
-                sl = int(line.split("=")[1])
-        tokens = bs * sl
+        tokens = step_tokens(f)
         # Skip the first logging interval (start-up, first-touch allocations).
         steady = tps[1:] if len(tps) > 1 else tps
         return dict(step=int(f["step"][last]), valid=float(ev[last]), step_s=tokens / float(np.median(steady)),
