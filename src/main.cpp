@@ -1,4 +1,5 @@
-// meshmoe: command line and wiring. Subcommands: train, plan, prep, deck-doc; --version.
+// meshmoe: command line and wiring. Subcommands: train, plan, prep, deck-doc, bench-comm, bench-gemm,
+// ckpt, score; --version.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -12,11 +13,12 @@
 #include "data/prep.hpp"
 #include "data/prep_cli.hpp"
 #include "deck/deck.hpp"
-#include "train/checkpoint_cli.hpp"
 #include "mesh/mesh.hpp"
 #include "parallel/bench_comm.hpp"
+#include "score/score_cli.hpp"
 #include "tensor/gemm_rate.hpp"
 #include "tensor/device.hpp"
+#include "train/checkpoint_cli.hpp"
 #include "train/memory.hpp"
 #include "train/signals.hpp"
 #include "train/trainer.hpp"
@@ -135,6 +137,13 @@ int run(int argc, char** argv) {
     sub->callback([&ckpt_opt, action] { ckpt_opt.action = action; });
   }
 
+  ScoreCliOptions score_opt;
+  auto* score = app.add_subcommand("score", "Corpus BLEU (SacreBLEU's 13a) and chrF of translations, one per line, against references");
+  score->add_option("--hyp", score_opt.hyp, "Translations, one sentence per line (UTF-8)")->required();
+  score->add_option("--ref", score_opt.ref, "References, line by line with --hyp")->required();
+  score->add_flag("--json", score_opt.json, "One JSON line: full-precision scores and their n-gram statistics");
+  score->add_flag("--print-tokens", score_opt.print_tokens, "Print the translations as BLEU's 13a tokenisation splits them");
+
   // A mistyped subcommand gets a suggestion rather than CLI11's "A subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
     const std::string given = argv[1];
@@ -178,6 +187,7 @@ int run(int argc, char** argv) {
   if (*bench) return bench_comm_main(bench_opt);
   if (*bench_gemm) return bench_gemm_main(gemm_opt);
   if (*ckpt) return ckpt_main(ckpt_opt);
+  if (*score) return score_main(score_opt);
   if (*prep_gettext) return prep_gettext_main(gettext_opt);
   if (*prep_text) return prep_text_main(text_opt);
   if (*plan && ranks_only) {
