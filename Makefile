@@ -3,7 +3,7 @@ BUILD    ?= build
 CXX      := mpicxx
 OPT      ?= -O2 -march=x86-64-v2
 CXXFLAGS ?= $(OPT) -g
-PKGS     := hdf5-openmpi openblas tomlplusplus
+PKGS     := hdf5-openmpi openblas tomlplusplus sentencepiece
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 ALL_CXXFLAGS = -std=c++20 -DOMPI_SKIP_MPICXX -Wall -Wextra -Wno-unused-parameter -MMD -MP -Isrc $(PKG_CFLAGS) $(CXXFLAGS)
@@ -40,7 +40,7 @@ all: features $(BUILD)/meshmoe
 
 features:
 	@printf '%s MPI (mpicxx)\n' "$$(command -v mpicxx >/dev/null && echo ✓ || echo ✗)"
-	@printf '%s parallel HDF5, OpenBLAS, toml++\n' "$$(pkg-config --exists $(PKGS) && echo ✓ || echo ✗)"
+	@printf '%s parallel HDF5, OpenBLAS, toml++, SentencePiece\n' "$$(pkg-config --exists $(PKGS) && echo ✓ || echo ✗)"
 	@printf '%s CUDA + cuBLAS + NCCL%s\n' "$$([ '$(CUDA)' = 1 ] && echo ✓ || echo ✗)" "$$([ '$(CUDA)' = 1 ] && echo " ($(NVCC))" || echo " (nvcc not found or CUDA=0)")"
 
 deps:

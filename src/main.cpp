@@ -100,6 +100,10 @@ int run(int argc, char** argv) {
   prep_gettext->add_option("--min-pairs", gettext_opt.min_pairs, "Drop languages with fewer pairs")->capture_default_str();
   prep_gettext->add_option("--languages", gettext_opt.languages, "Keep only these languages (comma-separated)")
       ->delimiter(',');
+  prep_gettext->add_option("--tokenizer", gettext_opt.tokenizer, "Text tokens: bytes, or spm (SentencePiece trained on the train split)")
+      ->capture_default_str();
+  prep_gettext->add_option("--spm-pieces", gettext_opt.spm_pieces, "SentencePiece vocabulary size (--tokenizer spm)")
+      ->capture_default_str();
   prep_gettext->add_flag("-q,--quiet", gettext_opt.quiet, "No progress lines");
   PrepTextOptions text_opt;
   auto* prep_text = prep->add_subcommand("text", "One example per line (or paragraph) of UTF-8 text files");
@@ -109,6 +113,10 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   prep_text->add_option("--valid-percent", text_opt.valid_percent, "Percent of lines held out")->capture_default_str();
   prep_text->add_flag("--paragraphs", text_opt.paragraphs, "One example per blank-line separated paragraph");
+  prep_text->add_option("--tokenizer", text_opt.tokenizer, "Text tokens: bytes, or spm (SentencePiece trained on the train split)")
+      ->capture_default_str();
+  prep_text->add_option("--spm-pieces", text_opt.spm_pieces, "SentencePiece vocabulary size (--tokenizer spm)")
+      ->capture_default_str();
   prep_text->add_flag("-q,--quiet", text_opt.quiet, "No progress lines");
 
   BenchCommOptions bench_opt;

@@ -25,17 +25,36 @@ Dataset Dataset::from_memory(DatasetInfo info, DataSplit split, std::string name
   return d;
 }
 
+void check_dataset_tokenizer(const std::string& path, const DatasetInfo& info, const std::string& tokenizer,
+                             int64_t spm_pieces) {
+  const Tokenizer tok = info.tokenizer_object();
+  const std::string have = tok.is_spm() ? "spm" : "bytes";
+  const std::string remake = "; prepare one with `meshmoe prep gettext --tokenizer " + tokenizer +
+                             (tokenizer == "spm" && spm_pieces > 0 ? " --spm-pieces " + std::to_string(spm_pieces) : "") +
+                             " -o FILE` (or `prep text`) and set data.path, or change data.tokenizer";
+  if (have != tokenizer)
+    throw InputError("data.tokenizer = " + tokenizer + " but " + path + " was prepared with the " + have + " tokenizer" + remake);
+  if (tok.is_spm() && spm_pieces > 0 && tok.spm_pieces() != spm_pieces)
+    throw InputError("data.spm_pieces = " + std::to_string(spm_pieces) + " but " + path + " has " +
+                     std::to_string(tok.spm_pieces()) + " SentencePiece pieces" + remake);
+}
+
 void Dataset::validate() const {
   const std::string where = path_ + " (split /" + split_name_ + ")";
   auto bad = [&](const std::string& what) {
     throw InputError(where + ": " + what + "; rewrite the file with `meshmoe prep`");
   };
-  const int64_t want_vocab = Tokenizer::kFirstLang + int64_t(info_.languages.size());
-  if (info_.tokenizer != Tokenizer::kName)
-    bad("tokenizer '" + info_.tokenizer + "' is not the one meshmoe reads ('" + Tokenizer::kName + "')");
-  if (info_.vocab_size != want_vocab)
+  const bool spm = info_.tokenizer == Tokenizer::kSpmName;
+  if (info_.tokenizer != Tokenizer::kName && !spm)
+    bad("tokenizer '" + info_.tokenizer + "' is not one meshmoe reads ('" + Tokenizer::kName + "' or '" +
+        Tokenizer::kSpmName + "')");
+  if (spm != !info_.spm_model.empty())
+    bad(spm ? "tokenizer spm without its model /tokenizer/spm_model" : "a SentencePiece model with the byte tokenizer");
+  const Tokenizer tok = info_.tokenizer_object();
+  if (info_.vocab_size != tok.vocab_size())
     bad("vocab_size " + std::to_string(info_.vocab_size) + " does not match 260 + " +
-        std::to_string(info_.languages.size()) + " languages");
+        std::to_string(info_.languages.size()) + " languages" +
+        (spm ? " + " + std::to_string(tok.spm_pieces()) + " SentencePiece pieces" : ""));
   if (info_.pad_id != Tokenizer::kPad || info_.bos_id != Tokenizer::kBos || info_.eos_id != Tokenizer::kEos ||
       info_.sep_id != Tokenizer::kSep)
     bad("special token ids differ from pad=256 bos=257 eos=258 sep=259");

@@ -9,6 +9,7 @@
 //   /languages/name [L] strings (sorted; tag token of language i = 260 + i)
 //   /languages/train_pairs, /languages/valid_pairs [L] int64
 //   /sources        [S] strings (catalogs or text files read)
+//   /tokenizer/spm_model [bytes] uint8, the serialized SentencePiece model (tokenizer = spm only)
 //   root attributes: tokenizer, vocab_size, pad_id, bos_id, eos_id, sep_id, languages, created_by, root
 #pragma once
 #include "core/hash.hpp"  // fnv1a64: assigns an example to the train or valid split
@@ -50,10 +51,16 @@ struct DatasetInfo {
   std::vector<int64_t> train_pairs, valid_pairs;  // per language
   std::vector<std::string> sources;
   std::string created_by, root;
+  std::string spm_model;  // serialized SentencePiece model; empty for the byte tokenizer
 
-  Tokenizer tokenizer_object() const { return Tokenizer(languages); }
+  Tokenizer tokenizer_object() const { return Tokenizer(languages, spm_model); }
 };
 
+
+// Throws InputError, naming the prep command that makes a matching file, when the dataset was not
+// prepared with `tokenizer` (bytes | spm) or, for spm with spm_pieces > 0, not with that many pieces.
+void check_dataset_tokenizer(const std::string& path, const DatasetInfo& info, const std::string& tokenizer,
+                             int64_t spm_pieces);
 
 // Writes a dataset file (one process; no collective). Throws Error on an I/O failure.
 void write_dataset(const std::string& path, const DatasetInfo& info, const DataSplit& train, const DataSplit& valid);

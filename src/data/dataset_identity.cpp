@@ -64,6 +64,7 @@ DatasetIdentity dataset_identity(const std::string& path, const Dataset& train, 
   const DatasetInfo& info = train.info();
   WordHash h;
   h.text(info.tokenizer);
+  if (!info.spm_model.empty()) h.text(info.spm_model);  // byte datasets keep their fingerprint
   h.bytes(&info.vocab_size, sizeof info.vocab_size);
   h.text(join_languages(info.languages));
   hash_split(h, train.split());

@@ -48,6 +48,8 @@ void write_dataset(const std::string& path, const DatasetInfo& info, const DataS
   f.write("languages/train_pairs", info.train_pairs);
   f.write("languages/valid_pairs", info.valid_pairs);
   f.write_strings("sources", info.sources);
+  if (!info.spm_model.empty())
+    f.write("tokenizer/spm_model", std::vector<uint8_t>(info.spm_model.begin(), info.spm_model.end()));
   write_split(f, "train", train);
   write_split(f, "valid", valid);
   f.close();
@@ -93,6 +95,10 @@ Dataset Dataset::open(const std::string& path, const std::string& split) {
     if (f.is_dataset("languages/train_pairs")) info.train_pairs = f.read<int64_t>("languages/train_pairs");
     if (f.is_dataset("languages/valid_pairs")) info.valid_pairs = f.read<int64_t>("languages/valid_pairs");
     if (f.is_dataset("sources")) info.sources = f.read_strings("sources");
+    if (f.is_dataset("tokenizer/spm_model")) {
+      const std::vector<uint8_t> model = f.read<uint8_t>("tokenizer/spm_model");
+      info.spm_model.assign(model.begin(), model.end());
+    }
 
     DataSplit& s = d.split_;
     h5::Dataset tokens = f.dataset(split + "/tokens");

@@ -1,14 +1,17 @@
 // `meshmoe prep`: turns text sources into a dataset file (layout in data/dataset.hpp).
 //   prep gettext: pairs (translation, English msgid) from the GNU gettext catalogs of a locale tree;
-//     example = <lang> translation-bytes SEP english-bytes EOS, loss on the English bytes and EOS.
+//     example = <lang> translation SEP english EOS, loss on the English tokens and EOS.
 //   prep text: one example per line (or paragraph) of UTF-8 files;
-//     example = <text> bytes EOS, loss on the bytes and EOS.
+//     example = <text> text EOS, loss on the text and EOS.
+// Text tokens are bytes, or with --tokenizer spm SentencePiece pieces of a model trained on the
+// train split's text (every translation, each English string once) and stored in the file.
 // The split is a pure function of the English text (gettext) or the line (text): FNV-1a 64 of it,
 // valid when hash % 100 < valid_percent, so one English string never lands on both sides.
 #pragma once
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "data/dataset.hpp"
@@ -22,6 +25,8 @@ struct PrepGettextOptions {
   int64_t valid_percent = 2;               // 0..100
   int64_t min_pairs = 1;                   // drop languages with fewer pairs
   std::vector<std::string> languages;      // keep only these (empty = all)
+  std::string tokenizer = "bytes";         // bytes | spm
+  int64_t spm_pieces = 8000;               // SentencePiece vocabulary (tokenizer = spm)
   bool quiet = false;                      // no progress lines
 };
 
@@ -31,6 +36,8 @@ struct PrepTextOptions {
   int64_t max_len = 256;      // longer lines are cut into pieces of at most this many tokens
   int64_t valid_percent = 2;  // 0..100
   bool paragraphs = false;    // one example per paragraph (blank-line separated) instead of per line
+  std::string tokenizer = "bytes";  // bytes | spm
+  int64_t spm_pieces = 8000;        // SentencePiece vocabulary (tokenizer = spm)
   bool quiet = false;
 };
 
@@ -66,6 +73,13 @@ void refuse_output_overwriting_input(const std::string& cmd, const std::string& 
 // After a prep: an empty train split is an InputError (nothing to train on); an empty valid split
 // is a warning on `log` (a deck must then set eval.every = 0).
 void check_split_sizes(const std::string& cmd, const PreparedDataset& d, int64_t valid_percent, std::ostream& log);
+
+// The tokenizer of a prep: bytes, or SentencePiece trained on `train_texts` (checked options:
+// tokenizer bytes | spm, spm_pieces >= 16).
+Tokenizer prep_tokenizer(const std::string& cmd, const std::string& tokenizer, int64_t spm_pieces,
+                         std::vector<std::string> languages, const std::vector<std::string_view>& train_texts,
+                         bool quiet, std::ostream& log);
+void check_tokenizer_options(const std::string& cmd, const std::string& tokenizer, int64_t spm_pieces);
 
 // One-line-per-item summary for the user.
 std::string prep_summary(const PreparedDataset& d);

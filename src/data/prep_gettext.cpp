@@ -59,6 +59,8 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
   if (opt.valid_percent < 0 || opt.valid_percent > 100)
     throw InputError("prep gettext: --valid-percent must be in 0..100 (got " + std::to_string(opt.valid_percent) + ")");
   if (opt.min_pairs < 0) throw InputError("prep gettext: --min-pairs must be >= 0");
+  check_tokenizer_options("prep gettext", opt.tokenizer, opt.spm_pieces);
+  const bool bytes_tokens = opt.tokenizer == "bytes";
 
   std::vector<Catalog> catalogs = scan_catalogs(opt.root);
   {
@@ -108,7 +110,8 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
       if (e.msgstr.empty()) { ++st.untranslated; continue; }
       if (e.msgstr == e.msgid) { ++st.identical; continue; }
       // <lang> translation SEP English EOS
-      if (int64_t(e.msgstr.size() + e.msgid.size() + 3) > opt.max_len) { ++st.too_long; continue; }
+      // (pieces are counted once the pairs are encoded)
+      if (bytes_tokens && int64_t(e.msgstr.size() + e.msgid.size() + 3) > opt.max_len) { ++st.too_long; continue; }
       if (!seen.insert(e.msgid + '\0' + e.msgstr).second) { ++st.duplicates; continue; }
       lp.pairs.push_back({lp.bytes.size(), uint32_t(e.msgstr.size()), uint32_t(e.msgid.size())});
       lp.bytes += e.msgstr;
@@ -135,7 +138,23 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
     throw InputError("prep gettext: no language under " + opt.root + " has at least " + std::to_string(opt.min_pairs) +
                      " translated pairs (lower --min-pairs or raise --max-len)");
 
-  const Tokenizer tok(kept);
+  auto is_valid = [&](std::string_view english) { return fnv1a64(english) % 100 < uint64_t(opt.valid_percent); };
+  std::vector<std::string_view> train_texts;
+  if (!bytes_tokens) {
+    std::unordered_set<std::string_view> english;
+    for (const auto& lp : langs) {
+      if (std::find(kept.begin(), kept.end(), lp.name) == kept.end()) continue;
+      for (const auto& p : lp.pairs) {
+        const std::string_view src(lp.bytes.data() + p.offset, p.src_len), eng(src.data() + p.src_len, p.eng_len);
+        if (is_valid(eng)) continue;
+        train_texts.push_back(src);
+        if (english.insert(eng).second) train_texts.push_back(eng);
+      }
+    }
+  }
+  const Tokenizer tok = prep_tokenizer("prep gettext", opt.tokenizer, opt.spm_pieces, kept, train_texts, opt.quiet, log);
+  out.info.tokenizer = tok.name();
+  out.info.spm_model = tok.spm_model();
   DatasetInfo& info = out.info;
   info.vocab_size = tok.vocab_size();
   info.languages = tok.languages();
@@ -156,14 +175,19 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
       const std::string_view eng(lp.bytes.data() + p.offset + p.src_len, p.eng_len);
       ids.clear();
       ids.push_back(Tokenizer::kFirstLang + li);
-      Tokenizer::encode_bytes(src, ids);
+      tok.encode(src, ids);
       ids.push_back(Tokenizer::kSep);
-      Tokenizer::encode_bytes(eng, ids);
+      const size_t first_target = ids.size();
+      tok.encode(eng, ids);
       ids.push_back(Tokenizer::kEos);
-      // Loss on what the model predicts after SEP: the English bytes and EOS.
+      if (int64_t(ids.size()) > opt.max_len) {
+        ++st.too_long;
+        continue;
+      }
+      // Loss on what the model predicts after SEP: the English tokens and EOS.
       mask.assign(ids.size(), 0);
-      std::fill(mask.begin() + 2 + p.src_len, mask.end(), uint8_t(1));
-      const bool valid = fnv1a64(eng) % 100 < uint64_t(opt.valid_percent);
+      std::fill(mask.begin() + std::ptrdiff_t(first_target), mask.end(), uint8_t(1));
+      const bool valid = is_valid(eng);
       (valid ? out.valid : out.train).add_example(ids, mask, li);
       ++(valid ? info.valid_pairs : info.train_pairs)[size_t(li)];
     }

@@ -55,10 +55,29 @@ PreparedDataset prepare_text(const PrepTextOptions& opt, std::ostream& log) {
   if (opt.valid_percent < 0 || opt.valid_percent > 100)
     throw InputError("prep text: --valid-percent must be in 0..100 (got " + std::to_string(opt.valid_percent) + ")");
   refuse_output_overwriting_input("prep text", opt.output, opt.files);
+  check_tokenizer_options("prep text", opt.tokenizer, opt.spm_pieces);
+
+  // Every file's lines (or paragraphs) first: a SentencePiece model learns from the train split's.
+  std::vector<std::vector<std::string>> units(opt.files.size());
+  std::vector<std::string_view> train_texts;
+  for (size_t f = 0; f < opt.files.size(); ++f) {
+    std::ifstream in(opt.files[f], std::ios::binary);
+    if (!in) throw InputError("prep text: cannot open " + opt.files[f]);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    units[f] = split_units(ss.str(), opt.paragraphs);
+  }
+  // The split follows the whole line, so the pieces of a long line stay on one side.
+  auto is_valid = [&](std::string_view u) { return fnv1a64(u) % 100 < uint64_t(opt.valid_percent); };
+  for (const auto& file_units : units)
+    for (const auto& u : file_units)
+      if (!is_valid(u)) train_texts.push_back(u);
 
   PreparedDataset out;
-  const Tokenizer tok({"text"});
+  const Tokenizer tok = prep_tokenizer("prep text", opt.tokenizer, opt.spm_pieces, {"text"}, train_texts, opt.quiet, log);
   DatasetInfo& info = out.info;
+  info.tokenizer = tok.name();
+  info.spm_model = tok.spm_model();
   info.vocab_size = tok.vocab_size();
   info.languages = tok.languages();
   info.train_pairs.assign(1, 0);
@@ -67,22 +86,26 @@ PreparedDataset prepare_text(const PrepTextOptions& opt, std::ostream& log) {
   info.sources = opt.files;
   const int32_t tag = tok.lang_token("text");
 
-  std::vector<int32_t> ids;
+  std::vector<int32_t> ids, text_ids;
   std::vector<uint8_t> mask;
-  for (const auto& path : opt.files) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw InputError("prep text: cannot open " + path);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    const std::vector<std::string> units = split_units(ss.str(), opt.paragraphs);
-    for (const auto& u : units) {
-      // The split follows the whole line, so the pieces of a long line stay on one side.
-      const bool valid = fnv1a64(u) % 100 < uint64_t(opt.valid_percent);
-      const auto pieces = cut(u, size_t(opt.max_len - 2));  // <text> bytes EOS
+  for (size_t f = 0; f < opt.files.size(); ++f) {
+    for (const auto& u : units[f]) {
+      const bool valid = is_valid(u);
+      // Pieces of at most max_len - 2 tokens: <text> tokens EOS. Bytes are cut where a UTF-8
+      // sequence starts; SentencePiece pieces anywhere.
+      std::vector<std::vector<int32_t>> pieces;
+      if (!tok.is_spm()) {
+        for (const auto piece : cut(u, size_t(opt.max_len - 2))) pieces.push_back(tok.encode(piece));
+      } else {
+        text_ids = tok.encode(u);
+        for (size_t at = 0; at < text_ids.size() || at == 0; at += size_t(opt.max_len - 2))
+          pieces.emplace_back(text_ids.begin() + std::ptrdiff_t(at),
+                              text_ids.begin() + std::ptrdiff_t(std::min(text_ids.size(), at + size_t(opt.max_len - 2))));
+      }
       out.stats.pieces_cut += int64_t(pieces.size()) - 1;
-      for (const auto piece : pieces) {
+      for (const auto& piece : pieces) {
         ids.assign(1, tag);
-        Tokenizer::encode_bytes(piece, ids);
+        ids.insert(ids.end(), piece.begin(), piece.end());
         ids.push_back(Tokenizer::kEos);
         mask.assign(ids.size(), 1);
         mask[0] = 0;  // the tag starts the example; nothing predicts it
@@ -90,7 +113,8 @@ PreparedDataset prepare_text(const PrepTextOptions& opt, std::ostream& log) {
         ++(valid ? info.valid_pairs : info.train_pairs)[0];
       }
     }
-    if (!opt.quiet) log << "prep text: " << path << ": " << units.size() << (opt.paragraphs ? " paragraphs\n" : " lines\n");
+    if (!opt.quiet)
+      log << "prep text: " << opt.files[f] << ": " << units[f].size() << (opt.paragraphs ? " paragraphs\n" : " lines\n");
   }
   PrepStats& st = out.stats;
   st.train_examples = int64_t(out.train.num_examples());

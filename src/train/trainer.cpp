@@ -163,6 +163,7 @@ class Trainer {
     // Before anything the model allocates: its Buffers live where run.device says.
     const std::string device_line = select_device(cfg_.run.device, mesh.world());
     if (mesh.rank() == 0) std::printf("%s\n", device_line.c_str());
+    check_dataset_tokenizer(cfg_.data.path, train_.info(), cfg_.data.tokenizer, cfg_.data.spm_pieces);
     vocab_ = cfg_.model.vocab_size > 0 ? int(cfg_.model.vocab_size) : train_.vocab_size();
     if (vocab_ < train_.vocab_size())
       throw InputError("model.vocab_size = " + std::to_string(vocab_) + " is smaller than the vocabulary of " +

@@ -635,3 +635,52 @@ TEST_CASE("dataset file: a vocabulary over 65535 stores uint32 tokens", "[data]"
   CHECK(f.dataset("train/tokens").type_size() == 4);
   CHECK(f.dataset("valid/tokens").size() == 0);
 }
+
+TEST_CASE("SentencePiece tokenizer: pieces after the tags, round trip, byte fallback, deterministic", "[data]") {
+  // A corpus of 120 made-up words of two or three syllables (some with accents) in 600 lines; 320
+  // pieces: 256 byte-fallback pieces, the characters, and what the words give.
+  const char* syllables[] = {"ka", "ro", "mi", "te", "su", "\u00f6f", "fen", "da", "\u00eat", "lo", "ne", "pi"};
+  std::vector<std::string> vocab;
+  for (int i = 0; i < 120; ++i)
+    vocab.push_back(std::string(syllables[i % 12]) + syllables[(i / 12 + i) % 12] + (i % 3 ? syllables[(i * 5) % 12] : ""));
+  std::vector<std::string> lines;
+  for (int i = 0; i < 600; ++i)
+    lines.push_back(vocab[size_t(i * 7 % 120)] + " " + vocab[size_t(i * 13 % 120)] + " " + vocab[size_t(i % 120)]);
+  const std::vector<std::string_view> texts(lines.begin(), lines.end());
+  const std::string model = Tokenizer::train_spm(texts, 320, true);
+  CHECK(Tokenizer::train_spm(texts, 320, true) == model);  // the same texts give the same model
+
+  const Tokenizer tok({"fr", "de"}, model);
+  REQUIRE(tok.is_spm());
+  CHECK(std::string(tok.name()) == Tokenizer::kSpmName);
+  CHECK(tok.spm_pieces() == 320);
+  CHECK(tok.first_piece() == Tokenizer::kFirstLang + 2);
+  CHECK(tok.vocab_size() == Tokenizer::kFirstLang + 2 + 320);
+  for (const std::string& s : {vocab[3] + " " + vocab[50], vocab[7] + vocab[8], std::string("unseen \u4e2d\u6587 text!"),
+                              std::string("  two  spaces")}) {
+    const std::vector<int32_t> ids = tok.encode(s);
+    REQUIRE_FALSE(ids.empty());
+    for (const int32_t id : ids) {
+      CHECK(id >= tok.first_piece());
+      CHECK(id < tok.vocab_size());
+    }
+    // SentencePiece normalises runs of spaces (NFKC + whitespace folding): compare with that form.
+    std::string folded;
+    for (const char c : s)
+      if (c != ' ' || (!folded.empty() && folded.back() != ' ')) folded += c;
+    if (!folded.empty() && folded.back() == ' ') folded.pop_back();
+    CHECK(tok.decode(ids) == folded);
+  }
+  // Learnt words take fewer pieces than bytes.
+  const std::string known = vocab[10] + " " + vocab[20] + " " + vocab[30];
+  CHECK(tok.encode(known).size() < known.size());
+  // Specials and tags around pieces decode as in the byte tokenizer.
+  std::vector<int32_t> ids{tok.lang_token("de")};
+  tok.encode(vocab[1], ids);
+  ids.push_back(Tokenizer::kSep);
+  tok.encode(vocab[2], ids);
+  ids.push_back(Tokenizer::kEos);
+  CHECK(tok.decode(ids) == "<de>" + vocab[1] + "<sep>" + vocab[2] + "<eos>");
+  CHECK_THROWS_AS(tok.token_text(tok.vocab_size()), Error);
+  CHECK_THROWS_AS(Tokenizer({"de"}, "not a model"), InputError);
+}
