@@ -147,6 +147,62 @@ TEMPLATE_TEST_CASE("Comm: reduce_scatter gives rank r block r reduced", "[comm][
   });
 }
 
+// Uneven block sizes, zeros included, that differ per block: counts[j] of block j (the same on
+// every rank of the group).
+std::vector<size_t> uneven_counts(size_t p, size_t n) {
+  std::vector<size_t> counts(p);
+  for (size_t j = 0; j < p; ++j) counts[j] = n == 0 ? 0 : (j % 3 == 1 ? 0 : n + 3 * j);
+  return counts;
+}
+
+TEMPLATE_TEST_CASE("Comm: reduce_scatterv in place leaves rank r's block reduced in place", "[comm][mpi]", float,
+                   double, int32_t, int64_t) {
+  using T = TestType;
+  const int me = test::world_rank();
+  for_each_axis([&](Comm& c, const std::vector<int>& members) {
+    const size_t p = members.size(), r = size_t(c.rank());
+    for (size_t n : kSizes)
+      for (Op op : {Op::Sum, Op::Max}) {
+        INFO("n=" << n << " op=" << op_name(op));
+        const std::vector<size_t> counts = uneven_counts(p, n);
+        const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
+        const size_t mine = std::accumulate(counts.begin(), counts.begin() + ptrdiff_t(r), size_t(0));
+        // Element i of the whole buffer on rank k: value(k, i, salt = 5).
+        std::vector<T> buf(total), expected(counts[r]);
+        for (size_t i = 0; i < total; ++i) buf[i] = value<T>(me, i, 5);
+        for (size_t i = 0; i < counts[r]; ++i) {
+          expected[i] = value<T>(members[0], mine + i, 5);
+          for (size_t k = 1; k < p; ++k) expected[i] = combine(expected[i], value<T>(members[k], mine + i, 5), op);
+        }
+        c.reduce_scatterv_in_place(buf.data(), counts, op);
+        CHECK(std::vector<T>(buf.begin() + ptrdiff_t(mine), buf.begin() + ptrdiff_t(mine + counts[r])) == expected);
+      }
+  });
+}
+
+TEMPLATE_TEST_CASE("Comm: all_gatherv in place gives every rank every block", "[comm][mpi]", float, double, int64_t,
+                   uint8_t) {
+  using T = TestType;
+  const int me = test::world_rank();
+  for_each_axis([&](Comm& c, const std::vector<int>& members) {
+    const size_t p = members.size(), r = size_t(c.rank());
+    for (size_t n : kSizes) {
+      INFO("n=" << n);
+      const std::vector<size_t> counts = uneven_counts(p, n);
+      const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
+      // Block j comes from rank j: value(members[j], i); this rank's other blocks start as junk.
+      std::vector<T> buf(total, T(99)), expected(total);
+      for (size_t j = 0, off = 0; j < p; off += counts[j++])
+        for (size_t i = 0; i < counts[j]; ++i) {
+          expected[off + i] = value<T>(members[j], i);
+          if (j == r) buf[off + i] = value<T>(me, i);
+        }
+      c.all_gatherv_in_place(buf.data(), counts);
+      CHECK(buf == expected);
+    }
+  });
+}
+
 TEMPLATE_TEST_CASE("Comm: all_to_all with equal blocks", "[comm][mpi]", float, double, int32_t, int64_t, uint8_t,
                    char) {
   using T = TestType;
