@@ -29,10 +29,16 @@ std::vector<int> partition_whole_entries(std::span<const size_t> sizes, int part
     if (parts_needed(sizes, mid) <= parts) hi = mid;
     else lo = mid + 1;
   }
+  // Then each part in turn, up to about its share of what is left (an entry goes where its middle
+  // falls), never above the cap, and closing a part only while the rest still fits the later ones.
   int p = 0;
-  size_t fill = 0;
+  size_t fill = 0, left = std::accumulate(sizes.begin(), sizes.end(), size_t(0));  // parts >= p
   for (size_t i = 0; i < sizes.size(); ++i) {
-    if (fill + sizes[i] > lo) ++p, fill = 0;
+    if (fill > 0 && p + 1 < parts) {
+      const double share = double(left) / double(parts - p);
+      const bool over = fill + sizes[i] > lo || double(fill) + 0.5 * double(sizes[i]) > share;
+      if (over && parts_needed(sizes.subspan(i), lo) <= parts - p - 1) ++p, left -= fill, fill = 0;
+    }
     fill += sizes[i];
     part[i] = p;
   }

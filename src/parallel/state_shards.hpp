@@ -17,8 +17,8 @@
 namespace meshmoe {
 
 // Cuts `sizes` (element counts, in order) into `parts` contiguous runs, run r for part r, so that
-// the largest run is as small as possible (whole entries: at least the largest entry); earlier
-// parts are filled first, so later ones may be smaller or empty. Returns the part of each entry.
+// the largest run is as small as possible (whole entries: at least the largest entry), and the
+// others near an equal share of the rest. Returns the part of each entry.
 std::vector<int> partition_whole_entries(std::span<const size_t> sizes, int parts);
 
 // The owning data rank of each entry of `store` among `data_size` data ranks: the partition of

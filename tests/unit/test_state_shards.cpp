@@ -63,6 +63,7 @@ TEST_CASE("state shards: a GPT-2-like embedding makes the largest part, alone", 
   for (size_t i = 0; i < sizes.size(); ++i) load[size_t(p4[i])] += sizes[i];
   CHECK(load[0] == 3100);
   CHECK(*std::max_element(load.begin(), load.end()) == 3100);
+  CHECK(std::max({load[1], load[2], load[3]}) - std::min({load[1], load[2], load[3]}) <= 575);  // the rest: even
   const auto p2 = partition_whole_entries(sizes, 2);
   size_t first = 0;
   for (size_t i = 0; i < sizes.size(); ++i) first += p2[i] == 0 ? sizes[i] : 0;
