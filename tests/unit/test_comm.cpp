@@ -50,6 +50,14 @@ T combine(T a, T b, Op op) {
   return a;
 }
 
+// value(member, i, salt) reduced over the group's members, in member order.
+template <class T>
+T reduced(const std::vector<int>& members, size_t i, int salt, Op op) {
+  T r = value<T>(members[0], i, salt);
+  for (size_t k = 1; k < members.size(); ++k) r = combine(r, value<T>(members[k], i, salt), op);
+  return r;
+}
+
 // Entries sent from world rank src to world rank dst by the variable all-to-all: 0..n, often 0.
 size_t v_count(int src, int dst, size_t n) { return n == 0 ? 0 : mix(uint32_t(src), uint32_t(dst), 77u) % (n + 1); }
 
@@ -80,8 +88,7 @@ TEMPLATE_TEST_CASE("Comm: all_reduce sum/max/min in place", "[comm][mpi]", float
         std::vector<T> buf(n), expected(n);
         for (size_t i = 0; i < n; ++i) {
           buf[i] = value<T>(me, i);
-          expected[i] = value<T>(members[0], i);
-          for (size_t j = 1; j < members.size(); ++j) expected[i] = combine(expected[i], value<T>(members[j], i), op);
+          expected[i] = reduced<T>(members, i, 0, op);
         }
         c.all_reduce(buf.data(), n, op);
         CHECK(buf == expected);
@@ -137,10 +144,7 @@ TEMPLATE_TEST_CASE("Comm: reduce_scatter gives rank r block r reduced", "[comm][
         std::vector<T> send(p * n), recv(n, T(99)), expected(n);
         for (size_t j = 0; j < p; ++j)
           for (size_t i = 0; i < n; ++i) send[j * n + i] = value<T>(me, i, int(j));
-        for (size_t i = 0; i < n; ++i) {
-          expected[i] = value<T>(members[0], i, int(r));
-          for (size_t k = 1; k < p; ++k) expected[i] = combine(expected[i], value<T>(members[k], i, int(r)), op);
-        }
+        for (size_t i = 0; i < n; ++i) expected[i] = reduced<T>(members, i, int(r), op);
         c.reduce_scatter(send.data(), recv.data(), n, op);
         CHECK(recv == expected);
       }
@@ -170,10 +174,7 @@ TEMPLATE_TEST_CASE("Comm: reduce_scatterv in place leaves rank r's block reduced
         // Element i of the whole buffer on rank k: value(k, i, salt = 5).
         std::vector<T> buf(total), expected(counts[r]);
         for (size_t i = 0; i < total; ++i) buf[i] = value<T>(me, i, 5);
-        for (size_t i = 0; i < counts[r]; ++i) {
-          expected[i] = value<T>(members[0], mine + i, 5);
-          for (size_t k = 1; k < p; ++k) expected[i] = combine(expected[i], value<T>(members[k], mine + i, 5), op);
-        }
+        for (size_t i = 0; i < counts[r]; ++i) expected[i] = reduced<T>(members, mine + i, 5, op);
         c.reduce_scatterv_in_place(buf.data(), counts, op);
         CHECK(std::vector<T>(buf.begin() + ptrdiff_t(mine), buf.begin() + ptrdiff_t(mine + counts[r])) == expected);
       }
