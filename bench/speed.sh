@@ -5,7 +5,7 @@
 #   - the FLOP-matched speed decks at d_model 512 (dense peer, Switch top-1, GShard top-2; the MoE
 #     ones also dropless) and a GPT-2-124M-shaped dense model, each on 1 rank x THREADS BLAS threads;
 #   - the GPT-2 shape again on THREADS ranks x 1 thread (mesh.data = THREADS: the gradient
-#     all-reduce of 124 M floats against the backward);
+#     all-reduce of 124 M floats against the backward), without and with optim.shard_state;
 #   - the same models in PyTorch (bench/torch_peer.py) at its best setting on this host.
 # bench/speed_report.py prints per run: step time, model GFLOP/s, fraction of the ceiling, ratio to
 # the dense peer and to PyTorch, and the per-phase profile of the step.
@@ -42,6 +42,9 @@ for moe in switch gshard; do
   train "speed-$moe-512-dropless" 1 "$THREADS" "bench/decks/speed-$moe-512.toml" --set moe.dropless=true
 done
 train "gpt2-124m-dense-data$THREADS" "$THREADS" 1 bench/decks/gpt2-124m-dense.toml --set mesh.data="$THREADS"
+# ... and with the optimizer state sharded over those ranks (optim.shard_state, ZeRO stage 1).
+train "gpt2-124m-dense-data$THREADS-shard" "$THREADS" 1 bench/decks/gpt2-124m-dense.toml --set mesh.data="$THREADS" \
+  --set optim.shard_state=true
 
 for deck in speed-dense-512 speed-switch-512 speed-gshard-512 gpt2-124m-dense; do
   echo "== PyTorch peer: $deck, $THREADS intra-op threads, 1 BLAS thread per op"

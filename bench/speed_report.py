@@ -76,6 +76,11 @@ def main():
         drop = f"{100 * s['dropped']:.0f}%" if s["dropped"] is not None else ""
         print(f"| {name} | {s['step']:.3f} | {s['tps']:.0f} | {s['flops'] / 1e9:.1f} | {100 * s['flops'] / peak:.1f}% "
               f"| {vs} | {drop} | {ts} | {up} |")
+    one = rows.get("gpt2-124m-dense")
+    for name, s in rows.items():
+        if one and name.startswith("gpt2-124m-dense-data"):
+            print(f"\n{name}: {s['tps'] / one['tps']:.2f}x the tokens/s of gpt2-124m-dense (1 rank)", end="")
+    print()
     names = [n for n in TOP + INNER if any(n in s["phases"] and s["phases"][n] > 0 for s in rows.values())]
     print("\nProfile: share of the step time per phase (" + ", ".join(INNER) + " are inside other phases)\n")
     print("| run | " + " | ".join(names) + " | other |")

@@ -369,6 +369,9 @@ void Parser::cross_checks() {
     rule({"mesh.pipe", "optim.micro_batches"}, o.micro_batches >= mesh.pipe,
          kv("mesh.pipe", mesh.pipe) + " needs optim.micro_batches >= " + std::to_string(mesh.pipe) + ", got " +
              kv("optim.micro_batches", o.micro_batches) + " (the 1F1B schedule keeps every stage busy)");
+  rule({"optim.shard_state", "run.grad_bucket_mb"}, !(o.shard_state && cfg.run.grad_bucket_mb > 0),
+       "optim.shard_state = true does not combine with run.grad_bucket_mb = " + deck::toml_value(cfg.run.grad_bucket_mb) +
+           " (the buckets all-reduce the gradients that sharded state reduce-scatters): set run.grad_bucket_mb = 0");
   if (!cfg.run.max_memory.empty()) {
     std::string why;
     const bool ok = parse_byte_size(cfg.run.max_memory, &why).has_value();

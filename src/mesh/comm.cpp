@@ -36,6 +36,14 @@ const char* op_name(Op op) {
   return "?";
 }
 
+void Comm::reduce_scatterv_in_place_raw(void*, const size_t*, DType, Op) {
+  throw Error(name() + ": reduce_scatterv is not supported by this backend");
+}
+
+void Comm::all_gatherv_in_place_raw(void*, const size_t*, DType) {
+  throw Error(name() + ": all_gatherv is not supported by this backend");
+}
+
 void Comm::check_rank(int r, const char* what, bool allow_none) const {
   if (allow_none && r == kNoRank) return;
   if (r < 0 || r >= size())

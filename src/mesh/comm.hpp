@@ -69,6 +69,13 @@ class Comm {
   virtual void all_gather_raw(const void* send, size_t n, void* recv, DType t) = 0;
   // send [size*n] -> recv [n]: rank r gets block r reduced over all ranks.
   virtual void reduce_scatter_raw(const void* send, void* recv, size_t n, DType t, Op op) = 0;
+  // Variable blocks in place: buf holds one block per rank, packed in rank order (counts[r]
+  // elements for rank r). reduce_scatterv: afterwards rank r's own block holds the reduction over
+  // all ranks of their block r; the other blocks are undefined. all_gatherv: rank r's block
+  // goes to every rank, which then holds all the blocks. A backend without them throws (the
+  // default). Used by the sharded optimizer state (src/parallel/gradient_sync.hpp).
+  virtual void reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DType t, Op op);
+  virtual void all_gatherv_in_place_raw(void* buf, const size_t* counts, DType t);
   // send [size*n] -> recv [size*n]: block j of send goes to rank j, block i of recv came from rank i.
   virtual void all_to_all_raw(const void* send, void* recv, size_t n, DType t) = 0;
   // Variable blocks, packed in rank order (displacements are prefix sums of the counts).
@@ -128,14 +135,24 @@ class Comm {
     reduce_scatter_raw(send, recv, n_per_rank, dtype_of<T>(), op);
   }
   template <class T>
+  void reduce_scatterv_in_place(T* buf, std::span<const size_t> counts, Op op = Op::Sum) {
+    check_counts(counts, "reduce_scatterv counts");
+    reduce_scatterv_in_place_raw(buf, counts.data(), dtype_of<T>(), op);
+  }
+  template <class T>
+  void all_gatherv_in_place(T* buf, std::span<const size_t> counts) {
+    check_counts(counts, "all_gatherv counts");
+    all_gatherv_in_place_raw(buf, counts.data(), dtype_of<T>());
+  }
+  template <class T>
   void all_to_all(const T* send, T* recv, size_t n_per_rank) {
     all_to_all_raw(send, recv, n_per_rank, dtype_of<T>());
   }
   // Counts known on both sides (e.g. from an earlier exchange_counts).
   template <class T>
   void all_to_allv(const T* send, std::span<const size_t> send_counts, T* recv, std::span<const size_t> recv_counts) {
-    check_counts(send_counts, "send_counts");
-    check_counts(recv_counts, "recv_counts");
+    check_counts(send_counts, "all_to_allv send_counts");
+    check_counts(recv_counts, "all_to_allv recv_counts");
     all_to_allv_raw(send, send_counts.data(), recv, recv_counts.data(), dtype_of<T>());
   }
   // Only send counts known: exchanges counts first (host wait), then the data into `recv`, which
@@ -143,7 +160,7 @@ class Comm {
   // main() aborts the job) when the data would not fit.
   template <class T>
   std::vector<size_t> all_to_allv(const T* send, std::span<const size_t> send_counts, T* recv, size_t recv_capacity) {
-    check_counts(send_counts, "send_counts");
+    check_counts(send_counts, "all_to_allv send_counts");
     std::vector<size_t> recv_counts = exchange_counts(send_counts);
     size_t total = 0;
     for (size_t c : recv_counts) total += c;
@@ -157,7 +174,7 @@ class Comm {
   template <class T>
   std::vector<size_t> all_to_allv(const T* send, std::span<const size_t> send_counts, std::vector<T>& recv) {
     if (device_memory()) throw Error(name() + ": all_to_allv into a std::vector needs host memory");
-    check_counts(send_counts, "send_counts");
+    check_counts(send_counts, "all_to_allv send_counts");
     std::vector<size_t> recv_counts = exchange_counts(send_counts);
     size_t total = 0;
     for (size_t c : recv_counts) total += c;
@@ -190,7 +207,7 @@ class Comm {
  protected:
   void check_counts(std::span<const size_t> counts, const char* what) const {
     if (counts.size() != size_t(size()))
-      throw Error(name() + ": all_to_allv " + what + " has " + std::to_string(counts.size()) +
+      throw Error(name() + ": " + what + " has " + std::to_string(counts.size()) +
                   " entries, expected one per rank (" + std::to_string(size()) + ")");
   }
   // Shared argument checks for backends.

@@ -3,6 +3,7 @@
 #include "mesh/mpi_comm.hpp"
 
 #include <climits>
+#include <cstring>
 #include <utility>
 
 namespace meshmoe {
@@ -101,6 +102,36 @@ void MpiComm::reduce_scatter_raw(const void* send, void* recv, size_t n, DType t
         "MPI_Reduce_scatter_block");
 }
 
+void MpiComm::counts_and_displs(const size_t* counts, const char* what, std::vector<int>& c,
+                                std::vector<int>& d) const {
+  c.resize(size_t(size_));
+  d.resize(size_t(size_));
+  size_t off = 0;
+  for (size_t r = 0; r < size_t(size_); ++r) {
+    c[r] = count(counts[r], what);
+    d[r] = count(off, what);
+    off += counts[r];
+  }
+  count(off, what);
+}
+
+void MpiComm::reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DType t, Op op) {
+  std::vector<int> c, d;
+  counts_and_displs(counts, "reduce_scatterv", c, d);
+  // In place, MPI leaves this rank's reduced block at the start of buf: move it to its own place.
+  check(MPI_Reduce_scatter(MPI_IN_PLACE, buf, c.data(), mpi_type(t), mpi_op(op), comm_), "MPI_Reduce_scatter");
+  char* base = static_cast<char*>(buf);
+  const size_t mine = size_t(d[size_t(rank_)]) * dtype_size(t);
+  if (mine > 0) std::memmove(base + mine, base, counts[rank_] * dtype_size(t));
+}
+
+void MpiComm::all_gatherv_in_place_raw(void* buf, const size_t* counts, DType t) {
+  std::vector<int> c, d;
+  counts_and_displs(counts, "all_gatherv", c, d);
+  check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(), mpi_type(t), comm_),
+        "MPI_Allgatherv");
+}
+
 void MpiComm::all_to_all_raw(const void* send, void* recv, size_t n, DType t) {
   count(n * size_t(size_), "all_to_all buffer");
   const int c = count(n, "all_to_all");
@@ -149,7 +180,7 @@ void MpiComm::wait_all_reduces() {
 }
 
 std::vector<size_t> MpiComm::exchange_counts(std::span<const size_t> send_counts) {
-  check_counts(send_counts, "send_counts");
+  check_counts(send_counts, "all_to_allv send_counts");
   std::vector<size_t> recv_counts(static_cast<size_t>(size_));
   // Blocking: the host waits here for every peer's counts (the named wait point, comm.hpp).
   check(MPI_Alltoall(send_counts.data(), 1, MPI_UINT64_T, recv_counts.data(), 1, MPI_UINT64_T, comm_),

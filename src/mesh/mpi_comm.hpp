@@ -31,6 +31,8 @@ class MpiComm final : public Comm {
   void broadcast_raw(void* buf, size_t n, DType t, int root) override;
   void all_gather_raw(const void* send, size_t n, void* recv, DType t) override;
   void reduce_scatter_raw(const void* send, void* recv, size_t n, DType t, Op op) override;
+  void reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DType t, Op op) override;
+  void all_gatherv_in_place_raw(void* buf, const size_t* counts, DType t) override;
   void all_to_all_raw(const void* send, void* recv, size_t n, DType t) override;
   void all_to_allv_raw(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
                        DType t) override;
@@ -48,6 +50,8 @@ class MpiComm final : public Comm {
  private:
   void check(int rc, const char* call) const;
   int count(size_t n, const char* what) const;  // size_t -> MPI int count, Error above INT_MAX
+  // counts [size] -> MPI int counts and their prefix sums (displacements), checked like count().
+  void counts_and_displs(const size_t* counts, const char* what, std::vector<int>& c, std::vector<int>& d) const;
   void release() noexcept;
 
   MPI_Comm comm_ = MPI_COMM_NULL;

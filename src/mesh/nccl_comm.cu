@@ -96,6 +96,28 @@ void NcclComm::reduce_scatter_raw(const void* send, void* recv, size_t n, DType 
              "ncclReduceScatter");
 }
 
+void NcclComm::reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DType t, Op op) {
+  size_t off = 0;
+  nccl_check(ncclGroupStart(), name(), "ncclGroupStart");
+  for (int r = 0; r < size(); ++r) {
+    nccl_check(ncclReduce(at(buf, off, t), at(buf, off, t), counts[r], nccl_type(t), nccl_op(op), r, comm_, stream_),
+               name(), "ncclReduce");
+    off += counts[r];
+  }
+  nccl_check(ncclGroupEnd(), name(), "ncclGroupEnd");
+}
+
+void NcclComm::all_gatherv_in_place_raw(void* buf, const size_t* counts, DType t) {
+  size_t off = 0;
+  nccl_check(ncclGroupStart(), name(), "ncclGroupStart");
+  for (int r = 0; r < size(); ++r) {
+    nccl_check(ncclBroadcast(at(buf, off, t), at(buf, off, t), counts[r], nccl_type(t), r, comm_, stream_), name(),
+               "ncclBroadcast");
+    off += counts[r];
+  }
+  nccl_check(ncclGroupEnd(), name(), "ncclGroupEnd");
+}
+
 void NcclComm::all_to_all_raw(const void* send, void* recv, size_t n, DType t) {
   const ncclDataType_t nt = nccl_type(t);
   nccl_check(ncclGroupStart(), name(), "ncclGroupStart");

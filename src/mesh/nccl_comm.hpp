@@ -38,6 +38,10 @@ class NcclComm final : public Comm {
   void broadcast_raw(void* buf, size_t n, DType t, int root) override;
   void all_gather_raw(const void* send, size_t n, void* recv, DType t) override;
   void reduce_scatter_raw(const void* send, void* recv, size_t n, DType t, Op op) override;
+  // Grouped ncclReduce / ncclBroadcast, one per rank's block (NCCL has no variable-count
+  // reduce-scatter or all-gather).
+  void reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DType t, Op op) override;
+  void all_gatherv_in_place_raw(void* buf, const size_t* counts, DType t) override;
   void all_to_all_raw(const void* send, void* recv, size_t n, DType t) override;
   void all_to_allv_raw(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
                        DType t) override;

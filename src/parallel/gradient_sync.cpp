@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <string_view>
+
+#include "core/hash.hpp"
+#include "parallel/state_shards.hpp"
 
 #include "train/grad_clip.hpp"
 
@@ -21,9 +26,12 @@ void append_run(std::vector<std::pair<size_t, size_t>>& runs, const ParamInfo& p
 }  // namespace
 
 GradientSync::GradientSync(Transformer<float>& model, Mesh& mesh, size_t bucket_elems, bool tied_embeddings,
-                           PhaseTimers* timers)
+                           PhaseTimers* timers, bool shard_state)
     : model_(model), mesh_(mesh), bucket_elems_(bucket_elems), timers_(timers) {
   const auto& infos = model_.params().infos();
+  sharded_ = shard_state && mesh_.extent(Axis::Data) > 1;
+  if (sharded_ && bucket_elems > 0)  // the deck refuses the combination (optim.shard_state)
+    throw std::logic_error("GradientSync: sharded optimizer state does not combine with gradient buckets");
   overlap_ = bucket_elems > 0 && mesh_.extent(Axis::Data) > 1;
   const bool tied_over_pipe = tied_embeddings && mesh_.extent(Axis::Pipe) > 1;
   std::vector<Range> bucketed;
@@ -48,6 +56,41 @@ GradientSync::GradientSync(Transformer<float>& model, Mesh& mesh, size_t bucket_
     if (infos[i].name == "embed.wte" && !model_.first_stage()) continue;  // tied copy: counted on stage 0
     const uint8_t s = infos[i].sharded_over;
     if (((s & kShardData) || data0) && ((s & kShardTensor) || tensor0)) norm_entries_.push_back(i);
+    if (!(s & kShardData) && ((s & kShardTensor) || tensor0)) norm_replicated_.push_back(i);
+  }
+  if (!sharded_) {
+    owned_.resize(infos.size());
+    std::iota(owned_.begin(), owned_.end(), size_t(0));
+    return;
+  }
+  const std::vector<int> owners = state_owners(model_.params(), mesh_.extent(Axis::Data));
+  owned_ = meshmoe::owned_entries(owners, mesh_.coord(Axis::Data));
+  plan_sharded(owners, tied_over_pipe);
+}
+
+void GradientSync::plan_sharded(const std::vector<int>& owners, bool tied_over_pipe) {
+  // Adafactor's sums over tensor (its DimReduce) pair the tensor ranks' updates of one parameter:
+  // the tensor ranks of a data rank must own the same entries (they do: equal local shapes).
+  uint64_t h[2] = {fnv1a64(std::string_view(reinterpret_cast<const char*>(owners.data()), owners.size() * sizeof(int))), 0};
+  h[1] = ~h[0];
+  mesh_.axis(Axis::Tensor).all_reduce(h, 2, Op::Max);
+  if (h[0] != ~h[1]) throw std::logic_error("GradientSync: the tensor ranks disagree on the optimizer-state owners");
+
+  const auto& infos = model_.params().infos();
+  const size_t D = size_t(mesh_.extent(Axis::Data));
+  auto append = [D](std::vector<ShardedRun>& runs, const ParamInfo& p, int owner) {
+    if (runs.empty() ||
+        runs.back().begin + std::accumulate(runs.back().counts.begin(), runs.back().counts.end(), size_t(0)) != p.flat_offset)
+      runs.push_back({p.flat_offset, std::vector<size_t>(D, 0)});
+    runs.back().counts[size_t(owner)] += p.size;
+  };
+  for (size_t e = 0; e < infos.size(); ++e) {
+    if (owners[e] == kEveryDataRank) continue;
+    append(gather_runs_, infos[e], owners[e]);
+    // The tied embedding over pipe: all-reduced, so that the owners on the first and the last stage
+    // update their copies from bitwise the same gradient.
+    if (tied_over_pipe && infos[e].name == "embed.wte") append_run(tied_all_reduce_, infos[e]);
+    else append(scatter_runs_, infos[e], owners[e]);
   }
 }
 
@@ -116,6 +159,11 @@ void GradientSync::reduce_over_data() {
   if (mesh_.extent(Axis::Data) == 1) return;
   Comm& data = mesh_.axis(Axis::Data);
   float* grads = model_.params().grads();
+  if (sharded_) {
+    for (const ShardedRun& r : scatter_runs_) data.reduce_scatterv_in_place(grads + r.begin, r.counts, Op::Sum);
+    for (const auto& [begin, size] : tied_all_reduce_) data.all_reduce(grads + begin, size, Op::Sum);
+    return;
+  }
   if (!overlap_) {
     for (const auto& [begin, size] : data_replicated_ranges_) data.all_reduce(grads + begin, size, Op::Sum);
     return;
@@ -126,8 +174,43 @@ void GradientSync::reduce_over_data() {
   for (const auto& [begin, size] : after_backward_) data.all_reduce(grads + begin, size, Op::Sum);
 }
 
+void GradientSync::gather_params() {
+  if (!sharded_) return;
+  Comm& data = mesh_.axis(Axis::Data);
+  float* weights = model_.params().weights();
+  for (const ShardedRun& r : gather_runs_) data.all_gatherv_in_place(weights + r.begin, r.counts);
+}
+
+// The data-replicated entries' sums of squares come from their owners (each element of the
+// all-reduced vector has one non-zero term: exact), then every rank adds its norm entries in the
+// unsharded order, so the norm is bitwise the unsharded one given the same gradients.
+double GradientSync::owned_norm_squares() {
+  const ParamStore<float>& store = model_.params();
+  const auto& infos = store.infos();
+  std::vector<double> replicated(norm_replicated_.size(), 0.0);
+  std::vector<size_t> one(1);
+  size_t k = 0;
+  for (size_t i = 0; i < norm_replicated_.size(); ++i) {
+    while (k < owned_.size() && owned_[k] < norm_replicated_[i]) ++k;
+    if (k < owned_.size() && owned_[k] == norm_replicated_[i])
+      one[0] = norm_replicated_[i], replicated[i] = grad_sum_squares(store, one);
+  }
+  mesh_.axis(Axis::Data).all_reduce(replicated.data(), replicated.size(), Op::Sum);
+  double sq = 0.0;
+  size_t r = 0;
+  for (size_t e : norm_entries_) {
+    one[0] = e;
+    if (infos[e].sharded_over & kShardData) sq += grad_sum_squares(store, one);
+    else {
+      while (norm_replicated_[r] != e) ++r;
+      sq += replicated[r];
+    }
+  }
+  return sq;
+}
+
 double GradientSync::global_norm() {
-  double sq = grad_sum_squares(model_.params(), norm_entries_);
+  double sq = sharded_ ? owned_norm_squares() : grad_sum_squares(model_.params(), norm_entries_);
   mesh_.world_comm().all_reduce(&sq, 1, Op::Sum);
   return std::sqrt(sq);
 }

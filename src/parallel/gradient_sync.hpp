@@ -8,6 +8,12 @@
 // starts as soon as the model reports its gradients final in the last micro-batch's backward
 // (docs/ARCHITECTURE.md "One training step"); the token embedding's rows that the last micro-batch
 // does not embed go first. Each element is summed over the same ranks as in the blocking path.
+//
+// With sharded optimizer state (optim.shard_state, parallel/state_shards.hpp) each data rank owns
+// whole data-replicated parameters: their gradients are reduce-scattered instead of all-reduced (the
+// owner alone gets the sum; elsewhere those gradients are left undefined), the norm is taken from
+// the owners' sums, the optimizer updates only the owned entries, and gather_params() all-gathers
+// the updated parameters over data (docs/ARCHITECTURE.md "Sharded optimizer state").
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -29,8 +35,9 @@ class GradientSync {
   // embedding and its copy are summed over pipe first (PipelineExecutor::sync_tied_embedding), so
   // they stay out of the buckets and are reduced after the backward.
   // `timers` (optional) gets "grad_overlap": the time the backward spends starting and testing buckets.
+  // shard_state (optim.shard_state, no buckets): the owners of state_owners(); a no-op with one data rank.
   GradientSync(Transformer<float>& model, Mesh& mesh, size_t bucket_elems = 0, bool tied_embeddings = false,
-               PhaseTimers* timers = nullptr);
+               PhaseTimers* timers = nullptr, bool shard_state = false);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -47,6 +54,12 @@ class GradientSync {
   // parameters kept out of them. Call after sync_tied_embedding.
   void reduce_over_data();
 
+  // The entries this rank updates and keeps optimizer state for (every entry unless sharded), and
+  // after the update (sharded only) the all-gather of the owned parameters over data.
+  const std::vector<size_t>& owned_entries() const { return owned_; }
+  bool sharded() const { return sharded_; }
+  void gather_params();
+
   // Buckets of the last step whose all-reduce started before its backward ended.
   int buckets_started_in_backward() const { return started_in_backward_; }
   size_t num_buckets() const { return buckets_.size(); }
@@ -58,6 +71,13 @@ class GradientSync {
 
  private:
   using Range = std::pair<size_t, size_t>;  // (flat offset, size)
+  // A contiguous run of the flat buffer cut into one block per data rank, in rank order.
+  struct ShardedRun {
+    size_t begin;
+    std::vector<size_t> counts;  // [data ranks]
+  };
+  void plan_sharded(const std::vector<int>& owners, bool tied_over_pipe);
+  double owned_norm_squares();
   struct Bucket {
     size_t begin, size;
     size_t ready_from;  // starts when the backward reports gradients final from here: begin, or
@@ -84,6 +104,11 @@ class GradientSync {
   int backwards_left_ = 0;                     // of this step; the buckets start in the last one
   int started_in_backward_ = 0;
   std::vector<size_t> norm_entries_;
+  bool sharded_ = false;
+  std::vector<size_t> owned_;
+  std::vector<ShardedRun> scatter_runs_, gather_runs_;  // sharded: the gradients' and the parameters'
+  std::vector<Range> tied_all_reduce_;                  // sharded: the tied embedding over pipe
+  std::vector<size_t> norm_replicated_;                 // sharded: norm entries replicated over data
 };
 
 }  // namespace meshmoe

@@ -19,6 +19,7 @@
 #include "model/moe/moe_options.hpp"
 #include "model/transformer.hpp"
 #include "parallel/pipeline_schedule.hpp"
+#include "parallel/state_shards.hpp"
 #include "train/memory_limit.hpp"
 #include "train/optimizer.hpp"
 
@@ -48,6 +49,28 @@ Checked adafactor_state_elems(const std::vector<Checked>& s) {
   const Checked rows = s[s.size() - 2], cols = s[s.size() - 1];
   const Checked batch = rows * cols == 0 ? Checked(0) : size / (rows * cols);
   return batch * (rows + cols);
+}
+
+// Optimizer state elements of data rank `data_rank` of D with optim.shard_state: the entries it owns
+// (parallel/state_shards.hpp: whole data-replicated entries by size, and every entry split over data).
+Checked owned_state_elems(const Config& cfg, const std::vector<std::vector<Checked>>& shapes,
+                          const std::vector<bool>& over_data, int D, int data_rank) {
+  std::vector<size_t> sizes;
+  std::vector<Checked> state;
+  for (const auto& s : shapes) {
+    Checked n = 1;
+    for (const Checked d : s) n *= d;
+    sizes.push_back(size_t(n.value()));
+    state.push_back(cfg.optim.name == "adafactor" ? adafactor_state_elems(s) : 2 * n);
+  }
+  std::vector<size_t> replicated_sizes;
+  for (size_t i = 0; i < shapes.size(); ++i)
+    if (!over_data[i]) replicated_sizes.push_back(sizes[i]);
+  const std::vector<int> part = partition_whole_entries(replicated_sizes, D);
+  Checked owned = 0;
+  for (size_t i = 0, r = 0; i < shapes.size(); ++i)
+    if (over_data[i] || part[r++] == data_rank) owned += state[i];
+  return owned;
 }
 
 // A Comm that moves nothing: lets measure_memory build and run a sharded layer on one process.
@@ -169,7 +192,8 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   // ---- parameters: the local shapes each layer registers ----------------------------------------
   std::vector<std::vector<Checked>> shapes;        // this rank's ParamStore entries
   Checked expert_local = 0;                        // elements of those split over data (expert weights)
-  auto add = [&](std::vector<Checked> s) { shapes.push_back(std::move(s)); };
+  std::vector<bool> over_data;                     // per entry: split over data (experts over data)
+  auto add = [&](std::vector<Checked> s) { shapes.push_back(std::move(s)), over_data.push_back(false); };
   if (p.first_stage) add({V, M}), add({T, M});     // embed.wte, embed.wpe
   for (int i = p.first_block; i < p.first_block + p.num_blocks; ++i) {
     add({M}), add({M});                            // ln1
@@ -178,7 +202,10 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
     if (shape.is_moe_block(i)) {
       add({M, E});                                 // router.wg (replicated)
       add({El, M, Hinl}), add({El, Hel, M});       // experts.w_in, experts.w_out
-      if (expert_on_data) expert_local += El * M * Hinl + El * Hel * M;
+      if (expert_on_data) {
+        expert_local += El * M * Hinl + El * Hel * M;
+        over_data.end()[-1] = over_data.end()[-2] = true;
+      }
     } else {
       if (act == Activation::Geglu) add({M, 2, FFl});
       else add({M, Wl});
@@ -199,6 +226,7 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   p.params_rank = elems.value();
   p.param_bytes = p.grad_bytes = bytes(elems * kF);
   p.optim_bytes = bytes((cfg.optim.name == "adafactor" ? adafactor : 2 * elems) * kF);
+  if (cfg.optim.shard_state && D > 1) p.optim_bytes = bytes(owned_state_elems(cfg, shapes, over_data, D, data_rank) * kF);
 
   // Whole-model counts (unsharded).
   const Checked dense_ffn = M * activation_in_width(act, int(FF.value())) + FF * M;
@@ -363,7 +391,10 @@ MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mes
   m.param_bytes = model->params().size() * sizeof(float);
   m.grad_bytes = model->params().size() * sizeof(float);
   {
-    auto opt = make_optimizer(cfg, model->params());
+    const bool sharded = cfg.optim.shard_state && mesh.data > 1;
+    auto opt = make_optimizer(cfg, model->params(),
+                              sharded ? owned_entries(state_owners(model->params(), mesh.data), data_rank)
+                                      : all_entries(model->params()));
     for (const StateTensor& s : opt->state()) m.optim_bytes += s.data->size() * sizeof(float);
   }
 
@@ -415,9 +446,20 @@ double node_memory_bytes() {
 }
 
 std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, double node_bytes_per_rank) {
-  // Every data and tensor rank of a stage holds equal shards: one column per pipeline stage.
+  // Every data and tensor rank of a stage holds equal shards: one column per pipeline stage. With
+  // optim.shard_state the data ranks' optimizer state differs: the column is the largest, and a
+  // line below lists them all.
   std::vector<MemoryPlan> plans;
-  for (int s = 0; s < mesh.pipe; ++s) plans.push_back(plan_memory(cfg, vocab, mesh, s, 0, 0));
+  std::vector<std::vector<size_t>> state_per_data_rank(size_t(mesh.pipe));
+  const bool sharded = cfg.optim.shard_state && mesh.data > 1;
+  for (int s = 0; s < mesh.pipe; ++s) {
+    plans.push_back(plan_memory(cfg, vocab, mesh, s, 0, 0));
+    for (int d = 0; sharded && d < mesh.data; ++d) {
+      const MemoryPlan p = plan_memory(cfg, vocab, mesh, s, d, 0);
+      state_per_data_rank[size_t(s)].push_back(p.optim_bytes);
+      if (p.optim_bytes > plans.back().optim_bytes) plans.back() = p;
+    }
+  }
   const MemoryPlan& p0 = plans[0];
   std::ostringstream o;
   char line[256];
@@ -462,6 +504,16 @@ std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, d
   row("data", [&](const MemoryPlan& p) { return num((long long)std::llround(p.sent_data)); });
   row("tensor", [&](const MemoryPlan& p) { return num((long long)std::llround(p.sent_tensor)); });
   row("pipe", [&](const MemoryPlan& p) { return num((long long)std::llround(p.sent_pipe)); });
+  for (int s = 0; sharded && s < mesh.pipe; ++s) {
+    const auto& b = state_per_data_rank[size_t(s)];
+    const double mean = double(std::accumulate(b.begin(), b.end(), size_t(0))) / double(b.size());
+    o << "optimizer state sharded over " << mesh.data << " data ranks (optim.shard_state; whole parameters), stage " << s
+      << ", data ranks 0-" << mesh.data - 1 << ":";
+    for (size_t v : b) o << " " << v;
+    std::snprintf(line, sizeof line, " bytes (largest %.3fx the mean)\n",
+                  mean > 0 ? double(*std::max_element(b.begin(), b.end())) / mean : 1.0);
+    o << line;
+  }
   if (node_bytes_per_rank > 0)
     for (const MemoryPlan& p : plans)
       if (double(p.total_bytes()) > node_bytes_per_rank)

@@ -178,8 +178,8 @@ class Trainer {
     const size_t bucket_elems = size_t(cfg_.run.grad_bucket_mb * (1 << 20)) / sizeof(float);
     grad_sync_ = std::make_unique<GradientSync>(
         *model_, mesh, cfg_.run.grad_bucket_mb > 0 ? std::max<size_t>(bucket_elems, 1) : 0, cfg_.model.tied_embeddings,
-        &timers_);
-    optimizer_ = make_optimizer(cfg_, model_->params(), all_entries(model_->params()),
+        &timers_, cfg_.optim.shard_state);
+    optimizer_ = make_optimizer(cfg_, model_->params(), grad_sync_->owned_entries(),
                                 [this](const ParamInfo& p, int dim, double* buf, size_t n) {
                                   // A block split along `dim`: the expert dimension of [E, ...] expert
                                   // weights is split over data, every other split dimension over tensor.
@@ -493,8 +493,9 @@ class Trainer {
     good_cursor_ = batcher_->cursor();
     ++updates_;
     const double scale = clip_scale(s.grad_norm, cfg_.optim.grad_clip);
-    scale_grads(P, scale);
+    scale_grads(P, optimizer_->owned(), scale);
     optimizer_->step(P, s.lr, updates_);  // t counts applied updates (bias correction)
+    grad_sync_->gather_params();          // optim.shard_state: the owners' updates to every data rank
     return s;
   }
 

@@ -50,6 +50,14 @@ T combine(T a, T b, Op op) {
   return a;
 }
 
+// value(member, i, salt) reduced over the group's members, in member order.
+template <class T>
+T reduced(const std::vector<int>& members, size_t i, int salt, Op op) {
+  T r = value<T>(members[0], i, salt);
+  for (size_t k = 1; k < members.size(); ++k) r = combine(r, value<T>(members[k], i, salt), op);
+  return r;
+}
+
 // Entries sent from world rank src to world rank dst by the variable all-to-all: 0..n, often 0.
 size_t v_count(int src, int dst, size_t n) { return n == 0 ? 0 : mix(uint32_t(src), uint32_t(dst), 77u) % (n + 1); }
 
@@ -80,8 +88,7 @@ TEMPLATE_TEST_CASE("Comm: all_reduce sum/max/min in place", "[comm][mpi]", float
         std::vector<T> buf(n), expected(n);
         for (size_t i = 0; i < n; ++i) {
           buf[i] = value<T>(me, i);
-          expected[i] = value<T>(members[0], i);
-          for (size_t j = 1; j < members.size(); ++j) expected[i] = combine(expected[i], value<T>(members[j], i), op);
+          expected[i] = reduced<T>(members, i, 0, op);
         }
         c.all_reduce(buf.data(), n, op);
         CHECK(buf == expected);
@@ -137,13 +144,63 @@ TEMPLATE_TEST_CASE("Comm: reduce_scatter gives rank r block r reduced", "[comm][
         std::vector<T> send(p * n), recv(n, T(99)), expected(n);
         for (size_t j = 0; j < p; ++j)
           for (size_t i = 0; i < n; ++i) send[j * n + i] = value<T>(me, i, int(j));
-        for (size_t i = 0; i < n; ++i) {
-          expected[i] = value<T>(members[0], i, int(r));
-          for (size_t k = 1; k < p; ++k) expected[i] = combine(expected[i], value<T>(members[k], i, int(r)), op);
-        }
+        for (size_t i = 0; i < n; ++i) expected[i] = reduced<T>(members, i, int(r), op);
         c.reduce_scatter(send.data(), recv.data(), n, op);
         CHECK(recv == expected);
       }
+  });
+}
+
+// Uneven block sizes, zeros included, that differ per block: counts[j] of block j (the same on
+// every rank of the group).
+std::vector<size_t> uneven_counts(size_t p, size_t n) {
+  std::vector<size_t> counts(p);
+  for (size_t j = 0; j < p; ++j) counts[j] = n == 0 ? 0 : (j % 3 == 1 ? 0 : n + 3 * j);
+  return counts;
+}
+
+TEMPLATE_TEST_CASE("Comm: reduce_scatterv in place leaves rank r's block reduced in place", "[comm][mpi]", float,
+                   double, int32_t, int64_t) {
+  using T = TestType;
+  const int me = test::world_rank();
+  for_each_axis([&](Comm& c, const std::vector<int>& members) {
+    const size_t p = members.size(), r = size_t(c.rank());
+    for (size_t n : kSizes)
+      for (Op op : {Op::Sum, Op::Max}) {
+        INFO("n=" << n << " op=" << op_name(op));
+        const std::vector<size_t> counts = uneven_counts(p, n);
+        const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
+        const size_t mine = std::accumulate(counts.begin(), counts.begin() + ptrdiff_t(r), size_t(0));
+        // Element i of the whole buffer on rank k: value(k, i, salt = 5).
+        std::vector<T> buf(total), expected(counts[r]);
+        for (size_t i = 0; i < total; ++i) buf[i] = value<T>(me, i, 5);
+        for (size_t i = 0; i < counts[r]; ++i) expected[i] = reduced<T>(members, mine + i, 5, op);
+        c.reduce_scatterv_in_place(buf.data(), counts, op);
+        CHECK(std::vector<T>(buf.begin() + ptrdiff_t(mine), buf.begin() + ptrdiff_t(mine + counts[r])) == expected);
+      }
+  });
+}
+
+TEMPLATE_TEST_CASE("Comm: all_gatherv in place gives every rank every block", "[comm][mpi]", float, double, int64_t,
+                   uint8_t) {
+  using T = TestType;
+  const int me = test::world_rank();
+  for_each_axis([&](Comm& c, const std::vector<int>& members) {
+    const size_t p = members.size(), r = size_t(c.rank());
+    for (size_t n : kSizes) {
+      INFO("n=" << n);
+      const std::vector<size_t> counts = uneven_counts(p, n);
+      const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
+      // Block j comes from rank j: value(members[j], i); this rank's other blocks start as junk.
+      std::vector<T> buf(total, T(99)), expected(total);
+      for (size_t j = 0, off = 0; j < p; off += counts[j++])
+        for (size_t i = 0; i < counts[j]; ++i) {
+          expected[off + i] = value<T>(members[j], i);
+          if (j == r) buf[off + i] = value<T>(me, i);
+        }
+      c.all_gatherv_in_place(buf.data(), counts);
+      CHECK(buf == expected);
+    }
   });
 }
 

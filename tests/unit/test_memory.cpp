@@ -117,6 +117,35 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
     check_exact(c, V, MeshShape{2, 1, 1}, 0, 0, 0);
     check_exact(c, V, MeshShape{2, 1, 1}, 1, 0, 0);
   }
+  SECTION("optim.shard_state: each data rank's owned state (whole parameters), every data rank") {
+    // Dense with tensor and pipe (tied embedding on both stages), MoE with experts over data (kept
+    // by their rank) and over tensor; AdamW and Adafactor. The data ranks' state adds up to the
+    // unsharded state of the replicated parameters once plus every rank's own experts.
+    Config dense = dense_config(), moe = moe_config();
+    dense.model.tied_embeddings = true;
+    moe.optim.batch_size = 8;
+    Config moe_tensor = moe;
+    moe_tensor.moe.expert_axis = "tensor";
+    for (const char* opt : {"adamw", "adafactor"})
+      for (auto [c, mesh] : {std::pair{dense, MeshShape{2, 2, 2}}, std::pair{moe, MeshShape{1, 4, 1}},
+                             std::pair{moe_tensor, MeshShape{1, 2, 2}}}) {
+        c.optim.name = opt;
+        c.optim.shard_state = true;
+        for (int pipe = 0; pipe < mesh.pipe; ++pipe) {
+          size_t sharded_sum = 0;
+          for (int data = 0; data < mesh.data; ++data) {
+            check_exact(c, V, mesh, pipe, data, mesh.tensor - 1);
+            sharded_sum += plan_memory(c, V, mesh, pipe, data, 0).optim_bytes;
+          }
+          Config unsharded = c;
+          unsharded.optim.shard_state = false;
+          const size_t whole = plan_memory(unsharded, V, mesh, pipe, 0, 0).optim_bytes;
+          if (c.moe.every > 0 && c.moe.expert_axis == "data") CHECK(sharded_sum > whole);  // each rank's experts
+          else CHECK(sharded_sum == whole);
+          CHECK(plan_memory(c, V, mesh, pipe, 0, 0).optim_bytes < whole);
+        }
+      }
+  }
   SECTION("whole-model counts: a one-rank plan holds every parameter") {
     for (bool tied : {false, true}) {
       Config c = moe_config();

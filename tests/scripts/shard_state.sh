@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# optim.shard_state (ZeRO stage 1, docs/ARCHITECTURE.md "Sharded optimizer state"): the same deck
+# trained with and without sharded optimizer state, for AdamW and Adafactor, on data = 2 and 4,
+# data x tensor = 2x2 and pipe x data = 2x2 (tied embedding over pipe), an MoE deck with experts
+# split over data. Oracle: the unsharded run on the same mesh. Expected: losses, gradient norms and
+# the final checkpoint (every parameter and every optimizer state tensor) BITWISE equal with 2 data
+# ranks (each gradient element is a sum of 2 terms, the same whichever collective adds them, and
+# the norm is assembled from per-parameter sums in the unsharded order); with 4 data ranks the
+# reduce-scatter may add the 4 terms in another order than the all-reduce: within 1e-6 (per-step
+# values relative to themselves; a tensor's elements relative to its largest magnitude, since
+# Adam's m / sqrt(v) turns a last-bit change of a near-zero gradient into a larger relative one).
+# Checkpoints: a sharded run's checkpoint resumes unsharded on another mesh and an unsharded one
+# resumes sharded on another mesh (1e-5, the mesh-invariance tolerance of train_invariance.sh),
+# and bitwise on the same mesh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source tests/env.sh
+source tests/lib/common.sh
+M=${MESHMOE:-build/meshmoe}
+test_dir shard_state
+tiny_data "$T" src/model/*.cpp
+cat > "$T/deck.toml" <<DECK
+[run]
+name = "zero"
+steps = 4
+log_every = 1
+seed = 11
+[model]
+seq_len = 16
+d_model = 16
+num_layers = 2
+num_heads = 2
+d_ff = 32
+dropout = 0.1
+[moe]
+num_experts = 4
+every = 2
+router = "top2"
+group_size = 16
+jitter_eps = 0.01
+[optim]
+batch_size = 8
+micro_batches = 2
+lr = 0.01
+warmup_steps = 2
+grad_clip = 0.5
+[data]
+path = "$T/data.h5"
+[checkpoint]
+every = 2
+DECK
+declare -A mesh=(
+  [d2]="2 --set mesh.data=2" [d4]="4 --set mesh.data=4" [d2t2]="4 --set mesh.data=2 --set mesh.tensor=2"
+  [p2d2]="4 --set mesh.pipe=2 --set mesh.data=2"
+)
+pairs=""
+for opt in adamw adafactor; do
+  for k in d2 d4 d2t2 p2d2; do
+    for sh in false true; do
+      # shellcheck disable=SC2086
+      train_or_fail "$opt-$k-$sh" ${mesh[$k]} --set optim.name=$opt --set optim.shard_state=$sh
+    done
+    tol=0; [ "$k" = d4 ] && tol=1e-6
+    pairs+="$opt-$k-false:$opt-$k-true:$tol "
+  done
+done
+# Resume across meshes and across shard_state, from the step-2 checkpoints.
+ck() { echo "$T/$1/ckpt/step_00000002.h5"; }
+train_or_fail res-same 2 --set mesh.data=2 --set optim.shard_state=true --set run.resume="$(ck adamw-d2-false)"
+train_or_fail res-same-back 2 --set mesh.data=2 --set optim.shard_state=false --set run.resume="$(ck adamw-d2-true)"
+train_or_fail res-d4-to-d2t2 4 --set mesh.data=2 --set mesh.tensor=2 --set run.resume="$(ck adamw-d4-true)"
+train_or_fail res-d2-to-d4 4 --set mesh.data=4 --set optim.shard_state=true --set run.resume="$(ck adamw-d2-false)"
+train_or_fail res-af-p2d2-to-d2t2 4 --set mesh.data=2 --set mesh.tensor=2 --set optim.name=adafactor \
+  --set optim.shard_state=true --set run.resume="$(ck adafactor-p2d2-false)"
+pairs+="adamw-d2-false:res-same:0 adamw-d2-true:res-same-back:0 adamw-d4-true:res-d4-to-d2t2:1e-5 "
+pairs+="adamw-d2-false:res-d2-to-d4:1e-5 adafactor-p2d2-false:res-af-p2d2-to-d2t2:1e-5 "
+# The deck refuses gradient buckets with sharded state, naming both keys.
+if "$M" train "$T/deck.toml" --set optim.shard_state=true --set run.grad_bucket_mb=1 >"$T/buckets.log" 2>&1; then
+  fail "optim.shard_state with run.grad_bucket_mb > 0 was accepted"
+fi
+grep -q "optim.shard_state = true does not combine with run.grad_bucket_mb" "$T/buckets.log" ||
+  { cat "$T/buckets.log"; fail "no clear error for optim.shard_state with buckets"; }
+grep -q "optimizer state sharded over 4 data ranks" "$T/adamw-d4-true.log" ||
+  { cat "$T/adamw-d4-true.log"; fail "the memory report does not show the sharded optimizer state"; }
+$PYTHON - "$T" $pairs <<'PY'
+import sys, h5py, numpy as np
+T, pairs = sys.argv[1], [p.split(":") for p in sys.argv[2:]]
+bad = 0
+def datasets(path, group):
+    out = {}
+    with h5py.File(path, "r") as f:
+        f[group].visititems(lambda n, d: out.__setitem__(n, d[()]) if isinstance(d, h5py.Dataset) else None)
+    return out
+def compare(what, a, b, tol, tensor=False):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if tol == 0:
+        ok = a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+        return ok, "bitwise"
+    if a.shape != b.shape: return False, f"shape {b.shape} instead of {a.shape}"
+    scale = np.maximum(np.max(np.abs(a)), 1e-30) if tensor else np.maximum(np.abs(a), 1e-30)
+    rel = np.max(np.abs(a - b) / scale) if a.size else 0.0
+    return rel <= tol, f"max rel diff {rel:.1e} (tolerance {tol:g})"
+for ref_name, run, tol in pairs:
+    tol = float(tol)
+    ref, f = h5py.File(f"{T}/{ref_name}/metrics.h5", "r"), h5py.File(f"{T}/{run}/metrics.h5", "r")
+    steps = f["step"][()]
+    rows = np.searchsorted(ref["step"][()], steps)
+    assert np.array_equal(ref["step"][()][rows], steps), run
+    for key in ["loss", "aux_loss", "grad_norm"]:
+        ok, how = compare(key, ref[key][()][rows], f[key][()], tol)
+        bad += not ok
+        print(f"{run:24s} vs {ref_name:22s} {key:12s} {how} {'ok' if ok else 'MISMATCH'}")
+    # The final checkpoint: every parameter and optimizer state tensor (logical shapes).
+    a, b = f"{T}/{ref_name}/ckpt/step_00000004.h5", f"{T}/{run}/ckpt/step_00000004.h5"
+    for group in ["params", "optim"]:
+        da, db = datasets(a, group), datasets(b, group)
+        if sorted(da) != sorted(db):
+            bad += 1
+            print(f"{run}: /{group} holds other tensors than {ref_name}'s: {sorted(set(da) ^ set(db))[:5]}")
+            continue
+        results = [(compare(n, da[n], db[n], tol, tensor=True), n) for n in sorted(da)]
+        ok = all(r[0][0] for r in results)
+        bad += not ok
+        how = "bitwise" if tol == 0 else f"within {tol:g} of each tensor's largest magnitude"
+        print(f"{run:24s} vs {ref_name:22s} /{group:10s} {len(da)} tensors {how} {'ok' if ok else 'MISMATCH'}")
+        for (good, detail), n in results:
+            if not good: print(f"    /{group}/{n}: {detail}")
+sys.exit(1 if bad else 0)
+PY
