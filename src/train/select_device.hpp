@@ -1,4 +1,4 @@
-// run.device for the whole job.
+// run.device for the whole job, and run.threads against the cores a rank may use.
 #pragma once
 #include <mpi.h>
 
@@ -11,5 +11,9 @@ namespace meshmoe {
 // over `world`: when any rank cannot, every rank throws InputError with the first failing rank's
 // reason and host, so no rank is left waiting in a later collective. Returns a line for the log.
 std::string select_device(const std::string& device, MPI_Comm world);
+
+// More threads than allowed cores share them: the run is as slow as with fewer threads, and the
+// sgemm peak MFU is measured against is too (every rank checks; rank 0 says it once). Collective.
+void warn_threads_over_cores(int threads, MPI_Comm world);
 
 }  // namespace meshmoe
