@@ -28,14 +28,14 @@ RunCheckpoints::RunCheckpoints(const Deck& deck, std::string version, Mesh& mesh
 void RunCheckpoints::resume() {
   std::string path;
   int continues = 0;
-  if (cfg_.run.resume == "auto") {
+  if (cfg_.run.resume.kind == ResumeFrom::Kind::Auto) {
     const ResumeChoice c = find_resume_checkpoint(ckpt_dir_, mesh_.world());
     if (mesh_.rank() == 0)
       for (const auto& w : c.warnings) std::fprintf(stderr, "meshmoe: warning: %s\n", w.c_str());
     path = c.path;
     continues = !path.empty();
-  } else if (cfg_.run.resume != "never") {
-    path = cfg_.run.resume;
+  } else if (cfg_.run.resume.kind == ResumeFrom::Kind::Path) {
+    path = cfg_.run.resume.path;
     if (mesh_.rank() == 0) {
       const auto mine = list_checkpoints(ckpt_dir_);
       std::error_code ec;
@@ -48,8 +48,8 @@ void RunCheckpoints::resume() {
     // What the file says about itself first: a clear message before any tensor is read.
     CheckpointMeta head;
     agree_on_input(mesh_.world(), [&] { head = read_checkpoint_meta(path); });
-    if (head.optimizer != cfg_.optim.name)
-      throw InputError("checkpoint " + path + " holds " + head.optimizer + " state but optim.name = " + cfg_.optim.name +
+    if (head.optimizer != option_name(cfg_.optim.name))
+      throw InputError("checkpoint " + path + " holds " + head.optimizer + " state but optim.name = " + std::string(option_name(cfg_.optim.name)) +
                        " (set run.resume = never to start afresh)");
     if (head.step > cfg_.run.steps)
       throw InputError("checkpoint " + path + " is at step " + std::to_string(head.step) + ", beyond run.steps = " +
@@ -105,7 +105,7 @@ bool RunCheckpoints::save(int64_t step, const DataCursor* cursor) {
   m.update_count = progress_.updates;
   m.seed = uint64_t(cfg_.run.seed);
   m.data_cursor = cursor ? *cursor : batcher_.cursor();
-  m.optimizer = cfg_.optim.name;
+  m.optimizer = option_name(cfg_.optim.name);
   m.deck = deck_.effective_toml;
   m.version = version_;
   m.counters = {{"bad_steps", cursor ? 0 : progress_.bad_steps}, {"eval_pending", progress_.eval_pending ? 1 : 0}};

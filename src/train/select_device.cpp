@@ -35,8 +35,8 @@ void warn_threads_over_cores(int threads, MPI_Comm world) {
                  threads, cores, cores == 1 ? "" : "s", cores == 1 ? "it" : "them", threads, threads);
 }
 
-std::string select_device(const std::string& device, MPI_Comm world) {
-  if (device != "cuda") {
+std::string select_device(Device device, MPI_Comm world) {
+  if (device != Device::Cuda) {
     set_device(Device::Cpu);
     return "device: cpu (OpenBLAS, fp32)";
   }

@@ -58,7 +58,7 @@ class Trainer {
     model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, model_sharding(mesh));
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
-    pipeline_ = std::make_unique<PipelineExecutor>(*model_, mesh, timers_, parse_recompute(cfg_.model.recompute));
+    pipeline_ = std::make_unique<PipelineExecutor>(*model_, mesh, timers_, cfg_.model.recompute);
     const size_t bucket_elems = size_t(cfg_.run.grad_bucket_mb * (1 << 20)) / sizeof(float);
     grad_sync_ = std::make_unique<GradientSync>(
         *model_, mesh, cfg_.run.grad_bucket_mb > 0 ? std::max<size_t>(bucket_elems, 1) : 0, cfg_.model.tied_embeddings,

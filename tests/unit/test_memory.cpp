@@ -21,6 +21,7 @@
 #include "core/error.hpp"
 #include "core/sizes.hpp"
 #include "train/memory.hpp"
+#include "../test_util.hpp"
 
 using namespace meshmoe;
 
@@ -39,7 +40,7 @@ Config small_model() {
 
 Config dense_config() {
   Config c = small_model();
-  c.model.activation = "geglu";
+  c.model.activation = Activation::Geglu;
   c.model.tied_embeddings = false;
   c.model.dropout = 0.1;
   c.moe.every = 0;
@@ -50,10 +51,10 @@ Config dense_config() {
 
 Config moe_config() {
   Config c = small_model();
-  c.model.activation = "gelu";
+  c.model.activation = Activation::Gelu;
   c.moe.num_experts = 4;
   c.moe.every = 2;
-  c.moe.router = "top2";
+  c.moe.router = RouterKind::Top2;
   c.moe.group_size = 16;
   c.moe.jitter_eps = 0.01;
   c.moe.expert_dropout = 0.1;
@@ -90,12 +91,12 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
   SECTION("dense, one rank, AdamW and Adafactor") {
     Config c = dense_config();
     check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
-    c.optim.name = "adafactor";
+    c.optim.name = OptimizerKind::Adafactor;
     check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
   }
   SECTION("dense, tensor = 2 (Megatron blocks) and pipe = 2 (both stages, untied and tied)") {
     Config c = dense_config();
-    c.optim.name = "adafactor";
+    c.optim.name = OptimizerKind::Adafactor;
     check_exact(c, V, MeshShape{1, 1, 2}, 0, 0, 1);
     check_exact(c, V, MeshShape{2, 1, 1}, 0, 0, 0);
     check_exact(c, V, MeshShape{2, 1, 1}, 1, 0, 0);
@@ -106,9 +107,9 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
   SECTION("MoE (top-2, jitter, expert dropout), one rank and two pipeline stages") {
     Config c = moe_config();
     check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
-    c.optim.name = "adafactor";
+    c.optim.name = OptimizerKind::Adafactor;
     check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
-    c.moe.router = "top1";
+    c.moe.router = RouterKind::Top1;
     c.moe.jitter_eps = 0;
     c.moe.expert_dropout = 0;
     c.optim.micro_batches = 2;
@@ -162,10 +163,10 @@ TEST_CASE("memory plan: GShard section 5.1, memory per rank stays flat as expert
     c.model.d_ff = 256;
     c.moe.num_experts = 2 * ranks;
     c.moe.every = 2;
-    c.moe.router = "top2";
+    c.moe.router = RouterKind::Top2;
     c.moe.group_size = 32;
-    c.moe.expert_axis = axis;
-    c.optim.name = "adafactor";
+    c.moe.expert_axis = test::option<ExpertAxis>(axis);
+    c.optim.name = OptimizerKind::Adafactor;
     c.optim.batch_size = rows_per_rank * ranks;
     c.optim.micro_batches = 1;
     return c;
@@ -210,7 +211,7 @@ TEST_CASE("memory plan: a deck that does not split over the mesh is an InputErro
   CHECK_THROWS_AS(plan_memory(c, 0, MeshShape{1, 1, 1}, 0, 0, 0), InputError);   // unknown vocabulary
   Config m = moe_config();
   m.moe.num_experts = 3;
-  m.moe.router = "top1";
+  m.moe.router = RouterKind::Top1;
   CHECK_THROWS_AS(plan_memory(m, 50, MeshShape{1, 2, 1}, 0, 0, 0), InputError);  // 3 experts over 2
 }
 
