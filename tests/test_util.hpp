@@ -4,13 +4,32 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <ostream>
 #include <random>
+#include <stdexcept>
 #include <string>
 
 #include "data/batcher.hpp"
+#include "deck/options.hpp"
 #include "tensor/launch.hpp"
 
+namespace meshmoe {
+// Catch prints an option's value by its deck name.
+template <DeckOption E>
+std::ostream& operator<<(std::ostream& os, E value) {
+  return os << option_name(value);
+}
+}  // namespace meshmoe
+
 namespace meshmoe::test {
+
+// The value of option E that a deck name spells (src/deck/options.hpp), for cases named by strings.
+template <class E>
+E option(const std::string& name) {
+  const auto v = parse_option<E>(name);
+  if (!v) throw std::invalid_argument("not a name of this option: " + name);
+  return *v;
+}
 
 inline int world_rank() {
   int r = 0;

@@ -25,15 +25,18 @@ Dataset Dataset::from_memory(DatasetInfo info, DataSplit split, std::string name
   return d;
 }
 
-void check_dataset_tokenizer(const std::string& path, const DatasetInfo& info, const std::string& tokenizer,
+void check_dataset_tokenizer(const std::string& path, const DatasetInfo& info, TokenizerKind tokenizer,
                              int64_t spm_pieces) {
   const Tokenizer tok = info.tokenizer_object();
-  const std::string have = tok.is_spm() ? "spm" : "bytes";
-  const std::string remake = "; prepare one with `meshmoe prep gettext --tokenizer " + tokenizer +
-                             (tokenizer == "spm" && spm_pieces > 0 ? " --spm-pieces " + std::to_string(spm_pieces) : "") +
-                             " -o FILE` (or `prep text`) and set data.path, or change data.tokenizer";
+  const TokenizerKind have = tok.is_spm() ? TokenizerKind::Spm : TokenizerKind::Bytes;
+  const std::string want_name(option_name(tokenizer));
+  const std::string remake =
+      "; prepare one with `meshmoe prep gettext --tokenizer " + want_name +
+      (tokenizer == TokenizerKind::Spm && spm_pieces > 0 ? " --spm-pieces " + std::to_string(spm_pieces) : "") +
+      " -o FILE` (or `prep text`) and set data.path, or change data.tokenizer";
   if (have != tokenizer)
-    throw InputError("data.tokenizer = " + tokenizer + " but " + path + " was prepared with the " + have + " tokenizer" + remake);
+    throw InputError("data.tokenizer = " + want_name + " but " + path + " was prepared with the " +
+                     std::string(option_name(have)) + " tokenizer" + remake);
   if (tok.is_spm() && spm_pieces > 0 && tok.spm_pieces() != spm_pieces)
     throw InputError("data.spm_pieces = " + std::to_string(spm_pieces) + " but " + path + " has " +
                      std::to_string(tok.spm_pieces()) + " SentencePiece pieces" + remake);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "data/tokenizer.hpp"
+#include "deck/options.hpp"
 
 namespace meshmoe {
 
@@ -59,7 +60,7 @@ struct DatasetInfo {
 
 // Throws InputError, naming the prep command that makes a matching file, when the dataset was not
 // prepared with `tokenizer` (bytes | spm) or, for spm with spm_pieces > 0, not with that many pieces.
-void check_dataset_tokenizer(const std::string& path, const DatasetInfo& info, const std::string& tokenizer,
+void check_dataset_tokenizer(const std::string& path, const DatasetInfo& info, TokenizerKind tokenizer,
                              int64_t spm_pieces);
 
 // Writes a dataset file (one process; no collective). Throws Error on an I/O failure.

@@ -1,8 +1,12 @@
 // The typed view of a validated deck: cfg.<section>.<key>, one field per row of schema.def, with
-// the schema's defaults.
+// the schema's defaults. Keys of an option type hold its enum (src/deck/options.hpp).
 #pragma once
+#include <concepts>
 #include <cstdint>
 #include <string>
+#include <string_view>
+
+#include "deck/options.hpp"
 
 namespace meshmoe {
 
@@ -11,11 +15,40 @@ using int_t = int64_t;
 using float_t = double;
 using bool_t = bool;
 using string_t = std::string;
+using Device_t = Device;
+using Activation_t = Activation;
+using Recompute_t = Recompute;
+using RouterKind_t = RouterKind;
+using SecondExpertPolicy_t = SecondExpertPolicy;
+using ExpertAxis_t = ExpertAxis;
+using OptimizerKind_t = OptimizerKind;
+using ScheduleKind_t = ScheduleKind;
+using TokenizerKind_t = TokenizerKind;
+using ResumeFrom_t = ResumeFrom;
+
+// A field's default from its schema.def spelling: the value itself, or for an option the name of
+// one of its values (checked at compile time).
+template <class T>
+  requires(!DeckOption<T> && !std::same_as<T, ResumeFrom>)
+constexpr T initial(T value) {
+  return value;
+}
+template <DeckOption E>
+consteval E initial(std::string_view name) {
+  const auto v = parse_option<E>(name);
+  if (!v) throw "schema.def: the default of an option key is not one of its names";
+  return *v;
+}
+template <std::same_as<ResumeFrom> T>
+T initial(const std::string& text) {
+  return ResumeFrom::parse(text);
+}
 }  // namespace deck_types
 
 struct Config {
 #define MESHMOE_SECTION(section) struct section##_t {
-#define MESHMOE_KEY(section, key, type, def, constraint, doc) deck_types::type##_t key = def;
+#define MESHMOE_KEY(section, key, type, def, constraint, doc) \
+  deck_types::type##_t key = deck_types::initial<deck_types::type##_t>(def);
 #define MESHMOE_SECTION_END(section) \
   bool operator==(const section##_t&) const = default; \
   }                                                   \

@@ -324,17 +324,17 @@ void Parser::cross_checks() {
            " (feed-forward hidden units are split over the tensor axis)");
   // Switch section 5.5: with experts over data, each expert's hidden layer is split over tensor.
   // (expert_d_ff = 0 means model.d_ff, checked just above.)
-  if (moe_layers && e.expert_axis == "data" && mesh.tensor > 1 && e.expert_d_ff > 0)
+  if (moe_layers && e.expert_axis == ExpertAxis::Data && mesh.tensor > 1 && e.expert_d_ff > 0)
     rule({"moe.expert_d_ff", "mesh.tensor", "moe.expert_axis", "moe.every"}, e.expert_d_ff % mesh.tensor == 0,
          kv("moe.expert_d_ff", e.expert_d_ff) + " is not divisible by " + kv("mesh.tensor", mesh.tensor) +
              " (with moe.expert_axis = \"data\" each expert's hidden units are split over the tensor axis)");
   if (moe_layers) {
-    const bool on_data = e.expert_axis == "data";
+    const bool on_data = e.expert_axis == ExpertAxis::Data;
     const int64_t axis = on_data ? mesh.data : mesh.tensor;
     const char* axis_key = on_data ? "mesh.data" : "mesh.tensor";
     rule({"moe.num_experts", axis_key, "moe.expert_axis", "moe.every"}, e.num_experts % axis == 0,
          kv("moe.num_experts", e.num_experts) + " is not divisible by " + kv(axis_key, axis) +
-             " (moe.expert_axis = \"" + e.expert_axis + "\": every rank of that axis holds the same number of experts)");
+             " (moe.expert_axis = \"" + std::string(option_name(e.expert_axis)) + "\": every rank of that axis holds the same number of experts)");
   }
   rule({"model.num_layers", "mesh.pipe"}, m.num_layers % mesh.pipe == 0,
        kv("model.num_layers", m.num_layers) + " is not divisible by " + kv("mesh.pipe", mesh.pipe) +
@@ -357,11 +357,11 @@ void Parser::cross_checks() {
   rule({"moe.every", "model.num_layers"}, e.every <= m.num_layers,
        kv("moe.every", e.every) + " is greater than " + kv("model.num_layers", m.num_layers) +
            ": no layer would be an MoE layer (moe.every = 0 makes a dense model)");
-  if (moe_layers && e.router == "topk")
+  if (moe_layers && e.router == RouterKind::TopK)
     rule({"moe.top_k", "moe.num_experts", "moe.router"}, e.top_k <= e.num_experts,
          kv("moe.top_k", e.top_k) + " is greater than " + kv("moe.num_experts", e.num_experts) +
              " (moe.router = \"topk\" sends each token to top_k different experts)");
-  if (moe_layers && e.router == "top2")
+  if (moe_layers && e.router == RouterKind::Top2)
     rule({"moe.router", "moe.num_experts"}, e.num_experts >= 2,
          "moe.router = \"top2\" needs moe.num_experts >= 2, got " + kv("moe.num_experts", e.num_experts) +
              " (use moe.router = \"top1\" for a 1-expert MoE)");

@@ -19,14 +19,48 @@ constexpr KeyType key_type_of() {
   else return KeyType::String;
 }
 
+// A field's value in the schema's Value form (an option or run.resume as its deck spelling), and back.
+template <class T>
+Value to_value(const T& field) {
+  if constexpr (DeckOption<T>) return std::string(option_name(field));
+  else if constexpr (std::is_same_v<T, ResumeFrom>) return field.name();
+  else return field;
+}
+template <class T>
+T from_value(const Value& v, const char* key) {
+  if constexpr (DeckOption<T>) {
+    const auto e = parse_option<T>(std::get<std::string>(v));
+    if (!e) throw std::logic_error(std::string(key) + " = \"" + std::get<std::string>(v) + "\" was not validated");
+    return *e;
+  } else if constexpr (std::is_same_v<T, ResumeFrom>) {
+    return ResumeFrom::parse(std::get<std::string>(v));
+  } else {
+    return std::get<T>(v);
+  }
+}
+
+// The constraint of a schema.def row; an option's are its names (the row's column stays empty).
+template <class T>
+Constraint constraint_of(const std::string& text, const char* key) {
+  if constexpr (DeckOption<T>) {
+    if (!text.empty()) throw std::logic_error(std::string("schema.def: ") + key + ": an option key takes its choices from src/deck/options.hpp");
+    return Constraint::parse(option_choices<T>());
+  } else {
+    return Constraint::parse(text);
+  }
+}
+
 std::vector<KeySpec> build_schema() {
   std::vector<KeySpec> s;
 #define MESHMOE_SECTION(section)
 #define MESHMOE_SECTION_END(section)
-#define MESHMOE_KEY(section, key, type, def, constraint, doc)                                         \
-  s.push_back(KeySpec{#section, #key, key_type_of<deck_types::type##_t>(), Constraint::parse(constraint), \
-                      doc, [](const Config& c) -> Value { return c.section.key; },                    \
-                      [](Config& c, const Value& v) { c.section.key = std::get<deck_types::type##_t>(v); }});
+#define MESHMOE_KEY(section, key, type, def, constraint, doc)                                             \
+  s.push_back(KeySpec{#section, #key, key_type_of<deck_types::type##_t>(),                                 \
+                      constraint_of<deck_types::type##_t>(constraint, #section "." #key), doc,            \
+                      [](const Config& c) -> Value { return to_value(c.section.key); },                   \
+                      [](Config& c, const Value& v) {                                                     \
+                        c.section.key = from_value<deck_types::type##_t>(v, #section "." #key);           \
+                      }});
 #include "deck/schema.def"
 #undef MESHMOE_SECTION
 #undef MESHMOE_KEY

@@ -16,17 +16,6 @@
 
 namespace meshmoe {
 
-// Deck spelling -> enum. The schema already restricts model.activation; this guards other callers.
-inline Activation parse_activation(const std::string& name) {
-  if (name == "relu") return Activation::Relu;
-  if (name == "gelu") return Activation::Gelu;
-  if (name == "geglu") return Activation::Geglu;
-  throw InputError("unknown activation '" + name + "': expected relu, gelu or geglu");
-}
-inline const char* activation_name(Activation a) {
-  return a == Activation::Relu ? "relu" : a == Activation::Gelu ? "gelu" : "geglu";
-}
-
 // Width of the input projection's output for hidden width H.
 inline int activation_in_width(Activation a, int H) { return a == Activation::Geglu ? 2 * H : H; }
 

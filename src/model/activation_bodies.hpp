@@ -5,10 +5,9 @@
 #include <cstdint>
 
 #include "core/hd.hpp"
+#include "deck/options.hpp"
 
 namespace meshmoe {
-
-enum class Activation { Relu, Gelu, Geglu };
 
 template <typename T>
 MESHMOE_HD inline T gelu(T x) {

@@ -25,7 +25,7 @@ ModelShape model_shape(const Config& cfg, int vocab) {
 
 double train_flops_per_token(const Config& cfg, const ModelShape& s) {
   const double M = s.d_model, T = s.seq_len, V = s.vocab;
-  const Activation act = parse_activation(cfg.model.activation);
+  const Activation act = cfg.model.activation;
   auto ffn = [&](double H) { return 2.0 * M * activation_in_width(act, int(H)) + 2.0 * H * M; };
   double fwd = 2.0 * M * V;  // output projection
   for (int i = 0; i < s.num_layers; ++i) {
@@ -52,7 +52,7 @@ Transformer<T>::Block::Block(const Config& cfg, const ModelShape& s, int i, cons
     // Expert placement (moe_placement.hpp): experts over data (all-to-all, Switch 5.5 hidden split
     // over tensor) or over tensor (Pipeline-MoE index-select + all-reduce).
     MoePlacement place;
-    place.axis = parse_expert_axis(cfg.moe.expert_axis);
+    place.axis = cfg.moe.expert_axis;
     place.data = sh.data;
     place.data_rank = sh.data_rank;
     place.data_size = sh.data_size;
@@ -61,7 +61,7 @@ Transformer<T>::Block::Block(const Config& cfg, const ModelShape& s, int i, cons
     place.tensor_size = sh.tensor_size;
     moe = std::make_unique<MoeLayer<T>>(moe_options(cfg, uint32_t(16 * i + 3)), place);
   } else
-    mlp = std::make_unique<MLP<T>>(s.d_model, s.d_ff, parse_activation(cfg.model.activation), cfg.model.dropout,
+    mlp = std::make_unique<MLP<T>>(s.d_model, s.d_ff, cfg.model.activation, cfg.model.dropout,
                                    uint32_t(16 * i + 2), sh.tensor_rank * s.d_ff / sh.tensor_size,
                                    s.d_ff / sh.tensor_size);
 }

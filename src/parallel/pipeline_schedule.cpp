@@ -21,12 +21,6 @@ std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches) {
   return ops;
 }
 
-Recompute parse_recompute(const std::string& name) {
-  if (name == "none") return Recompute::None;
-  if (name == "block") return Recompute::Block;
-  throw InputError("model.recompute = \"" + name + "\": expected \"none\" or \"block\"");
-}
-
 double ideal_bubble(int stages, int micro_batches) {
   return double(stages - 1) / double(micro_batches + stages - 1);
 }

@@ -16,12 +16,8 @@ struct PipelineOp {
 // The ops of `stage` (0-based) of `stages` for `micro_batches` micro-batches, in execution order.
 std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches);
 
-// model.recompute: what a stage keeps of a micro-batch between its forward and its backward.
-enum class Recompute {
-  None,   // every in-flight micro-batch's saved activations (parked in an ActivationStash)
-  Block,  // only its stage input; the forward runs again before the backward
-};
-Recompute parse_recompute(const std::string& name);
+// model.recompute (Recompute, src/deck/options.hpp): what a stage keeps of a micro-batch between
+// its forward and its backward.
 
 // The ideal 1F1B bubble fraction (P-1)/(M+P-1) of P stages and M micro-batches (Narayanan et al.
 // 2021, section 2.2), against which the measured one is reported.

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-namespace meshmoe {
+#include "deck/options.hpp"  // enum class Device (run.device)
 
-enum class Device { Cpu, Cuda };
+namespace meshmoe {
 
 // The process's device; set once, before the model allocates anything (Buffers remember how they
 // were allocated, so a Buffer made on one device is still freed correctly after a switch).

@@ -61,7 +61,7 @@ Checked owned_state_elems(const Config& cfg, const std::vector<std::vector<Check
     Checked n = 1;
     for (const Checked d : s) n *= d;
     sizes.push_back(size_t(n.value()));
-    state.push_back(cfg.optim.name == "adafactor" ? adafactor_state_elems(s) : 2 * n);
+    state.push_back(cfg.optim.name == OptimizerKind::Adafactor ? adafactor_state_elems(s) : 2 * n);
   }
   std::vector<size_t> replicated_sizes;
   for (size_t i = 0; i < shapes.size(); ++i)
@@ -144,7 +144,7 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   need(B % (MB * D) == 0, "optim.batch_size = " + to_string(B) + " must be divisible by optim.micro_batches x mesh.data = " +
                               to_string(MB * D));
   const ModelShape shape = model_shape(cfg, vocab);
-  const Activation act = parse_activation(cfg.model.activation);
+  const Activation act = cfg.model.activation;
   const bool train_dropout = cfg.model.dropout > 0;
 
   MemoryPlan p;
@@ -169,12 +169,12 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   const bool any_moe = shape.num_moe_layers() > 0;
   MoeOptions mo;
   Checked E = 0, El = 0, He = 0, Hel = 0, Hin = 0, Hinl = 0, S = 0, G = 0, C = 0, k = 0;
-  const bool expert_on_data = cfg.moe.expert_axis == "data";
+  const bool expert_on_data = cfg.moe.expert_axis == ExpertAxis::Data;
   if (any_moe) {
     mo = moe_options(cfg, 0);
     E = mo.num_experts, He = mo.d_ff, S = mo.group_size, k = mo.k();
     const int ext = expert_on_data ? D : Tn;
-    need(E % ext == 0, "moe.num_experts = " + to_string(E) + " must be divisible by mesh." + cfg.moe.expert_axis +
+    need(E % ext == 0, "moe.num_experts = " + to_string(E) + " must be divisible by mesh." + std::string(option_name(cfg.moe.expert_axis)) +
                            " = " + to_string(ext) + " (moe.expert_axis)");
     El = E / ext;
     const int hsplit = expert_on_data ? Tn : 1;
@@ -225,7 +225,7 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   }
   p.params_rank = elems.value();
   p.param_bytes = p.grad_bytes = bytes(elems * kF);
-  p.optim_bytes = bytes((cfg.optim.name == "adafactor" ? adafactor : 2 * elems) * kF);
+  p.optim_bytes = bytes((cfg.optim.name == OptimizerKind::Adafactor ? adafactor : 2 * elems) * kF);
   if (cfg.optim.shard_state && D > 1) p.optim_bytes = bytes(owned_state_elems(cfg, shapes, over_data, D, data_rank) * kF);
 
   // Whole-model counts (unsharded).
@@ -304,7 +304,7 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   p.workspace_bytes = bytes(w);
 
   // ---- pipeline: the 1F1B schedule of this stage (PipelineExecutor::train) -----------------------
-  const bool park = parse_recompute(cfg.model.recompute) == Recompute::None;
+  const bool park = cfg.model.recompute == Recompute::None;
   int live = 0, forwards = 0, last_forward = -1;
   for (const PipelineOp& op : one_f_one_b(pipe_rank, P, int(MB.value()))) {
     if (op.forward) {
@@ -490,7 +490,7 @@ std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, d
   row("parameters (count)", [&](const MemoryPlan& p) { return num(p.params_rank); });
   row("parameters", [&](const MemoryPlan& p) { return num(p.param_bytes); });
   row("gradients", [&](const MemoryPlan& p) { return num(p.grad_bytes); });
-  row("optimizer state (" + cfg.optim.name + ")", [&](const MemoryPlan& p) { return num(p.optim_bytes); });
+  row("optimizer state (" + std::string(option_name(cfg.optim.name)) + ")", [&](const MemoryPlan& p) { return num(p.optim_bytes); });
   row("activations", [&](const MemoryPlan& p) { return num(p.activation_bytes); });
   for (size_t i = 0; i < p0.activation_parts.size(); ++i)
     row("  " + p0.activation_parts[i].first, [&](const MemoryPlan& p) { return num(p.activation_parts[i].second); });

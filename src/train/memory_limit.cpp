@@ -159,7 +159,7 @@ void check_node_memory(double bytes_here, const std::string& what, const std::st
 }
 
 void check_memory_plan(const Config& cfg, const MeshShape& mesh, MPI_Comm world) {
-  if (cfg.run.device != "cpu") return;
+  if (cfg.run.device != Device::Cpu) return;
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   int vocab = int(cfg.model.vocab_size);

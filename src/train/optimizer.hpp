@@ -70,7 +70,7 @@ double sum_squares(const T* v, size_t n, Buffer<double>& partials);
 // Every entry of the store (what a single rank owns).
 std::vector<size_t> all_entries(const ParamStore<float>& store);
 
-// The optimizer named by cfg.optim.name ("adamw" | "adafactor"), with its cfg.optim settings.
+// The optimizer named by cfg.optim.name (AdamW or Adafactor), with its cfg.optim settings.
 // Throws InputError for an unknown name.
 std::unique_ptr<Optimizer> make_optimizer(const Config& cfg, const ParamStore<float>& store,
                                           std::vector<size_t> owned, DimReduce reduce = {});

@@ -26,6 +26,27 @@ namespace meshmoe {
 
 namespace fs = std::filesystem;
 
+std::string run_directory(const Config& cfg) {
+  return cfg.run.out_dir.empty() ? "runs/" + cfg.run.name : cfg.run.out_dir;
+}
+
+void write_deck_file(const Deck& deck, const std::string& dir, MPI_Comm world) {
+  std::string error;
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  if (rank == 0) {
+    std::ofstream out(dir + "/deck.toml");
+    // run.name is checked to be one printable line (deck.cpp); the deck's path may be anything.
+    std::string from = deck.path;
+    for (char& ch : from)
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+    out << "# effective deck of run " << deck.cfg.run.name << " (from " << from << ")\n" << deck.effective_toml;
+    out.flush();
+    if (!out) error = "cannot write the run directory " + dir + ": cannot write deck.toml (set run.out_dir to a writable place)";
+  }
+  if (const std::string e = first_error(error, world); !e.empty()) throw InputError(e);
+}
+
 namespace {
 
 constexpr const char* kLockName = "run.lock";

@@ -14,7 +14,16 @@
 
 #include <string>
 
+#include "deck/deck.hpp"
+
 namespace meshmoe {
+
+// The run directory of a deck: run.out_dir, or runs/<run.name>.
+std::string run_directory(const Config& cfg);
+
+// Collective: rank 0 writes deck.toml (the effective deck) into the run directory `dir`; a failure
+// throws InputError on every rank.
+void write_deck_file(const Deck& deck, const std::string& dir, MPI_Comm world);
 
 class RunDirectory {
  public:

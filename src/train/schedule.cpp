@@ -13,11 +13,7 @@ namespace meshmoe {
 Schedule Schedule::from_config(const Config& cfg) {
   Schedule s;
   std::vector<std::string> errors;
-  const std::string& name = cfg.optim.schedule;
-  if (name == "constant") s.kind = ScheduleKind::Constant;
-  else if (name == "rsqrt") s.kind = ScheduleKind::Rsqrt;
-  else if (name == "cosine") s.kind = ScheduleKind::Cosine;
-  else errors.push_back("optim.schedule = \"" + name + "\" is not a schedule; use \"constant\", \"rsqrt\" or \"cosine\"");
+  s.kind = cfg.optim.schedule;
   if (!(cfg.optim.lr > 0)) errors.push_back("optim.lr = " + std::to_string(cfg.optim.lr) + " must be > 0");
   if (cfg.optim.warmup_steps < 0) errors.push_back("optim.warmup_steps = " + std::to_string(cfg.optim.warmup_steps) + " must be >= 0");
   if (!(cfg.optim.min_lr_ratio >= 0 && cfg.optim.min_lr_ratio <= 1))

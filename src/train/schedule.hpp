@@ -16,8 +16,6 @@
 
 namespace meshmoe {
 
-enum class ScheduleKind { Constant, Rsqrt, Cosine };
-
 struct Schedule {
   ScheduleKind kind = ScheduleKind::Rsqrt;
   double lr = 1e-3;
@@ -26,7 +24,7 @@ struct Schedule {
   int64_t total_steps = 0;  // run.steps (cosine only)
 
   // From cfg.optim.{schedule, lr, warmup_steps, min_lr_ratio} and cfg.run.steps; throws
-  // InputError naming the key for an unknown schedule or a value out of range.
+  // InputError naming the key for a value out of range.
   static Schedule from_config(const Config& cfg);
   // Learning rate of update t >= 1 (throws std::logic_error for t < 1).
   double operator()(int64_t t) const;

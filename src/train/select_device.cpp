@@ -1,13 +1,42 @@
 #include "train/select_device.hpp"
 
+#include <sched.h>
+
+#include <cstdio>
+
 #include "core/error.hpp"
 #include "mesh/agree.hpp"
 #include "tensor/device.hpp"
 
 namespace meshmoe {
 
-std::string select_device(const std::string& device, MPI_Comm world) {
-  if (device != "cuda") {
+namespace {
+
+// Cores this process may run on (its CPU affinity: mpirun binds each rank to one core by default,
+// srun to its --cpus-per-task).
+int allowed_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+}
+
+}  // namespace
+
+void warn_threads_over_cores(int threads, MPI_Comm world) {
+  int cores = allowed_cores(), rank = 0;
+  if (cores <= 0) cores = threads;
+  MPI_Allreduce(MPI_IN_PLACE, &cores, 1, MPI_INT, MPI_MIN, world);
+  MPI_Comm_rank(world, &rank);
+  if (rank == 0 && threads > cores)
+    std::fprintf(stderr,
+                 "meshmoe: warning: %d threads per rank (run.threads) but a rank may run on only %d core%s (its CPU "
+                 "affinity): the threads share %s. Launch with `mpirun --map-by slot:PE=%d` (or --bind-to none), or "
+                 "`srun --cpus-per-task=%d`\n",
+                 threads, cores, cores == 1 ? "" : "s", cores == 1 ? "it" : "them", threads, threads);
+}
+
+std::string select_device(Device device, MPI_Comm world) {
+  if (device != Device::Cuda) {
     set_device(Device::Cpu);
     return "device: cpu (OpenBLAS, fp32)";
   }

@@ -7,32 +7,45 @@
 namespace meshmoe {
 
 void StepSums::add(const ForwardStats& f, const std::vector<const MoeLayer<float>*>& moe, size_t first_moe_layer) {
-  v_[0] += f.ce_sum;
-  v_[1] += f.mask_sum;
-  v_[2] += f.aux_sum;
-  v_[3] += f.z_sum;
+  ce_ += f.ce_sum;
+  mask_ += f.mask_sum;
+  aux_ += f.aux_sum;
+  z_ += f.z_sum;
   for (size_t l = 0; l < moe.size(); ++l) {
-    double* o = layer(first_moe_layer + l);
+    MoeLayerSums& o = layers_[first_moe_layer + l];
     const MoeStats& ms = moe[l]->stats();
-    for (size_t e = 0; e < experts_; ++e) o[e] += double(ms.load[e]);
-    o[experts_] += double(ms.wanted);
-    o[experts_ + 1] += double(ms.dropped);
+    for (size_t e = 0; e < o.load.size(); ++e) o.load[e] += double(ms.load[e]);
+    o.wanted += double(ms.wanted);
+    o.dropped += double(ms.dropped);
   }
+}
+
+void StepSums::all_reduce(Comm& pipe, Comm& data) {
+  std::vector<double*> fields{&ce_, &mask_, &aux_, &z_};
+  for (MoeLayerSums& l : layers_) {
+    for (double& x : l.load) fields.push_back(&x);
+    fields.push_back(&l.wanted);
+    fields.push_back(&l.dropped);
+  }
+  std::vector<double> buf(fields.size());
+  for (size_t i = 0; i < fields.size(); ++i) buf[i] = *fields[i];
+  pipe.all_reduce(buf.data(), buf.size(), Op::Sum);
+  data.all_reduce(buf.data(), buf.size(), Op::Sum);
+  for (size_t i = 0; i < fields.size(); ++i) *fields[i] = buf[i];
 }
 
 StepStats StepSums::stats(double tokens, double groups) const {
   StepStats s;
-  s.loss = v_[1] > 0 ? v_[0] / v_[1] : std::nan("");
-  s.aux = layers_ == 0 ? 0 : v_[2] / groups;
-  s.z = layers_ == 0 ? 0 : v_[3] / tokens;
-  for (size_t l = 0; l < layers_; ++l) {
-    const double* o = layer(l);
+  s.loss = mask_ > 0 ? ce_ / mask_ : std::nan("");
+  s.aux = layers_.empty() ? 0 : aux_ / groups;
+  s.z = layers_.empty() ? 0 : z_ / tokens;
+  for (const MoeLayerSums& o : layers_) {
     double total = 0;
-    for (size_t e = 0; e < experts_; ++e) total += o[e];
-    std::vector<double> load(experts_);
-    for (size_t e = 0; e < experts_; ++e) load[e] = total > 0 ? o[e] / total : 0;
+    for (double x : o.load) total += x;
+    std::vector<double> load(o.load.size());
+    for (size_t e = 0; e < load.size(); ++e) load[e] = total > 0 ? o.load[e] / total : 0;
     s.load.push_back(std::move(load));
-    s.dropped.push_back(o[experts_] > 0 ? o[experts_ + 1] / o[experts_] : 0);
+    s.dropped.push_back(o.wanted > 0 ? o.dropped / o.wanted : 0);
   }
   return s;
 }

@@ -19,20 +19,18 @@ struct StepStats {
 
 class StepSums {
  public:
-  StepSums(size_t moe_layers, size_t experts) : layers_(moe_layers), experts_(experts), v_(4 + moe_layers * (experts + 2), 0.0) {}
+  StepSums(size_t moe_layers, size_t experts) : layers_(moe_layers, MoeLayerSums{std::vector<double>(experts, 0.0)}) {}
 
   // One forward's statistics: its loss sums and, for the MoE layers `moe` of this stage (the first
   // of them is the model's `first_moe_layer`-th, so that the stages' sums add up), the choices
   // dispatched to each expert, wanted and dropped.
   void add(const ForwardStats& f, const std::vector<const MoeLayer<float>*>& moe, size_t first_moe_layer);
 
-  // Sums over the pipeline stages, then the data ranks (one flat all-reduce each).
-  void all_reduce(Comm& pipe, Comm& data) {
-    pipe.all_reduce(v_.data(), v_.size(), Op::Sum);
-    data.all_reduce(v_.data(), v_.size(), Op::Sum);
-  }
+  // Sums over the pipeline stages, then the data ranks: every sum in one buffer, one all-reduce
+  // per axis.
+  void all_reduce(Comm& pipe, Comm& data);
 
-  double target_tokens() const { return v_[1]; }
+  double target_tokens() const { return mask_; }
 
   // The step's figures for a batch of `tokens` tokens in `groups` routing groups: cross-entropy per
   // target token (NaN when the batch holds none), load-balancing loss per group, z-loss per token,
@@ -40,10 +38,12 @@ class StepSums {
   StepStats stats(double tokens, double groups) const;
 
  private:
-  double* layer(size_t l) { return &v_[4 + l * (experts_ + 2)]; }
-  const double* layer(size_t l) const { return &v_[4 + l * (experts_ + 2)]; }
-  size_t layers_, experts_;
-  std::vector<double> v_;  // ce, mask, aux, z, then per MoE layer: load[E], wanted, dropped
+  struct MoeLayerSums {
+    std::vector<double> load;  // [E] choices dispatched to each expert
+    double wanted = 0, dropped = 0;
+  };
+  double ce_ = 0, mask_ = 0, aux_ = 0, z_ = 0;  // cross-entropy, target tokens, aux and z losses
+  std::vector<MoeLayerSums> layers_;          // every MoE layer of the model
 };
 
 }  // namespace meshmoe

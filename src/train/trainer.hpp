@@ -12,7 +12,4 @@ namespace meshmoe {
 // or when a checkpoint is due and the parameters or optimizer state are not finite (none written).
 int train_main(const Deck& deck, Mesh& mesh, const std::string& version);
 
-// The run directory of a deck: run.out_dir, or runs/<run.name>.
-std::string run_directory(const Config& cfg);
-
 }  // namespace meshmoe

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <toml++/toml.h>
 
@@ -72,7 +73,7 @@ TEST_CASE("deck: an empty deck takes every schema default", "[deck]") {
   CHECK(d.cfg.run.name == "meshmoe");
   CHECK(d.cfg.mesh.data == 1);
   CHECK(d.cfg.moe.num_experts == 8);
-  CHECK(d.cfg.moe.router == "top2");
+  CHECK(d.cfg.moe.router == RouterKind::Top2);
   CHECK(d.cfg.optim.lr == 1e-3);
   CHECK(d.cfg.model.tied_embeddings == true);
   CHECK(d.cfg.model.layernorm_eps == 1e-5);
@@ -105,7 +106,7 @@ adafactor_eps = 1E-30
 )",
                             "t.toml");
   CHECK(d.cfg.run.name == "tiny");
-  CHECK(d.cfg.run.device == "cuda");
+  CHECK(d.cfg.run.device == Device::Cuda);
   CHECK(d.cfg.run.max_walltime == 3600.0);
   CHECK(d.cfg.model.tied_embeddings == false);
   CHECK(d.cfg.model.dropout == 0.125);
@@ -241,6 +242,71 @@ TEST_CASE("deck: effective_toml lists every key and round-trips unchanged", "[de
   const std::string e = parse_deck("", "x").effective_toml;
   CHECK(e.find("[run]\nname = ") < e.find("[mesh]\npipe = 1\ndata = 1\ntensor = 1\n"));
   CHECK(e.find("[mesh]") < e.find("[checkpoint]"));
+}
+
+TEST_CASE("deck: option keys hold their enum; the deck, --set and the effective deck their names", "[deck]") {
+  // Every key whose constraint is a list of names: each name parses (file and --set alike) to a
+  // Config value that reads back as that name and is echoed as it; a name that is not one of them
+  // is refused, naming the choices.
+  size_t option_keys = 0;
+  for (const auto& k : deck::schema()) {
+    if (k.constraint.kind != deck::Constraint::Kind::Choices) continue;
+    ++option_keys;
+    INFO(k.name());
+    std::set<std::string> seen;
+    Config last;
+    for (const std::string& name : k.constraint.choices) {
+      const Deck d = parse_deck("[" + k.section + "]\n" + k.key + " = \"" + name + "\"\n", "o.toml");
+      CHECK(std::get<std::string>(k.get(d.cfg)) == name);
+      CHECK(d.effective_toml.find("\n" + k.key + " = \"" + name + "\"\n") != std::string::npos);
+      CHECK(parse_deck("", "o.toml", {k.name() + "=" + name}).cfg == d.cfg);
+      CHECK(seen.insert(name).second);
+      if (seen.size() > 1) CHECK(!(d.cfg == last));  // two names, two values
+      last = d.cfg;
+    }
+    CHECK(seen.size() >= 2);
+    CHECK_THAT(deck_errors("[" + k.section + "]\n" + k.key + " = \"no-such-name\"\n"),
+               Catch::Contains(k.name() + ": must be one of " + k.constraint.describe(false)));
+  }
+  CHECK(option_keys == 9);
+  // The enums themselves, and the names that used to be checked where each was used.
+  const Deck d = parse_deck(R"(
+[run]
+device = "cuda"
+[model]
+activation = "geglu"
+recompute = "block"
+[moe]
+router = "topk"
+second_expert = "threshold"
+expert_axis = "tensor"
+[optim]
+name = "adafactor"
+schedule = "cosine"
+[data]
+tokenizer = "spm"
+)", "e.toml");
+  CHECK(d.cfg.run.device == Device::Cuda);
+  CHECK(d.cfg.model.activation == Activation::Geglu);
+  CHECK(d.cfg.model.recompute == Recompute::Block);
+  CHECK(d.cfg.moe.router == RouterKind::TopK);
+  CHECK(d.cfg.moe.second_expert == SecondExpertPolicy::Threshold);
+  CHECK(d.cfg.moe.expert_axis == ExpertAxis::Tensor);
+  CHECK(d.cfg.optim.name == OptimizerKind::Adafactor);
+  CHECK(d.cfg.optim.schedule == ScheduleKind::Cosine);
+  CHECK(d.cfg.data.tokenizer == TokenizerKind::Spm);
+  CHECK_THAT(deck_errors("[model]\nrecompute = \"all\""), Catch::Contains("model.recompute: must be one of none, block"));
+  CHECK_THAT(deck_errors("[model]\nactivation = \"swish\""), Catch::Contains("model.activation: must be one of relu, gelu, geglu"));
+  CHECK_THAT(deck_errors("[moe]\nexpert_axis = \"pipe\""), Catch::Contains("moe.expert_axis: must be one of data, tensor"));
+  CHECK_THAT(deck_errors("[optim]\nname = \"sgd\""), Catch::Contains("optim.name: must be one of adamw, adafactor"));
+  CHECK_THAT(deck_errors("[optim]\nschedule = \"linear\""), Catch::Contains("optim.schedule: must be one of constant, rsqrt, cosine"));
+  // run.resume: auto, never, or a checkpoint path, echoed as given.
+  CHECK(Config{}.run.resume.kind == ResumeFrom::Kind::Auto);
+  CHECK(parse_deck("[run]\nresume = \"never\"", "r.toml").cfg.run.resume.kind == ResumeFrom::Kind::Never);
+  const Deck r = parse_deck("[run]\nresume = \"runs/a/ckpt/step_00000004.h5\"", "r.toml");
+  CHECK(r.cfg.run.resume.kind == ResumeFrom::Kind::Path);
+  CHECK(r.cfg.run.resume.path == "runs/a/ckpt/step_00000004.h5");
+  CHECK(r.effective_toml.find("\nresume = \"runs/a/ckpt/step_00000004.h5\"\n") != std::string::npos);
 }
 
 TEST_CASE("deck: float values are written as the shortest TOML that reads back bit-exactly", "[deck]") {
@@ -433,7 +499,7 @@ TEST_CASE("deck: good decks parse", "[deck]") {
   }
   const Deck d = parse_deck(read_text(decks_dir() / "good/switch_2x2.toml"), "s.toml");
   CHECK(d.cfg.mesh.data == 2);
-  CHECK(d.cfg.moe.router == "top1");
+  CHECK(d.cfg.moe.router == RouterKind::Top1);
   CHECK(d.cfg.moe.capacity_factor_train == 1.0);
   CHECK(d.cfg.moe.no_token_left_behind);
 }

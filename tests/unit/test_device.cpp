@@ -29,12 +29,12 @@ Config device_test_config(const std::string& router) {
   c.model.num_layers = 2;
   c.model.num_heads = 2;
   c.model.d_ff = 24;
-  c.model.activation = router == "top1" ? "geglu" : "gelu";
+  c.model.activation = router == "top1" ? Activation::Geglu : Activation::Gelu;
   c.model.dropout = 0.1;
   c.moe.num_experts = 4;
   c.moe.every = router == "dense" ? 0 : 2;
-  c.moe.router = router == "dense" ? "top2" : router;
-  c.moe.second_expert = "random";
+  c.moe.router = router == "dense" ? RouterKind::Top2 : test::option<RouterKind>(router);
+  c.moe.second_expert = SecondExpertPolicy::Random;
   c.moe.group_size = 8;
   c.moe.capacity_factor_train = 1.0;
   c.moe.jitter_eps = router == "top1" ? 0.01 : 0.0;

@@ -27,13 +27,13 @@ Config overlap_config() {
   c.model.num_layers = 4;
   c.model.num_heads = 2;
   c.model.d_ff = 12;
-  c.model.activation = "gelu";
+  c.model.activation = Activation::Gelu;
   c.model.tied_embeddings = true;
   c.model.dropout = 0.1;
   c.moe.num_experts = 4;
   c.moe.every = 2;
-  c.moe.router = "top2";
-  c.moe.expert_axis = "data";
+  c.moe.router = RouterKind::Top2;
+  c.moe.expert_axis = ExpertAxis::Data;
   c.moe.group_size = kSeq;
   c.moe.aux_loss_coef = 1e-1;
   c.moe.z_loss_coef = 1e-2;

@@ -21,6 +21,7 @@
 #include "core/error.hpp"
 #include "core/sizes.hpp"
 #include "train/memory.hpp"
+#include "../test_util.hpp"
 
 using namespace meshmoe;
 
@@ -39,7 +40,7 @@ Config small_model() {
 
 Config dense_config() {
   Config c = small_model();
-  c.model.activation = "geglu";
+  c.model.activation = Activation::Geglu;
   c.model.tied_embeddings = false;
   c.model.dropout = 0.1;
   c.moe.every = 0;
@@ -50,10 +51,10 @@ Config dense_config() {
 
 Config moe_config() {
   Config c = small_model();
-  c.model.activation = "gelu";
+  c.model.activation = Activation::Gelu;
   c.moe.num_experts = 4;
   c.moe.every = 2;
-  c.moe.router = "top2";
+  c.moe.router = RouterKind::Top2;
   c.moe.group_size = 16;
   c.moe.jitter_eps = 0.01;
   c.moe.expert_dropout = 0.1;
@@ -90,12 +91,12 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
   SECTION("dense, one rank, AdamW and Adafactor") {
     Config c = dense_config();
     check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
-    c.optim.name = "adafactor";
+    c.optim.name = OptimizerKind::Adafactor;
     check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
   }
   SECTION("dense, tensor = 2 (Megatron blocks) and pipe = 2 (both stages, untied and tied)") {
     Config c = dense_config();
-    c.optim.name = "adafactor";
+    c.optim.name = OptimizerKind::Adafactor;
     check_exact(c, V, MeshShape{1, 1, 2}, 0, 0, 1);
     check_exact(c, V, MeshShape{2, 1, 1}, 0, 0, 0);
     check_exact(c, V, MeshShape{2, 1, 1}, 1, 0, 0);
@@ -106,9 +107,9 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
   SECTION("MoE (top-2, jitter, expert dropout), one rank and two pipeline stages") {
     Config c = moe_config();
     check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
-    c.optim.name = "adafactor";
+    c.optim.name = OptimizerKind::Adafactor;
     check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
-    c.moe.router = "top1";
+    c.moe.router = RouterKind::Top1;
     c.moe.jitter_eps = 0;
     c.moe.expert_dropout = 0;
     c.optim.micro_batches = 2;
@@ -125,8 +126,8 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
     dense.model.tied_embeddings = true;
     moe.optim.batch_size = 8;
     Config moe_tensor = moe;
-    moe_tensor.moe.expert_axis = "tensor";
-    for (const char* opt : {"adamw", "adafactor"})
+    moe_tensor.moe.expert_axis = ExpertAxis::Tensor;
+    for (const OptimizerKind opt : {OptimizerKind::AdamW, OptimizerKind::Adafactor})
       for (auto [c, mesh] : {std::pair{dense, MeshShape{2, 2, 2}}, std::pair{moe, MeshShape{1, 4, 1}},
                              std::pair{moe_tensor, MeshShape{1, 2, 2}}}) {
         c.optim.name = opt;
@@ -140,7 +141,7 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
           Config unsharded = c;
           unsharded.optim.shard_state = false;
           const size_t whole = plan_memory(unsharded, V, mesh, pipe, 0, 0).optim_bytes;
-          if (c.moe.every > 0 && c.moe.expert_axis == "data") CHECK(sharded_sum > whole);  // each rank's experts
+          if (c.moe.every > 0 && c.moe.expert_axis == ExpertAxis::Data) CHECK(sharded_sum > whole);  // each rank's experts
           else CHECK(sharded_sum == whole);
           CHECK(plan_memory(c, V, mesh, pipe, 0, 0).optim_bytes < whole);
         }
@@ -191,10 +192,10 @@ TEST_CASE("memory plan: GShard section 5.1, memory per rank stays flat as expert
     c.model.d_ff = 256;
     c.moe.num_experts = 2 * ranks;
     c.moe.every = 2;
-    c.moe.router = "top2";
+    c.moe.router = RouterKind::Top2;
     c.moe.group_size = 32;
-    c.moe.expert_axis = axis;
-    c.optim.name = "adafactor";
+    c.moe.expert_axis = test::option<ExpertAxis>(axis);
+    c.optim.name = OptimizerKind::Adafactor;
     c.optim.batch_size = rows_per_rank * ranks;
     c.optim.micro_batches = 1;
     return c;
@@ -239,7 +240,7 @@ TEST_CASE("memory plan: a deck that does not split over the mesh is an InputErro
   CHECK_THROWS_AS(plan_memory(c, 0, MeshShape{1, 1, 1}, 0, 0, 0), InputError);   // unknown vocabulary
   Config m = moe_config();
   m.moe.num_experts = 3;
-  m.moe.router = "top1";
+  m.moe.router = RouterKind::Top1;
   CHECK_THROWS_AS(plan_memory(m, 50, MeshShape{1, 2, 1}, 0, 0, 0), InputError);  // 3 experts over 2
 }
 

@@ -49,7 +49,7 @@ Config base_config(uint64_t seed) {
   c.model.num_layers = 2;
   c.model.num_heads = 2;
   c.model.d_ff = 32;
-  c.model.activation = "relu";
+  c.model.activation = Activation::Relu;
   c.model.tied_embeddings = true;
   c.model.init_scale = 1.0;
   c.model.dropout = 0.0;
@@ -79,7 +79,7 @@ std::vector<RefCase> ref_cases() {
     RefCase r{"switch_top1", base_config(5000000002ull)};
     Config& c = r.cfg;
     c.moe.every = 1;
-    c.moe.router = "top1";
+    c.moe.router = RouterKind::Top1;
     c.moe.jitter_eps = 0.01;
     c.model.dropout = 0.1;
     c.moe.expert_dropout = 0.2;
@@ -92,10 +92,10 @@ std::vector<RefCase> ref_cases() {
     RefCase r{"gshard_top2", base_config(5000000003ull)};
     Config& c = r.cfg;
     c.model.num_layers = 4;
-    c.model.activation = "gelu";
+    c.model.activation = Activation::Gelu;
     c.moe.every = 2;
-    c.moe.router = "top2";
-    c.moe.second_expert = "random";
+    c.moe.router = RouterKind::Top2;
+    c.moe.second_expert = SecondExpertPolicy::Random;
     c.moe.expert_d_ff = 24;
     c.moe.z_loss_coef = 1e-3;
     r.expect_declined = true;
@@ -106,11 +106,11 @@ std::vector<RefCase> ref_cases() {
     RefCase r{"geglu_untied", base_config(5000000005ull)};
     Config& c = r.cfg;
     c.model.num_layers = 3;
-    c.model.activation = "geglu";
+    c.model.activation = Activation::Geglu;
     c.model.tied_embeddings = false;
     c.model.dropout = 0.1;
     c.moe.every = 2;
-    c.moe.router = "topk";
+    c.moe.router = RouterKind::TopK;
     c.moe.top_k = 3;
     c.moe.capacity_factor_train = 0.75;
     c.moe.jitter_eps = 0.02;
@@ -126,8 +126,8 @@ std::vector<RefCase> ref_cases() {
     Config& c = r.cfg;
     c.moe.every = 2;
     c.moe.num_experts = 6;
-    c.moe.router = "top2";
-    c.moe.second_expert = "threshold";
+    c.moe.router = RouterKind::Top2;
+    c.moe.second_expert = SecondExpertPolicy::Threshold;
     c.moe.second_expert_threshold = 0.2;
     c.moe.capacity_factor_train = 0.5;
     c.moe.no_token_left_behind = true;
@@ -183,19 +183,19 @@ void write_config(h5::File& f, const Config& c, int vocab) {
   i64("num_layers", c.model.num_layers);
   i64("num_heads", c.model.num_heads);
   i64("d_ff", c.model.d_ff);
-  str("activation", c.model.activation);
+  str("activation", std::string(option_name(c.model.activation)));
   i64("tied_embeddings", c.model.tied_embeddings);
   f64("dropout", c.model.dropout);
   f64("layernorm_eps", c.model.layernorm_eps);
   i64("moe_every", c.moe.every);
   i64("num_experts", c.moe.num_experts);
-  str("router", c.moe.router);
+  str("router", std::string(option_name(c.moe.router)));
   i64("top_k", c.moe.top_k);
   i64("expert_d_ff", c.moe.expert_d_ff > 0 ? c.moe.expert_d_ff : c.model.d_ff);
   i64("group_size", c.moe.group_size);
   f64("capacity_factor_train", c.moe.capacity_factor_train);
   i64("dropless", c.moe.dropless);
-  str("second_expert", c.moe.second_expert);
+  str("second_expert", std::string(option_name(c.moe.second_expert)));
   f64("second_expert_threshold", c.moe.second_expert_threshold);
   i64("no_token_left_behind", c.moe.no_token_left_behind);
   f64("jitter_eps", c.moe.jitter_eps);
@@ -205,7 +205,7 @@ void write_config(h5::File& f, const Config& c, int vocab) {
   i64("seed", c.run.seed);
   i64("run_steps", c.run.steps);
   f64("lr", c.optim.lr);
-  str("schedule", c.optim.schedule);
+  str("schedule", std::string(option_name(c.optim.schedule)));
   i64("warmup_steps", c.optim.warmup_steps);
   f64("min_lr_ratio", c.optim.min_lr_ratio);
   f64("beta1", c.optim.beta1);
@@ -238,13 +238,13 @@ void write_params(h5::File& f, const std::string& group, const ParamStore<float>
 void train_run(h5::File& f, const RefCase& rc, const std::string& opt_name,
                const std::vector<HostBatch>& batches) {
   Config cfg = rc.cfg;
-  cfg.optim.name = opt_name;
+  cfg.optim.name = test::option<OptimizerKind>(opt_name);
   if (opt_name == "adafactor") {
     cfg.optim.lr = 1e-2;  // GShard appendix A.2 style: rsqrt decay after warm-up
-    cfg.optim.schedule = "rsqrt";
+    cfg.optim.schedule = ScheduleKind::Rsqrt;
   } else {
     cfg.optim.lr = 3e-3;
-    cfg.optim.schedule = "cosine";
+    cfg.optim.schedule = ScheduleKind::Cosine;
   }
   Transformer<float> model(cfg, kV);
   model.init(uint64_t(cfg.run.seed), cfg.model.init_scale);
@@ -268,7 +268,7 @@ void train_run(h5::File& f, const RefCase& rc, const std::string& opt_name,
   }
   h5::Group g = f.create_group("train/" + opt_name);
   g.set_attr("lr_peak", cfg.optim.lr);
-  g.set_attr("schedule", cfg.optim.schedule);
+  g.set_attr("schedule", std::string(option_name(cfg.optim.schedule)));
   g.write("loss", loss);
   g.write("grad_norm", norm);
   g.write("lr", lr);

@@ -33,13 +33,13 @@ Config stash_config(bool moe, int layers) {
   c.model.num_layers = layers;
   c.model.num_heads = 2;
   c.model.d_ff = 12;
-  c.model.activation = "gelu";
+  c.model.activation = Activation::Gelu;
   c.model.tied_embeddings = false;
   c.model.dropout = 0.2;
   c.moe.num_experts = 4;
   c.moe.every = moe ? 1 : 0;
-  c.moe.router = "top2";
-  c.moe.second_expert = "random";
+  c.moe.router = RouterKind::Top2;
+  c.moe.second_expert = SecondExpertPolicy::Random;
   c.moe.group_size = 8;
   c.moe.capacity_factor_train = 1.0;
   c.moe.jitter_eps = 0.05;
@@ -114,17 +114,15 @@ TEST_CASE("pipeline: a parked micro-batch's state swapped back gives bitwise the
       Config c = stash_config(moe, 2);
       check_park_and_restore(c, stage, stages);
       c.model.tied_embeddings = true;
-      c.moe.router = "top1";
+      c.moe.router = RouterKind::Top1;
       c.moe.dropless = true;
-      c.model.activation = "geglu";
+      c.model.activation = Activation::Geglu;
       check_park_and_restore(c, stage, stages);
     }
 }
 
-TEST_CASE("pipeline: model.recompute names", "[pipeline]") {
-  CHECK(parse_recompute("none") == Recompute::None);
-  CHECK(parse_recompute("block") == Recompute::Block);
-  CHECK_THROWS_WITH(parse_recompute("all"), Catch::Contains("expected \"none\" or \"block\""));
+// model.recompute's names: test_deck.cpp, "deck: option keys".
+TEST_CASE("pipeline: the ideal bubble", "[pipeline]") {
   CHECK(ideal_bubble(1, 4) == 0);
   CHECK(ideal_bubble(2, 4) == Approx(1.0 / 5));
   CHECK(ideal_bubble(4, 8) == Approx(3.0 / 11));
@@ -233,7 +231,7 @@ TEST_CASE("pipeline: recompute none equals block and one rank, bitwise, on pipe 
     check_pipeline(c, 4, 1, 8);
   }
   Config c = stash_config(true, 4);
-  c.moe.expert_axis = "data";
+  c.moe.expert_axis = ExpertAxis::Data;
   check_pipeline(c, 2, 2, 2);
   c.moe.dropless = true;
   check_pipeline(c, 2, 2, 2);

@@ -10,6 +10,7 @@
 
 #include "model/transformer.hpp"
 #include "tensor/launch.hpp"
+#include "../test_util.hpp"
 
 using namespace meshmoe;
 
@@ -22,13 +23,13 @@ Config tiny_config(const std::string& router, bool tied) {
   c.model.num_layers = 2;
   c.model.num_heads = 2;
   c.model.d_ff = 12;
-  c.model.activation = "gelu";
+  c.model.activation = Activation::Gelu;
   c.model.tied_embeddings = tied;
   c.model.dropout = 0.1;
   c.moe.num_experts = 4;
   c.moe.every = 2;
-  c.moe.router = router;
-  c.moe.second_expert = "random";
+  c.moe.router = test::option<RouterKind>(router);
+  c.moe.second_expert = SecondExpertPolicy::Random;
   c.moe.group_size = 8;
   c.moe.capacity_factor_train = 1.0;
   c.moe.jitter_eps = 0.01;
@@ -115,7 +116,7 @@ TEST_CASE("transformer: whole-model gradients match finite differences (top-1, u
 
 TEST_CASE("transformer: model FLOPs per token follow the formula", "[model]") {
   Config cfg = tiny_config("top1", true);
-  cfg.model.activation = "relu";
+  cfg.model.activation = Activation::Relu;
   const ModelShape s = model_shape(cfg, 11);
   const double M = 8, T = 8, V = 11, H = 12, E = 4;
   const double dense_block = 8 * M * M + 4 * T * M + 4 * M * H;

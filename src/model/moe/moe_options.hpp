@@ -12,9 +12,6 @@
 
 namespace meshmoe {
 
-enum class RouterKind { Top1, Top2, TopK };
-enum class SecondExpertPolicy { Random, Always, Threshold };
-
 struct MoeOptions {
   int d_model = 0;          // M
   int num_experts = 0;      // E (global)
@@ -72,22 +69,14 @@ inline MoeOptions moe_options(const Config& cfg, uint32_t layer_id) {
   o.d_model = int(cfg.model.d_model);
   o.num_experts = int(cfg.moe.num_experts);
   o.d_ff = int(cfg.moe.expert_d_ff > 0 ? cfg.moe.expert_d_ff : cfg.model.d_ff);
-  o.activation = parse_activation(cfg.model.activation);
-  const std::string& r = cfg.moe.router;
-  if (r == "top1") o.router = RouterKind::Top1;
-  else if (r == "top2") o.router = RouterKind::Top2;
-  else if (r == "topk") o.router = RouterKind::TopK;
-  else throw InputError("moe.router = '" + r + "': expected top1, top2 or topk");
+  o.activation = cfg.model.activation;
+  o.router = cfg.moe.router;
   o.top_k = int(cfg.moe.top_k);
   o.group_size = int(cfg.moe.group_size);
   o.capacity_factor_train = cfg.moe.capacity_factor_train;
   o.capacity_factor_eval = cfg.moe.capacity_factor_eval;
   o.dropless = cfg.moe.dropless;
-  const std::string& s = cfg.moe.second_expert;
-  if (s == "random") o.second_expert = SecondExpertPolicy::Random;
-  else if (s == "always") o.second_expert = SecondExpertPolicy::Always;
-  else if (s == "threshold") o.second_expert = SecondExpertPolicy::Threshold;
-  else throw InputError("moe.second_expert = '" + s + "': expected random, always or threshold");
+  o.second_expert = cfg.moe.second_expert;
   o.second_expert_threshold = cfg.moe.second_expert_threshold;
   o.no_token_left_behind = cfg.moe.no_token_left_behind;
   o.jitter_eps = cfg.moe.jitter_eps;

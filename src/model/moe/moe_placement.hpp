@@ -11,17 +11,10 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "deck/options.hpp"
 #include "mesh/comm.hpp"
 
 namespace meshmoe {
-
-enum class ExpertAxis { Data, Tensor };
-
-inline ExpertAxis parse_expert_axis(const std::string& s) {
-  if (s == "data") return ExpertAxis::Data;
-  if (s == "tensor") return ExpertAxis::Tensor;
-  throw InputError("moe.expert_axis = '" + s + "': expected data or tensor");
-}
 
 struct MoePlacement {
   ExpertAxis axis = ExpertAxis::Data;

@@ -1,0 +1,93 @@
+// Deck keys whose value is one of a fixed set of names (schema.def rows of an option type): the
+// enum each becomes in Config, and its one enum <-> name table. The names are the deck's spelling:
+// what a deck file and --set hold, what the effective deck echoes and checkpoints store, and the
+// schema's allowed values (deck-doc, the README reference, "must be one of" messages). Parsed once,
+// where the deck is read (src/deck/deck.cpp); the code after that compares enums.
+// Header-only and free of other project headers: the CUDA code includes it (model/activation_bodies.hpp).
+#pragma once
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace meshmoe {
+
+enum class Device { Cpu, Cuda };                            // run.device (tensor/device.hpp)
+enum class Activation { Relu, Gelu, Geglu };                // model.activation (model/activation.hpp)
+enum class Recompute {                                      // model.recompute
+  None,   // every in-flight micro-batch's saved activations (parked in an ActivationStash)
+  Block,  // only its stage input; the forward runs again before the backward
+};
+enum class RouterKind { Top1, Top2, TopK };                 // moe.router
+enum class SecondExpertPolicy { Random, Always, Threshold };  // moe.second_expert
+enum class ExpertAxis { Data, Tensor };                     // moe.expert_axis (model/moe/moe_placement.hpp)
+enum class OptimizerKind { AdamW, Adafactor };              // optim.name
+enum class ScheduleKind { Constant, Rsqrt, Cosine };        // optim.schedule (train/schedule.hpp)
+enum class TokenizerKind { Bytes, Spm };                    // data.tokenizer (data/tokenizer.hpp)
+
+template <class E>
+struct OptionNames;  // table: {value, name} for every value, in the order deck-doc lists them
+
+#define MESHMOE_OPTION_NAMES(E, ...) \
+  template <>                        \
+  struct OptionNames<E> {            \
+    static constexpr std::pair<E, std::string_view> table[] = {__VA_ARGS__}; \
+  };
+MESHMOE_OPTION_NAMES(Device, {Device::Cpu, "cpu"}, {Device::Cuda, "cuda"})
+MESHMOE_OPTION_NAMES(Activation, {Activation::Relu, "relu"}, {Activation::Gelu, "gelu"}, {Activation::Geglu, "geglu"})
+MESHMOE_OPTION_NAMES(Recompute, {Recompute::None, "none"}, {Recompute::Block, "block"})
+MESHMOE_OPTION_NAMES(RouterKind, {RouterKind::Top1, "top1"}, {RouterKind::Top2, "top2"}, {RouterKind::TopK, "topk"})
+MESHMOE_OPTION_NAMES(SecondExpertPolicy, {SecondExpertPolicy::Random, "random"}, {SecondExpertPolicy::Always, "always"},
+                     {SecondExpertPolicy::Threshold, "threshold"})
+MESHMOE_OPTION_NAMES(ExpertAxis, {ExpertAxis::Data, "data"}, {ExpertAxis::Tensor, "tensor"})
+MESHMOE_OPTION_NAMES(OptimizerKind, {OptimizerKind::AdamW, "adamw"}, {OptimizerKind::Adafactor, "adafactor"})
+MESHMOE_OPTION_NAMES(ScheduleKind, {ScheduleKind::Constant, "constant"}, {ScheduleKind::Rsqrt, "rsqrt"},
+                     {ScheduleKind::Cosine, "cosine"})
+MESHMOE_OPTION_NAMES(TokenizerKind, {TokenizerKind::Bytes, "bytes"}, {TokenizerKind::Spm, "spm"})
+#undef MESHMOE_OPTION_NAMES
+
+template <class E>
+concept DeckOption = requires { OptionNames<E>::table; };
+
+// The deck's name of a value.
+template <DeckOption E>
+constexpr std::string_view option_name(E value) {
+  for (const auto& [v, name] : OptionNames<E>::table)
+    if (v == value) return name;
+  return "?";
+}
+
+// The value a name spells; none when it is not one of the option's names.
+template <DeckOption E>
+constexpr std::optional<E> parse_option(std::string_view name) {
+  for (const auto& [v, n] : OptionNames<E>::table)
+    if (n == name) return v;
+  return std::nullopt;
+}
+
+// The names in the schema's constraint form "a|b|c".
+template <DeckOption E>
+std::string option_choices() {
+  std::string s;
+  for (const auto& [v, name] : OptionNames<E>::table) {
+    if (!s.empty()) s += '|';
+    s += name;
+  }
+  return s;
+}
+
+// run.resume: the run directory's newest checkpoint ("auto"), none ("never"), or a checkpoint path.
+struct ResumeFrom {
+  enum class Kind { Auto, Never, Path } kind = Kind::Auto;
+  std::string path;  // Kind::Path
+
+  static ResumeFrom parse(const std::string& text) {
+    if (text == "auto") return {Kind::Auto, {}};
+    if (text == "never") return {Kind::Never, {}};
+    return {Kind::Path, text};
+  }
+  std::string name() const { return kind == Kind::Auto ? "auto" : kind == Kind::Never ? "never" : path; }
+  bool operator==(const ResumeFrom&) const = default;
+};
+
+}  // namespace meshmoe

@@ -1,0 +1,81 @@
+// The checkpoints of one training run (README "Checkpoints and restart"): run.resume at start-up,
+// a checkpoint every checkpoint.every steps and at the end, the checkpoint before a stop (signal,
+// run.max_walltime, exit code 75), after run.max_bad_steps non-finite steps (of the last good
+// step), and before an agreed failure. The files themselves: src/train/checkpoint.hpp.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "data/batcher.hpp"
+#include "data/dataset_identity.hpp"
+#include "deck/deck.hpp"
+#include "mesh/mesh.hpp"
+#include "model/params.hpp"
+#include "train/checkpoint.hpp"
+#include "train/optimizer.hpp"
+#include "train/run_directory.hpp"
+
+namespace meshmoe {
+
+// Where training stands besides the tensors and the batcher: what a checkpoint records and a
+// resume gives back (CheckpointMeta's step, update_count and counters).
+struct TrainProgress {
+  int64_t start_step = 0;      // steps already done (from a checkpoint)
+  int64_t updates = 0;         // optimizer updates applied (the optimizer's t)
+  int64_t bad_steps = 0;       // consecutive non-finite steps
+  DataCursor good_cursor;      // the data cursor after the last step whose update was applied
+  bool eval_pending = false;   // the evaluation of the last completed step was interrupted
+};
+
+class RunCheckpoints {
+ public:
+  // Writes and reads <run_dir>/ckpt. `params`, `optimizer`, `batcher` and `progress` are the
+  // trainer's: saved from, and restored into by resume(). `data` is rank 0's identity of the
+  // dataset trained on (src/data/dataset_identity.hpp).
+  RunCheckpoints(const Deck& deck, std::string version, Mesh& mesh, const RunDirectory& run_dir, DatasetIdentity data,
+                 ParamStore<float>& params, Optimizer& optimizer, Batcher& batcher, TrainProgress& progress);
+
+  // Collective. run.resume: auto (the newest complete checkpoint of the run directory, if any),
+  // never, or a checkpoint path. Parameters, optimizer state, data cursor, update and bad-step
+  // counts come back; the mesh may differ from the one that wrote the checkpoint. Resuming the run
+  // directory's newest checkpoint continues its lineage; anything else is a fresh start (or a fork
+  // of the given file) and first moves an earlier run's files aside, so that a later `auto` resume
+  // and the pruning only ever see this run's own checkpoints (src/train/run_directory.hpp).
+  void resume();
+
+  // Collective. Writes ckpt/step_N.h5 (atomic, then LATEST, then pruning by checkpoint.keep_*).
+  // `cursor`: the data cursor to record (default: where the batcher stands); a checkpoint of the
+  // last good step (after non-finite steps) records that step's cursor and no bad steps.
+  // Returns false (rank 0 has said why) when the state is not finite and nothing was written: the
+  // caller exits with kExitFailure.
+  bool save(int64_t step, const DataCursor* cursor = nullptr);
+
+  // A stop request (stop_requested's reason `why`: 1 signal, 2 run.max_walltime) after step
+  // `last_step`: the checkpoint, then kExitCheckpointed (kExitFailure when none could be written).
+  int stop(int64_t last_step, int why);
+
+  // A failure that every rank reached together after some steps (it was agreed): the steps done
+  // are not lost; the caller then reports the failure.
+  void save_before_failure(int64_t done);
+
+ private:
+  // A checkpoint records the dataset it was trained on; resuming it on other data would continue a
+  // data cursor and per-language metrics that belong to that data (README "Checkpoints and restart").
+  void check_same_data(const std::string& path, const CheckpointMeta& head);
+
+  const Deck& deck_;
+  const Config& cfg_;
+  std::string version_;
+  Mesh& mesh_;
+  const RunDirectory& run_dir_;
+  std::string ckpt_dir_;
+  DatasetIdentity data_identity_;  // rank 0 only
+  ParamStore<float>& params_;
+  Optimizer& optimizer_;
+  Batcher& batcher_;
+  TrainProgress& progress_;
+  int64_t last_checkpoint_ = 0;  // step of the newest checkpoint written or resumed from (this lineage)
+  std::string lineage_, forked_from_;  // CheckpointMeta::lineage / forked_from of what this run writes
+};
+
+}  // namespace meshmoe

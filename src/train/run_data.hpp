@@ -1,0 +1,31 @@
+// The data a training run reads (README "Datasets"): the train and valid splits of data.path, read by
+// every rank, and the sample an evaluation scores.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+
+#include "data/dataset.hpp"
+#include "deck/config.hpp"
+
+namespace meshmoe {
+
+// Dataset::open with the mistakes of data.path named first. Collective: every rank reads the file
+// itself, and a rank that cannot (the file missing on its node only) stops every rank, named.
+Dataset open_split(const std::string& path, const std::string& split, MPI_Comm world);
+
+// The first `per_language` examples of every language of a split (all of it when 0), so that an
+// evaluation scores every language, the small ones too.
+Dataset eval_subset(const Dataset& valid, int64_t per_language);
+
+// The vocabulary size of the model: model.vocab_size, or the dataset's when 0. Throws InputError
+// when the deck's is smaller than the dataset's.
+int model_vocab(const Config& cfg, const Dataset& train);
+
+// Every split the run will use is checked before the first step: an empty validation split found
+// only at the first evaluation would cost every step before it. Throws InputError when
+// eval.every > 0 and `eval_set` (the sample of `valid` an evaluation scores) has no target token.
+void check_eval_split(const Config& cfg, const Dataset& valid, const Dataset& eval_set);
+
+}  // namespace meshmoe

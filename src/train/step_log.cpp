@@ -1,0 +1,180 @@
+#include "train/step_log.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <optional>
+
+#include "core/error.hpp"
+#include "mesh/agree.hpp"
+#include "mesh/comm.hpp"
+#include "parallel/pipeline_schedule.hpp"
+
+namespace meshmoe {
+
+namespace {
+
+// The phases timed in a step, written to metrics.h5 as /time/<phase> (max over ranks). Nested:
+// tensor_allreduce happens inside attention and dense_ffn; gate, dispatch, expert and combine are
+// the MoE layer's stages, moe_alltoall (expert_axis = data) is inside dispatch and combine,
+// moe_allreduce (experts over tensor, Switch 5.5 expert hidden split) inside expert or combine.
+// grad_overlap is the backward's part of the overlapped gradient sum, grad_allreduce the wait after it.
+constexpr const char* kPhases[] = {"attention", "dense_ffn", "gate", "dispatch", "expert", "combine",
+                                   "moe_alltoall", "moe_allreduce",
+                                   "head_loss", "tensor_allreduce", "pipeline_wait", "pipeline_recompute",
+                                   "grad_overlap", "grad_allreduce", "optimizer"};
+
+}  // namespace
+
+std::string format_eta(double seconds) {
+  char buf[32];
+  const long s = long(std::max(0.0, seconds));
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, (s / 60) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  return buf;
+}
+
+StepLog::StepLog(const Deck& deck, std::string dir, Mesh& mesh, const ModelShape& shape, PhaseTimers& timers,
+                 PipelineExecutor& pipeline, double flops_per_token, double peak)
+    : deck_(deck),
+      cfg_(deck.cfg),
+      dir_(std::move(dir)),
+      mesh_(mesh),
+      shape_(shape),
+      timers_(timers),
+      pipeline_(pipeline),
+      flops_per_token_(flops_per_token),
+      peak_(peak) {}
+
+StepLog::~StepLog() = default;
+
+void StepLog::open(int64_t start_step, const std::string& languages, const std::string& version) {
+  const std::map<std::string, std::string> attrs{{"run_name", cfg_.run.name},
+                                                 {"mesh", mesh_.shape().str()},
+                                                 {"languages", languages},
+                                                 {"data_path", cfg_.data.path},
+                                                 {"version", version},
+                                                 {"train_flops_per_token", std::to_string(flops_per_token_)},
+                                                 {"sgemm_peak_flops", std::to_string(peak_)}};
+  const std::string path = dir_ + "/metrics.h5";
+  std::optional<int64_t> after;
+  if (start_step > 0) after = start_step;
+  try {
+    metrics_ = std::make_unique<MetricsFile>(path, deck_.effective_toml, attrs, after);
+  } catch (const std::exception& e) {
+    if (!after) throw;
+    const std::string aside = path + ".broken-" + std::to_string(start_step);
+    std::fprintf(stderr, "meshmoe: warning: cannot reopen %s (%s); keeping it as %s and starting a new one\n",
+                 path.c_str(), e.what(), aside.c_str());
+    std::rename(path.c_str(), aside.c_str());
+    metrics_ = std::make_unique<MetricsFile>(path, deck_.effective_toml, attrs);
+  }
+  metrics_->describe("skipped", "1", "1 when the update was skipped for a non-finite loss or gradient norm");
+  metrics_->describe("mfu", "1", "model FLOPs utilisation against the fp32 sgemm peak measured at start-up");
+  metrics_->describe("eval/time", "s", "wall time of the evaluation");
+  metrics_->describe("eval/tokens", "tokens", "masked target tokens in the validation batches");
+  metrics_->describe("eval/lang_tokens", "tokens", "masked target tokens per language (root attribute languages)");
+  metrics_->describe("eval/lang_loss", "nats/token", "validation cross-entropy per language (root attribute languages)");
+}
+
+void StepLog::header(int blas_threads, const Dataset& train, const Dataset& valid, int vocab, size_t params) const {
+  std::printf("meshmoe train: run %s -> %s\n", cfg_.run.name.c_str(), dir_.c_str());
+  std::printf("  mesh %s, %d BLAS thread%s per rank; data %s: %zu train / %zu valid examples, vocab %d\n",
+              mesh_.shape().str().c_str(), blas_threads, blas_threads == 1 ? "" : "s", cfg_.data.path.c_str(),
+              train.num_examples(), valid.num_examples(), vocab);
+  std::printf("  model: %d layers (%d MoE), d_model %lld, %zu parameters; %.3g train FLOPs/token; peak %.1f GFLOP/s\n",
+              shape_.num_layers, shape_.num_moe_layers(), (long long)cfg_.model.d_model, params, flops_per_token_,
+              peak_ / 1e9);
+  std::fflush(stdout);
+}
+
+void StepLog::step(int64_t step, const StepStats& s, double tokens_per_s, double eta) {
+  // Per-phase times: max over ranks (the slowest rank sets the pace).
+  // Every rank reduces the same list, whatever phases it ran (a stage may have no MoE layer).
+  std::vector<double> secs(std::size(kPhases), 0.0);
+  for (size_t i = 0; i < secs.size(); ++i) {
+    const auto it = timers_.totals().find(kPhases[i]);
+    if (it != timers_.totals().end()) secs[i] = it->second;
+  }
+  mesh_.world_comm().all_reduce(secs.data(), secs.size(), Op::Max);
+  timers_.reset();
+  const double mfu = tokens_per_s * flops_per_token_ / peak_;
+  const double bubble = pipeline_bubble();
+  on_rank0_agreed([&] { write_step_row(step, s, tokens_per_s, eta, mfu, bubble, secs); });
+}
+
+// The measured pipeline bubble of the logging interval: the fraction of its time in the 1F1B
+// schedule that a rank waited on the pipe axis, mean over the ranks; -1 without a pipeline.
+double StepLog::pipeline_bubble() {
+  const PipelineExecutor::Bubble b = pipeline_.take_bubble();
+  if (mesh_.extent(Axis::Pipe) == 1) return -1;
+  double fraction = b.train_s > 0 ? b.wait_s / b.train_s : 0;
+  mesh_.world_comm().all_reduce(&fraction, 1, Op::Sum);
+  return fraction / mesh_.world_comm().size();
+}
+
+void StepLog::write_step_row(int64_t step, const StepStats& s, double tokens_per_s, double eta, double mfu,
+                             double bubble, const std::vector<double>& secs) {
+  const double ideal = ideal_bubble(mesh_.extent(Axis::Pipe), int(cfg_.optim.micro_batches));
+  char bubble_text[64] = "";
+  if (bubble >= 0) std::snprintf(bubble_text, sizeof bubble_text, " | bubble %.0f%% (ideal %.0f%%)", 100 * bubble, 100 * ideal);
+  std::printf("step %6lld/%lld | loss %.4f | aux %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | MFU %5.1f%%%s | ETA %s%s\n",
+              (long long)step, (long long)cfg_.run.steps, s.loss, s.aux, s.lr, s.grad_norm, tokens_per_s,
+              100 * mfu, bubble_text, format_eta(eta).c_str(), s.skipped ? " | SKIPPED" : "");
+  std::fflush(stdout);
+  std::map<std::string, double> row{{"loss", s.loss},       {"aux_loss", s.aux},          {"z_loss", s.z},
+                                    {"lr", s.lr},           {"grad_norm", s.grad_norm},   {"tokens_per_s", tokens_per_s},
+                                    {"mfu", mfu},           {"skipped", s.skipped ? 1.0 : 0.0}};
+  if (bubble >= 0) {
+    row["pipeline_bubble"] = bubble;
+    row["pipeline_bubble_ideal"] = ideal;
+  }
+  for (size_t i = 0; i < secs.size(); ++i) row[std::string("time/") + kPhases[i]] = secs[i];
+  for (size_t l = 0; l < s.load.size(); ++l) row[moe_name(l) + "/dropped_fraction"] = s.dropped[l];
+  metrics_->append(step, row);
+  for (size_t l = 0; l < s.load.size(); ++l) metrics_->append_row(moe_name(l) + "/expert_load", s.load[l]);
+}
+
+// metrics.h5 group of the l-th MoE layer: moe/layer<block index>.
+std::string StepLog::moe_name(size_t l) const {
+  size_t seen = 0;
+  for (int i = 0; i < shape_.num_layers; ++i)
+    if (shape_.is_moe_block(i) && seen++ == l) return "moe/layer" + std::to_string(i);
+  return "moe/unknown";
+}
+
+void StepLog::eval(int64_t step, const Evaluation& e, double start) {
+  on_rank0_agreed([&] {
+    std::printf("eval step %lld | valid loss %.4f over %.0f tokens\n", (long long)step, e.loss(), e.tokens);
+    std::fflush(stdout);
+    metrics_->append(step, {{"eval/loss", e.loss()}, {"eval/tokens", e.tokens}, {"eval/time", wall_seconds() - start}});
+    metrics_->append_row("eval/lang_loss", e.lang_loss());
+    metrics_->append_row("eval/lang_tokens", e.lang_tokens);
+  });
+}
+
+void StepLog::done(double seconds) const {
+  if (mesh_.rank() == 0)
+    std::printf("done: %lld steps in %s; run directory %s\n", (long long)cfg_.run.steps, format_eta(seconds).c_str(),
+                dir_.c_str());
+}
+
+// Rank 0 alone writes metrics.h5; the ranks agree on whether that worked, so that a failure (a
+// full disk, a series that no longer fits) stops them all together, after a checkpoint
+// (Trainer::run).
+template <class Write>
+void StepLog::on_rank0_agreed(Write&& write) {
+  std::string error;
+  if (mesh_.rank() == 0) {
+    try {
+      write();
+    } catch (const std::exception& e) {
+      error = "cannot write " + dir_ + "/metrics.h5: " + e.what();
+    }
+  }
+  if (const std::string e = first_error(error, mesh_.world()); !e.empty()) throw AgreedFailure(e);
+}
+
+}  // namespace meshmoe

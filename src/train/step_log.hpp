@@ -1,0 +1,71 @@
+// What a training run reports (README "Files a run writes", "Training"): the step line on stdout and
+// its row of metrics.h5 (losses, learning rate, gradient norm, tokens/s, MFU, the measured
+// pipeline bubble, /time/<phase> max over ranks, per MoE layer the expert load and dropped
+// fraction), the evaluation's line and rows, and the closing line. Rank 0 alone writes; every
+// rank calls (the per-phase times and the bubble are reduced over the mesh).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/timers.hpp"
+#include "data/dataset.hpp"
+#include "deck/deck.hpp"
+#include "io/metrics.hpp"
+#include "mesh/mesh.hpp"
+#include "model/transformer.hpp"
+#include "parallel/pipeline_executor.hpp"
+#include "train/evaluate.hpp"
+#include "train/step_stats.hpp"
+
+namespace meshmoe {
+
+// "1h05m" / "3m07s"
+std::string format_eta(double seconds);
+
+class StepLog {
+ public:
+  // Into <dir>/metrics.h5. `timers` are the step's phase timers (reset at every logged step);
+  // `flops_per_token` and `peak` (the mesh's sgemm ceiling) give the MFU.
+  StepLog(const Deck& deck, std::string dir, Mesh& mesh, const ModelShape& shape, PhaseTimers& timers,
+          PipelineExecutor& pipeline, double flops_per_token, double peak);
+  ~StepLog();
+
+  // Rank 0: metrics.h5, a new file, or on resume (start_step > 0) the existing one with the rows
+  // after the checkpoint's step dropped. A metrics file the resume cannot open (e.g. cut short by a
+  // kill) is kept aside as metrics.h5.broken-<step> and a new one started, so the run goes on.
+  void open(int64_t start_step, const std::string& languages, const std::string& version);
+
+  // Rank 0: the lines before the first step (run, mesh, threads, data, model, FLOPs, peak).
+  void header(int blas_threads, const Dataset& train, const Dataset& valid, int vocab, size_t params) const;
+
+  // Collective: the step line and row; `tokens_per_s` over the logging interval, `eta` in seconds.
+  // A failed write throws AgreedFailure on every rank.
+  void step(int64_t step, const StepStats& s, double tokens_per_s, double eta);
+
+  // Collective: the evaluation of `step` (begun at wall_seconds() `start`): its line and rows.
+  void eval(int64_t step, const Evaluation& e, double start);
+
+  // Rank 0: the closing line of a finished run.
+  void done(double seconds) const;
+
+ private:
+  double pipeline_bubble();
+  void write_step_row(int64_t step, const StepStats& s, double tokens_per_s, double eta, double mfu, double bubble,
+                      const std::vector<double>& secs);
+  std::string moe_name(size_t l) const;
+  template <class Write>
+  void on_rank0_agreed(Write&& write);
+
+  const Deck& deck_;
+  const Config& cfg_;
+  std::string dir_;
+  Mesh& mesh_;
+  const ModelShape& shape_;
+  PhaseTimers& timers_;
+  PipelineExecutor& pipeline_;
+  double flops_per_token_, peak_;
+  std::unique_ptr<MetricsFile> metrics_;  // rank 0 only
+};
+
+}  // namespace meshmoe
