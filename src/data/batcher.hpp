@@ -3,9 +3,12 @@
 // A sequence holds seq_len + 1 tokens: inputs = the first seq_len, targets = the same shifted by
 // one. Examples are laid back to back in a seeded order; when the next example does not fit in what
 // is left of a sequence, the tail is filled with PAD (mask 0) and the example starts the next
-// sequence; an example longer than seq_len + 1 is truncated. The batcher always builds the GLOBAL
-// batch of a step, so the data does not depend on the rank layout; a rank keeps rows
-// [row_begin, row_end) of it.
+// sequence; an example longer than seq_len + 1 is truncated. Each token carries its segment (which
+// example of the row it belongs to, 0, 1, ...; the PAD tail is one more) and its position within
+// that example, so attention stays inside an example and positions restart with each one
+// (docs/ARCHITECTURE.md "Packed sequences"). A target in another segment than its input (the next
+// example's first token) never counts in the loss. The batcher always builds the GLOBAL batch of a
+// step, so the data does not depend on the rank layout; a rank keeps rows [row_begin, row_end) of it.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -20,6 +23,8 @@ struct Batch {
   std::vector<int32_t> targets;  // [rows, seq_len]
   std::vector<int32_t> lang;     // [rows, seq_len] language index of the target's example, -1 on PAD
   std::vector<float> mask;       // [rows, seq_len] 1 where the target counts in the loss
+  std::vector<int32_t> segment;  // [rows, seq_len] example of the input token within its row (0, 1, ...)
+  std::vector<int32_t> position; // [rows, seq_len] position of the input token within its example
   // Rows [row_begin, row_end) as a batch of their own.
   Batch slice(int row_begin, int row_end) const;
 };
@@ -52,8 +57,13 @@ class Batcher {
   std::vector<uint32_t> epoch_order(uint64_t epoch) const;
 
  private:
-  // Fills one sequence of seq_len + 1 tokens (token, loss mask, language) from the cursor on.
-  void pack_row(int32_t* tok, uint8_t* msk, int32_t* lng);
+  // One packed sequence of seq_len + 1 tokens.
+  struct Row {
+    std::vector<int32_t> tok, lng, seg, pos;
+    std::vector<uint8_t> msk;
+  };
+  // Fills `row` (token, loss mask, language, segment, position) from the cursor on.
+  void pack_row(Row& row);
   void set_epoch(uint64_t epoch);
 
   const Dataset& data_;

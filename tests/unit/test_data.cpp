@@ -486,7 +486,7 @@ Dataset toy_dataset(const std::vector<int>& lengths) {
 
 bool same(const Batch& a, const Batch& b) {
   return a.rows == b.rows && a.seq_len == b.seq_len && a.inputs == b.inputs && a.targets == b.targets &&
-         a.lang == b.lang && a.mask == b.mask;
+         a.lang == b.lang && a.mask == b.mask && a.segment == b.segment && a.position == b.position;
 }
 
 }  // namespace
@@ -508,6 +508,11 @@ TEST_CASE("batcher: packing, padding, truncation and shifted targets (hand-compu
   const std::vector<std::vector<int32_t>> langs = {
       {0, 0, 0, 0, -1, -1, -1, -1, -1}, {1, 1, 1, 1, 1, 1, -1, -1, -1}, {0, 0, 0, 0, 0, 0, 0, 0, 0},
       {1, 1, 1, 0, 0, 0, 0, -1, -1}};
+  // Segment (example within the row, the PAD tail one more) and position of each token.
+  const std::vector<std::vector<int32_t>> segs = {
+      {0, 0, 0, 0, 1, 1, 1, 1, 1}, {0, 0, 0, 0, 0, 0, 1, 1, 1}, {0, 0, 0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 1, 1, 1, 1, 2, 2}};
+  const std::vector<std::vector<int32_t>> pos = {
+      {0, 1, 2, 3, 0, 1, 2, 3, 4}, {0, 1, 2, 3, 4, 5, 0, 1, 2}, {0, 1, 2, 3, 4, 5, 6, 7, 8}, {0, 1, 2, 0, 1, 2, 3, 0, 1}};
   REQUIRE(x.rows == 4);
   REQUIRE(x.seq_len == 8);
   for (int r = 0; r < 4; ++r) {
@@ -517,12 +522,32 @@ TEST_CASE("batcher: packing, padding, truncation and shifted targets (hand-compu
       CHECK(x.inputs[k] == rows[size_t(r)][size_t(j)]);
       CHECK(x.targets[k] == rows[size_t(r)][size_t(j + 1)]);
       CHECK(x.lang[k] == langs[size_t(r)][size_t(j + 1)]);
+      CHECK(x.segment[k] == segs[size_t(r)][size_t(j)]);
+      CHECK(x.position[k] == pos[size_t(r)][size_t(j)]);
       // The mask follows the target: 0 on PAD and on a language tag, 1 on text and EOS.
       const int32_t t = rows[size_t(r)][size_t(j + 1)];
       CHECK(x.mask[k] == ((t == P || t >= 260) ? 0.0f : 1.0f));
     }
   }
   CHECK(b.cursor() == DataCursor{1, 1});
+}
+
+TEST_CASE("batcher: a target in the next example never counts, even when its data mask says so", "[data]") {
+  // Two examples whose every token is a target (mask 1, the first included): rows of 8 + 1 tokens
+  // hold [5 6 7] [8 9 10 11] PAD PAD. Input 7 (example 0) is followed by 8 (example 1): masked.
+  DatasetInfo info;
+  info.languages = {"de"};
+  info.vocab_size = 261;
+  DataSplit s;
+  s.add_example({5, 6, 7}, {1, 1, 1}, 0);
+  s.add_example({8, 9, 10, 11}, {1, 1, 1, 1}, 0);
+  info.train_pairs = {2};
+  info.valid_pairs = {0};
+  const Dataset ds = Dataset::from_memory(info, s);
+  const Batch x = Batcher(ds, 8, 1, false).next(1);
+  CHECK(x.mask == std::vector<float>{1, 1, 0, 1, 1, 1, 0, 0});
+  CHECK(x.segment == std::vector<int32_t>{0, 0, 0, 1, 1, 1, 1, 2});
+  CHECK(x.position == std::vector<int32_t>{0, 1, 2, 0, 1, 2, 3, 0});
 }
 
 TEST_CASE("batcher: seeded order, cursor restore, rank slices", "[data]") {
@@ -601,6 +626,8 @@ TEST_CASE("batcher: seeded order, cursor restore, rank slices", "[data]") {
         joined.targets.insert(joined.targets.end(), part.targets.begin(), part.targets.end());
         joined.lang.insert(joined.lang.end(), part.lang.begin(), part.lang.end());
         joined.mask.insert(joined.mask.end(), part.mask.begin(), part.mask.end());
+        joined.segment.insert(joined.segment.end(), part.segment.begin(), part.segment.end());
+        joined.position.insert(joined.position.end(), part.position.begin(), part.position.end());
       }
       INFO(parts << " parts");
       CHECK(same(joined, want));
