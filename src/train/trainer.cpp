@@ -207,9 +207,13 @@ class Trainer {
                                                       {"train_flops_per_token", std::to_string(flops_per_token_)},
                                                       {"sgemm_peak_flops", std::to_string(peak_)}});
       metrics_->describe("skipped", "1", "1 when the update was skipped for a non-finite loss or gradient norm");
+      metrics_->describe("empty", "1",
+                         "1 when the step's batch held no target token: no forward and no update (loss NaN); every "
+                         "such step is logged, so the sum counts them");
       metrics_->describe("mfu", "1", "model FLOPs utilisation against the fp32 sgemm peak measured at start-up");
       metrics_->describe("eval/time", "s", "wall time of the evaluation");
       metrics_->describe("eval/tokens", "tokens", "masked target tokens in the validation batches");
+      metrics_->describe("eval/empty_batches", "batches", "validation batches without a target token (skipped: no forward)");
       metrics_->describe("eval/lang_tokens", "tokens", "masked target tokens per language (root attribute languages)");
       metrics_->describe("eval/lang_loss", "nats/token", "validation cross-entropy per language (root attribute languages)");
     }
@@ -235,7 +239,7 @@ class Trainer {
         const StepStats s = train_step(step);
         done = step;
         interval_tokens += int64_t(cfg_.optim.batch_size) * cfg_.model.seq_len;
-        if (step % cfg_.run.log_every == 0 || step == steps || s.skipped) {
+        if (step % cfg_.run.log_every == 0 || step == steps || s.skipped || s.empty) {
           const double now = wall_seconds();
           const double tokens_per_s = double(interval_tokens) / (now - interval_start);
           log_step(step, s, tokens_per_s, (now - run_start_) / double(step - first + 1) * double(steps - step));
@@ -314,7 +318,8 @@ class Trainer {
     m.optimizer = cfg_.optim.name;
     m.deck = deck_.effective_toml;
     m.version = version_;
-    m.counters = {{"bad_steps", cursor ? 0 : bad_steps_}, {"eval_pending", eval_pending_ ? 1 : 0}};
+    m.counters = {{"bad_steps", cursor ? 0 : bad_steps_}, {"eval_pending", eval_pending_ ? 1 : 0},
+                  {"empty_steps", empty_steps_}};
     m.lineage = lineage_;
     m.forked_from = forked_from_;
     m.data_path = data_identity_.path;  // rank 0's meta is the one written
@@ -385,6 +390,7 @@ class Trainer {
       last_checkpoint_ = continues ? m.step : 0;
       updates_ = m.update_count;
       if (auto it = m.counters.find("bad_steps"); it != m.counters.end()) bad_steps_ = it->second;
+      if (auto it = m.counters.find("empty_steps"); it != m.counters.end()) empty_steps_ = it->second;
       if (auto it = m.counters.find("eval_pending"); it != m.counters.end()) eval_pending_ = it->second != 0 && cfg_.eval.every > 0;
       if (continues) lineage_ = m.lineage;
       else forked_from_ = path + " (step " + std::to_string(m.step) + ")";
@@ -453,6 +459,7 @@ class Trainer {
     const Batch batch = batcher_->next(B);
     double mask_total = 0;
     for (float m : batch.mask) mask_total += m;
+    if (mask_total == 0) return empty_step(step);
     const LossWeights w = loss_weights(mask_total, double(B) * T);
 
     auto& P = model_->params();
@@ -494,6 +501,27 @@ class Trainer {
     const double scale = clip_scale(s.grad_norm, cfg_.optim.grad_clip);
     scale_grads(P, scale);
     optimizer_->step(P, s.lr, updates_);  // t counts applied updates (bias correction)
+    return s;
+  }
+
+  // A step whose batch holds no target token (every rank sees the same global batch, so all decide
+  // alike): nothing to learn from, so no forward, no update of any kind (the aux and z losses
+  // would otherwise still move the routers), not a bad step. Its loss is NaN (no token), the
+  // figures zero. It ends a run of bad steps as a good step does: the parameters and the data
+  // cursor after it are a consistent state.
+  StepStats empty_step(int64_t step) {
+    StepSums none(size_t(model_->shape().num_moe_layers()), size_t(cfg_.moe.num_experts));
+    StepStats s = none.stats(1, 1);
+    s.empty = true;
+    s.lr = schedule_(step);
+    ++empty_steps_;
+    bad_steps_ = 0;
+    good_cursor_ = batcher_->cursor();
+    if (mesh_.rank() == 0) {
+      std::fprintf(stderr, "meshmoe: warning: step %lld: no target token in the batch; no update (%lld empty steps so far)\n",
+                   (long long)step, (long long)empty_steps_);
+      std::fflush(stderr);
+    }
     return s;
   }
 
@@ -560,11 +588,12 @@ class Trainer {
     if (bubble >= 0) std::snprintf(bubble_text, sizeof bubble_text, " | bubble %.0f%% (ideal %.0f%%)", 100 * bubble, 100 * ideal);
     std::printf("step %6lld/%lld | loss %.4f | aux %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | MFU %5.1f%%%s | ETA %s%s\n",
                 (long long)step, (long long)cfg_.run.steps, s.loss, s.aux, s.lr, s.grad_norm, tokens_per_s,
-                100 * mfu, bubble_text, format_eta(eta).c_str(), s.skipped ? " | SKIPPED" : "");
+                100 * mfu, bubble_text, format_eta(eta).c_str(), s.skipped ? " | SKIPPED" : s.empty ? " | EMPTY" : "");
     std::fflush(stdout);
     std::map<std::string, double> row{{"loss", s.loss},       {"aux_loss", s.aux},          {"z_loss", s.z},
                                       {"lr", s.lr},           {"grad_norm", s.grad_norm},   {"tokens_per_s", tokens_per_s},
-                                      {"mfu", mfu},           {"skipped", s.skipped ? 1.0 : 0.0}};
+                                      {"mfu", mfu},           {"skipped", s.skipped ? 1.0 : 0.0},
+                                      {"empty", s.empty ? 1.0 : 0.0}};
     if (bubble >= 0) {
       row["pipeline_bubble"] = bubble;
       row["pipeline_bubble_ideal"] = ideal;
@@ -611,9 +640,14 @@ class Trainer {
       return e.stopped;
     }
     on_rank0_agreed([&] {
-      std::printf("eval step %lld | valid loss %.4f over %.0f tokens\n", (long long)step, e.loss(), e.tokens);
+      std::printf("eval step %lld | valid loss %.4f over %.0f tokens", (long long)step, e.loss(), e.tokens);
+      if (e.empty_batches > 0) std::printf(" (%lld of %lld batches without a target token, skipped)", (long long)e.empty_batches, (long long)e.batches);
+      std::printf("\n");
       std::fflush(stdout);
-      metrics_->append(step, {{"eval/loss", e.loss()}, {"eval/tokens", e.tokens}, {"eval/time", wall_seconds() - start}});
+      metrics_->append(step, {{"eval/loss", e.loss()},
+                              {"eval/tokens", e.tokens},
+                              {"eval/empty_batches", double(e.empty_batches)},
+                              {"eval/time", wall_seconds() - start}});
       metrics_->append_row("eval/lang_loss", e.lang_loss());
       metrics_->append_row("eval/lang_tokens", e.lang_tokens);
     });
@@ -642,6 +676,7 @@ class Trainer {
   double run_start_ = 0;
   int blas_threads_ = 1;  // wall_seconds() when run() began (run.max_walltime)
   int64_t bad_steps_ = 0;
+  int64_t empty_steps_ = 0;  // steps without a target token so far (resumed from the checkpoint)
   int64_t updates_ = 0;
   int64_t start_step_ = 0;       // steps already done (from a checkpoint)
   DataCursor good_cursor_;       // the data cursor after the last step whose update was applied
