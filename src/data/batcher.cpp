@@ -25,12 +25,49 @@ Batch Batch::slice(int row_begin, int row_end) const {
   return b;
 }
 
+ExampleFit fit_example(const DataSplit& s, size_t e, int seq_len) {
+  const size_t len = s.example_size(e), begin = s.example_begin(e), cap = size_t(seq_len) + 1;
+  ExampleFit f;
+  f.head = len;
+  if (len <= cap) return f;
+  // The token before the first target predicts it: from there on, everything must stay.
+  size_t first_target = 1;
+  while (first_target < len && s.loss_mask[begin + first_target] == 0) ++first_target;
+  if (first_target == len) {  // no target at all: nothing to protect, keep the head
+    f.head = cap;
+    f.cut = len - cap;
+    return f;
+  }
+  const size_t tail = len - (first_target - 1);
+  if (first_target == 1 || tail + 1 > cap) {  // the target (with the tag before it) does not fit
+    f.drop = true;
+    return f;
+  }
+  f.head = cap - tail;
+  f.cut = len - cap;
+  return f;
+}
+
+TooLong count_too_long(const DataSplit& s, int seq_len) {
+  TooLong t;
+  for (size_t e = 0; e < s.num_examples(); ++e) {
+    const ExampleFit f = fit_example(s, e, seq_len);
+    t.dropped += f.drop;
+    t.truncated += f.truncated();
+  }
+  return t;
+}
+
 Batcher::Batcher(const Dataset& data, int seq_len, uint64_t seed, bool shuffle)
     : data_(data), seq_len_(seq_len), seed_(seed), shuffle_(shuffle) {
   if (seq_len < 1) throw InputError("batcher: seq_len must be >= 1 (got " + std::to_string(seq_len) + ")");
   if (data.num_tokens() == 0)
     throw InputError(data.path() + " (split /" + data.split_name() + "): holds no tokens; nothing to train or evaluate on");
   if (data.num_examples() > UINT32_MAX) throw InputError(data.path() + ": more than 2^32 examples");
+  if (count_too_long(data.split(), seq_len).dropped == data.num_examples())
+    throw InputError(data.path() + " (split /" + data.split_name() + "): every example's target is longer than " +
+                     "model.seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens, so every one would be dropped; " +
+                     "raise model.seq_len");
   set_epoch(0);
 }
 
@@ -77,12 +114,17 @@ void Batcher::pack_row(Row& row) {
   while (fill < cap) {
     if (cursor_.position == order_.size()) set_epoch(cursor_.epoch + 1);
     const uint32_t e = order_[cursor_.position];
-    const size_t len = s.example_size(e), begin = s.example_begin(e);
-    if (fill > 0 && fill + len > cap) break;  // does not fit: PAD the tail, start the next row with it
-    const size_t take = std::min(len, cap - fill);  // truncates only an example longer than a row
+    const ExampleFit fit = fit_example(s, e, seq_len_);
+    if (fit.drop) {
+      ++cursor_.position;
+      continue;
+    }
+    const size_t take = fit.kept(s.example_size(e)), begin = s.example_begin(e);
+    if (fill > 0 && fill + take > cap) break;  // does not fit: PAD the tail, start the next row with it
     for (size_t j = 0; j < take; ++j) {
-      row.tok[fill + j] = int32_t(s.token(begin + j));
-      row.msk[fill + j] = s.loss_mask[begin + j];
+      const size_t from = begin + j + (j < fit.head ? 0 : fit.cut);
+      row.tok[fill + j] = int32_t(s.token(from));
+      row.msk[fill + j] = s.loss_mask[from];
       row.lng[fill + j] = s.lang[e];
       row.seg[fill + j] = segment;
       row.pos[fill + j] = int32_t(j);

@@ -3,7 +3,10 @@
 // A sequence holds seq_len + 1 tokens: inputs = the first seq_len, targets = the same shifted by
 // one. Examples are laid back to back in a seeded order; when the next example does not fit in what
 // is left of a sequence, the tail is filled with PAD (mask 0) and the example starts the next
-// sequence; an example longer than seq_len + 1 is truncated. Each token carries its segment (which
+// sequence. An example longer than seq_len + 1 loses the end of its source (the tokens before its
+// first target but the one that predicts it; the language tag stays) so that its target survives
+// whole; one whose target does not fit even so is dropped (README "Datasets"; both counted by
+// count_too_long). Each token carries its segment (which
 // example of the row it belongs to, 0, 1, ...; the PAD tail is one more) and its position within
 // that example, so attention stays inside an example and positions restart with each one
 // (docs/ARCHITECTURE.md "Packed sequences"). A target in another segment than its input (the next
@@ -29,6 +32,22 @@ struct Batch {
   Batch slice(int row_begin, int row_end) const;
 };
 
+// What a sequence of seq_len + 1 tokens keeps of one example: its first `head` tokens, then the
+// rest after `cut` more (the end of the source); `drop` when even its target does not fit.
+struct ExampleFit {
+  size_t head = 0, cut = 0;
+  bool drop = false;
+  size_t kept(size_t size) const { return drop ? 0 : size - cut; }
+  bool truncated() const { return cut > 0; }
+};
+ExampleFit fit_example(const DataSplit& s, size_t e, int seq_len);
+
+// Examples of a split that a sequence of seq_len + 1 tokens must truncate at the source or drop.
+struct TooLong {
+  size_t truncated = 0, dropped = 0;
+};
+TooLong count_too_long(const DataSplit& s, int seq_len);
+
 // Where the batcher stands: the next example is order(epoch)[position]. Plain integers, so a
 // checkpoint stores and restores it exactly.
 struct DataCursor {
@@ -41,7 +60,7 @@ class Batcher {
  public:
   // shuffle: visit examples in a per-epoch permutation drawn from Philox keyed by (seed, epoch,
   // RngPurpose::DataShuffle); otherwise in file order. Throws InputError on seq_len < 1 or a
-  // dataset without tokens.
+  // dataset without tokens, or one whose every example is too long to keep.
   Batcher(const Dataset& data, int seq_len, uint64_t seed, bool shuffle);
 
   // The next global batch of batch_size sequences.

@@ -187,6 +187,8 @@ class Trainer {
                                 });
     schedule_ = Schedule::from_config(cfg_);
     batcher_ = std::make_unique<Batcher>(train_, int(cfg_.model.seq_len), uint64_t(cfg_.run.seed), cfg_.data.shuffle);
+    train_too_long_ = count_too_long(train_.split(), int(cfg_.model.seq_len));
+    valid_too_long_ = count_too_long(eval_set_.split(), int(cfg_.model.seq_len));
     flops_per_token_ = train_flops_per_token(cfg_, model_->shape());
     // The sgemm ceiling with the run's BLAS threads (applied above), measured by every rank at once so
     // that the ranks of a node share its cores as they do in a step; the mesh's ceiling is the sum.
@@ -205,7 +207,11 @@ class Trainer {
                                                       {"data_path", cfg_.data.path},
                                                       {"version", version_},
                                                       {"train_flops_per_token", std::to_string(flops_per_token_)},
-                                                      {"sgemm_peak_flops", std::to_string(peak_)}});
+                                                      {"sgemm_peak_flops", std::to_string(peak_)},
+                                                      {"train_examples_truncated", std::to_string(train_too_long_.truncated)},
+                                                      {"train_examples_dropped", std::to_string(train_too_long_.dropped)},
+                                                      {"valid_examples_truncated", std::to_string(valid_too_long_.truncated)},
+                                                      {"valid_examples_dropped", std::to_string(valid_too_long_.dropped)}});
       metrics_->describe("skipped", "1", "1 when the update was skipped for a non-finite loss or gradient norm");
       metrics_->describe("empty", "1",
                          "1 when the step's batch held no target token: no forward and no update (loss NaN); every "
@@ -541,6 +547,9 @@ class Trainer {
       throw InputError(cfg_.data.path + ": the valid split has no target token (" + std::to_string(valid_.num_examples()) +
                        " examples) but eval.every = " + std::to_string(cfg_.eval.every) +
                        " evaluates on it: set eval.every = 0, or prepare the data set with a larger --valid-percent");
+    if (cfg_.eval.every > 0 && count_too_long(eval_set_.split(), int(cfg_.model.seq_len)).dropped == eval_set_.num_examples())
+      throw InputError(cfg_.data.path + ": every evaluated example's target is longer than model.seq_len + 1 = " +
+                       std::to_string(cfg_.model.seq_len + 1) + " tokens (each would be dropped): raise model.seq_len");
   }
 
   void print_header() const {
@@ -549,6 +558,11 @@ class Trainer {
     std::printf("  mesh %s, %d BLAS thread%s per rank; data %s: %zu train / %zu valid examples, vocab %d\n",
                 mesh_.shape().str().c_str(), blas_threads_, blas_threads_ == 1 ? "" : "s", cfg_.data.path.c_str(),
                 train_.num_examples(), valid_.num_examples(), vocab_);
+    // README "Datasets": what sequences of seq_len + 1 tokens cannot hold whole
+    std::printf("  examples longer than model.seq_len + 1 = %lld: train %zu truncated at the source, %zu dropped "
+                "(target too long); evaluated %zu truncated, %zu dropped\n",
+                (long long)cfg_.model.seq_len + 1, train_too_long_.truncated, train_too_long_.dropped,
+                valid_too_long_.truncated, valid_too_long_.dropped);
     std::printf("  model: %d layers (%d MoE), d_model %lld, %zu parameters; %.3g train FLOPs/token; peak %.1f GFLOP/s\n",
                 model_->shape().num_layers, model_->shape().num_moe_layers(), (long long)cfg_.model.d_model,
                 p.size(), flops_per_token_, peak_ / 1e9);
@@ -676,6 +690,7 @@ class Trainer {
   double run_start_ = 0;
   int blas_threads_ = 1;  // wall_seconds() when run() began (run.max_walltime)
   int64_t bad_steps_ = 0;
+  TooLong train_too_long_, valid_too_long_;  // examples the sequences truncate or drop
   int64_t empty_steps_ = 0;  // steps without a target token so far (resumed from the checkpoint)
   int64_t updates_ = 0;
   int64_t start_step_ = 0;       // steps already done (from a checkpoint)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A step whose batch holds no target token (docs/ARCHITECTURE.md "One training step"): the data
+# Batches at the edges of the data.
+# 1. A step whose batch holds no target token (docs/ARCHITECTURE.md "One training step"): the data
 # set's first six training examples lose their targets (loss_mask set to 0 with h5py), so with
 # file order, one example per row and two rows per step, steps 1-3 have nothing to learn from.
 # On 2 data ranks with an MoE layer (aux and z losses on): each such step is reported on stderr and
@@ -7,13 +8,16 @@
 # nothing: the checkpoints of steps 1-3 hold bitwise the initial parameters and optimizer state
 # (update_count 0), step 4 updates. Evaluation on the same split skips its empty batches and counts
 # them (/eval/empty_batches).
+# 2. Examples longer than model.seq_len + 1 whose target cannot fit (plain text: every token after
+# the tag is a target) are dropped: the run says how many at start and in metrics.h5's root
+# attributes, the same count h5py finds in the data set; when every example would be, exit 2.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
 source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 PYTHON=${PYTHON:-/usr/bin/python3}
-test_dir empty-steps
+test_dir data-edges
 for i in $(seq 1 60); do echo "short line number $i of the test"; done >"$T/lines.txt"
 "$M" prep text -q "$T/lines.txt" --valid-percent 40 -o "$T/data.h5" >/dev/null
 $PYTHON - "$T/data.h5" <<'PY'
@@ -97,4 +101,29 @@ changed = [n for n in t1 if not np.array_equal(t4[n], t1[n])]
 assert u4 == 1 and any(n.startswith("params/") and "router" in n for n in changed), (u4, changed)
 print(f"  steps 1-3 empty: {len(t1)} tensors unchanged, update_count 0; step 4 updated {len(changed)} tensors")
 PY
+
+echo "== too-long examples"
+for k in $(seq 4 30); do printf '%*s\n' "$k" "" | tr ' ' x; done >"$T/widths.txt"
+"$M" prep text -q "$T/widths.txt" --valid-percent 0 -o "$T/widths.h5" >/dev/null 2>&1
+train_or_fail long 1 --set data.path="$T/widths.h5" --set model.seq_len=16 --set moe.group_size=16 --set eval.every=0 \
+  --set run.steps=2 --set mesh.data=1
+want=$($PYTHON -c "
+import sys, h5py, numpy as np
+off = h5py.File(sys.argv[1], 'r')['train/doc_offsets'][()]
+print(int((np.diff(off) > 17).sum()))" "$T/widths.h5")
+[ "$want" -gt 0 ] || fail "the data set has no example longer than 17 tokens"
+grep -q "examples longer than model.seq_len + 1 = 17: train 0 truncated at the source, $want dropped" "$T/long.log" ||
+  { cat "$T/long.log"; fail "the start-up line does not report $want dropped examples"; }
+$PYTHON - "$T/long/metrics.h5" "$want" <<'PY'
+import sys, h5py
+a = h5py.File(sys.argv[1], "r").attrs
+assert a["train_examples_dropped"] == sys.argv[2] and a["train_examples_truncated"] == "0", dict(a)
+PY
+set +e
+mpirun -np 1 "$M" train "$T/deck.toml" --set run.out_dir="$T/none" --set data.path="$T/widths.h5" --set model.seq_len=4 \
+  --set moe.group_size=4 --set eval.every=0 >"$T/none.log" 2>&1
+rc=$?
+set -e
+[ "$rc" = 2 ] || { cat "$T/none.log"; fail "every example too long: exit $rc, expected 2"; }
+grep -q "raise model.seq_len" "$T/none.log" || { cat "$T/none.log"; fail "no message telling to raise model.seq_len"; }
 echo "all ok"
