@@ -67,7 +67,8 @@ Batcher::Batcher(const Dataset& data, int seq_len, uint64_t seed, bool shuffle)
   if (count_too_long(data.split(), seq_len).dropped == data.num_examples())
     throw InputError(data.path() + " (split /" + data.split_name() + "): every example's target is longer than " +
                      "model.seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens, so every one would be dropped; " +
-                     "raise model.seq_len");
+                     "raise model.seq_len (text from `meshmoe prep text`: prepare it with --max-len <= " +
+                     std::to_string(seq_len + 1) + ")");
   set_epoch(0);
 }
 

@@ -549,7 +549,9 @@ class Trainer {
                        " evaluates on it: set eval.every = 0, or prepare the data set with a larger --valid-percent");
     if (cfg_.eval.every > 0 && count_too_long(eval_set_.split(), int(cfg_.model.seq_len)).dropped == eval_set_.num_examples())
       throw InputError(cfg_.data.path + ": every evaluated example's target is longer than model.seq_len + 1 = " +
-                       std::to_string(cfg_.model.seq_len + 1) + " tokens (each would be dropped): raise model.seq_len");
+                       std::to_string(cfg_.model.seq_len + 1) + " tokens (each would be dropped): raise model.seq_len " +
+                       "(text from `meshmoe prep text`: prepare it with --max-len <= " +
+                       std::to_string(cfg_.model.seq_len + 1) + ")");
   }
 
   void print_header() const {
