@@ -56,8 +56,23 @@ struct HostLoopsReversed {
   HostLoopsReversed& operator=(const HostLoopsReversed&) = delete;
 };
 
+// Cuts `rows` sequences of `T` tokens into packed examples at random places (from `seed`; a new
+// example starts at a token with probability 1 / new_one_in), as the batcher marks them: segment
+// (example within the sequence) and position (within the example) of every token.
+inline void random_packing(int rows, int T, uint32_t seed, int new_one_in, std::vector<int32_t>& segment,
+                           std::vector<int32_t>& position) {
+  std::mt19937 cuts(seed ^ 0x5e9u);
+  segment.clear();
+  position.clear();
+  for (int i = 0; i < rows * T; ++i) {
+    const bool starts = i % T == 0 || cuts() % unsigned(new_one_in) == 0;
+    segment.push_back(i % T == 0 ? 0 : segment.back() + int32_t(starts));
+    position.push_back(starts ? 0 : position.back() + 1);
+  }
+}
+
 // `rows` sequences of `T` random tokens and targets below `V` (language 0), from `seed`; about one
-// target in `masked_one_in` is masked out.
+// target in `masked_one_in` is masked out; packed examples of about 4 tokens.
 inline Batch random_batch(int rows, int T, int V, uint32_t seed, int masked_one_in) {
   std::mt19937 rng(seed);
   Batch b;
@@ -69,6 +84,7 @@ inline Batch random_batch(int rows, int T, int V, uint32_t seed, int masked_one_
     b.lang.push_back(0);
     b.mask.push_back(rng() % masked_one_in == 0 ? 0.f : 1.f);
   }
+  random_packing(rows, T, seed, 4, b.segment, b.position);
   return b;
 }
 

@@ -20,7 +20,42 @@ Batch Batch::slice(int row_begin, int row_end) const {
   b.targets.assign(targets.begin() + lo, targets.begin() + hi);
   b.lang.assign(lang.begin() + lo, lang.begin() + hi);
   b.mask.assign(mask.begin() + lo, mask.begin() + hi);
+  b.segment.assign(segment.begin() + lo, segment.begin() + hi);
+  b.position.assign(position.begin() + lo, position.begin() + hi);
   return b;
+}
+
+ExampleFit fit_example(const DataSplit& s, size_t e, int seq_len) {
+  const size_t len = s.example_size(e), begin = s.example_begin(e), cap = size_t(seq_len) + 1;
+  ExampleFit f;
+  f.head = len;
+  if (len <= cap) return f;
+  // The token before the first target predicts it: from there on, everything must stay.
+  size_t first_target = 1;
+  while (first_target < len && s.loss_mask[begin + first_target] == 0) ++first_target;
+  if (first_target == len) {  // no target at all: nothing to protect, keep the head
+    f.head = cap;
+    f.cut = len - cap;
+    return f;
+  }
+  const size_t tail = len - (first_target - 1);
+  if (first_target == 1 || tail + 1 > cap) {  // the target (with the tag before it) does not fit
+    f.drop = true;
+    return f;
+  }
+  f.head = cap - tail;
+  f.cut = len - cap;
+  return f;
+}
+
+TooLong count_too_long(const DataSplit& s, int seq_len) {
+  TooLong t;
+  for (size_t e = 0; e < s.num_examples(); ++e) {
+    const ExampleFit f = fit_example(s, e, seq_len);
+    t.dropped += f.drop;
+    t.truncated += f.truncated();
+  }
+  return t;
 }
 
 Batcher::Batcher(const Dataset& data, int seq_len, uint64_t seed, bool shuffle)
@@ -29,6 +64,11 @@ Batcher::Batcher(const Dataset& data, int seq_len, uint64_t seed, bool shuffle)
   if (data.num_tokens() == 0)
     throw InputError(data.path() + " (split /" + data.split_name() + "): holds no tokens; nothing to train or evaluate on");
   if (data.num_examples() > UINT32_MAX) throw InputError(data.path() + ": more than 2^32 examples");
+  if (count_too_long(data.split(), seq_len).dropped == data.num_examples())
+    throw InputError(data.path() + " (split /" + data.split_name() + "): every example's target is longer than " +
+                     "model.seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens, so every one would be dropped; " +
+                     "raise model.seq_len (text from `meshmoe prep text`: prepare it with --max-len <= " +
+                     std::to_string(seq_len + 1) + ")");
   set_epoch(0);
 }
 
@@ -62,26 +102,41 @@ void Batcher::restore(DataCursor c) {
   cursor_ = c;
 }
 
-void Batcher::pack_row(int32_t* tok, uint8_t* msk, int32_t* lng) {
+void Batcher::pack_row(Row& row) {
   const DataSplit& s = data_.split();
   const size_t cap = size_t(seq_len_) + 1;
-  std::fill(tok, tok + cap, Tokenizer::kPad);
-  std::fill(msk, msk + cap, uint8_t(0));
-  std::fill(lng, lng + cap, -1);
+  row.tok.assign(cap, Tokenizer::kPad);
+  row.msk.assign(cap, uint8_t(0));
+  row.lng.assign(cap, -1);
+  row.seg.assign(cap, 0);
+  row.pos.assign(cap, 0);
   size_t fill = 0;
+  int32_t segment = 0;
   while (fill < cap) {
     if (cursor_.position == order_.size()) set_epoch(cursor_.epoch + 1);
     const uint32_t e = order_[cursor_.position];
-    const size_t len = s.example_size(e), begin = s.example_begin(e);
-    if (fill > 0 && fill + len > cap) break;  // does not fit: PAD the tail, start the next row with it
-    const size_t take = std::min(len, cap - fill);  // truncates only an example longer than a row
+    const ExampleFit fit = fit_example(s, e, seq_len_);
+    if (fit.drop) {
+      ++cursor_.position;
+      continue;
+    }
+    const size_t take = fit.kept(s.example_size(e)), begin = s.example_begin(e);
+    if (fill > 0 && fill + take > cap) break;  // does not fit: PAD the tail, start the next row with it
     for (size_t j = 0; j < take; ++j) {
-      tok[fill + j] = int32_t(s.token(begin + j));
-      msk[fill + j] = s.loss_mask[begin + j];
-      lng[fill + j] = s.lang[e];
+      const size_t from = begin + j + (j < fit.head ? 0 : fit.cut);
+      row.tok[fill + j] = int32_t(s.token(from));
+      row.msk[fill + j] = s.loss_mask[from];
+      row.lng[fill + j] = s.lang[e];
+      row.seg[fill + j] = segment;
+      row.pos[fill + j] = int32_t(j);
     }
     fill += take;
+    ++segment;
     ++cursor_.position;
+  }
+  for (size_t j = fill; j < cap; ++j) {  // the PAD tail: a segment of its own
+    row.seg[j] = segment;
+    row.pos[j] = int32_t(j - fill);
   }
 }
 
@@ -91,7 +146,7 @@ Batch Batcher::next(int batch_size, int row_begin, int row_end) {
   if (batch_size < 1 || row_begin < 0 || row_end > batch_size || row_begin > row_end)
     throw Error("Batcher::next: rows [" + std::to_string(row_begin) + ", " + std::to_string(row_end) +
                 ") of a batch of " + std::to_string(batch_size));
-  const size_t L = size_t(seq_len_), cap = L + 1;
+  const size_t L = size_t(seq_len_);
   Batch b;
   b.rows = row_end - row_begin;
   b.seq_len = seq_len_;
@@ -99,18 +154,22 @@ Batch Batcher::next(int batch_size, int row_begin, int row_end) {
   b.targets.resize(size_t(b.rows) * L);
   b.lang.resize(size_t(b.rows) * L);
   b.mask.resize(size_t(b.rows) * L);
-  std::vector<int32_t> tok(cap), lng(cap);
-  std::vector<uint8_t> msk(cap);
+  b.segment.resize(size_t(b.rows) * L);
+  b.position.resize(size_t(b.rows) * L);
+  Row row;
   // Every row of the global batch is packed (the cursor must advance the same on every rank).
   for (int r = 0; r < batch_size; ++r) {
-    pack_row(tok.data(), msk.data(), lng.data());
+    pack_row(row);
     if (r < row_begin || r >= row_end) continue;
     const size_t o = size_t(r - row_begin) * L;
     for (size_t j = 0; j < L; ++j) {
-      b.inputs[o + j] = tok[j];
-      b.targets[o + j] = tok[j + 1];
-      b.mask[o + j] = float(msk[j + 1]);
-      b.lang[o + j] = lng[j + 1];
+      const bool same_example = row.seg[j + 1] == row.seg[j];
+      b.inputs[o + j] = row.tok[j];
+      b.targets[o + j] = row.tok[j + 1];
+      b.mask[o + j] = same_example ? float(row.msk[j + 1]) : 0.0f;
+      b.lang[o + j] = row.lng[j + 1];
+      b.segment[o + j] = row.seg[j];
+      b.position[o + j] = row.pos[j];
     }
   }
   return b;

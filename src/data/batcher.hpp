@@ -3,9 +3,15 @@
 // A sequence holds seq_len + 1 tokens: inputs = the first seq_len, targets = the same shifted by
 // one. Examples are laid back to back in a seeded order; when the next example does not fit in what
 // is left of a sequence, the tail is filled with PAD (mask 0) and the example starts the next
-// sequence; an example longer than seq_len + 1 is truncated. The batcher always builds the GLOBAL
-// batch of a step, so the data does not depend on the rank layout; a rank keeps rows
-// [row_begin, row_end) of it.
+// sequence. An example longer than seq_len + 1 loses the end of its source (the tokens before its
+// first target but the one that predicts it; the language tag stays) so that its target survives
+// whole; one whose target does not fit even so is dropped (README "Datasets"; both counted by
+// count_too_long). Each token carries its segment (which
+// example of the row it belongs to, 0, 1, ...; the PAD tail is one more) and its position within
+// that example, so attention stays inside an example and positions restart with each one
+// (docs/ARCHITECTURE.md "Packed sequences"). A target in another segment than its input (the next
+// example's first token) never counts in the loss. The batcher always builds the GLOBAL batch of a
+// step, so the data does not depend on the rank layout; a rank keeps rows [row_begin, row_end) of it.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -20,9 +26,27 @@ struct Batch {
   std::vector<int32_t> targets;  // [rows, seq_len]
   std::vector<int32_t> lang;     // [rows, seq_len] language index of the target's example, -1 on PAD
   std::vector<float> mask;       // [rows, seq_len] 1 where the target counts in the loss
+  std::vector<int32_t> segment;  // [rows, seq_len] example of the input token within its row (0, 1, ...)
+  std::vector<int32_t> position; // [rows, seq_len] position of the input token within its example
   // Rows [row_begin, row_end) as a batch of their own.
   Batch slice(int row_begin, int row_end) const;
 };
+
+// What a sequence of seq_len + 1 tokens keeps of one example: its first `head` tokens, then the
+// rest after `cut` more (the end of the source); `drop` when even its target does not fit.
+struct ExampleFit {
+  size_t head = 0, cut = 0;
+  bool drop = false;
+  size_t kept(size_t size) const { return drop ? 0 : size - cut; }
+  bool truncated() const { return cut > 0; }
+};
+ExampleFit fit_example(const DataSplit& s, size_t e, int seq_len);
+
+// Examples of a split that a sequence of seq_len + 1 tokens must truncate at the source or drop.
+struct TooLong {
+  size_t truncated = 0, dropped = 0;
+};
+TooLong count_too_long(const DataSplit& s, int seq_len);
 
 // Where the batcher stands: the next example is order(epoch)[position]. Plain integers, so a
 // checkpoint stores and restores it exactly.
@@ -36,7 +60,7 @@ class Batcher {
  public:
   // shuffle: visit examples in a per-epoch permutation drawn from Philox keyed by (seed, epoch,
   // RngPurpose::DataShuffle); otherwise in file order. Throws InputError on seq_len < 1 or a
-  // dataset without tokens.
+  // dataset without tokens, or one whose every example is too long to keep.
   Batcher(const Dataset& data, int seq_len, uint64_t seed, bool shuffle);
 
   // The next global batch of batch_size sequences.
@@ -52,8 +76,13 @@ class Batcher {
   std::vector<uint32_t> epoch_order(uint64_t epoch) const;
 
  private:
-  // Fills one sequence of seq_len + 1 tokens (token, loss mask, language) from the cursor on.
-  void pack_row(int32_t* tok, uint8_t* msk, int32_t* lng);
+  // One packed sequence of seq_len + 1 tokens.
+  struct Row {
+    std::vector<int32_t> tok, lng, seg, pos;
+    std::vector<uint8_t> msk;
+  };
+  // Fills `row` (token, loss mask, language, segment, position) from the cursor on.
+  void pack_row(Row& row);
   void set_epoch(uint64_t epoch);
 
   const Dataset& data_;

@@ -83,7 +83,9 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   const int blk = causal_block(Tq);
   // S [T, T] = scale * Q_bh [T, D] K_bh^T for every (sequence b, local head h), then the causal
   // softmax of all B * LH * T rows at once, then O_bh [T, D] = P [T, T] V_bh [T, D]. The (b, h)
-  // pairs are independent tasks; each GEMM stops at the causal edge of its row block.
+  // pairs are independent tasks; each GEMM stops at the causal edge of its row block. The softmax
+  // masks the keys of other packed examples (ctx.segment), so their probabilities are exact zeros
+  // that the backward carries through.
   for_each_task(int64_t(B) * LH_, [&](int64_t bh) {
     const size_t base = pair_base(bh, Tq, L, D);
     T* P = p_.data() + size_t(bh) * Tq * Tq;
@@ -93,7 +95,7 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
            P + size_t(i0) * Tq, Tq);
     }
   });
-  for_each_index(int64_t(B) * LH_ * Tq, AttentionCausalSoftmaxRow<T>{p_.data(), Tq}, Tq);
+  for_each_index(int64_t(B) * LH_ * Tq, AttentionCausalSoftmaxRow<T>{p_.data(), ctx.segment, Tq, LH_}, Tq);
   for_each_task(int64_t(B) * LH_, [&](int64_t bh) {
     const size_t base = pair_base(bh, Tq, L, D);
     const T* P = p_.data() + size_t(bh) * Tq * Tq;

@@ -30,7 +30,8 @@ class CausalSelfAttention {
   // prefix.wq, .wk, .wv, .wo (truncated normal, fan_in M); sharded blocks via add_block.
   void declare(ParamStore<T>& store, const std::string& prefix);
 
-  // x [N, M] -> y [N, M]; N = B*T tokens, B sequences of T_seq tokens each, contiguous.
+  // x [N, M] -> y [N, M]; N = B*T tokens, B sequences of T_seq tokens each, contiguous. A query
+  // attends to the keys j <= i of its own packed example (ctx.segment; the whole sequence when null).
   void forward(const StepContext& ctx, const T* x, T* y, int N, int T_seq);
   // dy [N, M] -> dx [N, M] (+=), wq/wk/wv/wo .g (+=)
   void backward(const StepContext& ctx, const T* dy, T* dx, int N);
@@ -61,7 +62,7 @@ class CausalSelfAttention {
   // saved by forward
   Buffer<T> x_;    // [N, M]
   Buffer<T> qkv_;  // q, k, v each [N, L]
-  Buffer<T> p_;    // softmax probabilities [B, LH, T, T] (zero above the diagonal)
+  Buffer<T> p_;    // softmax probabilities [B, LH, T, T] (zero above the diagonal and across examples)
   Buffer<T> att_;  // attention output before wo [N, L]
   // backward scratch
   Buffer<T> dy_, datt_, dqkv_, dxs_;

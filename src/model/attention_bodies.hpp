@@ -8,19 +8,24 @@
 namespace meshmoe {
 
 // Row r = (b * LH + h) * T + i of the scores [B, LH, T, T] (already scaled), in place: softmax over
-// the causal part j <= i, zero above the diagonal.
+// the keys the query sees, j <= i in its own example (segment[b*T + j] == segment[b*T + i]; every
+// j <= i when segment is null), zero elsewhere (docs/ARCHITECTURE.md "Packed sequences"). The query
+// always sees itself, so the sum is never empty.
 template <typename T>
 struct AttentionCausalSoftmaxRow {
   T* P;
-  int Tq;
+  const int32_t* segment;  // [B, T] or null
+  int Tq, LH;
   MESHMOE_HD void operator()(int64_t r) const {
     const int i = int(r % Tq);
+    const int32_t* seg = segment ? segment + (r / (int64_t(Tq) * LH)) * Tq : nullptr;
     T* row = P + r * Tq;
-    T mx = row[0];
-    for (int j = 1; j <= i; ++j) mx = row[j] > mx ? row[j] : mx;
+    T mx = row[i];
+    for (int j = 0; j < i; ++j)
+      if (!seg || seg[j] == seg[i]) mx = row[j] > mx ? row[j] : mx;
     T sum = 0;
     for (int j = 0; j <= i; ++j) {
-      row[j] = std::exp(row[j] - mx);
+      row[j] = (!seg || seg[j] == seg[i]) ? std::exp(row[j] - mx) : T(0);
       sum += row[j];
     }
     const T inv = T(1) / sum;
@@ -30,7 +35,7 @@ struct AttentionCausalSoftmaxRow {
 };
 
 // Row i of one head's dP [T, T], in place: dS = P * (dP - sum_j P dP) over j <= i, zero above the
-// diagonal (P is).
+// diagonal and outside the query's example (P is).
 template <typename T>
 struct AttentionCausalSoftmaxBackwardRow {
   const T* P;

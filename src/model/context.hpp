@@ -13,6 +13,11 @@ struct StepContext {
   uint64_t token_offset = 0;  // global index of this rank's first token in the step's batch, so
                               // random numbers are keyed by global token index (DESIGN.md principle 1)
   PhaseTimers* timers = nullptr;  // optional: layers time their stages with ScopedPhase(ctx.timers, "gate")
+  // Packed sequences (docs/ARCHITECTURE.md "Packed sequences"), [N] each, device-readable, set by
+  // Transformer::forward for its layers: the example each token belongs to within its sequence,
+  // and its position within that example. Null: each sequence is one example (position n % T).
+  const int32_t* segment = nullptr;
+  const int32_t* position = nullptr;
 };
 
 }  // namespace meshmoe

@@ -30,31 +30,47 @@ void Embedding<T>::forward(const StepContext& ctx, const int32_t* tokens, T* x, 
       throw Error("token id " + std::to_string(tok) + " outside the vocabulary [0, " + std::to_string(V_) +
                   "): the data file does not match model.vocab_size");
   }
-  for_each_index_2d(N, M_, EmbeddingForwardElement<T>{wte.w, wpe.w, tokens_.data(), x, M_, T_});
+  if (ctx.position) {
+    positions_.assign(ctx.position, ctx.position + N);
+    for (int n = 0; n < N; ++n)
+      if (positions_[n] < 0 || positions_[n] >= T_)
+        throw Error("Embedding: position " + std::to_string(positions_[n]) + " of token " + std::to_string(n) +
+                    " outside its sequence [0, " + std::to_string(T_) + ")");
+  } else {
+    positions_.resize(N);
+    for (int n = 0; n < N; ++n) positions_[n] = n % T_;
+  }
+  for_each_index_2d(N, M_, EmbeddingForwardElement<T>{wte.w, wpe.w, tokens_.data(), positions_.data(), x, M_});
+}
+
+template <typename T>
+void Embedding<T>::RowGrouping::build(const int32_t* row_of, int N, int table_rows) {
+  first.assign(size_t(table_rows) + 1, 0);
+  for (int n = 0; n < N; ++n) ++first[size_t(row_of[n]) + 1];
+  rows.clear();
+  start.assign(1, 0);
+  for (int v = 0; v < table_rows; ++v) {
+    if (first[size_t(v) + 1] > 0) {
+      rows.push_back(v);
+      start.push_back(start.back() + first[size_t(v) + 1]);
+    }
+    first[size_t(v) + 1] += first[v];  // now the first slot of row v + 1
+  }
+  order.resize(N);
+  for (int n = 0; n < N; ++n) order[size_t(first[row_of[n]]++)] = n;
 }
 
 // dx [N, M] -> wte.g, wpe.g
 template <typename T>
 void Embedding<T>::backward(const StepContext& ctx, const T* dx, int N) {
-  // Group the positions by token (a stable counting sort, so ascending n within a token), so that
-  // one body owns each used row of wte.g: no two positions of one token add into it concurrently.
-  token_first_.assign(size_t(V_) + 1, 0);
-  for (int n = 0; n < N; ++n) ++token_first_[size_t(tokens_[n]) + 1];
-  row_tokens_.clear();
-  row_start_.assign(1, 0);
-  for (int v = 0; v < V_; ++v) {
-    if (token_first_[size_t(v) + 1] > 0) {
-      row_tokens_.push_back(v);
-      row_start_.push_back(row_start_.back() + token_first_[size_t(v) + 1]);
-    }
-    token_first_[size_t(v) + 1] += token_first_[v];  // now the first slot of token v + 1
-  }
-  token_order_.resize(N);
-  for (int n = 0; n < N; ++n) token_order_[size_t(token_first_[tokens_[n]]++)] = n;
-  for_each_index_2d(row_tokens_.size(), M_,
-                 EmbeddingTokenGradElement<T>{dx, row_tokens_.data(), row_start_.data(), token_order_.data(),
-                                              wte.g, M_});
-  for_each_index_2d(T_, M_, EmbeddingPositionGradElement<T>{dx, wpe.g, M_, T_, N});
+  // Group the tokens by the row they read, so that one body owns each used row of a gradient
+  // table: no two tokens of one row add into it concurrently.
+  by_token_.build(tokens_.data(), N, V_);
+  by_position_.build(positions_.data(), N, Tmax_);
+  for (RowGrouping* g : {&by_token_, &by_position_})
+    for_each_index_2d(g->rows.size(), M_,
+                      EmbeddingRowGradElement<T>{dx, g->rows.data(), g->start.data(), g->order.data(),
+                                                 g == &by_token_ ? wte.g : wpe.g, M_});
 }
 
 template <typename T>

@@ -3,5 +3,4 @@
 #include "tensor/launch_cuda.cuh"
 
 MESHMOE_CUDA_BODY_FD(meshmoe::EmbeddingForwardElement)
-MESHMOE_CUDA_BODY_FD(meshmoe::EmbeddingTokenGradElement)
-MESHMOE_CUDA_BODY_FD(meshmoe::EmbeddingPositionGradElement)
+MESHMOE_CUDA_BODY_FD(meshmoe::EmbeddingRowGradElement)

@@ -20,7 +20,8 @@ class Embedding {
   // prefix.wte [V, M], prefix.wpe [T, M]; both truncated normal with fan_in M.
   void declare(ParamStore<T>& store, const std::string& prefix);
 
-  // tokens [N] (B sequences of T tokens, contiguous) -> x [N, M] = wte[token] + wpe[n % T]
+  // tokens [N] (B sequences of T tokens, contiguous) -> x [N, M] = wte[token] + wpe[position], the
+  // position within the token's packed example (ctx.position; n % T when null)
   void forward(const StepContext& ctx, const int32_t* tokens, T* x, int N, int T_seq);
   // dx [N, M] -> adds into wte.g and wpe.g (tokens saved by forward)
   void backward(const StepContext& ctx, const T* dx, int N);
@@ -30,6 +31,7 @@ class Embedding {
   void saved_state(F&& f) {
     f(T_);
     f(tokens_);
+    f(positions_);
   }
 
   ParamView<T> wte, wpe;
@@ -39,11 +41,16 @@ class Embedding {
  private:
   int V_, Tmax_, M_;
   int T_ = 0;
-  Buffer<int32_t> tokens_;  // [N]
-  // backward's grouping of the positions by token: the distinct tokens (ascending), where each
-  // one's positions start in token_order_ [U + 1], the positions [N]; token_first_ [V + 1] is scratch
-  Buffer<int32_t> row_tokens_, row_start_, token_order_;
-  std::vector<int32_t> token_first_;
+  Buffer<int32_t> tokens_, positions_;  // [N]
+  // backward's grouping of the tokens n by the table row they read (a stable counting sort): the
+  // distinct rows in use (ascending) [U], where each one's tokens start in `order` [U + 1], the
+  // tokens n [N]; `first` [rows + 1] is scratch
+  struct RowGrouping {
+    Buffer<int32_t> rows, start, order;
+    std::vector<int32_t> first;
+    void build(const int32_t* row_of, int N, int table_rows);
+  };
+  RowGrouping by_token_, by_position_;
 };
 
 // logits [N, V] = x W^T, W [V, M] = the token embedding (tied) or prefix.wout (untied).

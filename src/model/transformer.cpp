@@ -135,12 +135,21 @@ std::vector<const MoeLayer<T>*> Transformer<T>::moe_layers() const {
 }
 
 template <typename T>
-ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w, const T* x_in) {
+ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBatch& mb, const LossWeights& w,
+                                     const T* x_in) {
   T_ = mb.seq_len;
   N_ = mb.rows * mb.seq_len;
-  timers_ = ctx.timers;
+  timers_ = step_ctx.timers;
   const int M = shape_.d_model, V = shape_.vocab;
   if (T_ > shape_.seq_len) throw Error("micro-batch sequence length exceeds model.seq_len");
+  // The layers see the packed examples through the context (docs/ARCHITECTURE.md "Packed sequences").
+  StepContext ctx = step_ctx;
+  if (mb.segment && mb.position) {
+    segment_.assign(mb.segment, mb.segment + N_);
+    position_.assign(mb.position, mb.position + N_);
+    ctx.segment = segment_.data();
+    ctx.position = position_.data();
+  }
   const size_t NM = size_t(N_) * M;
   x_.resize(NM);
   h_.resize(NM);

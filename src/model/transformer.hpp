@@ -59,6 +59,9 @@ struct MicroBatch {
   const int32_t* inputs = nullptr;   // [B, T]
   const int32_t* targets = nullptr;  // [B, T]
   const float* mask = nullptr;       // [B, T]
+  // Packed examples (Batch::segment, Batch::position) [B, T]; null: one example per sequence.
+  const int32_t* segment = nullptr;
+  const int32_t* position = nullptr;
 };
 
 // Weights that turn this rank's sums into the step's means (sum then scale), the same on every rank.
@@ -175,7 +178,7 @@ class Transformer {
   bool inject_nan_ = false;
   int N_ = 0, T_ = 0;
   Buffer<T> x_, h_, f_, logits_, d_, dh_;
-  Buffer<int32_t> inputs_, targets_;  // device-readable copies of the micro-batch
+  Buffer<int32_t> inputs_, targets_, segment_, position_;  // device-readable copies of the micro-batch
   Buffer<T> mask_;
 };
 

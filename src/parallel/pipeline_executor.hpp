@@ -21,7 +21,13 @@ namespace meshmoe {
 struct Micro {
   Batch rows;
   StepContext ctx;
-  MicroBatch view() const { return MicroBatch{rows.rows, rows.seq_len, rows.inputs.data(), rows.targets.data(), rows.mask.data()}; }
+  MicroBatch view() const {
+    const bool packed = !rows.segment.empty();
+    return MicroBatch{rows.rows,        rows.seq_len,
+                      rows.inputs.data(), rows.targets.data(),
+                      rows.mask.data(), packed ? rows.segment.data() : nullptr,
+                      packed ? rows.position.data() : nullptr};
+  }
 };
 
 // The step's global batch is split into `micro_batches` micro-batches of consecutive rows, and each

@@ -1,5 +1,6 @@
 #include "train/evaluate.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace meshmoe {
@@ -24,6 +25,11 @@ Evaluation evaluate(const Dataset& set, size_t languages, const Config& cfg, int
     if ((e.stopped = stop_requested())) return e;
     ++e.batches;
     const Batch batch = batcher.next(B);
+    // Nothing to score (the batch is global: every rank skips it alike).
+    if (std::find(batch.mask.begin(), batch.mask.end(), 1.0f) == batch.mask.end()) {
+      ++e.empty_batches;
+      continue;
+    }
     const std::vector<Micro> micros = split_micro_batches(batch, int(cfg.optim.micro_batches), mesh.extent(Axis::Data),
                                                           mesh.coord(Axis::Data), uint64_t(cfg.run.seed), step, false, nullptr);
     for (size_t m = 0; m < micros.size(); ++m) {

@@ -14,6 +14,7 @@ namespace meshmoe {
 struct Evaluation {
   int stopped = 0;  // the stop request that interrupted it (stop_requested's reason), else 0
   int64_t batches = 0;
+  int64_t empty_batches = 0;  // of them, without a target token: skipped (no forward)
   // Summed over the mesh: cross-entropy and target tokens, then per language (languages of the
   // dataset's table) the same two.
   double loss_sum = 0, tokens = 0;

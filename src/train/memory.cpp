@@ -240,13 +240,13 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   p.flops_per_token = train_flops_per_token(cfg, shape);
 
   // ---- activations: the buffers each layer's first forward allocates (one micro-batch) -----------
-  Checked a_stage = 3 * NM * kF;  // Transformer x_, h_, f_
+  Checked a_stage = 3 * NM * kF + 2 * N * sizeof(int32_t);  // Transformer x_, h_, f_; segment_, position_
   // Of the activations, what no backward reads (not parked with recompute = none): the stage
   // buffers, router logits, the all-to-all receive buffer, the per-token losses.
   Checked unparked = a_stage;
   Checked a_embed = 0, a_ln = 0, a_attn = 0, a_mlp = 0, a_moe = 0, a_head = 0;
   Checked w = 2 * NM * kF;        // backward: Transformer d_, dh_
-  if (p.first_stage) a_embed = N * sizeof(int32_t);  // token ids
+  if (p.first_stage) a_embed = 2 * N * sizeof(int32_t);  // token ids, positions
   const Checked keep = train_dropout ? NM : 0;           // dropout keep mask, uint8 [N, M]
   int moe_here = 0, dense_here = 0;
   for (int i = p.first_block; i < p.first_block + p.num_blocks; ++i) {
@@ -403,9 +403,11 @@ MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mes
   std::vector<int32_t> inputs(N), targets(N);
   for (int n = 0; n < N; ++n) inputs[n] = int32_t((7919u * unsigned(n) + 13u) % unsigned(vocab)),
                               targets[n] = int32_t((104729u * unsigned(n) + 7u) % unsigned(vocab));
+  std::vector<int32_t> segment(N, 0), position(N);  // one example per sequence
+  for (int n = 0; n < N; ++n) position[n] = n % T;
   std::vector<float> mask(N, 1.0f), x_in(size_t(N) * M), d_out(size_t(N) * M);
   for (size_t i = 0; i < x_in.size(); ++i) x_in[i] = float(std::sin(0.37 * double(i))), d_out[i] = 1e-3f * float(std::cos(0.11 * double(i)));
-  const MicroBatch mb{rows, T, inputs.data(), targets.data(), mask.data()};
+  const MicroBatch mb{rows, T, inputs.data(), targets.data(), mask.data(), segment.data(), position.data()};
   StepContext ctx;
   ctx.seed = uint64_t(cfg.run.seed);
   ctx.step = 1;

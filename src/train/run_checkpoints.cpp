@@ -63,6 +63,7 @@ void RunCheckpoints::resume() {
     last_checkpoint_ = continues ? m.step : 0;
     progress_.updates = m.update_count;
     if (auto it = m.counters.find("bad_steps"); it != m.counters.end()) progress_.bad_steps = it->second;
+    if (auto it = m.counters.find("empty_steps"); it != m.counters.end()) progress_.empty_steps = it->second;
     if (auto it = m.counters.find("eval_pending"); it != m.counters.end())
       progress_.eval_pending = it->second != 0 && cfg_.eval.every > 0;
     if (continues) lineage_ = m.lineage;
@@ -108,7 +109,9 @@ bool RunCheckpoints::save(int64_t step, const DataCursor* cursor) {
   m.optimizer = option_name(cfg_.optim.name);
   m.deck = deck_.effective_toml;
   m.version = version_;
-  m.counters = {{"bad_steps", cursor ? 0 : progress_.bad_steps}, {"eval_pending", progress_.eval_pending ? 1 : 0}};
+  m.counters = {{"bad_steps", cursor ? 0 : progress_.bad_steps},
+                {"eval_pending", progress_.eval_pending ? 1 : 0},
+                {"empty_steps", progress_.empty_steps}};
   m.lineage = lineage_;
   m.forked_from = forked_from_;
   m.data_path = data_identity_.path;  // rank 0's meta is the one written

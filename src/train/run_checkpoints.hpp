@@ -23,6 +23,7 @@ struct TrainProgress {
   int64_t start_step = 0;      // steps already done (from a checkpoint)
   int64_t updates = 0;         // optimizer updates applied (the optimizer's t)
   int64_t bad_steps = 0;       // consecutive non-finite steps
+  int64_t empty_steps = 0;     // steps without a target token so far
   DataCursor good_cursor;      // the data cursor after the last step whose update was applied
   bool eval_pending = false;   // the evaluation of the last completed step was interrupted
 };

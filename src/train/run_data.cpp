@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "data/batcher.hpp"
 #include "mesh/agree.hpp"
 
 namespace meshmoe {
@@ -52,6 +53,11 @@ void check_eval_split(const Config& cfg, const Dataset& valid, const Dataset& ev
     throw InputError(cfg.data.path + ": the valid split has no target token (" + std::to_string(valid.num_examples()) +
                      " examples) but eval.every = " + std::to_string(cfg.eval.every) +
                      " evaluates on it: set eval.every = 0, or prepare the data set with a larger --valid-percent");
+  if (cfg.eval.every > 0 && count_too_long(eval_set.split(), int(cfg.model.seq_len)).dropped == eval_set.num_examples())
+    throw InputError(cfg.data.path + ": every evaluated example's target is longer than model.seq_len + 1 = " +
+                     std::to_string(cfg.model.seq_len + 1) + " tokens (each would be dropped): raise model.seq_len " +
+                     "(text from `meshmoe prep text`: prepare it with --max-len <= " +
+                     std::to_string(cfg.model.seq_len + 1) + ")");
 }
 
 }  // namespace meshmoe

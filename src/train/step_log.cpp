@@ -50,14 +50,19 @@ StepLog::StepLog(const Deck& deck, std::string dir, Mesh& mesh, const ModelShape
 
 StepLog::~StepLog() = default;
 
-void StepLog::open(int64_t start_step, const std::string& languages, const std::string& version) {
+void StepLog::open(int64_t start_step, const std::string& languages, const std::string& version,
+                   const TooLong& train_too_long, const TooLong& valid_too_long) {
   const std::map<std::string, std::string> attrs{{"run_name", cfg_.run.name},
                                                  {"mesh", mesh_.shape().str()},
                                                  {"languages", languages},
                                                  {"data_path", cfg_.data.path},
                                                  {"version", version},
                                                  {"train_flops_per_token", std::to_string(flops_per_token_)},
-                                                 {"sgemm_peak_flops", std::to_string(peak_)}};
+                                                 {"sgemm_peak_flops", std::to_string(peak_)},
+                                                 {"train_examples_truncated", std::to_string(train_too_long.truncated)},
+                                                 {"train_examples_dropped", std::to_string(train_too_long.dropped)},
+                                                 {"valid_examples_truncated", std::to_string(valid_too_long.truncated)},
+                                                 {"valid_examples_dropped", std::to_string(valid_too_long.dropped)}};
   const std::string path = dir_ + "/metrics.h5";
   std::optional<int64_t> after;
   if (start_step > 0) after = start_step;
@@ -72,18 +77,28 @@ void StepLog::open(int64_t start_step, const std::string& languages, const std::
     metrics_ = std::make_unique<MetricsFile>(path, deck_.effective_toml, attrs);
   }
   metrics_->describe("skipped", "1", "1 when the update was skipped for a non-finite loss or gradient norm");
+  metrics_->describe("empty", "1",
+                     "1 when the step's batch held no target token: no forward and no update (loss NaN); every "
+                     "such step is logged, so the sum counts them");
   metrics_->describe("mfu", "1", "model FLOPs utilisation against the fp32 sgemm peak measured at start-up");
   metrics_->describe("eval/time", "s", "wall time of the evaluation");
   metrics_->describe("eval/tokens", "tokens", "masked target tokens in the validation batches");
+  metrics_->describe("eval/empty_batches", "batches", "validation batches without a target token (skipped: no forward)");
   metrics_->describe("eval/lang_tokens", "tokens", "masked target tokens per language (root attribute languages)");
   metrics_->describe("eval/lang_loss", "nats/token", "validation cross-entropy per language (root attribute languages)");
 }
 
-void StepLog::header(int blas_threads, const Dataset& train, const Dataset& valid, int vocab, size_t params) const {
+void StepLog::header(int blas_threads, const Dataset& train, const Dataset& valid, int vocab, size_t params,
+                     const TooLong& train_too_long, const TooLong& valid_too_long) const {
   std::printf("meshmoe train: run %s -> %s\n", cfg_.run.name.c_str(), dir_.c_str());
   std::printf("  mesh %s, %d BLAS thread%s per rank; data %s: %zu train / %zu valid examples, vocab %d\n",
               mesh_.shape().str().c_str(), blas_threads, blas_threads == 1 ? "" : "s", cfg_.data.path.c_str(),
               train.num_examples(), valid.num_examples(), vocab);
+  // README "Datasets": what sequences of seq_len + 1 tokens cannot hold whole
+  std::printf("  examples longer than model.seq_len + 1 = %lld: train %zu truncated at the source, %zu dropped "
+              "(target too long); evaluated %zu truncated, %zu dropped\n",
+              (long long)cfg_.model.seq_len + 1, train_too_long.truncated, train_too_long.dropped,
+              valid_too_long.truncated, valid_too_long.dropped);
   std::printf("  model: %d layers (%d MoE), d_model %lld, %zu parameters; %.3g train FLOPs/token; peak %.1f GFLOP/s\n",
               shape_.num_layers, shape_.num_moe_layers(), (long long)cfg_.model.d_model, params, flops_per_token_,
               peak_ / 1e9);
@@ -122,11 +137,12 @@ void StepLog::write_step_row(int64_t step, const StepStats& s, double tokens_per
   if (bubble >= 0) std::snprintf(bubble_text, sizeof bubble_text, " | bubble %.0f%% (ideal %.0f%%)", 100 * bubble, 100 * ideal);
   std::printf("step %6lld/%lld | loss %.4f | aux %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | MFU %5.1f%%%s | ETA %s%s\n",
               (long long)step, (long long)cfg_.run.steps, s.loss, s.aux, s.lr, s.grad_norm, tokens_per_s,
-              100 * mfu, bubble_text, format_eta(eta).c_str(), s.skipped ? " | SKIPPED" : "");
+              100 * mfu, bubble_text, format_eta(eta).c_str(), s.skipped ? " | SKIPPED" : s.empty ? " | EMPTY" : "");
   std::fflush(stdout);
   std::map<std::string, double> row{{"loss", s.loss},       {"aux_loss", s.aux},          {"z_loss", s.z},
                                     {"lr", s.lr},           {"grad_norm", s.grad_norm},   {"tokens_per_s", tokens_per_s},
-                                    {"mfu", mfu},           {"skipped", s.skipped ? 1.0 : 0.0}};
+                                    {"mfu", mfu},           {"skipped", s.skipped ? 1.0 : 0.0},
+                                    {"empty", s.empty ? 1.0 : 0.0}};
   if (bubble >= 0) {
     row["pipeline_bubble"] = bubble;
     row["pipeline_bubble_ideal"] = ideal;
@@ -147,9 +163,15 @@ std::string StepLog::moe_name(size_t l) const {
 
 void StepLog::eval(int64_t step, const Evaluation& e, double start) {
   on_rank0_agreed([&] {
-    std::printf("eval step %lld | valid loss %.4f over %.0f tokens\n", (long long)step, e.loss(), e.tokens);
+    std::printf("eval step %lld | valid loss %.4f over %.0f tokens", (long long)step, e.loss(), e.tokens);
+    if (e.empty_batches > 0)
+      std::printf(" (%lld of %lld batches without a target token, skipped)", (long long)e.empty_batches, (long long)e.batches);
+    std::printf("\n");
     std::fflush(stdout);
-    metrics_->append(step, {{"eval/loss", e.loss()}, {"eval/tokens", e.tokens}, {"eval/time", wall_seconds() - start}});
+    metrics_->append(step, {{"eval/loss", e.loss()},
+                            {"eval/tokens", e.tokens},
+                            {"eval/empty_batches", double(e.empty_batches)},
+                            {"eval/time", wall_seconds() - start}});
     metrics_->append_row("eval/lang_loss", e.lang_loss());
     metrics_->append_row("eval/lang_tokens", e.lang_tokens);
   });

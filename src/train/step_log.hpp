@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/timers.hpp"
+#include "data/batcher.hpp"
 #include "data/dataset.hpp"
 #include "deck/deck.hpp"
 #include "io/metrics.hpp"
@@ -34,10 +35,14 @@ class StepLog {
   // Rank 0: metrics.h5, a new file, or on resume (start_step > 0) the existing one with the rows
   // after the checkpoint's step dropped. A metrics file the resume cannot open (e.g. cut short by a
   // kill) is kept aside as metrics.h5.broken-<step> and a new one started, so the run goes on.
-  void open(int64_t start_step, const std::string& languages, const std::string& version);
+  // The root attributes record how many examples the sequences truncate or drop (data/batcher.hpp).
+  void open(int64_t start_step, const std::string& languages, const std::string& version, const TooLong& train_too_long,
+            const TooLong& valid_too_long);
 
-  // Rank 0: the lines before the first step (run, mesh, threads, data, model, FLOPs, peak).
-  void header(int blas_threads, const Dataset& train, const Dataset& valid, int vocab, size_t params) const;
+  // Rank 0: the lines before the first step (run, mesh, threads, data and its too-long examples,
+  // model, FLOPs, peak).
+  void header(int blas_threads, const Dataset& train, const Dataset& valid, int vocab, size_t params,
+              const TooLong& train_too_long, const TooLong& valid_too_long) const;
 
   // Collective: the step line and row; `tokens_per_s` over the logging interval, `eta` in seconds.
   // A failed write throws AgreedFailure on every rank.

@@ -14,7 +14,8 @@ struct StepStats {
   double loss = 0, aux = 0, z = 0, grad_norm = 0, lr = 0;
   std::vector<std::vector<double>> load;  // [moe layer][E] fraction of the step's dispatched choices
   std::vector<double> dropped;            // [moe layer] dropped fraction
-  bool skipped = false;
+  bool skipped = false;  // non-finite loss or gradient norm: no update
+  bool empty = false;    // no target token in the step's batch: no forward, no update
 };
 
 class StepSums {

@@ -73,6 +73,8 @@ class Trainer {
                                 });
     schedule_ = Schedule::from_config(cfg_);
     batcher_ = std::make_unique<Batcher>(train_, int(cfg_.model.seq_len), uint64_t(cfg_.run.seed), cfg_.data.shuffle);
+    train_too_long_ = count_too_long(train_.split(), int(cfg_.model.seq_len));
+    valid_too_long_ = count_too_long(eval_set_.split(), int(cfg_.model.seq_len));
     checkpoints_ = std::make_unique<RunCheckpoints>(deck, version_, mesh, run_dir_, std::move(data_identity),
                                                     model_->params(), *optimizer_, *batcher_, progress_);
     flops_per_token_ = train_flops_per_token(cfg_, model_->shape());
@@ -86,12 +88,14 @@ class Trainer {
     checkpoints_->resume();
     write_deck_file(deck, dir_, mesh.world());
     log_ = std::make_unique<StepLog>(deck, dir_, mesh, model_->shape(), timers_, *pipeline_, flops_per_token_, peak_);
-    if (mesh.rank() == 0) log_->open(progress_.start_step, join_languages(train_.info().languages), version_);
+    if (mesh.rank() == 0) log_->open(progress_.start_step, join_languages(train_.info().languages), version_, train_too_long_,
+                          valid_too_long_);
   }
 
   int run() {
     const int64_t steps = cfg_.run.steps;
-    if (mesh_.rank() == 0) log_->header(blas_threads_, train_, valid_, vocab_, model_->params().size());
+    if (mesh_.rank() == 0)
+      log_->header(blas_threads_, train_, valid_, vocab_, model_->params().size(), train_too_long_, valid_too_long_);
     double interval_start = wall_seconds();
     run_start_ = interval_start;
     int64_t interval_tokens = 0;
@@ -109,7 +113,7 @@ class Trainer {
         const StepStats s = train_step(step);
         done = step;
         interval_tokens += int64_t(cfg_.optim.batch_size) * cfg_.model.seq_len;
-        if (step % cfg_.run.log_every == 0 || step == steps || s.skipped) {
+        if (step % cfg_.run.log_every == 0 || step == steps || s.skipped || s.empty) {
           const double now = wall_seconds();
           const double tokens_per_s = double(interval_tokens) / (now - interval_start);
           log_->step(step, s, tokens_per_s, (now - run_start_) / double(step - first + 1) * double(steps - step));
@@ -167,6 +171,7 @@ class Trainer {
     const Batch batch = batcher_->next(B);
     double mask_total = 0;
     for (float m : batch.mask) mask_total += m;
+    if (mask_total == 0) return empty_step(step);
     const LossWeights w = loss_weights(mask_total, double(B) * T);
 
     auto& P = model_->params();
@@ -209,6 +214,27 @@ class Trainer {
     scale_grads(P, optimizer_->owned(), scale);
     optimizer_->step(P, s.lr, progress_.updates);  // t counts applied updates (bias correction)
     grad_sync_->gather_params();                   // optim.shard_state: the owners' updates to every data rank
+    return s;
+  }
+
+  // A step whose batch holds no target token (every rank sees the same global batch, so all decide
+  // alike): nothing to learn from, so no forward, no update of any kind (the aux and z losses
+  // would otherwise still move the routers), not a bad step. Its loss is NaN (no token), the
+  // figures zero. It ends a run of bad steps as a good step does: the parameters and the data
+  // cursor after it are a consistent state.
+  StepStats empty_step(int64_t step) {
+    StepSums none(size_t(model_->shape().num_moe_layers()), size_t(cfg_.moe.num_experts));
+    StepStats s = none.stats(1, 1);
+    s.empty = true;
+    s.lr = schedule_(step);
+    ++progress_.empty_steps;
+    progress_.bad_steps = 0;
+    progress_.good_cursor = batcher_->cursor();
+    if (mesh_.rank() == 0) {
+      std::fprintf(stderr, "meshmoe: warning: step %lld: no target token in the batch; no update (%lld empty steps so far)\n",
+                   (long long)step, (long long)progress_.empty_steps);
+      std::fflush(stderr);
+    }
     return s;
   }
 
@@ -259,6 +285,7 @@ class Trainer {
   double flops_per_token_ = 0, peak_ = 0;
   double run_start_ = 0;  // wall_seconds() when run() began (run.max_walltime)
   int blas_threads_ = 1;
+  TooLong train_too_long_, valid_too_long_;  // examples the sequences truncate or drop
   size_t first_moe_layer_ = 0;  // global index of this stage's first MoE layer
 };
 

@@ -15,10 +15,12 @@ test_dir() {
 # tiny_data DIR [TEXT_FILE...]: DIR/data.h5, a small data set made with `meshmoe prep text` from
 # the given text files, by default the model sources src/model/*.cpp (relative to the repository
 # root). The file names are recorded in the data set, so the same names give the same file.
+# Lines are cut into examples of at most 17 tokens (--max-len 17), so that each fits a sequence of
+# the tests' model.seq_len >= 16 (+ 1): the batcher drops longer text examples.
 tiny_data() {
   local dir=$1; shift
   [ $# -gt 0 ] || set -- src/model/*.cpp
-  "$M" prep text -q "$@" -o "$dir/data.h5" >/dev/null
+  "$M" prep text -q --max-len 17 "$@" -o "$dir/data.h5" >/dev/null
 }
 
 # fail MESSAGE...: prints "FAIL: MESSAGE" and ends the test with exit code 1.

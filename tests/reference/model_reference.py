@@ -109,8 +109,9 @@ def activation(name, pre, H):
     return F.gelu(pre[..., :H]) * pre[..., H:]  # geglu: gelu(first H) * linear gate (last H)
 
 
-def attention(x, P, pre, cfg, B, T):
-    """Causal multi-head self-attention, no biases; column head*D + d of wq/wk/wv."""
+def attention(x, P, pre, cfg, B, T, segment):
+    """Causal multi-head self-attention, no biases; column head*D + d of wq/wk/wv. segment [B, T]:
+    a query sees the keys up to itself in its own packed example."""
     M, Hh = cfg.d_model, cfg.num_heads
     D = M // Hh
 
@@ -120,7 +121,9 @@ def attention(x, P, pre, cfg, B, T):
     q, k, v = heads(".wq"), heads(".wk"), heads(".wv")
     s = (q @ k.transpose(-1, -2)) * np.float32(1.0 / math.sqrt(D))
     causal = torch.ones(T, T, dtype=torch.bool).tril()
-    p = torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1)
+    seg = torch.from_numpy(segment.astype(np.int64))
+    seen = causal & (seg[:, :, None] == seg[:, None, :])  # [B, T, T]
+    p = torch.softmax(s.masked_fill(~seen[:, None], float("-inf")), dim=-1)
     o = (p @ v).transpose(1, 2).reshape(B * T, M)
     return o @ P[pre + ".wo"]
 
@@ -232,19 +235,28 @@ def moe(x, P, pre, cfg, ctx, layer, routing_out):
     return y, aux_sum, z_sum
 
 
-def forward(P, cfg, inputs, targets, mask, ctx):
+def example_positions(segment):
+    """[B, T] position of each token within its packed example (segments are runs of equal ids)."""
+    pos = np.zeros(segment.shape, dtype=np.int64)
+    for b in range(segment.shape[0]):
+        for j in range(1, segment.shape[1]):
+            pos[b, j] = pos[b, j - 1] + 1 if segment[b, j] == segment[b, j - 1] else 0
+    return pos
+
+
+def forward(P, cfg, inputs, targets, mask, segment, ctx):
     """Returns logits [N, V], ce_sum (fp32 tensor), aux_sum, z_sum (fp64 tensors), routing list."""
     B, T = inputs.shape
     N, M = B * T, cfg.d_model
     tok = torch.from_numpy(inputs.reshape(-1).astype(np.int64))
-    x = P["embed.wte"][tok] + P["embed.wpe"][torch.arange(N) % T]
+    x = P["embed.wte"][tok] + P["embed.wpe"][torch.from_numpy(example_positions(segment).reshape(-1))]
     aux = torch.zeros((), dtype=torch.float64)
     z = torch.zeros((), dtype=torch.float64)
     routing = []
     ln = lambda v, p: F.layer_norm(v, (M,), P[p + ".gain"], P[p + ".bias"], cfg.layernorm_eps)  # noqa: E731
     for i in range(cfg.num_layers):
         b = f"blocks.{i}"
-        x = x + dropout(attention(ln(x, b + ".ln1"), P, b + ".attn", cfg, B, T), ctx, 16 * i + 1, cfg.dropout)
+        x = x + dropout(attention(ln(x, b + ".ln1"), P, b + ".attn", cfg, B, T, segment), ctx, 16 * i + 1, cfg.dropout)
         h = ln(x, b + ".ln2")
         if cfg.is_moe(i):
             f, a, zz = moe(h, P, b + ".moe", cfg, ctx, 16 * i + 3, routing)
@@ -285,7 +297,7 @@ def check_case(path, case):
         cfg = Cfg(f["config"].attrs)
         init = {n: f["params"][n][()] for n in f["params"]}
         no_wd = {n for n in f["params"] if int(f["params"][n].attrs["no_weight_decay"])}
-        inputs, targets, mask = (f["batch"][k][()] for k in ("inputs", "targets", "mask"))
+        inputs, targets, mask, segment = (f["batch"][k][()] for k in ("inputs", "targets", "mask", "segment"))
         c = f["ctx"].attrs
         ctx = Ctx(c["seed"], c["step"], c["token_offset"])
         out = dict(f["out"].attrs)
@@ -293,7 +305,7 @@ def check_case(path, case):
         cpp_grads = {n: f["grads"][n][()] for n in f["grads"]}
         cpp_routing = {int(b[len("block"):]): (f["routing"][b]["expert"][()], f["routing"][b]["slot"][()])
                        for b in (f["routing"] if "routing" in f else [])}
-        batches = [f["train/batches"][k][()] for k in ("inputs", "targets", "mask")]
+        batches = [f["train/batches"][k][()] for k in ("inputs", "targets", "mask", "segment")]
         curves = {o: {k: f["train"][o][k][()] for k in ("loss", "grad_norm", "lr")} for o in ("adamw", "adafactor")}
         peaks = {o: (float(f["train"][o].attrs["lr_peak"]), f["train"][o].attrs["schedule"]) for o in curves}
     moe_desc = (f"moe every {cfg.moe_every}: E={cfg.num_experts} router={cfg.router} k={cfg.k()} C={cfg.capacity()} "
@@ -304,7 +316,7 @@ def check_case(path, case):
 
     # --- one forward/backward
     P = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
-    logits, ce, aux, z, routing = forward(P, cfg, inputs, targets, mask, ctx)
+    logits, ce, aux, z, routing = forward(P, cfg, inputs, targets, mask, segment, ctx)
     w_ce, w_aux, w_z = loss_weights(cfg, mask)
     loss = ce.double() * w_ce + aux * w_aux + z * w_z
     loss.backward()
@@ -373,10 +385,10 @@ def check_case(path, case):
             opt = PaperAdafactor(shadow, cfg.adafactor_decay, cfg.adafactor_eps, cfg.adafactor_clip)
         losses, norms, lrs = [], [], []
         for t in range(1, steps + 1):
-            bi, bt, bm = (a[t - 1] for a in batches)
+            bi, bt, bm, bs = (a[t - 1] for a in batches)
             for p in plist:
                 p.grad = None
-            lg, ce, aux, z, _ = forward(P, cfg, bi, bt, bm, Ctx(cfg.seed, t, 0))
+            lg, ce, aux, z, _ = forward(P, cfg, bi, bt, bm, bs, Ctx(cfg.seed, t, 0))
             w_ce, w_aux, w_z = loss_weights(cfg, bm)
             loss = ce.double() * w_ce + aux * w_aux + z * w_z
             loss.backward()

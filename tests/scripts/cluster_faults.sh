@@ -190,7 +190,7 @@ with open(sys.argv[1], "w") as f:
     for _ in range(300000):
         f.write(" ".join(random.choice(w) for _ in range(16)) + "\n")
 PY
-"$M" prep text -q "$T/big.txt" -o "$T/big.h5" >/dev/null
+"$M" prep text -q --max-len 17 "$T/big.txt" -o "$T/big.h5" >/dev/null  # fits seq_len 16 + 1
 (setsid timeout -k 5 60 mpirun -np 1 "$M" train "$D" --set data.path="$T/big.h5" --set run.out_dir="$T/early" >"$T/early.log" 2>&1; echo $? >"$T/early.rc") &
 job=$!
 sent=0

@@ -109,8 +109,8 @@ rows = B // (MB * D); N = rows * T; NM = N * Md
 Ml = Md // Tn; Hl = NH // Tn; Fl = FF // Tn
 params = V * Md + T * Md + L * (4 * Md + 3 * Md * Ml + Ml * Md + Md * Fl + Fl * Md) + 2 * Md  # tied head: none
 total = V * Md + T * Md + L * (4 * Md + 4 * Md * Md + 2 * Md * FF) + 2 * Md
-act = (3 * NM * f                                   # stage x, h, f
-       + N * 4                                      # token ids
+act = (3 * NM * f + 2 * N * 4                       # stage x, h, f; segment ids, positions
+       + 2 * N * 4                                  # embedding: token ids, positions
        + L * 2 * (NM + N) * f + (NM + N) * f        # ln1, ln2 per block; ln_f
        + L * ((NM + 3 * N * Ml + rows * Hl * T * T + N * Ml) * f + NM)   # attention + dropout mask
        + L * ((NM + 2 * N * Fl) * f + NM)           # relu ffn: x, pre, h + dropout mask
@@ -164,7 +164,7 @@ for deck, stage in [(d, s) for d in ("switch", "switch-block") for s in (0, 1)]:
            + (El * D * G * C) * (Md + 2 * He + He) * f
            # all-to-all path (D > 1): receive buffer [R, M], row tokens [R] int64, counts and offsets
            + ((El * D * G * C) * Md * f + (El * D * G * C) * 8 + (2 * D + 3 * D * El) * 8 + El * 4 if D > 1 else 0))
-    act = (3 * NM * f + (N * 4 if stage == 0 else 0) + 2 * 2 * (NM + N) * f
+    act = (3 * NM * f + 2 * N * 4 + (2 * N * 4 if stage == 0 else 0) + 2 * 2 * (NM + N) * f
            + 2 * (NM + 3 * NM + rows * NH * T * T + NM) * f
            + (NM + 2 * N * FF + N * FF) * f + moe)
     if stage == 1:
@@ -178,8 +178,9 @@ for deck, stage in [(d, s) for d in ("switch", "switch-block") for s in (0, 1)]:
     # recompute = block: a later stage keeps each in-flight input; none: one receive buffer
     pipe_buf = (MB + 1) * NM * f if stage == 0 else ((1 if park else in_flight) + MB) * NM * f
     # recompute = none parks in_flight - 1 micro-batches' activations, less what no backward reads:
-    # stage buffers, router logits [N, E], the all-to-all receive buffer [R, M] (one MoE layer here)
-    parked = (in_flight - 1) * (act - 3 * NM * f - N * E * f - El * D * G * C * Md * f) if park else 0
+    # stage buffers (with segment ids, positions), router logits [N, E], the all-to-all receive
+    # buffer [R, M] (one MoE layer here)
+    parked = (in_flight - 1) * (act - 3 * NM * f - 2 * N * 4 - N * E * f - El * D * G * C * Md * f) if park else 0
     name = f"{deck} stage {stage}"
     c = stage
     expect(name, "parameters", int(t["parameters"][c]), params * f)

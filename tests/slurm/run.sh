@@ -30,7 +30,7 @@ conf=$(tests/slurm/cluster.sh start "$T/cluster") || { echo "could not start Slu
 export SLURM_CONF=$conf
 echo "slurm up: $(sinfo -h -o '%P %a %D %T %N')"
 
-"$MESHMOE" prep text -q src/model/*.cpp src/model/moe/*.cpp -o "$T/data.h5" >/dev/null
+"$MESHMOE" prep text -q --max-len 65 src/model/*.cpp src/model/moe/*.cpp -o "$T/data.h5" >/dev/null
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "slurm"

@@ -486,28 +486,31 @@ Dataset toy_dataset(const std::vector<int>& lengths) {
 
 bool same(const Batch& a, const Batch& b) {
   return a.rows == b.rows && a.seq_len == b.seq_len && a.inputs == b.inputs && a.targets == b.targets &&
-         a.lang == b.lang && a.mask == b.mask;
+         a.lang == b.lang && a.mask == b.mask && a.segment == b.segment && a.position == b.position;
 }
 
 }  // namespace
 
-TEST_CASE("batcher: packing, padding, truncation and shifted targets (hand-computed)", "[data]") {
+TEST_CASE("batcher: packing, padding, dropping and shifted targets (hand-computed)", "[data]") {
   // A = [260 a a EOS] (4), B = [261 b b b b EOS] (6), C = 12 tokens, D = [261 d EOS] (3); seq_len 8
-  // -> rows of 9 tokens.
+  // -> rows of 9 tokens. Every token after the tag is a target, so C (12 > 9) cannot lose a source
+  // to fit: it is dropped.
   const Dataset ds = toy_dataset({4, 6, 12, 3});
+  CHECK(count_too_long(ds.split(), 8).dropped == 1);
+  CHECK(count_too_long(ds.split(), 8).truncated == 0);
   Batcher b(ds, 8, 1, false);
   const Batch x = b.next(4);
   const int32_t P = Tokenizer::kPad, E = Tokenizer::kEos;
-  // row 0: A B? 4 + 6 = 10 > 9, so A then PAD x5. row 1: B then C does not fit -> PAD x3.
-  // row 2: C truncated to 9. row 3: D (3) then epoch 1: A (4), B does not fit -> PAD x2.
-  const std::vector<std::vector<int32_t>> rows = {
-      {260, 'a', 'a', E, P, P, P, P, P},
-      {261, 'b', 'b', 'b', 'b', E, P, P, P},
-      {260, 'c', 'c', 'c', 'c', 'c', 'c', 'c', 'c'},
-      {261, 'd', E, 260, 'a', 'a', E, P, P}};
-  const std::vector<std::vector<int32_t>> langs = {
-      {0, 0, 0, 0, -1, -1, -1, -1, -1}, {1, 1, 1, 1, 1, 1, -1, -1, -1}, {0, 0, 0, 0, 0, 0, 0, 0, 0},
-      {1, 1, 1, 0, 0, 0, 0, -1, -1}};
+  // row 0: A B? 4 + 6 = 10 > 9, so A then PAD x5. row 1: B, C dropped, D: 6 + 3 = 9.
+  // row 2 (epoch 1) and row 3 the same again.
+  const std::vector<int32_t> row_a{260, 'a', 'a', E, P, P, P, P, P}, row_bd{261, 'b', 'b', 'b', 'b', E, 261, 'd', E};
+  const std::vector<std::vector<int32_t>> rows = {row_a, row_bd, row_a, row_bd};
+  const std::vector<int32_t> lang_a{0, 0, 0, 0, -1, -1, -1, -1, -1}, lang_bd(9, 1);
+  const std::vector<std::vector<int32_t>> langs = {lang_a, lang_bd, lang_a, lang_bd};
+  // Segment (example within the row, the PAD tail one more) and position of each token.
+  const std::vector<int32_t> seg_a{0, 0, 0, 0, 1, 1, 1, 1, 1}, seg_bd{0, 0, 0, 0, 0, 0, 1, 1, 1};
+  const std::vector<int32_t> pos_a{0, 1, 2, 3, 0, 1, 2, 3, 4}, pos_bd{0, 1, 2, 3, 4, 5, 0, 1, 2};
+  const std::vector<std::vector<int32_t>> segs = {seg_a, seg_bd, seg_a, seg_bd}, pos = {pos_a, pos_bd, pos_a, pos_bd};
   REQUIRE(x.rows == 4);
   REQUIRE(x.seq_len == 8);
   for (int r = 0; r < 4; ++r) {
@@ -517,12 +520,68 @@ TEST_CASE("batcher: packing, padding, truncation and shifted targets (hand-compu
       CHECK(x.inputs[k] == rows[size_t(r)][size_t(j)]);
       CHECK(x.targets[k] == rows[size_t(r)][size_t(j + 1)]);
       CHECK(x.lang[k] == langs[size_t(r)][size_t(j + 1)]);
+      CHECK(x.segment[k] == segs[size_t(r)][size_t(j)]);
+      CHECK(x.position[k] == pos[size_t(r)][size_t(j)]);
       // The mask follows the target: 0 on PAD and on a language tag, 1 on text and EOS.
       const int32_t t = rows[size_t(r)][size_t(j + 1)];
       CHECK(x.mask[k] == ((t == P || t >= 260) ? 0.0f : 1.0f));
     }
   }
-  CHECK(b.cursor() == DataCursor{1, 1});
+  CHECK(b.cursor() == DataCursor{1, 4});
+}
+
+TEST_CASE("batcher: a too-long example loses the end of its source, never its target", "[data]") {
+  // Translation-like examples [tag s.. SEP t.. EOS], loss on t.. and EOS; seq_len 8 (rows of 9).
+  //   X: tag s1..s6 SEP t1 t2 EOS (11): keeps tag s1..s4, cuts s5 s6, keeps SEP t1 t2 EOS
+  //   Y: tag s1 SEP t1..t7 EOS (11): SEP + target = 9, with the tag 10 > 9: dropped
+  //   Z: tag s1 SEP t1 EOS (5): fits
+  const int32_t S = Tokenizer::kSep, E = Tokenizer::kEos;
+  DatasetInfo info;
+  info.languages = {"de"};
+  info.vocab_size = 261;
+  DataSplit s;
+  s.add_example({260, 1, 2, 3, 4, 5, 6, S, 11, 12, E}, {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1}, 0);
+  s.add_example({260, 1, S, 11, 12, 13, 14, 15, 16, 17, E}, {0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}, 0);
+  s.add_example({260, 1, S, 11, E}, {0, 0, 0, 1, 1}, 0);
+  info.train_pairs = {3};
+  info.valid_pairs = {0};
+  const Dataset ds = Dataset::from_memory(info, s);
+  const TooLong t = count_too_long(ds.split(), 8);
+  CHECK(t.truncated == 1);
+  CHECK(t.dropped == 1);
+  Batcher b(ds, 8, 1, false);
+  const Batch x = b.next(2);
+  // row 0: X kept as 9 tokens; row 1: Y dropped, Z, PAD x4.
+  CHECK(x.inputs == std::vector<int32_t>{260, 1, 2, 3, 4, S, 11, 12, /**/ 260, 1, S, 11, E, 256, 256, 256});
+  CHECK(x.targets == std::vector<int32_t>{1, 2, 3, 4, S, 11, 12, E, /**/ 1, S, 11, E, 256, 256, 256, 256});
+  // X's three targets and Z's two all count.
+  CHECK(x.mask == std::vector<float>{0, 0, 0, 0, 0, 1, 1, 1, /**/ 0, 0, 1, 1, 0, 0, 0, 0});
+  CHECK(x.position == std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, /**/ 0, 1, 2, 3, 4, 0, 1, 2});
+  CHECK(b.cursor() == DataCursor{1, 0});  // row 1 went on into epoch 1, where X no longer fits
+  // Only dropped examples: refused at the start (else the batcher would loop for ever).
+  DataSplit only_long;
+  only_long.add_example({260, 1, S, 11, 12, 13, 14, 15, 16, 17, E}, {0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}, 0);
+  info.train_pairs = {1};
+  const Dataset all_dropped = Dataset::from_memory(info, only_long);
+  CHECK_THROWS_WITH(Batcher(all_dropped, 8, 1, false), Catch::Contains("raise model.seq_len"));
+}
+
+TEST_CASE("batcher: a target in the next example never counts, even when its data mask says so", "[data]") {
+  // Two examples whose every token is a target (mask 1, the first included): rows of 8 + 1 tokens
+  // hold [5 6 7] [8 9 10 11] PAD PAD. Input 7 (example 0) is followed by 8 (example 1): masked.
+  DatasetInfo info;
+  info.languages = {"de"};
+  info.vocab_size = 261;
+  DataSplit s;
+  s.add_example({5, 6, 7}, {1, 1, 1}, 0);
+  s.add_example({8, 9, 10, 11}, {1, 1, 1, 1}, 0);
+  info.train_pairs = {2};
+  info.valid_pairs = {0};
+  const Dataset ds = Dataset::from_memory(info, s);
+  const Batch x = Batcher(ds, 8, 1, false).next(1);
+  CHECK(x.mask == std::vector<float>{1, 1, 0, 1, 1, 1, 0, 0});
+  CHECK(x.segment == std::vector<int32_t>{0, 0, 0, 1, 1, 1, 1, 2});
+  CHECK(x.position == std::vector<int32_t>{0, 1, 2, 0, 1, 2, 3, 0});
 }
 
 TEST_CASE("batcher: seeded order, cursor restore, rank slices", "[data]") {
@@ -601,6 +660,8 @@ TEST_CASE("batcher: seeded order, cursor restore, rank slices", "[data]") {
         joined.targets.insert(joined.targets.end(), part.targets.begin(), part.targets.end());
         joined.lang.insert(joined.lang.end(), part.lang.begin(), part.lang.end());
         joined.mask.insert(joined.mask.end(), part.mask.begin(), part.mask.end());
+        joined.segment.insert(joined.segment.end(), part.segment.begin(), part.segment.end());
+        joined.position.insert(joined.position.end(), part.position.begin(), part.position.end());
       }
       INFO(parts << " parts");
       CHECK(same(joined, want));

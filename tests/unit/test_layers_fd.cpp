@@ -247,10 +247,14 @@ TEST_CASE("embedding and output head: finite differences, tied and untied", "[la
   std::uniform_int_distribution<int> tok(0, V - 1);
   for (auto& t : tokens) t = tok(gen);
   tokens[3] = tokens[7] = 2;  // a repeated token: its gradient rows must add up
-  StepContext ctx = train_ctx();
+  // Packed examples: positions within each example, restarting (ctx.position).
+  const std::vector<int32_t> packed_position{0, 1, 0, 1, 2, /**/ 0, 1, 2, 3, 0, /**/ 0, 0, 1, 2, 3};
 
-  for (bool tied : {true, false}) {
-    INFO((tied ? "tied" : "untied"));
+  for (auto [tied, packed] : {std::pair{true, false}, {false, false}, {true, true}}) {
+    INFO((tied ? "tied" : "untied") << (packed ? ", packed" : ""));
+    StepContext ctx = train_ctx();
+    if (packed) ctx.position = packed_position.data();
+    auto pos = [&](int n) { return packed ? packed_position[size_t(n)] : n % T; };
     Embedding<double> emb(V, Tmax, M);
     OutputHead<double> head(V, M);
     ParamStore<double> store;
@@ -269,12 +273,12 @@ TEST_CASE("embedding and output head: finite differences, tied and untied", "[la
       return dot(r, logits);
     };
     loss();
-    // oracle: logits[n, v] = sum_m (wte[tok] + wpe[n % T])[m] * W[v, m]
+    // oracle: logits[n, v] = sum_m (wte[tok] + wpe[position])[m] * W[v, m]
     const double* W = tied ? emb.wte.w : head.wout.w;
     for (int n = 0; n < N; ++n)
       for (int v = 0; v < V; ++v) {
         double s = 0;
-        for (int m = 0; m < M; ++m) s += (emb.wte.w[tokens[n] * M + m] + emb.wpe.w[(n % T) * M + m]) * W[v * M + m];
+        for (int m = 0; m < M; ++m) s += (emb.wte.w[tokens[n] * M + m] + emb.wpe.w[pos(n) * M + m]) * W[v * M + m];
         CHECK(std::abs(logits[n * V + v] - s) <= 1e-12);
       }
     store.zero_grad();
@@ -295,8 +299,13 @@ TEST_CASE("embedding and output head: finite differences, tied and untied", "[la
   std::vector<double> x(size_t(N) * M);
   std::vector<int32_t> bad = tokens;
   bad[4] = V;
+  StepContext ctx = train_ctx();
   CHECK_THROWS_AS(emb.forward(ctx, bad.data(), x.data(), N, T), Error);
   CHECK_THROWS_AS(emb.forward(ctx, tokens.data(), x.data(), N, Tmax + 1), Error);
+  std::vector<int32_t> bad_position = packed_position;
+  bad_position[3] = T;  // beyond the sequence
+  ctx.position = bad_position.data();
+  CHECK_THROWS_AS(emb.forward(ctx, tokens.data(), x.data(), N, T), Error);
 }
 
 TEST_CASE("embedding and output head: float vs double", "[layers]") {
@@ -323,8 +332,9 @@ TEST_CASE("embedding and output head: float vs double", "[layers]") {
 // ---------------------------------------------------------------------------------------------
 namespace {
 // Naive causal attention: loops only, no gemm (independent of the layer's indexing).
+// segment [N] (packed examples) or null: key j is seen by query i when j <= i in the same segment.
 std::vector<double> naive_attention(const std::vector<double>& x, const CausalSelfAttention<double>& a, int N,
-                                    int T, int M, int H) {
+                                    int T, int M, int H, const int32_t* segment = nullptr) {
   const int D = M / H, B = N / T;
   auto proj = [&](const double* W, int n, int c) {
     double s = 0;
@@ -337,14 +347,16 @@ std::vector<double> naive_attention(const std::vector<double>& x, const CausalSe
       for (int i = 0; i < T; ++i) {
         std::vector<double> s(i + 1);
         double mx = -1e300;
+        auto seen = [&](int j) { return !segment || segment[b * T + j] == segment[b * T + i]; };
         for (int j = 0; j <= i; ++j) {
+          if (!seen(j)) continue;
           double q_k = 0;
           for (int d = 0; d < D; ++d) q_k += proj(a.wq.w, b * T + i, h * D + d) * proj(a.wk.w, b * T + j, h * D + d);
           s[j] = q_k / std::sqrt(double(D));
           mx = std::max(mx, s[j]);
         }
         double z = 0;
-        for (auto& v : s) z += (v = std::exp(v - mx));
+        for (int j = 0; j <= i; ++j) z += (s[j] = seen(j) ? std::exp(s[j] - mx) : 0.0);
         for (int d = 0; d < D; ++d)
           for (int j = 0; j <= i; ++j) att[(b * T + i) * M + h * D + d] += s[j] / z * proj(a.wv.w, b * T + j, h * D + d);
       }
@@ -355,11 +367,13 @@ std::vector<double> naive_attention(const std::vector<double>& x, const CausalSe
 }
 }  // namespace
 
-TEST_CASE("attention: forward oracle and finite differences with and without dropout", "[layers]") {
+TEST_CASE("attention: forward oracle and finite differences with and without dropout, packed examples", "[layers]") {
   std::mt19937 gen(5);
   const int M = 12, H = 3, T = 5, B = 2, N = B * T;
-  for (double rate : {0.0, 0.3}) {
-    INFO("dropout " << rate);
+  // Packed: row 0 holds three examples (token 2 alone in its own), row 1 one.
+  const std::vector<int32_t> segment{0, 0, 1, 2, 2, /**/ 0, 0, 0, 0, 0};
+  for (auto [rate, packed] : {std::pair{0.0, false}, {0.3, false}, {0.0, true}, {0.3, true}}) {
+    INFO("dropout " << rate << (packed ? ", packed" : ""));
     CausalSelfAttention<double> att(M, H, rate, 17);
     ParamStore<double> store;
     att.declare(store, "attn");
@@ -370,10 +384,21 @@ TEST_CASE("attention: forward oracle and finite differences with and without dro
     auto r = random_vec(size_t(N) * M, gen);
     std::vector<double> y(x.size()), dx(x.size(), 0.0);
     StepContext ctx = train_ctx(40);
+    if (packed) ctx.segment = segment.data();
     if (rate == 0.0) {
       att.forward(ctx, x.data(), y.data(), N, T);
-      const auto ref = naive_attention(x, att, N, T, M, H);
+      const auto ref = naive_attention(x, att, N, T, M, H, ctx.segment);
       for (size_t i = 0; i < y.size(); ++i) CHECK(std::abs(y[i] - ref[i]) <= 1e-12);
+    }
+    if (rate == 0.0 && packed) {
+      // The oracle can tell: without the segments the outputs of token 2 differ.
+      CHECK(std::abs(naive_attention(x, att, N, T, M, H)[2 * M] - y[2 * M]) > 1e-6);
+      // Token 2, alone in its example, attends only to itself: moving every other token leaves it.
+      std::vector<double> x2 = x, y2(x.size());
+      for (size_t i = 0; i < x2.size(); ++i)
+        if (i / M != 2) x2[i] += 0.5;
+      att.forward(ctx, x2.data(), y2.data(), N, T);
+      for (int m = 0; m < M; ++m) CHECK(y2[size_t(2) * M + m] == y[size_t(2) * M + m]);
     }
     att.forward(ctx, x.data(), y.data(), N, T);
     if (rate > 0) CHECK(std::count(y.begin(), y.end(), 0.0) > 0);

@@ -3,11 +3,12 @@
 // and writes, per configuration, $MESHMOE_TEST_TMPDIR/model_ref_<case>.h5:
 //   /config (attrs)          every deck value the reference needs, resolved (expert d_ff, capacity)
 //   /params/<name>           every parameter at init, logical shape (attr no_weight_decay)
-//   /batch/{inputs,targets,mask} [B, T] of the single forward/backward, /ctx attrs seed, step, token_offset
+//   /batch/{inputs,targets,mask,segment} [B, T] of the single forward/backward (segment: packed
+//                            examples; the reference derives the positions itself), /ctx attrs seed, step, token_offset
 //   /out/logits [N, V], /out attrs ce_sum, mask_sum, aux_sum, z_sum, w_ce, w_aux, w_z, loss
 //   /grads/<name>            d loss / d param of that forward/backward
 //   /routing/block<i>/{expert,slot} [N*k]   the router's decisions (the reference recomputes its own)
-//   /train/batches/{inputs,targets,mask} [steps, B, T]
+//   /train/batches/{inputs,targets,mask,segment} [steps, B, T]
 //   /train/<adamw|adafactor>/{loss,grad_norm,lr} [steps]   total loss before each update, as the trainer
 // The comparison (tolerances stated there) is done by the Python script, which exits non-zero on
 // any mismatch. The checks here only make sure each configuration exercises what it is meant to
@@ -15,6 +16,7 @@
 // on a configuration that silently tests less.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -139,12 +141,16 @@ std::vector<RefCase> ref_cases() {
 }
 
 struct HostBatch {
-  std::vector<int32_t> inputs, targets;  // [B, T]
-  std::vector<float> mask;               // [B, T]
-  MicroBatch micro() const { return MicroBatch{kB, kT, inputs.data(), targets.data(), mask.data()}; }
+  std::vector<int32_t> inputs, targets;     // [B, T]
+  std::vector<float> mask;                  // [B, T]
+  std::vector<int32_t> segment, position;   // [B, T] packed examples, as the batcher makes them
+  MicroBatch micro() const {
+    return MicroBatch{kB, kT, inputs.data(), targets.data(), mask.data(), segment.data(), position.data()};
+  }
 };
 
 // Deterministic batch; about a quarter of the targets masked, masked targets set to -1 (ignored).
+// Each row is cut into packed examples at random places (a new one starts with probability 1/3).
 HostBatch make_batch(uint32_t seed) {
   std::mt19937 rng(seed);
   HostBatch b;
@@ -155,6 +161,7 @@ HostBatch make_batch(uint32_t seed) {
     b.targets.push_back(keep ? t : -1);
     b.mask.push_back(keep ? 1.f : 0.f);
   }
+  test::random_packing(kB, kT, seed, 3, b.segment, b.position);
   return b;
 }
 
@@ -222,6 +229,7 @@ void write_batch(h5::Location& g, const std::string& prefix, const HostBatch& b)
   g.write(prefix + "/inputs", b.inputs, {kB, kT});
   g.write(prefix + "/targets", b.targets, {kB, kT});
   g.write(prefix + "/mask", b.mask, {kB, kT});
+  g.write(prefix + "/segment", b.segment, {kB, kT});
 }
 
 // Writes either the weights or the gradients of every parameter under `group`.
@@ -288,6 +296,8 @@ void run_case(const RefCase& rc, int index) {
   // One forward/backward at a step and token offset other than the trainer's first, so that the
   // random streams' step and global-token keys are exercised.
   const HostBatch b = make_batch(1000u + uint32_t(index));
+  // The forward must see packed rows: some row holds several examples.
+  REQUIRE(*std::max_element(b.segment.begin(), b.segment.end()) > 0);
   write_batch(f, "batch", b);
   const StepContext ctx{uint64_t(cfg.run.seed), 7, true, 96, nullptr};
   {
@@ -342,13 +352,15 @@ void run_case(const RefCase& rc, int index) {
   std::vector<HostBatch> batches;
   for (int t = 0; t < kSteps; ++t) batches.push_back(make_batch(2000u + 100u * uint32_t(index) + uint32_t(t)));
   {
-    std::vector<int32_t> in, tg;
+    std::vector<int32_t> in, tg, sg;
     std::vector<float> mk;
     for (const HostBatch& hb : batches) {
       in.insert(in.end(), hb.inputs.begin(), hb.inputs.end());
       tg.insert(tg.end(), hb.targets.begin(), hb.targets.end());
       mk.insert(mk.end(), hb.mask.begin(), hb.mask.end());
+      sg.insert(sg.end(), hb.segment.begin(), hb.segment.end());
     }
+    f.write("train/batches/segment", sg, {kSteps, kB, kT});
     f.write("train/batches/inputs", in, {kSteps, kB, kT});
     f.write("train/batches/targets", tg, {kSteps, kB, kT});
     f.write("train/batches/mask", mk, {kSteps, kB, kT});
