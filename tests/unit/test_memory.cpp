@@ -116,6 +116,9 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
     c.moe.group_size = 8;
     check_exact(c, V, MeshShape{2, 1, 1}, 0, 0, 0);
     check_exact(c, V, MeshShape{2, 1, 1}, 1, 0, 0);
+    // geglu experts: w_in [E, M, 2, H], whose Adafactor state factors [2, H] per (expert, row)
+    c.model.activation = "geglu";
+    check_exact(c, V, MeshShape{2, 1, 1}, 0, 0, 0);
   }
   SECTION("whole-model counts: a one-rank plan holds every parameter") {
     for (bool tied : {false, true}) {
