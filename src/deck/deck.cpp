@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "core/sizes.hpp"
 #include "deck/schema.hpp"
+#include "deck/shape_rules.hpp"
 
 namespace meshmoe {
 namespace {
@@ -252,7 +253,7 @@ class Parser {
 
   // A cross-key rule over `keys`; skipped when one of them already has its own error. The message
   // is placed at the first of the keys that the deck or --set gave.
-  void rule(std::initializer_list<const char*> keys, bool ok, const std::string& msg) {
+  void rule(const std::vector<const char*>& keys, bool ok, const std::string& msg) {
     for (const char* k : keys)
       if (bad_.count(k)) return;
     if (ok) return;
@@ -263,11 +264,6 @@ class Parser {
         break;
       }
     add(2, 0, 0, loc + msg);
-  }
-  bool any_bad(std::initializer_list<const char*> keys) const {
-    for (const char* k : keys)
-      if (bad_.count(k)) return true;
-    return false;
   }
 
   std::string path_;
@@ -313,47 +309,8 @@ void Parser::cross_checks() {
   const auto& o = cfg.optim;
   const bool moe_layers = e.every > 0;
 
-  rule({"model.d_model", "model.num_heads"}, m.d_model % m.num_heads == 0,
-       kv("model.d_model", m.d_model) + " is not divisible by " + kv("model.num_heads", m.num_heads) +
-           " (each head gets d_model / num_heads channels)");
-  rule({"model.num_heads", "mesh.tensor"}, m.num_heads % mesh.tensor == 0,
-       kv("model.num_heads", m.num_heads) + " is not divisible by " + kv("mesh.tensor", mesh.tensor) +
-           " (attention heads are split over the tensor axis)");
-  rule({"model.d_ff", "mesh.tensor"}, m.d_ff % mesh.tensor == 0,
-       kv("model.d_ff", m.d_ff) + " is not divisible by " + kv("mesh.tensor", mesh.tensor) +
-           " (feed-forward hidden units are split over the tensor axis)");
-  // Switch section 5.5: with experts over data, each expert's hidden layer is split over tensor.
-  // (expert_d_ff = 0 means model.d_ff, checked just above.)
-  if (moe_layers && e.expert_axis == ExpertAxis::Data && mesh.tensor > 1 && e.expert_d_ff > 0)
-    rule({"moe.expert_d_ff", "mesh.tensor", "moe.expert_axis", "moe.every"}, e.expert_d_ff % mesh.tensor == 0,
-         kv("moe.expert_d_ff", e.expert_d_ff) + " is not divisible by " + kv("mesh.tensor", mesh.tensor) +
-             " (with moe.expert_axis = \"data\" each expert's hidden units are split over the tensor axis)");
-  if (moe_layers) {
-    const bool on_data = e.expert_axis == ExpertAxis::Data;
-    const int64_t axis = on_data ? mesh.data : mesh.tensor;
-    const char* axis_key = on_data ? "mesh.data" : "mesh.tensor";
-    rule({"moe.num_experts", axis_key, "moe.expert_axis", "moe.every"}, e.num_experts % axis == 0,
-         kv("moe.num_experts", e.num_experts) + " is not divisible by " + kv(axis_key, axis) +
-             " (moe.expert_axis = \"" + std::string(option_name(e.expert_axis)) + "\": every rank of that axis holds the same number of experts)");
-  }
-  rule({"model.num_layers", "mesh.pipe"}, m.num_layers % mesh.pipe == 0,
-       kv("model.num_layers", m.num_layers) + " is not divisible by " + kv("mesh.pipe", mesh.pipe) +
-           " (every pipeline stage holds the same number of layers)");
-  const int64_t shards = mesh.data * o.micro_batches;
-  const bool batch_ok = o.batch_size % shards == 0;
-  rule({"optim.batch_size", "mesh.data", "optim.micro_batches"}, batch_ok,
-       kv("optim.batch_size", o.batch_size) + " is not divisible by mesh.data * optim.micro_batches = " +
-           std::to_string(mesh.data) + " * " + std::to_string(o.micro_batches) + " = " + std::to_string(shards));
-  if (moe_layers && batch_ok && !any_bad({"optim.batch_size", "mesh.data", "optim.micro_batches"})) {
-    const int64_t seqs = o.batch_size / shards, tokens = seqs * m.seq_len;
-    rule({"moe.group_size", "model.seq_len", "optim.batch_size", "mesh.data", "optim.micro_batches", "moe.every"},
-         tokens % e.group_size == 0,
-         "tokens per micro-batch on each data rank, optim.batch_size / (mesh.data * optim.micro_batches) * "
-         "model.seq_len = " +
-             std::to_string(seqs) + " * " + std::to_string(m.seq_len) + " = " + std::to_string(tokens) +
-             ", is not divisible by " + kv("moe.group_size", e.group_size) +
-             " (each rank holds whole routing groups)");
-  }
+  // The divisibility rules of the mesh (shape_rules.hpp, shared with the shape table).
+  for (const ShapeRule& r : shape_rules(cfg, mesh.pipe, mesh.data, mesh.tensor)) rule(r.keys, r.ok, r.message);
   rule({"moe.every", "model.num_layers"}, e.every <= m.num_layers,
        kv("moe.every", e.every) + " is greater than " + kv("model.num_layers", m.num_layers) +
            ": no layer would be an MoE layer (moe.every = 0 makes a dense model)");

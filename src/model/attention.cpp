@@ -34,28 +34,16 @@ static size_t pair_base(int64_t bh, int Tq, int L, int D) {
 template <typename T>
 CausalSelfAttention<T>::CausalSelfAttention(int d_model, int num_heads, double dropout, uint32_t layer_id,
                                             int head_offset, int local_heads)
-    : M_(d_model), H_(num_heads), dropout_(dropout, layer_id) {
-  if (num_heads < 1 || d_model % num_heads != 0)
-    throw InputError("model.d_model = " + std::to_string(d_model) + " must be divisible by model.num_heads = " +
-                     std::to_string(num_heads));
-  D_ = M_ / H_;
-  h0_ = head_offset;
-  LH_ = local_heads < 0 ? H_ : local_heads;
-  if (h0_ < 0 || LH_ < 1 || h0_ + LH_ > H_)
-    throw std::logic_error("CausalSelfAttention: head block out of range");
-  L_ = LH_ * D_;
-}
+    : CausalSelfAttention(attention_shape(d_model, num_heads, {head_offset, local_heads < 0 ? num_heads : local_heads}),
+                          dropout, layer_id) {}
+
+template <typename T>
+CausalSelfAttention<T>::CausalSelfAttention(const AttentionShape& s, double dropout, uint32_t layer_id)
+    : M_(s.M), H_(s.heads), D_(s.D), h0_(s.head0), LH_(s.heads_l), L_(s.A_l), dropout_(dropout, layer_id) {}
 
 template <typename T>
 void CausalSelfAttention<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  const int64_t M = M_, L = L_, off = int64_t(h0_) * D_;
-  const std::pair<const char*, ParamView<T>*> in_proj[] = {{".wq", &wq}, {".wk", &wk}, {".wv", &wv}};
-  for (const auto& [name, view] : in_proj) {
-    auto& p = store.add_block(prefix + name, {M, M}, {M, L}, {0, off}, InitKind::TruncNormal, M_, view);
-    if (sharded()) p.sharded_over |= kShardTensor;
-  }
-  auto& p = store.add_block(prefix + ".wo", {M, M}, {L, M}, {off, 0}, InitKind::TruncNormal, M_, &wo);
-  if (sharded()) p.sharded_over |= kShardTensor;
+  declare_params(store, attention_params(prefix, attention_shape(M_, H_, {h0_, LH_})), {&wq, &wk, &wv, &wo});
 }
 
 // x [N, M] -> y [N, M]

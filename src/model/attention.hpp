@@ -2,8 +2,8 @@
 // wq, wk, wv [M, M]: column = head*D + d; wo [M, M]: row = head*D + d; D = M / num_heads.
 //
 // Tensor parallelism (Megatron): a rank may hold the contiguous block of heads
-// [head_offset, head_offset + local_heads): its wq/wk/wv block is [M, L] and its wo block [L, M]
-// with L = local_heads*D (logical shapes stay [M, M]). The output projection then yields a partial
+// [head_offset, head_offset + local_heads): its wq/wk/wv block is [M, A_l] and its wo block [A_l, M]
+// with A_l = local_heads*D (logical shapes stay [M, M]; the bodies in attention.cpp call A_l `L`). The output projection then yields a partial
 // sum over heads, and the input gradient a partial sum too; both go through `tensor_allreduce`
 // (set by the parallel code to the tensor axis' all-reduce) before dropout / before being added
 // to dx. With all heads local the hook is never called.
@@ -15,6 +15,7 @@
 
 #include "model/context.hpp"
 #include "model/dropout.hpp"
+#include "model/layer_shapes.hpp"
 #include "model/params.hpp"
 #include "tensor/device.hpp"
 
@@ -26,8 +27,10 @@ class CausalSelfAttention {
   // local_heads < 0 means all heads. layer_id keys the dropout stream (unique per dropout site).
   CausalSelfAttention(int d_model, int num_heads, double dropout, uint32_t layer_id, int head_offset = 0,
                       int local_heads = -1);
+  // The heads of `shape` (layer_shapes.hpp).
+  CausalSelfAttention(const AttentionShape& shape, double dropout, uint32_t layer_id);
 
-  // prefix.wq, .wk, .wv, .wo (truncated normal, fan_in M); sharded blocks via add_block.
+  // prefix.wq, .wk, .wv, .wo (attention_params, layer_shapes.hpp).
   void declare(ParamStore<T>& store, const std::string& prefix);
 
   // x [N, M] -> y [N, M]; N = B*T tokens, B sequences of T_seq tokens each, contiguous. A query
@@ -56,14 +59,14 @@ class CausalSelfAttention {
   bool sharded() const { return LH_ != H_; }
 
  private:
-  int M_, H_, D_, h0_, LH_, L_;
+  int M_, H_, D_, h0_, LH_, L_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
   int T_ = 0;
   Dropout<T> dropout_;
   // saved by forward
   Buffer<T> x_;    // [N, M]
-  Buffer<T> qkv_;  // q, k, v each [N, L]
+  Buffer<T> qkv_;  // q, k, v each [N, A_l]
   Buffer<T> p_;    // softmax probabilities [B, LH, T, T] (zero above the diagonal and across examples)
-  Buffer<T> att_;  // attention output before wo [N, L]
+  Buffer<T> att_;  // attention output before wo [N, A_l]
   // backward scratch
   Buffer<T> dy_, datt_, dqkv_, dxs_;
   Buffer<T> dp_;  // dP, then dS, of every (b, h) pair [B, LH, T, T]

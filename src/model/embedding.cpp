@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "model/embedding_bodies.hpp"
+#include "model/layer_shapes.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/elementwise.hpp"
 #include "tensor/launch.hpp"
@@ -12,8 +13,7 @@ namespace meshmoe {
 
 template <typename T>
 void Embedding<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  store.add(prefix + ".wte", {V_, M_}, InitKind::TruncNormal, M_, &wte);
-  store.add(prefix + ".wpe", {Tmax_, M_}, InitKind::TruncNormal, M_, &wpe);
+  declare_params(store, embedding_params(prefix, V_, Tmax_, M_), {&wte, &wpe});
 }
 
 // tokens [N] -> x [N, M]
@@ -79,7 +79,7 @@ void OutputHead<T>::declare(ParamStore<T>& store, const std::string& prefix, Par
     W_ = tied;
   } else {
     W_ = &wout;
-    store.add(prefix + ".wout", {V_, M_}, InitKind::TruncNormal, M_, &wout);
+    declare_params(store, head_params(prefix, V_, M_), {&wout});
   }
 }
 

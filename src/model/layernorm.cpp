@@ -1,5 +1,6 @@
 #include "model/layernorm.hpp"
 
+#include "model/layer_shapes.hpp"
 #include "model/layernorm_bodies.hpp"
 #include "tensor/launch.hpp"
 
@@ -7,8 +8,7 @@ namespace meshmoe {
 
 template <typename T>
 void LayerNorm<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  store.add(prefix + ".gain", {M_}, InitKind::Ones, 1, &gain).no_weight_decay = true;
-  store.add(prefix + ".bias", {M_}, InitKind::Zeros, 1, &bias).no_weight_decay = true;
+  declare_params(store, layernorm_params(prefix, M_), {&gain, &bias});
 }
 
 // x [N, M] -> y [N, M]

@@ -15,23 +15,15 @@ static void ensure(Buffer<T>& v, size_t n) {
 template <typename T>
 MLP<T>::MLP(int d_model, int d_ff, Activation act, double dropout, uint32_t layer_id, int hidden_offset,
             int local_hidden)
-    : M_(d_model), H_(d_ff), h0_(hidden_offset), LH_(local_hidden < 0 ? d_ff : local_hidden), act_(act),
-      dropout_(dropout, layer_id) {
-  if (h0_ < 0 || LH_ < 1 || h0_ + LH_ > H_) throw std::logic_error("MLP: hidden block out of range");
-  W_ = activation_in_width(act_, LH_);
-}
+    : MLP(ffn_shape(d_model, d_ff, act, {hidden_offset, local_hidden < 0 ? d_ff : local_hidden}), dropout, layer_id) {}
+
+template <typename T>
+MLP<T>::MLP(const FfnShape& s, double dropout, uint32_t layer_id)
+    : M_(s.M), H_(s.H), h0_(s.h0), LH_(s.H_l), W_(s.W_l), act_(s.act), dropout_(dropout, layer_id) {}
 
 template <typename T>
 void MLP<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  const int64_t M = M_, H = H_, LH = LH_, h0 = h0_;
-  ParamInfo* p = nullptr;
-  if (act_ == Activation::Geglu)
-    p = &store.add_block(prefix + ".w_in", {M, 2, H}, {M, 2, LH}, {0, 0, h0}, InitKind::TruncNormal, M_, &w_in);
-  else
-    p = &store.add_block(prefix + ".w_in", {M, H}, {M, LH}, {0, h0}, InitKind::TruncNormal, M_, &w_in);
-  if (sharded()) p->sharded_over |= kShardTensor;
-  p = &store.add_block(prefix + ".w_out", {H, M}, {LH, M}, {h0, 0}, InitKind::TruncNormal, H_, &w_out);
-  if (sharded()) p->sharded_over |= kShardTensor;
+  declare_params(store, mlp_params(prefix, ffn_shape(M_, H_, act_, {h0_, LH_})), {&w_in, &w_out});
 }
 
 // x [N, M] -> y [N, M]

@@ -15,6 +15,7 @@
 #include "model/activation.hpp"
 #include "model/context.hpp"
 #include "model/dropout.hpp"
+#include "model/layer_shapes.hpp"
 #include "model/params.hpp"
 #include "tensor/device.hpp"
 
@@ -26,8 +27,10 @@ class MLP {
   // local_hidden < 0 means all H hidden units. layer_id keys the dropout stream.
   MLP(int d_model, int d_ff, Activation act, double dropout, uint32_t layer_id, int hidden_offset = 0,
       int local_hidden = -1);
+  // The hidden units of `shape` (layer_shapes.hpp).
+  MLP(const FfnShape& shape, double dropout, uint32_t layer_id);
 
-  // prefix.w_in (fan_in M), prefix.w_out (fan_in H)
+  // prefix.w_in, prefix.w_out (mlp_params, layer_shapes.hpp)
   void declare(ParamStore<T>& store, const std::string& prefix);
 
   // x [N, M] -> y [N, M]

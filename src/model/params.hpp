@@ -9,12 +9,12 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "core/hash.hpp"
+#include "core/sizes.hpp"
 #include "core/philox.hpp"
 #include "tensor/device.hpp"
 #include "tensor/elementwise.hpp"
@@ -49,6 +49,24 @@ struct ParamInfo {
   bool no_weight_decay = false;          // biases, LayerNorm gains
 };
 
+// A parameter of which a rank holds block [offset, offset + local): its entry without a flat
+// offset, the element count checked (a plan of a huge deck throws SizeOverflow).
+inline ParamInfo param_entry(std::string name, std::vector<int64_t> logical, std::vector<int64_t> local,
+                             std::vector<int64_t> offset, InitKind init, double fan_in, uint8_t sharded_over = kShardNone) {
+  ParamInfo p;
+  p.name = std::move(name);
+  p.logical_shape = std::move(logical);
+  p.local_shape = std::move(local);
+  p.offset = std::move(offset);
+  p.init = init;
+  p.fan_in = fan_in;
+  p.sharded_over = sharded_over;
+  Checked n = 1;
+  for (const int64_t d : p.local_shape) n *= d;
+  p.size = size_t(n.value());
+  return p;
+}
+
 template <typename T>
 class ParamStore {
  public:
@@ -59,19 +77,17 @@ class ParamStore {
   // Registers a parameter of which this rank holds block [offset, offset+local_shape).
   ParamInfo& add_block(std::string name, std::vector<int64_t> logical_shape, std::vector<int64_t> local_shape,
                        std::vector<int64_t> offset, InitKind init, double fan_in, ParamView<T>* view) {
-    if (allocated()) throw std::logic_error("ParamStore::add after allocate: " + name);
-    ParamInfo p;
-    p.name = std::move(name);
-    p.logical_shape = std::move(logical_shape);
-    p.local_shape = std::move(local_shape);
-    p.offset = std::move(offset);
-    p.init = init;
-    p.fan_in = fan_in;
-    p.size = std::accumulate(p.local_shape.begin(), p.local_shape.end(), size_t(1),
-                             [](size_t a, int64_t b) { return a * size_t(b); });
-    p.flat_offset = total_;
-    total_ += p.size;
-    infos_.push_back(std::move(p));
+    return add(param_entry(std::move(name), std::move(logical_shape), std::move(local_shape), std::move(offset), init,
+                           fan_in),
+               view);
+  }
+  // Registers an entry (of the shape table, model/layer_shapes.hpp, or param_entry) as it is; its
+  // flat offset is the store's.
+  ParamInfo& add(ParamInfo entry, ParamView<T>* view) {
+    if (allocated()) throw std::logic_error("ParamStore::add after allocate: " + entry.name);
+    entry.flat_offset = total_;
+    total_ += entry.size;
+    infos_.push_back(std::move(entry));
     views_.push_back(view);
     return infos_.back();
   }

@@ -7,21 +7,10 @@
 #include "core/error.hpp"
 #include "model/activation.hpp"
 #include "model/moe/moe_options.hpp"
+#include "model/shape_table.hpp"
 #include "tensor/elementwise.hpp"
 
 namespace meshmoe {
-
-ModelShape model_shape(const Config& cfg, int vocab) {
-  ModelShape s;
-  s.vocab = vocab;
-  s.seq_len = int(cfg.model.seq_len);
-  s.d_model = int(cfg.model.d_model);
-  s.num_layers = int(cfg.model.num_layers);
-  s.num_heads = int(cfg.model.num_heads);
-  s.d_ff = int(cfg.model.d_ff);
-  s.moe_every = int(cfg.moe.every);
-  return s;
-}
 
 double train_flops_per_token(const Config& cfg, const ModelShape& s) {
   const double M = s.d_model, T = s.seq_len, V = s.vocab;
@@ -40,15 +29,13 @@ double train_flops_per_token(const Config& cfg, const ModelShape& s) {
   return 3.0 * fwd;
 }
 
-// Megatron (seed 003 section 3.3; DESIGN.md "The mesh"): tensor rank t holds heads
-// [t*H/n, (t+1)*H/n) and hidden units [t*d_ff/n, (t+1)*d_ff/n).
+// The heads and hidden units of this tensor rank come from the shape table (shape_table.hpp).
 template <typename T>
-Transformer<T>::Block::Block(const Config& cfg, const ModelShape& s, int i, const ModelSharding& sh)
-    : ln1(s.d_model, cfg.model.layernorm_eps),
-      ln2(s.d_model, cfg.model.layernorm_eps),
-      attn(s.d_model, s.num_heads, cfg.model.dropout, uint32_t(16 * i + 1), sh.tensor_rank * s.num_heads / sh.tensor_size,
-           s.num_heads / sh.tensor_size) {
-  if (s.is_moe_block(i)) {
+Transformer<T>::Block::Block(const Config& cfg, const ShapeTable& table, int i, const ModelSharding& sh)
+    : ln1(table.letters().M, cfg.model.layernorm_eps),
+      ln2(table.letters().M, cfg.model.layernorm_eps),
+      attn(table.letters().attn, cfg.model.dropout, uint32_t(16 * i + 1)) {
+  if (table.is_moe_block(i)) {
     // Expert placement (moe_placement.hpp): experts over data (all-to-all, Switch 5.5 hidden split
     // over tensor) or over tensor (Pipeline-MoE index-select + all-reduce).
     MoePlacement place;
@@ -61,9 +48,7 @@ Transformer<T>::Block::Block(const Config& cfg, const ModelShape& s, int i, cons
     place.tensor_size = sh.tensor_size;
     moe = std::make_unique<MoeLayer<T>>(moe_options(cfg, uint32_t(16 * i + 3)), place);
   } else
-    mlp = std::make_unique<MLP<T>>(s.d_model, s.d_ff, cfg.model.activation, cfg.model.dropout,
-                                   uint32_t(16 * i + 2), sh.tensor_rank * s.d_ff / sh.tensor_size,
-                                   s.d_ff / sh.tensor_size);
+    mlp = std::make_unique<MLP<T>>(table.letters().ffn, cfg.model.dropout, uint32_t(16 * i + 2));
 }
 
 template <typename T>
@@ -79,12 +64,13 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& s
     ScopedPhase t(timers_, "tensor_allreduce");
     sharding_.tensor->all_reduce(buf, n, Op::Sum);
   };
-  const int L = shape_.num_layers, P = sharding_.pipe_size, stage = sharding_.pipe_rank;
-  first_block_ = stage * L / P;
+  const ShapeTable table(cfg, vocab, MeshShape{sharding_.pipe_size, sharding_.data_size, sharding_.tensor_size},
+                         RankCoords{sharding_.pipe_rank, sharding_.data_rank, sharding_.tensor_rank});
+  first_block_ = table.letters().first_block;
   if (first_stage()) emb_.declare(params_, "embed");
   std::vector<BlockGrads> block_first_param;  // indices into the parameter table
-  for (int i = first_block_; i < (stage + 1) * L / P; ++i) {
-    Block& b = blocks_.emplace_back(cfg, shape_, i, sharding_);
+  for (int i = first_block_; i < first_block_ + table.letters().num_blocks; ++i) {
+    Block& b = blocks_.emplace_back(cfg, table, i, sharding_);
     b.attn.tensor_allreduce = tensor_allreduce;
     if (b.mlp) b.mlp->tensor_allreduce = tensor_allreduce;
     const std::string p = "blocks." + std::to_string(i);
@@ -107,11 +93,12 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& s
     if (cfg.model.tied_embeddings && first_stage()) tied = &emb_.wte;
     if (cfg.model.tied_embeddings && !first_stage()) {
       // The same logical parameter (and so the same initial values) as the first stage's.
-      params_.add("embed.wte", {shape_.vocab, shape_.d_model}, InitKind::TruncNormal, shape_.d_model, &wte_copy_);
+      params_.add(embedding_params("embed", shape_.vocab, shape_.seq_len, shape_.d_model)[0], &wte_copy_);
       tied = &wte_copy_;
     }
     head_.declare(params_, "head", tied);
   }
+  check_registered(table);
   params_.allocate();
   auto flat_begin = [&](size_t param) {
     return param < params_.infos().size() ? params_.infos()[param].flat_offset : params_.size();
@@ -119,6 +106,22 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& s
   for (const BlockGrads& p : block_first_param)
     block_grads_.push_back({flat_begin(p.block), flat_begin(p.attn), flat_begin(p.ffn)});
   tail_grads_begin_ = flat_begin(tail_first_param);
+}
+
+// The layers registered what the shape table lists (the memory plan and the GPU arena read it).
+template <typename T>
+void Transformer<T>::check_registered(const ShapeTable& table) const {
+  const std::vector<ParamInfo> want = table.params();
+  const std::vector<ParamInfo>& got = params_.infos();
+  bool same = want.size() == got.size();
+  for (size_t i = 0; same && i < got.size(); ++i) {
+    const ParamInfo &a = got[i], &b = want[i];
+    same = a.name == b.name && a.logical_shape == b.logical_shape && a.local_shape == b.local_shape &&
+           a.offset == b.offset && a.init == b.init && a.fan_in == b.fan_in && a.sharded_over == b.sharded_over &&
+           a.flat_offset == b.flat_offset && a.size == b.size && a.no_weight_decay == b.no_weight_decay;
+    if (!same) throw std::logic_error("Transformer: parameter " + a.name + " differs from the shape table's " + b.name);
+  }
+  if (!same) throw std::logic_error("Transformer: the layers registered another number of parameters than the shape table lists");
 }
 
 template <typename T>

@@ -22,22 +22,10 @@
 #include "model/mlp.hpp"
 #include "model/moe/moe_layer.hpp"
 #include "model/params.hpp"
+#include "model/shape_table.hpp"
 #include "tensor/device.hpp"
 
 namespace meshmoe {
-
-// Sizes that follow from the deck and the dataset.
-struct ModelShape {
-  int vocab = 0, seq_len = 0, d_model = 0, num_layers = 0, num_heads = 0, d_ff = 0;
-  int moe_every = 0;  // block i has an MoE feed-forward when moe_every > 0 and (i + 1) % moe_every == 0
-  bool is_moe_block(int i) const { return moe_every > 0 && (i + 1) % moe_every == 0; }
-  int num_moe_layers() const {
-    int n = 0;
-    for (int i = 0; i < num_layers; ++i) n += is_moe_block(i);
-    return n;
-  }
-};
-ModelShape model_shape(const Config& cfg, int vocab);
 
 // Model FLOPs per token of one training step (forward + backward = 3 x forward matmul FLOPs;
 // attention counted over the full context, MoE experts at k choices per token, the router included).
@@ -83,7 +71,7 @@ template <typename T>
 class Transformer {
  public:
   struct Block {
-    Block(const Config& cfg, const ModelShape& s, int index, const ModelSharding& sh);
+    Block(const Config& cfg, const ShapeTable& table, int index, const ModelSharding& sh);
     LayerNorm<T> ln1, ln2;
     CausalSelfAttention<T> attn;
     std::unique_ptr<MLP<T>> mlp;       // dense feed-forward, or
@@ -164,6 +152,7 @@ class Transformer {
   ParamView<T> wte_copy_;     // last stage with tied embeddings and pipe > 1: "embed.wte" again
   std::deque<Block> blocks_;  // deque: layers must not move after declare()
   int first_block_ = 0;
+  void check_registered(const ShapeTable& table) const;
   struct BlockGrads {
     size_t block, attn, ffn;  // flat offsets of the block's, its attention's and its FFN's parameters
   };

@@ -159,11 +159,17 @@ void GradientSync::reduce_over_data() {
   if (mesh_.extent(Axis::Data) == 1) return;
   Comm& data = mesh_.axis(Axis::Data);
   float* grads = model_.params().grads();
-  if (sharded_) {
+  if (sharded_ && data.size() == 2) {
     for (const ShardedRun& r : scatter_runs_) data.reduce_scatterv_in_place(grads + r.begin, r.counts, Op::Sum);
     for (const auto& [begin, size] : tied_all_reduce_) data.all_reduce(grads + begin, size, Op::Sum);
     return;
   }
+  // Exactness first: two data ranks sum each element as a + b whatever the collective, so the
+  // reduce-scatter above gives bitwise the all-reduce's gradients. With more ranks MPI's
+  // reduce-scatter adds in another order than its all-reduce, and Adam's normalisation turns that
+  // into up to ~1e-5 of a parameter's scale within four steps (measured); the sharded run then
+  // reduces as the unsharded one does, bitwise equal to it, at 1.5x its communication (the
+  // all-gather after the update comes on top). docs/ARCHITECTURE.md "Sharded optimizer state".
   if (!overlap_) {
     for (const auto& [begin, size] : data_replicated_ranges_) data.all_reduce(grads + begin, size, Op::Sum);
     return;

@@ -17,6 +17,7 @@
 #include "data/dataset.hpp"
 #include "model/activation.hpp"
 #include "model/moe/moe_options.hpp"
+#include "model/shape_table.hpp"
 #include "model/transformer.hpp"
 #include "parallel/pipeline_schedule.hpp"
 #include "parallel/state_shards.hpp"
@@ -120,193 +121,96 @@ int64_t heap_in_use() {
 
 MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
                        int tensor_rank) {
-  const int P = mesh.pipe, D = mesh.data, Tn = mesh.tensor;
-  // The layers index with int: every width must fit, with room for geglu's doubled input width.
-  constexpr int64_t kMaxDim = std::numeric_limits<int>::max() / 2;
-  for (const auto& [key, v] : std::initializer_list<std::pair<const char*, int64_t>>{
-           {"model.seq_len", cfg.model.seq_len},       {"model.d_model", cfg.model.d_model},
-           {"model.num_layers", cfg.model.num_layers}, {"model.num_heads", cfg.model.num_heads},
-           {"model.d_ff", cfg.model.d_ff},             {"moe.num_experts", cfg.moe.num_experts},
-           {"moe.expert_d_ff", cfg.moe.expert_d_ff},   {"moe.group_size", cfg.moe.group_size},
-           {"moe.top_k", cfg.moe.top_k},               {"optim.batch_size", cfg.optim.batch_size},
-           {"optim.micro_batches", cfg.optim.micro_batches}})
-    need(v <= kMaxDim, "the model is too large: " + std::string(key) + " = " + std::to_string(v) + " is above " +
-                           std::to_string(kMaxDim) + " (dimensions are 32-bit indices)");
+  // Mesh extents are spelled out (docs/ARCHITECTURE.md "Legend of dimension letters").
+  const int pipe = mesh.pipe, data = mesh.data, tensor = mesh.tensor;
   need(vocab >= 1, "memory plan: the vocabulary size is unknown (set model.vocab_size or prepare data.path)");
-  need(pipe_rank >= 0 && pipe_rank < P && data_rank >= 0 && data_rank < D && tensor_rank >= 0 && tensor_rank < Tn,
+  need(pipe_rank >= 0 && pipe_rank < pipe && data_rank >= 0 && data_rank < data && tensor_rank >= 0 && tensor_rank < tensor,
        "memory plan: rank coordinates outside the mesh " + mesh.str());
-  const Checked V = vocab, T = cfg.model.seq_len, M = cfg.model.d_model, NL = cfg.model.num_layers,
-                NH = cfg.model.num_heads, FF = cfg.model.d_ff, B = cfg.optim.batch_size, MB = cfg.optim.micro_batches;
-  need(M % NH == 0, "model.d_model = " + to_string(M) + " must be divisible by model.num_heads = " + to_string(NH));
-  need(NH % Tn == 0, "model.num_heads = " + to_string(NH) + " must be divisible by mesh.tensor = " + to_string(Tn));
-  need(FF % Tn == 0, "model.d_ff = " + to_string(FF) + " must be divisible by mesh.tensor = " + to_string(Tn));
-  need(NL % P == 0, "model.num_layers = " + to_string(NL) + " must be divisible by mesh.pipe = " + to_string(P));
-  need(B % (MB * D) == 0, "optim.batch_size = " + to_string(B) + " must be divisible by optim.micro_batches x mesh.data = " +
-                              to_string(MB * D));
-  const ModelShape shape = model_shape(cfg, vocab);
-  const Activation act = cfg.model.activation;
-  const bool train_dropout = cfg.model.dropout > 0;
+  // The rank's letters, parameters and buffers (model/shape_table.hpp).
+  const ShapeTable table(cfg, vocab, mesh, RankCoords{pipe_rank, data_rank, tensor_rank}, true);
+  const ShapeLetters& sl = table.letters();
+  const Checked V = vocab, M = sl.M, N = sl.N, MB = cfg.optim.micro_batches;
+  const Checked NM = N * M;
 
   MemoryPlan p;
   p.pipe_rank = pipe_rank, p.data_rank = data_rank, p.tensor_rank = tensor_rank;
-  p.num_blocks = int((NL / P).value());
-  p.first_block = pipe_rank * p.num_blocks;
-  p.first_stage = pipe_rank == 0;
-  p.last_stage = pipe_rank == P - 1;
-  p.rows = int((B / (MB * D)).value());
-  p.seq_len = int(T.value());
-  const Checked N = Checked(p.rows) * T;  // tokens of one micro-batch on this rank
-  const Checked NM = N * M;
+  p.num_blocks = sl.num_blocks;
+  p.first_block = sl.first_block;
+  p.first_stage = sl.first_stage;
+  p.last_stage = sl.last_stage;
+  p.rows = sl.B;
+  p.seq_len = sl.T;
 
-  // Megatron split (transformer.cpp): heads and dense hidden units over tensor.
-  const Checked L = M / Tn;                 // local attention width = local heads x head dim
-  const Checked LH = NH / Tn;               // local heads
-  const Checked FFl = FF / Tn;              // local dense hidden units
-  const Checked Wl = activation_in_width(act, int(FFl.value()));
-  const bool attn_sharded = Tn > 1, mlp_sharded = Tn > 1;
-
-  // MoE placement (DESIGN.md "The mesh").
-  const bool any_moe = shape.num_moe_layers() > 0;
-  MoeOptions mo;
-  Checked E = 0, El = 0, He = 0, Hel = 0, Hin = 0, Hinl = 0, S = 0, G = 0, C = 0, k = 0;
-  const bool expert_on_data = cfg.moe.expert_axis == ExpertAxis::Data;
-  if (any_moe) {
-    mo = moe_options(cfg, 0);
-    E = mo.num_experts, He = mo.d_ff, S = mo.group_size, k = mo.k();
-    const int ext = expert_on_data ? D : Tn;
-    need(E % ext == 0, "moe.num_experts = " + to_string(E) + " must be divisible by mesh." + std::string(option_name(cfg.moe.expert_axis)) +
-                           " = " + to_string(ext) + " (moe.expert_axis)");
-    El = E / ext;
-    const int hsplit = expert_on_data ? Tn : 1;
-    need(He % hsplit == 0, "the expert hidden width " + to_string(He) + " must be divisible by mesh.tensor = " +
-                               to_string(hsplit) + " (experts over data split their hidden units over tensor)");
-    Hel = He / hsplit;
-    Hin = activation_in_width(mo.activation, int(He.value()));
-    Hinl = activation_in_width(mo.activation, int(Hel.value()));
-    need(N % S == 0, "a micro-batch of " + to_string(p.rows) + " x " + to_string(T) + " = " + to_string(N) +
-                         " tokens per rank is not a multiple of moe.group_size = " + to_string(S));
-    G = N / S;
-    C = mo.capacity(true);
-  }
-
-  // ---- parameters: the local shapes each layer registers ----------------------------------------
-  std::vector<std::vector<Checked>> shapes;        // this rank's ParamStore entries
-  Checked expert_local = 0;                        // elements of those split over data (expert weights)
-  std::vector<bool> over_data;                     // per entry: split over data (experts over data)
-  auto add = [&](std::vector<Checked> s) { shapes.push_back(std::move(s)), over_data.push_back(false); };
-  if (p.first_stage) add({V, M}), add({T, M});     // embed.wte, embed.wpe
-  for (int i = p.first_block; i < p.first_block + p.num_blocks; ++i) {
-    add({M}), add({M});                            // ln1
-    add({M, L}), add({M, L}), add({M, L}), add({L, M});  // wq, wk, wv [M, L]; wo [L, M]
-    add({M}), add({M});                            // ln2
-    if (shape.is_moe_block(i)) {
-      add({M, E});                                 // router.wg (replicated)
-      add({El, M, Hinl}), add({El, Hel, M});       // experts.w_in, experts.w_out
-      if (expert_on_data) {
-        expert_local += El * M * Hinl + El * Hel * M;
-        over_data.end()[-1] = over_data.end()[-2] = true;
-      }
-    } else {
-      if (act == Activation::Geglu) add({M, 2, FFl});
-      else add({M, Wl});
-      add({FFl, M});
-    }
-  }
-  if (p.last_stage) {
-    add({M}), add({M});                            // ln_f
-    if (!cfg.model.tied_embeddings || !p.first_stage) add({V, M});  // head.wout, or the tied copy
-  }
+  // ---- parameters: the shape table's entries ------------------------------------------------------
   Checked elems = 0, adafactor = 0;
-  for (const auto& s : shapes) {
-    Checked n = 1;
-    for (const Checked d : s) n *= d;
-    elems += n;
-    adafactor += adafactor_state_elems(s);
+  Checked expert_local = 0;  // elements of those split over data (expert weights)
+  for (const ParamInfo& e : table.params()) {
+    elems += Checked(e.size);
+    adafactor += adafactor_state_elems(std::vector<Checked>(e.local_shape.begin(), e.local_shape.end()));
+    if (e.sharded_over & kShardData) expert_local += Checked(e.size);
   }
   p.params_rank = elems.value();
   p.param_bytes = p.grad_bytes = bytes(elems * kF);
   p.optim_bytes = bytes((cfg.optim.name == OptimizerKind::Adafactor ? adafactor : 2 * elems) * kF);
-  if (cfg.optim.shard_state && D > 1) p.optim_bytes = bytes(owned_state_elems(cfg, shapes, over_data, D, data_rank) * kF);
-
-  // Whole-model counts (unsharded).
-  const Checked dense_ffn = M * activation_in_width(act, int(FF.value())) + FF * M;
-  const Checked expert_one = any_moe ? M * Hin + He * M : 0;
-  const Checked n_moe = Checked(shape.num_moe_layers()), n_dense = NL - n_moe;
-  const Checked per_block = 4 * M + 4 * M * M;
-  const Checked params_total = V * M + T * M + NL * per_block + n_dense * dense_ffn + n_moe * (M * E + E * expert_one) + 2 * M +
-                   (cfg.model.tied_embeddings ? 0 : V * M);
-  p.params_total = params_total.value();
-  p.params_activated = (params_total - n_moe * std::max<Checked>(E - k, 0) * expert_one).value();
-  p.flops_per_token = train_flops_per_token(cfg, shape);
-
-  // ---- activations: the buffers each layer's first forward allocates (one micro-batch) -----------
-  Checked a_stage = 3 * NM * kF + 2 * N * sizeof(int32_t);  // Transformer x_, h_, f_; segment_, position_
-  // Of the activations, what no backward reads (not parked with recompute = none): the stage
-  // buffers, router logits, the all-to-all receive buffer, the per-token losses.
-  Checked unparked = a_stage;
-  Checked a_embed = 0, a_ln = 0, a_attn = 0, a_mlp = 0, a_moe = 0, a_head = 0;
-  Checked w = 2 * NM * kF;        // backward: Transformer d_, dh_
-  if (p.first_stage) a_embed = 2 * N * sizeof(int32_t);  // token ids, positions
-  const Checked keep = train_dropout ? NM : 0;           // dropout keep mask, uint8 [N, M]
-  int moe_here = 0, dense_here = 0;
-  for (int i = p.first_block; i < p.first_block + p.num_blocks; ++i) {
-    a_ln += 2 * (NM + N) * kF;                                   // ln1, ln2: xhat [N, M], rstd [N]
-    // x [N, M], q/k/v 3 x [N, L], softmax probabilities [B, LH, T, T], output before wo [N, L]
-    a_attn += (NM + 3 * N * L + Checked(p.rows) * LH * T * T + N * L) * kF + keep;
-    // backward scratch: dy [N, M], datt [N, L], dqkv 3 x [N, L], dP [B, LH, T, T], partial dx [N, M] if split
-    w += (NM + N * L + 3 * N * L + Checked(p.rows) * LH * T * T + (attn_sharded ? NM : 0)) * kF;
-    if (shape.is_moe_block(i)) {
-      ++moe_here;
-      // router: input copy [N, M] (+ jitter [N, M]), logits and probs [N, E], lse [N] double,
-      // top [N k] int, norm [N] double, frac [G, E] double; routing: expert, slot [N k] int,
-      // gate [N k], load [E] int64
-      Checked r = (NM + (mo.jitter_eps > 0 ? NM : 0) + 2 * N * E) * kF + N * sizeof(double) + N * k * sizeof(int) +
-                 N * sizeof(double) + G * E * sizeof(double) + 2 * N * k * sizeof(int) + N * k * kF +
-                 E * sizeof(int64_t);
-      // token side (dispatcher): slot -> token maps [E', G, C] int and int64, buffers [E', G, C, M]
-      // in and out; E' = E (all-to-all) or E_local (index-select picks its experts). Only the filled
-      // slots are used, but the buffers keep this room (MoeLayer::reserve_full_layout)
-      const Checked Et = expert_on_data ? E : El;
-      r += Et * G * C * (sizeof(int) + sizeof(int64_t)) + 2 * Et * G * C * M * kF;
-      // expert side: rows = E_local x (D G over data | G) x C; x [rows, M], pre [rows, H'],
-      // h [rows, H] (+ dropout mask [rows, H])
-      const Checked rows = El * (expert_on_data ? D : 1) * G * C;
-      r += (rows * M + rows * Hinl + rows * Hel + (mo.expert_dropout > 0 ? rows * Hel : 0)) * kF;
-      // all-to-all path (experts over data, data > 1): the dispatcher's receive buffer [rows, M], the
-      // global token of each row [rows] int64, per-source/expert counts and offsets (the expert-side
-      // input and output buffers live only during the forward)
-      if (expert_on_data && D > 1)
-        r += rows * M * kF + rows * sizeof(int64_t) + (2 * D + 3 * D * El) * sizeof(int64_t) + El * sizeof(int);
-      a_moe += r;
-      unparked += N * E * kF + (expert_on_data && D > 1 ? rows * M * kF : Checked(0));
-      // backward scratch: router dxr [N, M] (jitter only); dgate [N k], dout [E' G C, M], dxe
-      // [rows, M]; index-select: dx [N, M]; one expert's dh [R, H] and dpre [R, H'], R = rows / E_local
-      w += ((mo.jitter_eps > 0 ? NM : 0) + N * k + Et * G * C * M + rows * M + (!expert_on_data && Tn > 1 ? NM : 0) +
-            rows / El * (Hel + Hinl)) * kF;
-    } else {
-      ++dense_here;
-      // x [N, M], pre [N, W], h [N, H_local]
-      a_mlp += (NM + N * Wl + N * FFl) * kF + keep;
-      // backward scratch: dy [N, M], dh [N, H_local], dpre [N, W], partial dx [N, M] if split
-      w += (NM + N * FFl + N * Wl + (mlp_sharded ? NM : 0)) * kF;
+  if (cfg.optim.shard_state && data > 1) {
+    std::vector<std::vector<Checked>> shapes;  // this rank's ParamStore entries, and which are split over data
+    std::vector<bool> over_data;
+    for (const ParamInfo& e : table.params()) {
+      shapes.emplace_back(e.local_shape.begin(), e.local_shape.end());
+      over_data.push_back(e.sharded_over & kShardData);
     }
+    p.optim_bytes = bytes(owned_state_elems(cfg, shapes, over_data, data, data_rank) * kF);
   }
-  if (p.last_stage) {
-    a_ln += (NM + N) * kF;  // ln_f
-    // head input [N, M], logits [N, V]; cross-entropy: loss [N] double, lse and mask [N], targets [N]
-    a_head = (NM + N * V) * kF + N * sizeof(double) + 2 * N * kF + N * sizeof(int32_t);
-    unparked += N * sizeof(double);
+
+  // Whole-model counts: the table of a one-rank mesh (the tied embedding once); a token visits k
+  // of each MoE layer's E experts.
+  const ShapeTable whole_model(cfg, vocab, MeshShape{1, 1, 1}, RankCoords{});
+  Checked params_total = 0, experts_skipped = 0;
+  for (const LayerShapes& l : whole_model.layers())
+    for (const ParamInfo& e : l.params) {
+      params_total += Checked(e.size);
+      if (l.kind == LayerKind::Experts)
+        experts_skipped += Checked(e.size) / sl.experts.E * std::max(sl.experts.E - sl.k, 0);
+    }
+  p.params_total = params_total.value();
+  p.params_activated = (params_total - experts_skipped).value();
+  p.flops_per_token = train_flops_per_token(cfg, model_shape(cfg, vocab));
+
+  // ---- activations: the shape table's buffers of one micro-batch -------------------------------------
+  // Saved and forward-only buffers are what the first forward allocates, scratch the backward's;
+  // what no backward reads (forward-only: the stage buffers, router logits, the all-to-all receive
+  // buffer, the per-token losses) is not parked with recompute = none.
+  const std::pair<const char*, std::vector<LayerKind>> part_kinds[] = {
+      {"stage buffers", {LayerKind::Stage}},
+      {"embedding", {LayerKind::Embedding}},
+      {"layernorms", {LayerKind::LayerNorm}},
+      {"attention", {LayerKind::Attention}},
+      {"dense ffn", {LayerKind::DenseFfn}},
+      {"moe", {LayerKind::Router, LayerKind::Dispatcher, LayerKind::Experts}},
+      {"head + loss", {LayerKind::Head}}};
+  Checked activations = 0, unparked = 0, w = 0;
+  int moe_here = 0, dense_here = 0;
+  for (const auto& [part, kinds] : part_kinds) {
+    Checked a = 0;
+    for (const LayerShapes& l : table.layers()) {
+      if (std::find(kinds.begin(), kinds.end(), l.kind) == kinds.end()) continue;
+      for (const BufferShape& buf : l.buffers) {
+        if (buf.kind == BufferKind::Scratch) w += buf.bytes();
+        else a += buf.bytes();
+        if (buf.kind == BufferKind::ForwardOnly) unparked += buf.bytes();
+      }
+    }
+    p.activation_parts.emplace_back(part, bytes(a));
+    activations += a;
   }
-  p.activation_parts = {{"stage buffers", bytes(a_stage)}, {"embedding", bytes(a_embed)}, {"layernorms", bytes(a_ln)},
-                        {"attention", bytes(a_attn)},      {"dense ffn", bytes(a_mlp)},   {"moe", bytes(a_moe)},
-                        {"head + loss", bytes(a_head)}};
-  p.activation_bytes = bytes(a_stage + a_embed + a_ln + a_attn + a_mlp + a_moe + a_head);
+  for (const LayerShapes& l : table.layers()) moe_here += l.kind == LayerKind::Router, dense_here += l.kind == LayerKind::DenseFfn;
+  p.activation_bytes = bytes(activations);
   p.workspace_bytes = bytes(w);
 
   // ---- pipeline: the 1F1B schedule of this stage (PipelineExecutor::train) -----------------------
   const bool park = cfg.model.recompute == Recompute::None;
   int live = 0, forwards = 0, last_forward = -1;
-  for (const PipelineOp& op : one_f_one_b(pipe_rank, P, int(MB.value()))) {
+  for (const PipelineOp& op : one_f_one_b(pipe_rank, pipe, int(MB.value()))) {
     if (op.forward) {
       ++forwards, last_forward = op.micro;
       p.in_flight = std::max(p.in_flight, ++live);
@@ -315,7 +219,7 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
       --live;
     }
   }
-  if (P > 1) {
+  if (pipe > 1) {
     // a later stage holds the inputs of its in-flight micro-batches and the input gradients it
     // sends back; an earlier one the outputs it sends and the gradient it receives (isend buffers
     // live until the end of the step)
@@ -329,21 +233,23 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
 
   // ---- bytes sent per step ----------------------------------------------------------------------
   const double act_bytes = double(NM) * kF;
+  const bool any_moe = sl.moe, expert_on_data = sl.experts_over_data;
+  const Checked E = sl.experts.E, E_l = sl.experts.E_l, G = sl.G, C = sl.C;
   const double fw = forwards, bw = double(MB);
   // data: gradient all-reduce of the data-replicated parameters; all-to-all dispatch and combine of
   // every MoE layer in each forward and (their transposes) in each backward
-  p.sent_data = ring_allreduce(double(elems - expert_local) * kF, D);
-  if (expert_on_data && any_moe) p.sent_data += moe_here * (2 * fw + 2 * bw) * all_to_all(double(E * G * C * M) * kF, D);
+  p.sent_data = ring_allreduce(double(elems - expert_local) * kF, data);
+  if (expert_on_data && any_moe) p.sent_data += moe_here * (2 * fw + 2 * bw) * all_to_all(double(E * G * C * M) * kF, data);
   // tensor: Megatron all-reduce of the output (forward) and of the input gradient (backward) of
   // each attention and dense feed-forward; experts over data with their hidden units split: the
   // same pair on the expert rows; experts over tensor: the combine and its gradient
   double t_bytes = (fw + bw) * (p.num_blocks + dense_here) * act_bytes;
   if (any_moe)
-    t_bytes += expert_on_data ? (fw + bw) * moe_here * double(El * D * G * C * M) * kF : (fw + bw) * moe_here * act_bytes;
-  p.sent_tensor = ring_allreduce(t_bytes, Tn);
+    t_bytes += expert_on_data ? (fw + bw) * moe_here * double(E_l * data * G * C * M) * kF : (fw + bw) * moe_here * act_bytes;
+  p.sent_tensor = ring_allreduce(t_bytes, tensor);
   // pipe: activations forward, their gradients backward, once per micro-batch; the tied embedding's
   // gradient between the first and the last stage
-  if (P > 1) {
+  if (pipe > 1) {
     if (!p.last_stage) p.sent_pipe += double(MB) * act_bytes;
     if (!p.first_stage) p.sent_pipe += double(MB) * act_bytes;
     if (cfg.model.tied_embeddings && (p.first_stage || p.last_stage)) p.sent_pipe += double(V * M) * kF;

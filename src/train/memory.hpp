@@ -1,14 +1,12 @@
 // Memory and cost plan of one rank (issue 4 "Memory", issue 6 "plan"): what `meshmoe plan` prints and
 // what the trainer reports at start-up.
 //
-// plan_memory() works from the deck alone (no MPI, no allocation): parameter, gradient and optimizer
-// bytes from the shapes each layer registers (ParamStore::add_block), activation bytes from what each
-// layer's forward keeps for its backward (read off the layers' private buffers: attention keeps x,
-// q/k/v, the softmax probabilities [B, heads_local, T, T] and its output before wo; an MoE layer its
-// router buffers, the expert buffers [E, G, C, M] and each expert's x/pre/h), and bytes sent per step
-// on each mesh axis. The expert placement is the documented one (DESIGN.md "The mesh"): expert weights
-// [E_local, M, H'] with E_local = E / extent(moe.expert_axis), the expert hidden split over tensor when
-// expert_axis = data and tensor > 1.
+// plan_memory() works from the deck alone (no MPI, no allocation): sums over the rank's shape table
+// (model/shape_table.hpp, docs/ARCHITECTURE.md "The shape table"): parameter, gradient and optimizer
+// bytes over the parameter entries the model registers, activation and backward-workspace bytes over
+// the buffers each layer allocates for one micro-batch (by kind: saved for the backward, forward-only,
+// backward scratch), and bytes sent per step on each mesh axis. The expert placement is the
+// documented one (DESIGN.md "The mesh"): MoePlacement::expert_shape.
 //
 // measure_memory() builds the real Transformer<float> of that placement and measures it: the store
 // sizes exactly, the optimizer state through state(), and the activations as heap growth (glibc

@@ -149,14 +149,21 @@ for deck, stage in [(d, s) for d in ("switch", "switch-block") for s in (0, 1)]:
     t = table(f"{tmp}/{deck}.out")
     park = deck == "switch"  # recompute = none
     blocks = [2 * stage, 2 * stage + 1]          # block 1 and 3 are MoE (every = 2)
-    shapes = []
+    # geglu weights are registered [M, 2, H] and [E, M, 2, H] (mlp.hpp, experts.hpp): Adafactor
+    # factors their last two dimensions
+    shapes, expert_shapes = [], []
     if stage == 0: shapes += [(V, Md), (T, Md)]
     for b in blocks:
         shapes += [(Md,), (Md,), (Md, Md), (Md, Md), (Md, Md), (Md, Md), (Md,), (Md,)]
-        shapes += [(Md, E), (El, Md, 2 * He), (El, He, Md)] if b % 2 == 1 else [(Md, 2, FF), (FF, Md)]
+        if b % 2 == 1:
+            shapes += [(Md, E)]
+            expert_shapes += [(El, Md, 2, He), (El, He, Md)]
+        else:
+            shapes += [(Md, 2, FF), (FF, Md)]
     if stage == 1: shapes += [(Md,), (Md,), (V, Md)]
+    shapes += expert_shapes
     params = sum(math.prod(s) for s in shapes)
-    experts = sum(math.prod(s) for s in shapes if len(s) == 3 and s[0] == El and s[1:] != (2, FF))
+    experts = sum(math.prod(s) for s in expert_shapes)
     state = sum(adaf(*s) for s in shapes)
     # activations: stage buffers, ln, attention (no dropout), geglu ffn, MoE, head
     moe = ((NM + NM + 2 * N * E) * f + N * 8 + N * k * 4 + N * 8 + G * E * 8 + 2 * N * k * 4 + N * k * f + E * 8

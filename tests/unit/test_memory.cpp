@@ -117,6 +117,9 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
     c.moe.group_size = 8;
     check_exact(c, V, MeshShape{2, 1, 1}, 0, 0, 0);
     check_exact(c, V, MeshShape{2, 1, 1}, 1, 0, 0);
+    // geglu experts: w_in [E, M, 2, H], whose Adafactor state factors [2, H] per (expert, row)
+    c.model.activation = Activation::Geglu;
+    check_exact(c, V, MeshShape{2, 1, 1}, 0, 0, 0);
   }
   SECTION("optim.shard_state: each data rank's owned state (whole parameters), every data rank") {
     // Dense with tensor and pipe (tied embedding on both stages), MoE with experts over data (kept

@@ -12,29 +12,19 @@
 namespace meshmoe {
 
 template <typename T>
-Experts<T>::Experts(const MoeOptions& opt, int e0, int e_local, int h0, int h_local, Comm* tensor)
-    : opt_(opt), e0_(e0), e_local_(e_local < 0 ? opt.num_experts : e_local), h0_(h0),
-      LH_(h_local < 0 ? opt.d_ff : h_local), tensor_(tensor) {
-  if (e0_ < 0 || e0_ + e_local_ > opt.num_experts || h0_ < 0 || LH_ < 1 || h0_ + LH_ > opt.d_ff)
-    throw std::logic_error("Experts: expert or hidden block out of range");
+Experts<T>::Experts(const MoeOptions& opt, const ExpertShape& shape, Comm* tensor)
+    : opt_(opt), shape_(shape.E > 0 ? shape : all_experts(opt)), e0_(shape_.e0), e_local_(shape_.E_l),
+      h0_(shape_.ffn.h0), LH_(shape_.ffn.H_l), W_(shape_.ffn.W_l), tensor_(tensor) {
+  const FfnShape& f = shape_.ffn;
+  if (shape_.E != opt.num_experts || e0_ < 0 || e_local_ < 1 || e0_ + e_local_ > opt.num_experts || f.M != opt.d_model ||
+      f.H != opt.d_ff || f.act != opt.activation)
+    throw std::logic_error("Experts: expert block out of range or not of this layer");
   if (hidden_split() && !tensor_) throw std::logic_error("Experts: hidden units split without a tensor Comm");
-  W_ = activation_in_width(opt.activation, LH_);
 }
 
 template <typename T>
-void Experts<T>::declare(ParamStore<T>& store, const std::string& prefix, uint8_t sharded_over) {
-  const int64_t E = opt_.num_experts, El = e_local_, M = opt_.d_model, H = opt_.d_ff, LH = LH_, h0 = h0_;
-  ParamInfo* p = nullptr;
-  if (opt_.activation == Activation::Geglu)
-    p = &store.add_block(prefix + ".w_in", {E, M, 2, H}, {El, M, 2, LH}, {e0_, 0, 0, h0}, InitKind::TruncNormal,
-                         double(M), &w_in);
-  else
-    p = &store.add_block(prefix + ".w_in", {E, M, H}, {El, M, LH}, {e0_, 0, h0}, InitKind::TruncNormal, double(M),
-                         &w_in);
-  p->sharded_over |= sharded_over;
-  p = &store.add_block(prefix + ".w_out", {E, H, M}, {El, LH, M}, {e0_, h0, 0}, InitKind::TruncNormal, double(H),
-                       &w_out);
-  p->sharded_over |= sharded_over;
+void Experts<T>::declare(ParamStore<T>& store, const std::string& prefix) {
+  declare_params(store, expert_params(prefix, shape_), {&w_in, &w_out});
 }
 
 template <typename T>

@@ -18,24 +18,30 @@
 
 #include "mesh/comm.hpp"
 #include "model/context.hpp"
+#include "model/layer_shapes.hpp"
 #include "model/moe/moe_options.hpp"
 #include "model/params.hpp"
 #include "tensor/device.hpp"
 
 namespace meshmoe {
 
+// Every expert and hidden unit of the layer on this rank (the single-rank layer).
+inline ExpertShape all_experts(const MoeOptions& opt) {
+  return {opt.num_experts, 0, opt.num_experts, ffn_shape(opt.d_model, opt.d_ff, opt.activation, whole(opt.d_ff)),
+          kShardNone};
+}
+
 template <typename T>
 class Experts {
  public:
   // The expert-side input rows of the last forward (kept for backward).
   const Buffer<T>& input() const { return x_; }
-  // e_local < 0: all experts; h_local < 0: all hidden units. tensor: sums the partial outputs when
-  // h_local < H (required then).
-  explicit Experts(const MoeOptions& opt, int e0 = 0, int e_local = -1, int h0 = 0, int h_local = -1,
-                   Comm* tensor = nullptr);
+  // This rank's experts and hidden units (layer_shapes.hpp; the default: all of them). tensor: sums
+  // the partial outputs when the hidden units are split (required then).
+  explicit Experts(const MoeOptions& opt, const ExpertShape& shape = {}, Comm* tensor = nullptr);
 
-  // prefix.w_in (fan_in M), prefix.w_out (fan_in H); sharded_over: ShardAxes bits of both.
-  void declare(ParamStore<T>& store, const std::string& prefix, uint8_t sharded_over = kShardNone);
+  // prefix.w_in, prefix.w_out (expert_params, layer_shapes.hpp).
+  void declare(ParamStore<T>& store, const std::string& prefix);
 
   // x [rows, M] -> y [rows, M] (overwritten), the rows of local expert el being the rows[el] rows
   // after those of experts < el (rows.size() == E_local).
@@ -69,7 +75,8 @@ class Experts {
 
  private:
   MoeOptions opt_;
-  int e0_, e_local_, h0_, LH_, W_;  // W_ = local input-projection width (LH or 2 LH)
+  ExpertShape shape_;
+  int e0_, e_local_, h0_, LH_, W_;  // shape_'s e0, E_l, h0, H_l, W_l (LH or 2 LH)
   Comm* tensor_;
   std::vector<size_t> start_;  // [E_local + 1] first row of each local expert
   Buffer<T> x_;     // [rows, M] input

@@ -8,18 +8,15 @@
 namespace meshmoe {
 
 template <typename T>
-IndexSelectDispatcher<T>::IndexSelectDispatcher(Comm* tensor, int T_size, int tensor_rank, int E)
-    : comm_(tensor), T_(T_size), El_(E / T_size), e0_(tensor_rank * (E / T_size)) {
-  if (T_size < 1 || E % T_size != 0 || tensor_rank < 0 || tensor_rank >= T_size)
-    throw std::logic_error("IndexSelectDispatcher: " + std::to_string(E) + " experts over " + std::to_string(T_size) +
-                           " ranks");
-  if (T_size > 1 && (!comm_ || comm_->size() != T_size || comm_->rank() != tensor_rank))
+IndexSelectDispatcher<T>::IndexSelectDispatcher(Comm* tensor, int tensor_size, int tensor_rank, int E)
+    : comm_(tensor), tensor_size_(tensor_size), experts_(split_evenly(E, tensor_rank, tensor_size)) {
+  if (tensor_size > 1 && (!comm_ || comm_->size() != tensor_size || comm_->rank() != tensor_rank))
     throw std::logic_error("IndexSelectDispatcher: the tensor Comm does not match tensor_size / tensor_rank");
 }
 
 template <typename T>
 void IndexSelectDispatcher<T>::reduce_output(const StepContext& ctx, T* y, size_t n) {
-  if (T_ == 1) return;
+  if (tensor_size_ == 1) return;
   ScopedPhase t(ctx.timers, "moe_allreduce");
   comm_->all_reduce(y, n, Op::Sum);
 }
@@ -27,7 +24,7 @@ void IndexSelectDispatcher<T>::reduce_output(const StepContext& ctx, T* y, size_
 template <typename T>
 void IndexSelectDispatcher<T>::reduce_grads(const StepContext& ctx, T* dx_partial, size_t n_dx, T* dgate,
                                             size_t n_gate) {
-  if (T_ == 1) return;
+  if (tensor_size_ == 1) return;
   pack_.resize(n_dx + n_gate);
   copy_from(pack_.data(), dx_partial, n_dx);
   copy_from(pack_.data() + n_dx, dgate, n_gate);

@@ -19,6 +19,7 @@
 
 #include "mesh/comm.hpp"
 #include "model/context.hpp"
+#include "model/layer_shapes.hpp"
 #include "model/moe/dispatcher.hpp"
 #include "tensor/device.hpp"
 
@@ -27,13 +28,13 @@ namespace meshmoe {
 template <typename T>
 class IndexSelectDispatcher {
  public:
-  // tensor: the tensor-axis Comm (T ranks, this one tensor_rank); E experts.
-  IndexSelectDispatcher(Comm* tensor, int T_size, int tensor_rank, int E);
+  // tensor: the tensor-axis Comm (tensor_size ranks, this one tensor_rank); E experts.
+  IndexSelectDispatcher(Comm* tensor, int tensor_size, int tensor_rank, int E);
 
   // The local layout: this rank's experts.
-  DispatchLayout layout() const { return {e0_, El_}; }
-  int e0() const { return e0_; }
-  int e_local() const { return El_; }
+  DispatchLayout layout() const { return {experts_.offset, experts_.local}; }
+  int e0() const { return experts_.offset; }
+  int e_local() const { return experts_.local; }
 
   // y [N, M]: partial (this rank's experts) -> full, in place.
   void reduce_output(const StepContext& ctx, T* y, size_t n);
@@ -42,7 +43,8 @@ class IndexSelectDispatcher {
 
  private:
   Comm* comm_;
-  int T_, El_, e0_;
+  int tensor_size_;
+  Split experts_;  // [e0, e0 + E_l)
   Buffer<T> pack_;
 };
 

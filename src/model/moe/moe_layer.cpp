@@ -9,8 +9,8 @@ namespace {
 template <typename T>
 Experts<T> make_experts(const MoeOptions& opt, const MoePlacement& p) {
   p.validate(opt.num_experts, opt.d_ff);
-  return Experts<T>(opt, p.expert_offset(opt.num_experts), p.experts_local(opt.num_experts), p.hidden_offset(opt.d_ff),
-                    p.hidden_local(opt.d_ff), p.hidden_split() ? p.tensor : nullptr);
+  return Experts<T>(opt, p.expert_shape(opt.d_model, opt.num_experts, opt.d_ff, opt.activation),
+                    p.hidden_split() ? p.tensor : nullptr);
 }
 }  // namespace
 
@@ -29,12 +29,7 @@ MoeLayer<T>::MoeLayer(const MoeOptions& opt, const MoePlacement& placement)
 template <typename T>
 void MoeLayer<T>::declare(ParamStore<T>& store, const std::string& prefix) {
   router.declare(store, prefix + ".router");
-  // Experts split over data are not summed over data by the trainer; split over tensor (either
-  // whole experts or their hidden units) they are not assumed identical over tensor.
-  uint8_t shard = kShardNone;
-  if (place_.expert_parallel_data()) shard |= kShardData;
-  if (place_.hidden_split() || place_.expert_parallel_tensor()) shard |= kShardTensor;
-  experts.declare(store, prefix + ".experts", shard);
+  experts.declare(store, prefix + ".experts");
 }
 
 template <typename T>

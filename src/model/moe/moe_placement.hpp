@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "deck/options.hpp"
 #include "mesh/comm.hpp"
+#include "model/layer_shapes.hpp"
 
 namespace meshmoe {
 
@@ -44,14 +45,19 @@ struct MoePlacement {
     if ((hidden_split() || expert_parallel_tensor()) && !tensor)
       throw std::logic_error("MoePlacement: tensor_size > 1 without a tensor Comm");
   }
-  int experts_local(int E) const {
-    return axis == ExpertAxis::Data ? E / data_size : E / tensor_size;
+  // This rank's block of a layer of E experts of hidden width H (model width M): experts split over
+  // the expert axis, hidden units over tensor when hidden_split(). The weights of experts split over
+  // data are not summed over data by the trainer; split over tensor (whole experts or their hidden
+  // units) they are not identical over tensor.
+  ExpertShape expert_shape(int M, int E, int H, Activation act) const {
+    const Split experts = axis == ExpertAxis::Data ? split_evenly(E, data_rank, data_size)
+                                                   : split_evenly(E, tensor_rank, tensor_size);
+    const Split hidden = hidden_split() ? split_evenly(H, tensor_rank, tensor_size) : whole(H);
+    uint8_t shard = kShardNone;
+    if (expert_parallel_data()) shard |= kShardData;
+    if (hidden_split() || expert_parallel_tensor()) shard |= kShardTensor;
+    return {E, experts.offset, experts.local, ffn_shape(M, H, act, hidden), shard};
   }
-  int expert_offset(int E) const {
-    return axis == ExpertAxis::Data ? data_rank * (E / data_size) : tensor_rank * (E / tensor_size);
-  }
-  int hidden_local(int H) const { return hidden_split() ? H / tensor_size : H; }
-  int hidden_offset(int H) const { return hidden_split() ? tensor_rank * (H / tensor_size) : 0; }
 };
 
 }  // namespace meshmoe

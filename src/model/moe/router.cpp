@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "core/philox.hpp"
+#include "model/layer_shapes.hpp"
 #include "model/moe/router_bodies.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/elementwise.hpp"
@@ -16,7 +17,7 @@ static_assert(RouterAssignGroup<float>::kDropped == Routing<float>::kDropped &&
 
 template <typename T>
 void Router<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  store.add(prefix + ".wg", {opt_.d_model, opt_.num_experts}, InitKind::TruncNormal, opt_.d_model, &wg);
+  declare_params(store, router_params(prefix, opt_.d_model, opt_.num_experts), {&wg});
 }
 
 // x [N, M] -> logits [N, E] -> probs [N, E] -> triples (expert, slot, gate) [N*k]

@@ -1,0 +1,69 @@
+#include "deck/shape_rules.hpp"
+
+#include "core/error.hpp"
+
+namespace meshmoe {
+
+namespace {
+std::string kv(const char* name, int64_t v) { return std::string(name) + " = " + std::to_string(v); }
+}  // namespace
+
+std::vector<ShapeRule> shape_rules(const Config& cfg, int64_t pipe, int64_t data, int64_t tensor) {
+  const auto& m = cfg.model;
+  const auto& e = cfg.moe;
+  const auto& o = cfg.optim;
+  const bool moe_layers = e.every > 0;
+  std::vector<ShapeRule> r;
+  r.push_back({{"model.d_model", "model.num_heads"}, m.num_heads > 0 && m.d_model % m.num_heads == 0,
+               kv("model.d_model", m.d_model) + " is not divisible by " + kv("model.num_heads", m.num_heads) +
+                   " (each head gets d_model / num_heads channels)"});
+  r.push_back({{"model.num_heads", "mesh.tensor"}, m.num_heads % tensor == 0,
+               kv("model.num_heads", m.num_heads) + " is not divisible by " + kv("mesh.tensor", tensor) +
+                   " (attention heads are split over the tensor axis)"});
+  r.push_back({{"model.d_ff", "mesh.tensor"}, m.d_ff % tensor == 0,
+               kv("model.d_ff", m.d_ff) + " is not divisible by " + kv("mesh.tensor", tensor) +
+                   " (feed-forward hidden units are split over the tensor axis)"});
+  // Switch section 5.5: with experts over data, each expert's hidden layer is split over tensor.
+  // (expert_d_ff = 0 means model.d_ff, checked just above.)
+  if (moe_layers && e.expert_axis == ExpertAxis::Data && tensor > 1 && e.expert_d_ff > 0)
+    r.push_back({{"moe.expert_d_ff", "mesh.tensor", "moe.expert_axis", "moe.every"}, e.expert_d_ff % tensor == 0,
+                 kv("moe.expert_d_ff", e.expert_d_ff) + " is not divisible by " + kv("mesh.tensor", tensor) +
+                     " (with moe.expert_axis = \"data\" each expert's hidden units are split over the tensor axis)"});
+  if (moe_layers) {
+    const bool on_data = e.expert_axis == ExpertAxis::Data;
+    const int64_t axis = on_data ? data : tensor;
+    const char* axis_key = on_data ? "mesh.data" : "mesh.tensor";
+    r.push_back({{"moe.num_experts", axis_key, "moe.expert_axis", "moe.every"}, e.num_experts % axis == 0,
+                 kv("moe.num_experts", e.num_experts) + " is not divisible by " + kv(axis_key, axis) +
+                     " (moe.expert_axis = \"" + std::string(option_name(e.expert_axis)) +
+                     "\": every rank of that axis holds the same number of experts)"});
+  }
+  r.push_back({{"model.num_layers", "mesh.pipe"}, m.num_layers % pipe == 0,
+               kv("model.num_layers", m.num_layers) + " is not divisible by " + kv("mesh.pipe", pipe) +
+                   " (every pipeline stage holds the same number of layers)"});
+  const int64_t shards = data * o.micro_batches;
+  const bool batch_ok = o.batch_size % shards == 0;
+  r.push_back({{"optim.batch_size", "mesh.data", "optim.micro_batches"}, batch_ok,
+               kv("optim.batch_size", o.batch_size) + " is not divisible by mesh.data * optim.micro_batches = " +
+                   std::to_string(data) + " * " + std::to_string(o.micro_batches) + " = " + std::to_string(shards),
+               true});
+  if (moe_layers && batch_ok) {
+    const int64_t seqs = o.batch_size / shards, tokens = seqs * m.seq_len;
+    r.push_back({{"moe.group_size", "model.seq_len", "optim.batch_size", "mesh.data", "optim.micro_batches", "moe.every"},
+                 tokens % e.group_size == 0,
+                 "tokens per micro-batch on each data rank, optim.batch_size / (mesh.data * optim.micro_batches) * "
+                 "model.seq_len = " +
+                     std::to_string(seqs) + " * " + std::to_string(m.seq_len) + " = " + std::to_string(tokens) +
+                     ", is not divisible by " + kv("moe.group_size", e.group_size) +
+                     " (each rank holds whole routing groups)",
+                 true});
+  }
+  return r;
+}
+
+void require_rules(const std::vector<ShapeRule>& rules, bool with_batch) {
+  for (const ShapeRule& r : rules)
+    if (!r.ok && (with_batch || !r.batch)) throw InputError(r.message);
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,32 @@
+// The divisibility rules of a deck on its mesh, in one place (docs/ARCHITECTURE.md "The shape
+// table"): the deck reports them with the file position of their keys (deck.cpp), the shape table
+// (model/shape_table.hpp) and the memory plan refuse a deck that breaks one. Each rule makes one
+// of the legend's local letters whole: heads_l, H_l, E_l, the expert H_l, the blocks of a stage,
+// the batch rows B of a rank and its routing groups G.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deck/config.hpp"
+
+namespace meshmoe {
+
+// A rule: `ok`, or the deck's error `message`; `keys` are the deck keys it involves (the deck places
+// the message at the first one the deck gave, and skips the rule when one of them is already bad).
+struct ShapeRule {
+  std::vector<const char*> keys;
+  bool ok = true;
+  std::string message;
+  bool batch = false;  // a rule of the micro-batch (the model's parameters do not depend on it)
+};
+
+// Every rule of `cfg` on a pipe x data x tensor mesh, in the order the deck reports them: the
+// model's (heads, hidden units, experts, layers over the mesh axes) first, then the batch's.
+std::vector<ShapeRule> shape_rules(const Config& cfg, int64_t pipe, int64_t data, int64_t tensor);
+
+// Throws InputError with the message of the first failing rule of `rules` (with_batch: the batch's
+// rules too).
+void require_rules(const std::vector<ShapeRule>& rules, bool with_batch);
+
+}  // namespace meshmoe

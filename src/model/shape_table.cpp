@@ -1,0 +1,232 @@
+#include "model/shape_table.hpp"
+
+#include <limits>
+
+#include "core/error.hpp"
+#include "model/moe/moe_placement.hpp"
+
+namespace meshmoe {
+
+namespace {
+
+// The layers index with int: every width must fit, with room for geglu's doubled input width.
+void check_dimension_limits(const Config& cfg) {
+  constexpr int64_t kMaxDim = std::numeric_limits<int>::max() / 2;
+  for (const auto& [key, v] : std::initializer_list<std::pair<const char*, int64_t>>{
+           {"model.seq_len", cfg.model.seq_len},       {"model.d_model", cfg.model.d_model},
+           {"model.num_layers", cfg.model.num_layers}, {"model.num_heads", cfg.model.num_heads},
+           {"model.d_ff", cfg.model.d_ff},             {"moe.num_experts", cfg.moe.num_experts},
+           {"moe.expert_d_ff", cfg.moe.expert_d_ff},   {"moe.group_size", cfg.moe.group_size},
+           {"moe.top_k", cfg.moe.top_k},               {"optim.batch_size", cfg.optim.batch_size},
+           {"optim.micro_batches", cfg.optim.micro_batches}})
+    if (v > kMaxDim)
+      throw InputError("the model is too large: " + std::string(key) + " = " + std::to_string(v) + " is above " +
+                       std::to_string(kMaxDim) + " (dimensions are 32-bit indices)");
+}
+
+}  // namespace
+
+ModelShape model_shape(const Config& cfg, int vocab) {
+  ModelShape s;
+  s.vocab = vocab;
+  s.seq_len = int(cfg.model.seq_len);
+  s.d_model = int(cfg.model.d_model);
+  s.num_layers = int(cfg.model.num_layers);
+  s.num_heads = int(cfg.model.num_heads);
+  s.d_ff = int(cfg.model.d_ff);
+  s.moe_every = int(cfg.moe.every);
+  return s;
+}
+
+ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, RankCoords at, bool with_buffers) {
+  check_dimension_limits(cfg);
+  require_rules(shape_rules(cfg, mesh.pipe, mesh.data, mesh.tensor), with_buffers);
+  if (at.pipe < 0 || at.pipe >= mesh.pipe || at.data < 0 || at.data >= mesh.data || at.tensor < 0 ||
+      at.tensor >= mesh.tensor)
+    throw std::logic_error("ShapeTable: rank coordinates outside the mesh " + mesh.str());
+  ShapeLetters& s = letters_;
+  s.V = vocab, s.T = int(cfg.model.seq_len), s.M = int(cfg.model.d_model), s.H = int(cfg.model.d_ff);
+  s.layers = int(cfg.model.num_layers), s.heads = int(cfg.model.num_heads);
+  s.stage = at.pipe, s.stages = mesh.pipe;
+  s.num_blocks = s.layers / mesh.pipe;
+  s.first_block = at.pipe * s.num_blocks;
+  s.first_stage = at.pipe == 0, s.last_stage = at.pipe == mesh.pipe - 1;
+  // Megatron (DESIGN.md "The mesh"): tensor rank t holds heads [t heads / n, (t+1) heads / n) and
+  // hidden units [t H / n, (t+1) H / n).
+  s.attn = attention_shape(s.M, s.heads, split_evenly(s.heads, at.tensor, mesh.tensor));
+  s.ffn = ffn_shape(s.M, s.H, cfg.model.activation, split_evenly(s.H, at.tensor, mesh.tensor));
+  model_ = model_shape(cfg, vocab);
+  s.moe = model_.num_moe_layers() > 0;
+  if (s.moe) {
+    s.moe_opt = moe_options(cfg, 0);
+    MoePlacement place;  // sizes only: no communicators
+    place.axis = cfg.moe.expert_axis;
+    place.data_rank = at.data, place.data_size = mesh.data;
+    place.tensor_rank = at.tensor, place.tensor_size = mesh.tensor;
+    s.experts_over_data = place.axis == ExpertAxis::Data;
+    s.experts = place.expert_shape(s.M, s.moe_opt.num_experts, s.moe_opt.d_ff, s.moe_opt.activation);
+    s.k = s.moe_opt.k();
+  }
+
+  // The layers in the order the Transformer registers them (flat layout: embedding, blocks, ln_f, head).
+  auto add = [&](std::string prefix, LayerKind kind, int block, std::vector<ParamInfo> params) {
+    layers_.push_back({std::move(prefix), kind, block, std::move(params), {}});
+  };
+  add("stage", LayerKind::Stage, -1, {});
+  if (s.first_stage) add("embed", LayerKind::Embedding, -1, embedding_params("embed", s.V, s.T, s.M));
+  for (int i = s.first_block; i < s.first_block + s.num_blocks; ++i) {
+    const std::string b = "blocks." + std::to_string(i);
+    add(b + ".ln1", LayerKind::LayerNorm, i, layernorm_params(b + ".ln1", s.M));
+    add(b + ".attn", LayerKind::Attention, i, attention_params(b + ".attn", s.attn));
+    add(b + ".ln2", LayerKind::LayerNorm, i, layernorm_params(b + ".ln2", s.M));
+    if (is_moe_block(i)) {
+      add(b + ".moe.router", LayerKind::Router, i, router_params(b + ".moe.router", s.M, s.experts.E));
+      add(b + ".moe.dispatch", LayerKind::Dispatcher, i, {});
+      add(b + ".moe.experts", LayerKind::Experts, i, expert_params(b + ".moe.experts", s.experts));
+    } else {
+      add(b + ".mlp", LayerKind::DenseFfn, i, mlp_params(b + ".mlp", s.ffn));
+    }
+  }
+  if (s.last_stage) {
+    add("ln_f", LayerKind::LayerNorm, -1, layernorm_params("ln_f", s.M));
+    // Tied embeddings: the head reads embed.wte, on a later stage than the first its own copy of the
+    // same logical parameter (the two gradients are summed).
+    std::vector<ParamInfo> head;
+    if (!cfg.model.tied_embeddings) head = head_params("head", s.V, s.M);
+    else if (!s.first_stage) head = {embedding_params("embed", s.V, s.T, s.M)[0]};
+    add("head", LayerKind::Head, -1, std::move(head));
+  }
+  if (with_buffers) add_buffers(cfg, mesh);
+}
+
+// What each layer's first training forward and backward allocate for one micro-batch, read off the
+// layers' members (the comments in their headers give the same shapes).
+void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
+  ShapeLetters& s = letters_;
+  s.B = int(cfg.optim.batch_size / (cfg.optim.micro_batches * mesh.data));
+  s.N = s.B * s.T;
+  const int64_t B = s.B, T = s.T, N = s.N, M = s.M, V = s.V;
+  const int64_t heads_l = s.attn.heads_l, A_l = s.attn.A_l, H_l = s.ffn.H_l, W_l = s.ffn.W_l;
+  const bool dropout = cfg.model.dropout > 0;
+  int64_t E = 0, E_l = 0, He_l = 0, We_l = 0, G = 0, C = 0, k = 0, Et = 0, R = 0;
+  if (s.moe) {
+    const MoeOptions& o = s.moe_opt;
+    s.S = o.group_size, s.G = s.N / s.S, s.C = o.capacity(true);
+    E = s.experts.E, E_l = s.experts.E_l, He_l = s.experts.ffn.H_l, We_l = s.experts.ffn.W_l;
+    G = s.G, C = s.C, k = s.k;
+    // The dispatcher's expert-major buffers hold E' experts: all E on the all-to-all side, E_l where
+    // index-select picks its own. Only the filled slots are used, but the buffers keep the room of
+    // the full layout (MoeLayer::reserve_full_layout).
+    Et = s.experts_over_data ? E : E_l;
+    // Expert rows of this rank: E_l experts x (data x G groups over data | G) x C slots.
+    R = E_l * (s.experts_over_data ? mesh.data : 1) * G * C;
+  }
+  constexpr size_t f32 = sizeof(float), f64 = sizeof(double), i32 = sizeof(int32_t), i64 = sizeof(int64_t), u8 = 1;
+  using K = BufferKind;
+  for (LayerShapes& l : layers_) {
+    auto buf = [&](const char* name, const char* letters, std::vector<int64_t> dims, size_t elem, K kind = K::Saved) {
+      l.buffers.push_back({name, letters, std::move(dims), elem, kind});
+    };
+    switch (l.kind) {
+      case LayerKind::Stage:  // Transformer x_, h_, f_, segment_, position_ (forward), d_, dh_ (backward)
+        buf("x, h, f", "3 x [N, M]", {3, N, M}, f32, K::ForwardOnly);
+        buf("segment ids, positions", "2 x [N]", {2, N}, i32, K::ForwardOnly);
+        buf("d, dh", "2 x [N, M]", {2, N, M}, f32, K::Scratch);
+        break;
+      case LayerKind::Embedding:
+        buf("tokens, positions", "2 x [N]", {2, N}, i32);
+        break;
+      case LayerKind::LayerNorm:
+        buf("xhat", "[N, M]", {N, M}, f32);
+        buf("rstd", "[N]", {N}, f32);
+        break;
+      case LayerKind::Attention:
+        buf("x", "[N, M]", {N, M}, f32);
+        buf("q, k, v", "3 x [N, A_l]", {3, N, A_l}, f32);
+        buf("softmax probabilities", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32);
+        buf("output before wo", "[N, A_l]", {N, A_l}, f32);
+        if (dropout) buf("dropout keep mask", "[N, M]", {N, M}, u8);
+        buf("dy", "[N, M]", {N, M}, f32, K::Scratch);
+        buf("datt", "[N, A_l]", {N, A_l}, f32, K::Scratch);
+        buf("dq, dk, dv", "3 x [N, A_l]", {3, N, A_l}, f32, K::Scratch);
+        buf("dP", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32, K::Scratch);
+        if (s.attn.sharded()) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
+        break;
+      case LayerKind::DenseFfn:
+        buf("x", "[N, M]", {N, M}, f32);
+        buf("pre", "[N, W_l]", {N, W_l}, f32);
+        buf("h", "[N, H_l]", {N, H_l}, f32);
+        if (dropout) buf("dropout keep mask", "[N, M]", {N, M}, u8);
+        buf("dy", "[N, M]", {N, M}, f32, K::Scratch);
+        buf("dh", "[N, H_l]", {N, H_l}, f32, K::Scratch);
+        buf("dpre", "[N, W_l]", {N, W_l}, f32, K::Scratch);
+        if (s.ffn.sharded()) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
+        break;
+      case LayerKind::Router: {
+        const bool jitter = s.moe_opt.jitter_eps > 0;
+        buf("input", "[N, M]", {N, M}, f32);
+        if (jitter) buf("jittered input", "[N, M]", {N, M}, f32);
+        buf("logits", "[N, E]", {N, E}, f32, K::ForwardOnly);
+        buf("probabilities", "[N, E]", {N, E}, f32);
+        buf("log-sum-exp", "[N]", {N}, f64);
+        buf("top choices", "[N k]", {N * k}, i32);
+        buf("norm", "[N]", {N}, f64);
+        buf("expert fractions", "[G, E]", {G, E}, f64);
+        buf("expert, slot", "2 x [N k]", {2, N * k}, i32);
+        buf("gate", "[N k]", {N * k}, f32);
+        buf("load", "[E]", {E}, i64);
+        if (jitter) buf("dx of the jittered input", "[N, M]", {N, M}, f32, K::Scratch);
+        buf("dgate", "[N k]", {N * k}, f32, K::Scratch);
+        break;
+      }
+      case LayerKind::Dispatcher:
+        buf("slot -> token", "[E', G, C]", {Et, G, C}, i32);
+        buf("slot -> global token", "[E', G, C]", {Et, G, C}, i64);
+        buf("expert buffers in, out", "2 x [E', G, C, M]", {2, Et, G, C, M}, f32);
+        if (s.experts_over_data && mesh.data > 1) {
+          // all-to-all: the receive buffer [R, M] (the expert-side input and output buffers live
+          // only during the forward), the global token of each row, counts and offsets per source
+          // and expert
+          buf("receive buffer", "[R, M]", {R, M}, f32, K::ForwardOnly);
+          buf("row tokens", "[R]", {R}, i64);
+          buf("counts and offsets", "[2 data + 3 data E_l]", {2 * mesh.data + 3 * mesh.data * E_l}, i64);
+          buf("rows per local expert", "[E_l]", {E_l}, i32);
+        }
+        buf("dout", "[E' G C, M]", {Et * G * C, M}, f32, K::Scratch);
+        if (!s.experts_over_data && mesh.tensor > 1) buf("dx", "[N, M]", {N, M}, f32, K::Scratch);
+        break;
+      case LayerKind::Experts:
+        buf("x", "[R, M]", {R, M}, f32);
+        buf("pre", "[R, W_l]", {R, We_l}, f32);
+        buf("h", "[R, H_l]", {R, He_l}, f32);
+        if (s.moe_opt.expert_dropout > 0) buf("dropout scale", "[R, H_l]", {R, He_l}, f32);
+        buf("dxe", "[R, M]", {R, M}, f32, K::Scratch);
+        // one expert's rows at a time: R / E_l
+        buf("dh", "[R / E_l, H_l]", {R / E_l, He_l}, f32, K::Scratch);
+        buf("dpre", "[R / E_l, W_l]", {R / E_l, We_l}, f32, K::Scratch);
+        break;
+      case LayerKind::Head:
+        buf("x", "[N, M]", {N, M}, f32);
+        buf("logits", "[N, V]", {N, V}, f32);
+        // cross-entropy: per-token loss, log-sum-exp and mask, targets
+        buf("loss", "[N]", {N}, f64, K::ForwardOnly);
+        buf("lse, mask", "2 x [N]", {2, N}, f32);
+        buf("targets", "[N]", {N}, i32);
+        break;
+    }
+  }
+}
+
+std::vector<ParamInfo> ShapeTable::params() const {
+  std::vector<ParamInfo> out;
+  Checked flat = 0;
+  for (const LayerShapes& l : layers_)
+    for (ParamInfo p : l.params) {
+      p.flat_offset = size_t(flat.value());
+      flat += Checked(p.size);
+      out.push_back(std::move(p));
+    }
+  return out;
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,114 @@
+// The shape table (docs/ARCHITECTURE.md "The shape table"): for a deck, a mesh and one rank's
+// coordinates, the legend's letters with this rank's shares computed once, the divisibility rules
+// that make those shares whole, and every parameter tensor of every layer of the rank's pipeline
+// stage in ParamStore order. The model registers exactly these entries (Transformer checks it), the
+// memory plan sums them (train/memory.cpp), and the deck checks the same rules (deck.cpp).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deck/config.hpp"
+#include "deck/shape_rules.hpp"
+#include "mesh/mesh.hpp"
+#include "model/layer_shapes.hpp"
+#include "model/moe/moe_options.hpp"
+#include "model/params.hpp"
+
+namespace meshmoe {
+
+// Sizes that follow from the deck and the dataset.
+struct ModelShape {
+  int vocab = 0, seq_len = 0, d_model = 0, num_layers = 0, num_heads = 0, d_ff = 0;
+  int moe_every = 0;  // block i has an MoE feed-forward when moe_every > 0 and (i + 1) % moe_every == 0
+  bool is_moe_block(int i) const { return moe_every > 0 && (i + 1) % moe_every == 0; }
+  int num_moe_layers() const {
+    int n = 0;
+    for (int i = 0; i < num_layers; ++i) n += is_moe_block(i);
+    return n;
+  }
+};
+ModelShape model_shape(const Config& cfg, int vocab);
+
+// One rank of the mesh: coordinates along pipe, data and tensor.
+struct RankCoords {
+  int pipe = 0, data = 0, tensor = 0;
+};
+
+// Stage: the Transformer's own buffers (the residual stream); Dispatcher: an MoE layer's token
+// movement (moe/dispatcher.hpp and the all-to-all or index-select dispatcher).
+enum class LayerKind { Stage, Embedding, LayerNorm, Attention, DenseFfn, Router, Dispatcher, Experts, Head };
+
+// What a layer's buffer is for, which decides where the memory plan counts it:
+//   Saved:       written by the forward, read by the backward (parked with the micro-batch when the
+//                pipeline holds several: docs/ARCHITECTURE.md "Pipeline activations");
+//   ForwardOnly: written by the forward, not read by the backward (never parked);
+//   Scratch:     the backward's workspace (kept between steps, not parked).
+enum class BufferKind { Saved, ForwardOnly, Scratch };
+
+// One buffer a layer allocates for one micro-batch of this rank, on the host (fp32 activations).
+struct BufferShape {
+  const char* name = "";     // the layer's name for it
+  const char* letters = "";  // its shape in the legend's letters, e.g. "[B, heads_l, T, T]"
+  std::vector<int64_t> dims;
+  size_t elem_bytes = 4;     // float 4, double 8, int 4, int64 8, uint8 1
+  BufferKind kind = BufferKind::Saved;
+  Checked bytes() const {
+    Checked n = Checked(elem_bytes);
+    for (const int64_t d : dims) n *= d;
+    return n;
+  }
+};
+
+// One layer of this rank's stage: its parameter entries (ParamStore::add, in order) and, in a table
+// with a micro-batch, its buffers.
+struct LayerShapes {
+  std::string prefix;  // "stage", "embed", "blocks.3.ln1", "blocks.3.attn", "blocks.3.moe.router", ..., "head"
+  LayerKind kind = LayerKind::Embedding;
+  int block = -1;      // global block index, -1 outside the blocks
+  std::vector<ParamInfo> params;
+  std::vector<BufferShape> buffers;
+};
+
+// The letters of the legend for one rank (docs/ARCHITECTURE.md): global sizes, and this rank's
+// share of the split ones inside the layer shapes (heads_l, H_l, E_l, ...).
+struct ShapeLetters {
+  int V = 0, T = 0, M = 0, H = 0;  // vocabulary, model.seq_len, width, dense hidden width
+  int layers = 0, heads = 0;       // model.num_layers, model.num_heads
+  int stage = 0, stages = 1;       // pipe coordinate and extent
+  int first_block = 0, num_blocks = 0;  // this stage's blocks [first_block, first_block + num_blocks)
+  bool first_stage = true, last_stage = true;
+  AttentionShape attn;  // heads split over tensor (Megatron)
+  FfnShape ffn;         // dense hidden units split over tensor (Megatron)
+  bool moe = false;     // the model has MoE layers; then:
+  MoeOptions moe_opt;   // the [moe] settings (moe_options(cfg, 0))
+  bool experts_over_data = true;  // moe.expert_axis = data
+  ExpertShape experts;  // this rank's experts and hidden units (MoePlacement::expert_shape)
+  int k = 0;            // experts per token
+  // One micro-batch of this rank (tables with buffers only): B sequences of T tokens, N = B x T;
+  // G = N / S routing groups of S tokens, capacity C per group and expert (training).
+  int B = 0, N = 0, S = 0, G = 0, C = 0;
+};
+
+class ShapeTable {
+ public:
+  // The model of the rank at `at` of `mesh`; with_buffers: also one training micro-batch's buffers
+  // (optim.batch_size / (optim.micro_batches x mesh.data) sequences). Throws InputError naming the
+  // deck keys when a dimension is beyond the layers' 32-bit indices or a rule of shape_rules fails
+  // (the batch's only with_buffers).
+  ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, RankCoords at, bool with_buffers = false);
+
+  const ShapeLetters& letters() const { return letters_; }
+  const std::vector<LayerShapes>& layers() const { return layers_; }
+  // Every parameter entry of the stage in ParamStore order, with its flat offset.
+  std::vector<ParamInfo> params() const;
+  bool is_moe_block(int i) const { return model_.is_moe_block(i); }
+
+ private:
+  void add_buffers(const Config& cfg, const MeshShape& mesh);
+  ShapeLetters letters_;
+  ModelShape model_;
+  std::vector<LayerShapes> layers_;
+};
+
+}  // namespace meshmoe

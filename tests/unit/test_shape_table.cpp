@@ -1,0 +1,126 @@
+// The shape table (src/model/shape_table.hpp) against the logical model: on every mesh of 8 ranks
+// that the rules accept, the blocks the ranks hold of each parameter tile its logical shape, every
+// block held by the same number of ranks, and a parameter whose blocks differ along an axis says so
+// in sharded_over (the gradient sum over data and the tensor-identity assumption depend on it).
+// Oracle: the logical shapes of a one-rank table and element counting, independent of the split.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <set>
+
+#include "core/error.hpp"
+#include "deck/shape_rules.hpp"
+#include "model/shape_table.hpp"
+#include "../test_util.hpp"
+
+using namespace meshmoe;
+
+namespace {
+
+Config moe_deck(const std::string& expert_axis, const std::string& activation) {
+  Config c;
+  c.model.seq_len = 8;
+  c.model.d_model = 16;
+  c.model.num_layers = 4;
+  c.model.num_heads = 4;
+  c.model.d_ff = 32;
+  c.model.activation = test::option<Activation>(activation);
+  c.model.tied_embeddings = true;
+  c.moe.num_experts = 4;
+  c.moe.every = 2;
+  c.moe.expert_d_ff = 24;
+  c.moe.expert_axis = test::option<ExpertAxis>(expert_axis);
+  c.moe.group_size = 8;
+  c.optim.batch_size = 8;
+  c.optim.micro_batches = 2;
+  return c;
+}
+
+struct Holder {
+  std::vector<int64_t> local, offset;
+  std::array<int, 3> coords;
+  uint8_t sharded_over;
+};
+
+// For one parameter: its distinct blocks are disjoint, lie inside the logical shape and fill it
+// (their sizes sum to its size); every block is held equally often.
+void check_tiling(const std::string& name, const std::vector<int64_t>& logical, const std::vector<Holder>& holders) {
+  INFO(name);
+  std::map<std::vector<int64_t>, std::pair<std::vector<int64_t>, int>> blocks;  // offset -> (local, holders)
+  for (const Holder& h : holders) {
+    REQUIRE(h.local.size() == logical.size());
+    for (size_t d = 0; d < logical.size(); ++d) REQUIRE((h.offset[d] >= 0 && h.offset[d] + h.local[d] <= logical[d]));
+    auto [it, fresh] = blocks.try_emplace(h.offset, h.local, 0);
+    CHECK(it->second.first == h.local);  // one block per offset
+    ++it->second.second;
+  }
+  int64_t covered = 0, logical_size = 1;
+  for (int64_t d : logical) logical_size *= d;
+  std::set<int> copies;
+  for (const auto& [offset, b] : blocks) {
+    int64_t n = 1;
+    for (int64_t d : b.first) n *= d;
+    covered += n;
+    copies.insert(b.second);
+  }
+  // Equal, aligned blocks (every split is even) that do not overlap fill the shape exactly when
+  // their sizes add up to it; the pairwise disjointness follows from distinct offsets of a grid.
+  CHECK(covered == logical_size);
+  CHECK(copies.size() == 1);
+  // Blocks that differ along data or tensor carry that axis' bit; the same block on every rank of
+  // an axis does not.
+  for (int axis : {1, 2}) {
+    bool differs = false;
+    for (const Holder& a : holders)
+      for (const Holder& b : holders) {
+        const bool same_elsewhere = a.coords[0] == b.coords[0] && a.coords[3 - axis] == b.coords[3 - axis];
+        differs |= same_elsewhere && a.coords[axis] != b.coords[axis] && a.offset != b.offset;
+      }
+    const uint8_t bit = axis == 1 ? kShardData : kShardTensor;
+    for (const Holder& h : holders) CHECK(bool(h.sharded_over & bit) == differs);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("shape table: the ranks' blocks tile every parameter on every mesh", "[shapes]") {
+  for (const std::string axis : {"data", "tensor"})
+    for (const std::string act : {"relu", "geglu"}) {
+      const Config cfg = moe_deck(axis, act);
+      const int V = 40;
+      std::map<std::string, std::vector<int64_t>> logical;
+      for (const ParamInfo& p : ShapeTable(cfg, V, MeshShape{1, 1, 1}, {}).params()) logical[p.name] = p.logical_shape;
+      int meshes = 0;
+      for (const MeshShape& mesh : MeshShape::all_for(8)) {
+        bool ok = true;
+        for (const ShapeRule& r : shape_rules(cfg, mesh.pipe, mesh.data, mesh.tensor)) ok &= r.ok;
+        if (!ok) {
+          CHECK_THROWS_AS(ShapeTable(cfg, V, mesh, {}, true), InputError);
+          continue;
+        }
+        ++meshes;
+        INFO("expert_axis " << axis << ", " << act << ", mesh " << mesh.str());
+        std::map<std::string, std::vector<Holder>> holders;
+        for (int r = 0; r < mesh.size(); ++r) {
+          const std::array<int, 3> c = mesh.coords(r);
+          const RankCoords at{c[int(Axis::Pipe)], c[int(Axis::Data)], c[int(Axis::Tensor)]};
+          const ShapeTable table(cfg, V, mesh, at, true);
+          size_t flat = 0;
+          for (const ParamInfo& p : table.params()) {
+            CHECK(p.flat_offset == flat);  // the store's layout: contiguous in table order
+            flat += p.size;
+            if (p.name == "embed.wte" && !table.letters().first_stage) continue;  // the tied copy
+            holders[p.name].push_back({p.local_shape, p.offset, {at.pipe, at.data, at.tensor}, p.sharded_over});
+          }
+          CHECK(table.letters().N == table.letters().B * cfg.model.seq_len);
+          CHECK(table.letters().G * table.letters().S == table.letters().N);
+        }
+        CHECK(holders.size() == logical.size());  // every parameter on some stage
+        for (const auto& [name, hs] : holders) {
+          REQUIRE(logical.count(name));
+          check_tiling(name, logical[name], hs);
+        }
+      }
+      CHECK(meshes >= 4);
+    }
+}
