@@ -58,17 +58,23 @@ TooLong count_too_long(const DataSplit& s, int seq_len) {
   return t;
 }
 
+TooLong check_examples_fit(const Dataset& data, int seq_len) {
+  const TooLong t = count_too_long(data.split(), seq_len);
+  if (t.dropped == data.num_examples())
+    throw InputError(data.path() + " (split /" + data.split_name() + "): every example's target is longer than " +
+                     "model.seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens, so every one would be dropped; " +
+                     "raise model.seq_len (text from `meshmoe prep text`: prepare it with --max-len <= " +
+                     std::to_string(seq_len + 1) + ")");
+  return t;
+}
+
 Batcher::Batcher(const Dataset& data, int seq_len, uint64_t seed, bool shuffle)
     : data_(data), seq_len_(seq_len), seed_(seed), shuffle_(shuffle) {
   if (seq_len < 1) throw InputError("batcher: seq_len must be >= 1 (got " + std::to_string(seq_len) + ")");
   if (data.num_tokens() == 0)
     throw InputError(data.path() + " (split /" + data.split_name() + "): holds no tokens; nothing to train or evaluate on");
   if (data.num_examples() > UINT32_MAX) throw InputError(data.path() + ": more than 2^32 examples");
-  if (count_too_long(data.split(), seq_len).dropped == data.num_examples())
-    throw InputError(data.path() + " (split /" + data.split_name() + "): every example's target is longer than " +
-                     "model.seq_len + 1 = " + std::to_string(seq_len + 1) + " tokens, so every one would be dropped; " +
-                     "raise model.seq_len (text from `meshmoe prep text`: prepare it with --max-len <= " +
-                     std::to_string(seq_len + 1) + ")");
+  too_long_ = check_examples_fit(data, seq_len);
   set_epoch(0);
 }
 

@@ -47,6 +47,9 @@ struct TooLong {
   size_t truncated = 0, dropped = 0;
 };
 TooLong count_too_long(const DataSplit& s, int seq_len);
+// The same counts of a dataset a run trains or evaluates on; throws InputError, naming the file and
+// split, when every example would be dropped.
+TooLong check_examples_fit(const Dataset& data, int seq_len);
 
 // Where the batcher stands: the next example is order(epoch)[position]. Plain integers, so a
 // checkpoint stores and restores it exactly.
@@ -71,6 +74,8 @@ class Batcher {
   DataCursor cursor() const { return cursor_; }
   void restore(DataCursor c);
   int seq_len() const { return seq_len_; }
+  // The examples of its dataset that the sequences truncate or drop (check_examples_fit).
+  const TooLong& too_long() const { return too_long_; }
 
   // Example indices in the visiting order of an epoch (a pure function of seed and epoch).
   std::vector<uint32_t> epoch_order(uint64_t epoch) const;
@@ -91,6 +96,7 @@ class Batcher {
   bool shuffle_;
   DataCursor cursor_;
   std::vector<uint32_t> order_;  // of cursor_.epoch
+  TooLong too_long_;
 };
 
 }  // namespace meshmoe

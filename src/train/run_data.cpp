@@ -48,16 +48,15 @@ int model_vocab(const Config& cfg, const Dataset& train) {
   return vocab;
 }
 
-void check_eval_split(const Config& cfg, const Dataset& valid, const Dataset& eval_set) {
+TooLong check_eval_split(const Config& cfg, const Dataset& valid, const Dataset& eval_set) {
   if (cfg.eval.every > 0 && !eval_set.split().has_target())
     throw InputError(cfg.data.path + ": the valid split has no target token (" + std::to_string(valid.num_examples()) +
                      " examples) but eval.every = " + std::to_string(cfg.eval.every) +
                      " evaluates on it: set eval.every = 0, or prepare the data set with a larger --valid-percent");
-  if (cfg.eval.every > 0 && count_too_long(eval_set.split(), int(cfg.model.seq_len)).dropped == eval_set.num_examples())
-    throw InputError(cfg.data.path + ": every evaluated example's target is longer than model.seq_len + 1 = " +
-                     std::to_string(cfg.model.seq_len + 1) + " tokens (each would be dropped): raise model.seq_len " +
-                     "(text from `meshmoe prep text`: prepare it with --max-len <= " +
-                     std::to_string(cfg.model.seq_len + 1) + ")");
+  // An evaluation's Batcher refuses a set whose every example it would drop: found at the first
+  // evaluation, that would cost every step before it.
+  const int T = int(cfg.model.seq_len);
+  return cfg.eval.every > 0 ? check_examples_fit(eval_set, T) : count_too_long(eval_set.split(), T);
 }
 
 }  // namespace meshmoe

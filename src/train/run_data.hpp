@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "data/batcher.hpp"
 #include "data/dataset.hpp"
 #include "deck/config.hpp"
 
@@ -25,7 +26,9 @@ int model_vocab(const Config& cfg, const Dataset& train);
 
 // Every split the run will use is checked before the first step: an empty validation split found
 // only at the first evaluation would cost every step before it. Throws InputError when
-// eval.every > 0 and `eval_set` (the sample of `valid` an evaluation scores) has no target token.
-void check_eval_split(const Config& cfg, const Dataset& valid, const Dataset& eval_set);
+// eval.every > 0 and `eval_set` (the sample of `valid` an evaluation scores) has no target token
+// or would drop every example (check_examples_fit). Returns the examples of `eval_set` that the
+// sequences truncate or drop.
+TooLong check_eval_split(const Config& cfg, const Dataset& valid, const Dataset& eval_set);
 
 }  // namespace meshmoe

@@ -52,7 +52,7 @@ class Trainer {
     if (mesh.rank() == 0) std::printf("%s\n", device_line.c_str());
     check_dataset_tokenizer(cfg_.data.path, train_.info(), cfg_.data.tokenizer, cfg_.data.spm_pieces);
     vocab_ = model_vocab(cfg_, train_);
-    check_eval_split(cfg_, valid_, eval_set_);
+    valid_too_long_ = check_eval_split(cfg_, valid_, eval_set_);
     DatasetIdentity data_identity;  // rank 0 only
     if (mesh.rank() == 0) data_identity = dataset_identity(cfg_.data.path, train_, valid_);
     install_stop_signal_handlers();
@@ -73,8 +73,7 @@ class Trainer {
                                 });
     schedule_ = Schedule::from_config(cfg_);
     batcher_ = std::make_unique<Batcher>(train_, int(cfg_.model.seq_len), uint64_t(cfg_.run.seed), cfg_.data.shuffle);
-    train_too_long_ = count_too_long(train_.split(), int(cfg_.model.seq_len));
-    valid_too_long_ = count_too_long(eval_set_.split(), int(cfg_.model.seq_len));
+    train_too_long_ = batcher_->too_long();
     checkpoints_ = std::make_unique<RunCheckpoints>(deck, version_, mesh, run_dir_, std::move(data_identity),
                                                     model_->params(), *optimizer_, *batcher_, progress_);
     flops_per_token_ = train_flops_per_token(cfg_, model_->shape());
