@@ -25,7 +25,7 @@ struct PrepGettextOptions {
   int64_t valid_percent = 2;               // 0..100
   int64_t min_pairs = 1;                   // drop languages with fewer pairs
   std::vector<std::string> languages;      // keep only these (empty = all)
-  std::string tokenizer = "bytes";         // bytes | spm
+  std::string tokenizer = "bytes";         // bytes | spm (data.tokenizer's names; parsed by prep)
   int64_t spm_pieces = 8000;               // SentencePiece vocabulary (tokenizer = spm)
   bool quiet = false;                      // no progress lines
 };
@@ -36,7 +36,7 @@ struct PrepTextOptions {
   int64_t max_len = 256;      // longer lines are cut into pieces of at most this many tokens
   int64_t valid_percent = 2;  // 0..100
   bool paragraphs = false;    // one example per paragraph (blank-line separated) instead of per line
-  std::string tokenizer = "bytes";  // bytes | spm
+  std::string tokenizer = "bytes";  // bytes | spm (data.tokenizer's names; parsed by prep)
   int64_t spm_pieces = 8000;        // SentencePiece vocabulary (tokenizer = spm)
   bool quiet = false;
 };
@@ -74,12 +74,18 @@ void refuse_output_overwriting_input(const std::string& cmd, const std::string& 
 // is a warning on `log` (a deck must then set eval.every = 0).
 void check_split_sizes(const std::string& cmd, const PreparedDataset& d, int64_t valid_percent, std::ostream& log);
 
-// The tokenizer of a prep: bytes, or SentencePiece trained on `train_texts` (checked options:
-// tokenizer bytes | spm, spm_pieces >= 16).
-Tokenizer prep_tokenizer(const std::string& cmd, const std::string& tokenizer, int64_t spm_pieces,
-                         std::vector<std::string> languages, const std::vector<std::string_view>& train_texts,
-                         bool quiet, std::ostream& log);
-void check_tokenizer_options(const std::string& cmd, const std::string& tokenizer, int64_t spm_pieces);
+// The --tokenizer of a prep as its enum (a name of data.tokenizer: bytes | spm), with --spm-pieces
+// checked for spm; InputError otherwise.
+TokenizerKind parse_tokenizer_options(const std::string& cmd, const std::string& tokenizer, int64_t spm_pieces);
+// The tokenizer of a prep: bytes, or SentencePiece of spm_pieces pieces trained on `train_texts`.
+Tokenizer prep_tokenizer(const std::string& cmd, TokenizerKind kind, int64_t spm_pieces, std::vector<std::string> languages,
+                         const std::vector<std::string_view>& train_texts, bool quiet, std::ostream& log);
+
+// Whether an example goes to the valid split: FNV-1a 64 of its key (gettext: the English text;
+// text: the line or paragraph) % 100 < valid_percent.
+inline bool in_valid_split(std::string_view key, int64_t valid_percent) {
+  return fnv1a64(key) % 100 < uint64_t(valid_percent);
+}
 
 // One-line-per-item summary for the user.
 std::string prep_summary(const PreparedDataset& d);

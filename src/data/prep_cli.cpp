@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <iostream>
 #include <sstream>
 
@@ -31,17 +32,17 @@ std::string prep_summary(const PreparedDataset& d) {
   return o.str();
 }
 
-void check_tokenizer_options(const std::string& cmd, const std::string& tokenizer, int64_t spm_pieces) {
-  if (tokenizer != "bytes" && tokenizer != "spm")
-    throw InputError(cmd + ": --tokenizer must be bytes or spm (got " + tokenizer + ")");
-  if (tokenizer == "spm" && (spm_pieces < 16 || spm_pieces > 1000000))
+TokenizerKind parse_tokenizer_options(const std::string& cmd, const std::string& tokenizer, int64_t spm_pieces) {
+  const std::optional<TokenizerKind> kind = parse_option<TokenizerKind>(tokenizer);
+  if (!kind) throw InputError(cmd + ": --tokenizer must be bytes or spm (got " + tokenizer + ")");
+  if (*kind == TokenizerKind::Spm && (spm_pieces < 16 || spm_pieces > 1000000))
     throw InputError(cmd + ": --spm-pieces must be in 16..1000000 (got " + std::to_string(spm_pieces) + ")");
+  return *kind;
 }
 
-Tokenizer prep_tokenizer(const std::string& cmd, const std::string& tokenizer, int64_t spm_pieces,
-                         std::vector<std::string> languages, const std::vector<std::string_view>& train_texts,
-                         bool quiet, std::ostream& log) {
-  if (tokenizer == "bytes") return Tokenizer(std::move(languages));
+Tokenizer prep_tokenizer(const std::string& cmd, TokenizerKind kind, int64_t spm_pieces, std::vector<std::string> languages,
+                         const std::vector<std::string_view>& train_texts, bool quiet, std::ostream& log) {
+  if (kind == TokenizerKind::Bytes) return Tokenizer(std::move(languages));
   if (!quiet) log << cmd << ": training a SentencePiece model of " << spm_pieces << " pieces on " << train_texts.size()
                   << " texts of the train split\n" << std::flush;
   return Tokenizer(std::move(languages), Tokenizer::train_spm(train_texts, int(spm_pieces), quiet));

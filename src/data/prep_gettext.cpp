@@ -59,8 +59,8 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
   if (opt.valid_percent < 0 || opt.valid_percent > 100)
     throw InputError("prep gettext: --valid-percent must be in 0..100 (got " + std::to_string(opt.valid_percent) + ")");
   if (opt.min_pairs < 0) throw InputError("prep gettext: --min-pairs must be >= 0");
-  check_tokenizer_options("prep gettext", opt.tokenizer, opt.spm_pieces);
-  const bool bytes_tokens = opt.tokenizer == "bytes";
+  const TokenizerKind tokenizer = parse_tokenizer_options("prep gettext", opt.tokenizer, opt.spm_pieces);
+  const bool bytes_tokens = tokenizer == TokenizerKind::Bytes;
 
   std::vector<Catalog> catalogs = scan_catalogs(opt.root);
   {
@@ -138,7 +138,6 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
     throw InputError("prep gettext: no language under " + opt.root + " has at least " + std::to_string(opt.min_pairs) +
                      " translated pairs (lower --min-pairs or raise --max-len)");
 
-  auto is_valid = [&](std::string_view english) { return fnv1a64(english) % 100 < uint64_t(opt.valid_percent); };
   std::vector<std::string_view> train_texts;
   if (!bytes_tokens) {
     std::unordered_set<std::string_view> english;
@@ -146,16 +145,16 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
       if (std::find(kept.begin(), kept.end(), lp.name) == kept.end()) continue;
       for (const auto& p : lp.pairs) {
         const std::string_view src(lp.bytes.data() + p.offset, p.src_len), eng(src.data() + p.src_len, p.eng_len);
-        if (is_valid(eng)) continue;
+        if (in_valid_split(eng, opt.valid_percent)) continue;
         train_texts.push_back(src);
         if (english.insert(eng).second) train_texts.push_back(eng);
       }
     }
   }
-  const Tokenizer tok = prep_tokenizer("prep gettext", opt.tokenizer, opt.spm_pieces, kept, train_texts, opt.quiet, log);
-  out.info.tokenizer = tok.name();
-  out.info.spm_model = tok.spm_model();
+  const Tokenizer tok = prep_tokenizer("prep gettext", tokenizer, opt.spm_pieces, kept, train_texts, opt.quiet, log);
   DatasetInfo& info = out.info;
+  info.tokenizer = tok.name();
+  info.spm_model = tok.spm_model();
   info.vocab_size = tok.vocab_size();
   info.languages = tok.languages();
   info.train_pairs.assign(kept.size(), 0);
@@ -187,7 +186,7 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
       // Loss on what the model predicts after SEP: the English tokens and EOS.
       mask.assign(ids.size(), 0);
       std::fill(mask.begin() + std::ptrdiff_t(first_target), mask.end(), uint8_t(1));
-      const bool valid = is_valid(eng);
+      const bool valid = in_valid_split(eng, opt.valid_percent);
       (valid ? out.valid : out.train).add_example(ids, mask, li);
       ++(valid ? info.valid_pairs : info.train_pairs)[size_t(li)];
     }

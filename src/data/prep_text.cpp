@@ -55,7 +55,7 @@ PreparedDataset prepare_text(const PrepTextOptions& opt, std::ostream& log) {
   if (opt.valid_percent < 0 || opt.valid_percent > 100)
     throw InputError("prep text: --valid-percent must be in 0..100 (got " + std::to_string(opt.valid_percent) + ")");
   refuse_output_overwriting_input("prep text", opt.output, opt.files);
-  check_tokenizer_options("prep text", opt.tokenizer, opt.spm_pieces);
+  const TokenizerKind tokenizer = parse_tokenizer_options("prep text", opt.tokenizer, opt.spm_pieces);
 
   // Every file's lines (or paragraphs) first: a SentencePiece model learns from the train split's.
   std::vector<std::vector<std::string>> units(opt.files.size());
@@ -68,13 +68,12 @@ PreparedDataset prepare_text(const PrepTextOptions& opt, std::ostream& log) {
     units[f] = split_units(ss.str(), opt.paragraphs);
   }
   // The split follows the whole line, so the pieces of a long line stay on one side.
-  auto is_valid = [&](std::string_view u) { return fnv1a64(u) % 100 < uint64_t(opt.valid_percent); };
   for (const auto& file_units : units)
     for (const auto& u : file_units)
-      if (!is_valid(u)) train_texts.push_back(u);
+      if (!in_valid_split(u, opt.valid_percent)) train_texts.push_back(u);
 
   PreparedDataset out;
-  const Tokenizer tok = prep_tokenizer("prep text", opt.tokenizer, opt.spm_pieces, {"text"}, train_texts, opt.quiet, log);
+  const Tokenizer tok = prep_tokenizer("prep text", tokenizer, opt.spm_pieces, {"text"}, train_texts, opt.quiet, log);
   DatasetInfo& info = out.info;
   info.tokenizer = tok.name();
   info.spm_model = tok.spm_model();
@@ -90,11 +89,11 @@ PreparedDataset prepare_text(const PrepTextOptions& opt, std::ostream& log) {
   std::vector<uint8_t> mask;
   for (size_t f = 0; f < opt.files.size(); ++f) {
     for (const auto& u : units[f]) {
-      const bool valid = is_valid(u);
+      const bool valid = in_valid_split(u, opt.valid_percent);
       // Pieces of at most max_len - 2 tokens: <text> tokens EOS. Bytes are cut where a UTF-8
       // sequence starts; SentencePiece pieces anywhere.
       std::vector<std::vector<int32_t>> pieces;
-      if (!tok.is_spm()) {
+      if (tokenizer == TokenizerKind::Bytes) {
         for (const auto piece : cut(u, size_t(opt.max_len - 2))) pieces.push_back(tok.encode(piece));
       } else {
         text_ids = tok.encode(u);
