@@ -79,6 +79,12 @@ std::vector<std::u32string> tokenize_13a(std::string_view line) {
   return split_on_whitespace(a);
 }
 
+std::string tokenize_13a_text(std::string_view line) {
+  std::u32string joined;
+  for (const auto& t : tokenize_13a(line)) joined += (joined.empty() ? U"" : U" ") + t;
+  return code_points_to_utf8(joined);
+}
+
 void BleuStats::add(std::string_view hypothesis, std::string_view reference) {
   const auto hyp = tokenize_13a(hypothesis), ref = tokenize_13a(reference);
   hyp_len += int64_t(hyp.size());

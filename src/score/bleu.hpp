@@ -15,6 +15,8 @@ namespace meshmoe {
 // &gt;, drops <skipped>, splits off punctuation and symbols, and periods, commas and dashes except
 // within numbers ("3.14", "1,000" stay whole).
 std::vector<std::u32string> tokenize_13a(std::string_view line);
+// Those tokens as UTF-8 text, one space between (what `meshmoe score --print-tokens` shows).
+std::string tokenize_13a_text(std::string_view line);
 
 constexpr int kBleuOrder = 4;
 

@@ -10,7 +10,6 @@
 #include "core/error.hpp"
 #include "score/bleu.hpp"
 #include "score/chrf.hpp"
-#include "score/text.hpp"
 
 namespace meshmoe {
 
@@ -45,11 +44,7 @@ int score_main(const ScoreCliOptions& opt) {
     throw InputError(opt.hyp + " has " + std::to_string(hyp.size()) + " lines but " + opt.ref + " has " +
                      std::to_string(ref.size()) + ": one translation per reference line");
   if (opt.print_tokens) {
-    for (const auto& line : hyp) {
-      std::u32string joined;
-      for (const auto& t : tokenize_13a(line)) joined += (joined.empty() ? U"" : U" ") + t;
-      std::printf("%s\n", code_points_to_utf8(joined).c_str());
-    }
+    for (const auto& line : hyp) std::printf("%s\n", tokenize_13a_text(line).c_str());
     return kExitOk;
   }
   BleuStats b;
