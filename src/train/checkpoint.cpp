@@ -664,7 +664,7 @@ CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store
     for (const auto& c : f.group("params").children())
       if (!model_params.count(c)) bad.push_back("the checkpoint holds parameter '" + c + "', which this model does not have");
     if (!bad.empty()) {
-      std::string msg = "checkpoint from an incompatible model: " + path + ":";
+      std::string msg = std::string(kIncompatibleModel) + ": " + path + ":";
       for (size_t i = 0; i < bad.size() && i < 12; ++i) msg += "\n  " + bad[i];
       if (bad.size() > 12) msg += "\n  ... and " + std::to_string(bad.size() - 12) + " more";
       throw InputError(msg);

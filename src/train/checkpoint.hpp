@@ -94,6 +94,10 @@ std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float
                              const std::vector<StateTensor>& state, const CheckpointMeta& meta,
                              const Mesh& mesh, const RetentionPolicy& keep = {});
 
+// How read_checkpoint's error about parameters or state of other shapes begins (the resume adds
+// the deck keys that differ from the checkpoint's).
+inline constexpr const char* kIncompatibleModel = "checkpoint from an incompatible model";
+
 // Collective over `comm` (every rank of the run, any mesh). Every rank reads the blocks of every
 // parameter its store holds into store.weights() and of every state tensor into *t.data (resized
 // to the block). Throws InputError on every rank alike when the file is missing, unreadable or

@@ -2,9 +2,11 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <string_view>
 
 #include "core/error.hpp"
 #include "core/timers.hpp"
+#include "deck/deck.hpp"
 #include "mesh/agree.hpp"
 #include "mesh/comm.hpp"
 
@@ -55,8 +57,18 @@ void RunCheckpoints::resume() {
       throw InputError("checkpoint " + path + " is at step " + std::to_string(head.step) + ", beyond run.steps = " +
                        std::to_string(cfg_.run.steps));
     check_same_data(path, head);
+    const std::vector<DeckChange> changes = changes_since(path, head);
     std::vector<StateTensor> state = optimizer_.state();
-    const CheckpointMeta m = read_checkpoint(path, params_, state, mesh_.world());
+    CheckpointMeta m;
+    try {
+      m = read_checkpoint(path, params_, state, mesh_.world());
+    } catch (const InputError& e) {
+      const std::string keys = describe_changes(changes, true);
+      if (keys.empty() || std::string_view(e.what()).rfind(kIncompatibleModel, 0) != 0) throw;
+      throw InputError(std::string(e.what()) + "\nthe deck differs from the checkpoint's in:" + keys +
+                       "\na model cannot change shape on resume: set these keys back, or run.resume = never to start afresh");
+    }
+    report_changes(changes, head.step);
     batcher_.restore(m.data_cursor);
     progress_.good_cursor = m.data_cursor;
     progress_.start_step = m.step;
@@ -78,6 +90,32 @@ void RunCheckpoints::resume() {
     const std::string note = run_dir_.move_aside(mesh_.world());
     if (mesh_.rank() == 0 && !note.empty()) std::fprintf(stderr, "meshmoe: note: %s\n", note.c_str());
   }
+}
+
+std::vector<DeckChange> RunCheckpoints::changes_since(const std::string& path, const CheckpointMeta& head) {
+  if (head.deck.empty()) return {};
+  std::vector<DeckChange> changes;
+  std::string unreadable;
+  try {
+    changes = deck_changes(parse_deck(head.deck, path + ":/meta/deck").cfg, cfg_);
+  } catch (const InputError& e) {  // a deck of another version's schema: nothing to compare with
+    unreadable = e.what();
+  }
+  if (mesh_.rank() == 0 && !unreadable.empty())
+    std::fprintf(stderr, "meshmoe: note: the deck stored in %s does not parse with this version, so its changes are not listed:\n%s\n",
+                 path.c_str(), unreadable.c_str());
+  return changes;
+}
+
+void RunCheckpoints::report_changes(const std::vector<DeckChange>& changes, int64_t step) const {
+  if (mesh_.rank() != 0) return;
+  if (const std::string s = describe_changes(changes, false); !s.empty())
+    std::printf("deck changed since the checkpoint (run length, mesh, output):%s\n", s.c_str());
+  if (const std::string s = describe_changes(changes, true); !s.empty())
+    std::fprintf(stderr, "meshmoe: warning: resuming with a deck that trains differently from the checkpoint's from step %lld on:%s\n",
+                 (long long)step, s.c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
 }
 
 void RunCheckpoints::check_same_data(const std::string& path, const CheckpointMeta& head) {

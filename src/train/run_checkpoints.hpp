@@ -9,6 +9,7 @@
 #include "data/batcher.hpp"
 #include "data/dataset_identity.hpp"
 #include "deck/deck.hpp"
+#include "deck/deck_changes.hpp"
 #include "mesh/mesh.hpp"
 #include "model/params.hpp"
 #include "train/checkpoint.hpp"
@@ -63,6 +64,10 @@ class RunCheckpoints {
   // A checkpoint records the dataset it was trained on; resuming it on other data would continue a
   // data cursor and per-language metrics that belong to that data (README "Checkpoints and restart").
   void check_same_data(const std::string& path, const CheckpointMeta& head);
+  // The deck keys that differ from the deck stored in the checkpoint (every rank); report_changes
+  // prints them once the checkpoint has loaded: a warning for those that change the training.
+  std::vector<DeckChange> changes_since(const std::string& path, const CheckpointMeta& head);
+  void report_changes(const std::vector<DeckChange>& changes, int64_t step) const;
 
   const Deck& deck_;
   const Config& cfg_;

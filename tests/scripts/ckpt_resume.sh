@@ -3,6 +3,8 @@
 #   exact resume: 20 steps straight vs 10 + restart + 10 on the same mesh: every loss-like metric
 #     bitwise equal;
 #   resharded resume: written on data=2 x tensor=2, resumed on data=4 and on 1 rank: within 1e-5;
+#   a resume with a changed deck: mesh and steps listed, an optimizer/dropout change warned about
+#     key by key, a change of model shape refused naming the key;
 #   a corrupted newest checkpoint: reported, the previous one used, and the run still finishes;
 #   SIGUSR1 to one rank mid-run: exit 75 with a checkpoint, and the resumed run ends equal to the
 #     uninterrupted one.
@@ -89,6 +91,24 @@ for target in "4 --set mesh.data=4" "1"; do
   grep -q "resuming from .*step 10 (written on mesh pipe=1 x data=2 x tensor=2" "$T/$name.log" || fail "$name did not resume"
   compare straight "$name" 1e-5 || fail "resharded resume on $np ranks differs"
 done
+# Another mesh and more steps are listed as such, not as a change of the training.
+grep -q "^deck changed since the checkpoint (run length, mesh, output):" "$T/reshard-to-4.log" &&
+  grep -q "^  mesh.data: 2 -> 4" "$T/reshard-to-4.log" && grep -q "^  run.steps: 10 -> 20" "$T/reshard-to-4.log" ||
+  fail "the resharded resume did not list its mesh and step changes"
+grep -q "trains differently" "$T/reshard-to-4.log" && fail "a change of mesh was reported as a change of the training"
+
+echo "== resume with a changed deck"
+cp -r "$T/straight" "$T/changed"; : > "$T/changed.log"
+train 2 changed --set mesh.data=2 --set run.steps=22 --set optim.lr=0.005 --set model.dropout=0.2
+grep -q "warning: resuming with a deck that trains differently from the checkpoint's from step 20 on:" "$T/changed.log" &&
+  grep -q "^  optim.lr: 0.01 -> 0.005" "$T/changed.log" && grep -q "^  model.dropout: 0.1 -> 0.2" "$T/changed.log" ||
+  { cat "$T/changed.log"; fail "no warning listing the changed optimizer and dropout keys"; }
+grep -q "^step .* 22/22" "$T/changed.log" || fail "the run with a changed optimizer did not train"
+cp -r "$T/straight" "$T/reshaped"; : > "$T/reshaped.log"
+set +e; train 2 reshaped --set mesh.data=2 --set run.steps=22 --set model.d_ff=64; rc=$?; set -e
+[ "$rc" = 2 ] || { cat "$T/reshaped.log"; fail "a change of model shape exited with $rc, expected 2"; }
+grep -q "checkpoint from an incompatible model" "$T/reshaped.log" && grep -q "^  model.d_ff: 32 -> 64" "$T/reshaped.log" ||
+  { cat "$T/reshaped.log"; fail "the refusal does not name the changed key"; }
 
 echo "== corrupted newest checkpoint"
 cp -r "$T/split" "$T/corrupt"; : > "$T/corrupt.log"

@@ -14,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "deck/deck.hpp"
+#include "deck/deck_changes.hpp"
 #include "deck/schema.hpp"
 #include "../test_util.hpp"
 
@@ -599,4 +600,21 @@ TEST_CASE("deck: run.max_memory takes a byte size with K/M/G/T suffixes; anythin
   CHECK_THAT(deck_errors("", {"run.max_memory=0G"}),
              Catch::Contains("--set run.max_memory=0G: run.max_memory = \"0G\": must be positive"));
   CHECK_THAT(deck_errors("", {"run.max_memory=lots"}), Catch::Contains("run.max_memory = \"lots\": expected a whole number"));
+}
+
+TEST_CASE("deck: the changes of a resumed deck, and which of them change the training", "[deck]") {
+  const Deck before = parse_deck("[optim]\nlr = 0.01\n", "a.toml");
+  CHECK(deck_changes(before.cfg, before.cfg).empty());
+  const Deck after = parse_deck("[optim]\nlr = 0.005\n[run]\nsteps = 300\nseed = 7\n[mesh]\ndata = 2\n"
+                                "[model]\nd_model = 64\n[eval]\nevery = 3\n",
+                                "b.toml", {"data.path=x.h5", "moe.router=top1"});
+  std::vector<std::string> training, other;
+  for (const DeckChange& c : deck_changes(before.cfg, after.cfg)) (c.changes_training ? training : other).push_back(c.key);
+  // schema order
+  CHECK(training == std::vector<std::string>{"run.seed", "model.d_model", "moe.router", "optim.lr"});
+  CHECK(other == std::vector<std::string>{"run.steps", "mesh.data", "data.path", "eval.every"});
+  const std::string lines = describe_changes(deck_changes(before.cfg, after.cfg), true);
+  CHECK(lines.find("\n  optim.lr: 0.01 -> 0.005") != std::string::npos);
+  CHECK(lines.find("\n  moe.router: \"top2\" -> \"top1\"") != std::string::npos);
+  CHECK(lines.find("run.steps") == std::string::npos);
 }
