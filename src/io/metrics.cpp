@@ -47,7 +47,6 @@ const std::vector<Known>& known_metrics() {
       {"loss", {"nats/token", "training cross-entropy, mean over the tokens of the step"}},
       {"aux_loss", {"1", "MoE auxiliary load-balancing loss (GShard 2.2, Switch eq. 4), summed over MoE layers"}},
       {"z_loss", {"1", "router z-loss (mean squared log-sum-exp of router logits), summed over MoE layers"}},
-      {"total_loss", {"1", "loss + weighted auxiliary losses: the quantity differentiated"}},
       {"lr", {"1", "learning rate applied at this step"}},
       {"grad_norm", {"1", "global L2 norm of the gradient before clipping"}},
       {"tokens_per_s", {"tokens/s", "training throughput over the step, all ranks together"}},
@@ -57,10 +56,11 @@ const std::vector<Known>& known_metrics() {
       {"time/*", {"s", "wall time of this phase during the step (max over ranks)"}},
       {"moe/*/dropped_fraction", {"1", "fraction of token-to-expert assignments dropped for lack of capacity"}},
       {"moe/*/expert_load", {"1", "fraction of the tokens routed to each expert; row per step, column per expert"}},
-      {"moe/*/router_entropy", {"nats", "mean entropy of the router's softmax over experts"}},
+      {"moe/*/rerouted_fraction", {"1", "fraction of token-to-expert assignments placed by No-Token-Left-Behind"}},
+      {"moe/*/declined_fraction", {"1", "fraction of second choices that random or threshold routing did not dispatch (0 for top-1)"}},
+      {"moe/*/router_entropy", {"nats", "mean over tokens of the entropy of the router's softmax over experts (ln E when uniform)"}},
+      {"moe/*/capacity", {"slots", "expert capacity C per routing group"}},
       {"eval/loss", {"nats/token", "evaluation cross-entropy, mean over the evaluation tokens"}},
-      {"eval/lang/*", {"nats/token", "evaluation cross-entropy for one language tag"}},
-      {"eval/*", {"nats/token", "evaluation cross-entropy of one evaluation set"}},
   };
   return table;
 }

@@ -1,7 +1,7 @@
 // The metrics file of a run (runs/<name>/metrics.h5), written by rank 0 only (serial HDF5).
 //
 // Layout: /step (int64, one row per logged step) and one extendible float64 dataset per metric,
-// named by the caller ("loss", "time/forward", "moe/3/dropped_fraction", "eval/lang/en"; '/'
+// named by the caller ("loss", "time/forward", "moe/layer3/dropped_fraction", "eval/loss"; '/'
 // makes groups), plus 2-D series [step, n] from append_row ("moe/3/expert_load" [step, E]).
 // Row r of every series belongs to step /step[r]: a metric missing at some logged step holds NaN
 // there (eval metrics every N steps, say), and a series shorter than /step has no values at the

@@ -148,7 +148,15 @@ void StepLog::write_step_row(int64_t step, const StepStats& s, double tokens_per
     row["pipeline_bubble_ideal"] = ideal;
   }
   for (size_t i = 0; i < secs.size(); ++i) row[std::string("time/") + kPhases[i]] = secs[i];
-  for (size_t l = 0; l < s.load.size(); ++l) row[moe_name(l) + "/dropped_fraction"] = s.dropped[l];
+  for (size_t l = 0; l < s.moe.size(); ++l) {
+    const MoeLayerStats& m = s.moe[l];
+    const std::string g = moe_name(l);
+    row[g + "/dropped_fraction"] = m.dropped;
+    row[g + "/rerouted_fraction"] = m.rerouted;
+    row[g + "/declined_fraction"] = m.declined;
+    row[g + "/router_entropy"] = m.entropy;
+    row[g + "/capacity"] = m.capacity;
+  }
   metrics_->append(step, row);
   for (size_t l = 0; l < s.load.size(); ++l) metrics_->append_row(moe_name(l) + "/expert_load", s.load[l]);
 }

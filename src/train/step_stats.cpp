@@ -17,6 +17,13 @@ void StepSums::add(const ForwardStats& f, const std::vector<const MoeLayer<float
     for (size_t e = 0; e < o.load.size(); ++e) o.load[e] += double(ms.load[e]);
     o.wanted += double(ms.wanted);
     o.dropped += double(ms.dropped);
+    o.rerouted += double(ms.rerouted);
+    o.declined += double(ms.declined);
+    o.second_choices += double(ms.second_choices);
+    o.tokens += double(ms.tokens);
+    o.entropy += ms.entropy_sum;
+    o.capacity += double(ms.capacity);
+    o.forwards += 1;
   }
 }
 
@@ -24,8 +31,9 @@ void StepSums::all_reduce(Comm& pipe, Comm& data) {
   std::vector<double*> fields{&ce_, &mask_, &aux_, &z_};
   for (MoeLayerSums& l : layers_) {
     for (double& x : l.load) fields.push_back(&x);
-    fields.push_back(&l.wanted);
-    fields.push_back(&l.dropped);
+    for (double* x : {&l.wanted, &l.dropped, &l.rerouted, &l.declined, &l.second_choices, &l.tokens, &l.entropy,
+                      &l.capacity, &l.forwards})
+      fields.push_back(x);
   }
   std::vector<double> buf(fields.size());
   for (size_t i = 0; i < fields.size(); ++i) buf[i] = *fields[i];
@@ -45,7 +53,13 @@ StepStats StepSums::stats(double tokens, double groups) const {
     std::vector<double> load(o.load.size());
     for (size_t e = 0; e < load.size(); ++e) load[e] = total > 0 ? o.load[e] / total : 0;
     s.load.push_back(std::move(load));
-    s.dropped.push_back(o.wanted > 0 ? o.dropped / o.wanted : 0);
+    MoeLayerStats m;
+    m.dropped = o.wanted > 0 ? o.dropped / o.wanted : 0;
+    m.rerouted = o.wanted > 0 ? o.rerouted / o.wanted : 0;
+    m.declined = o.second_choices > 0 ? o.declined / o.second_choices : 0;
+    m.entropy = o.tokens > 0 ? o.entropy / o.tokens : 0;
+    m.capacity = o.forwards > 0 ? o.capacity / o.forwards : 0;
+    s.moe.push_back(m);
   }
   return s;
 }

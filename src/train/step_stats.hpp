@@ -1,5 +1,5 @@
 // The statistics of one training step (README "metrics.h5": /loss, /aux_loss, /z_loss,
-// /moe/layer<i>/expert_load and dropped_fraction): summed over this rank's forwards, then over the
+// /moe/layer<i>/...): summed over this rank's forwards, then over the
 // pipeline stages and the data ranks, then turned into the step's figures.
 #pragma once
 #include <cstddef>
@@ -10,10 +10,19 @@
 
 namespace meshmoe {
 
+// One MoE layer's routing in a step (every rank's tokens).
+struct MoeLayerStats {
+  double dropped = 0;   // fraction of the wanted choices dropped for capacity
+  double rerouted = 0;  // fraction of the wanted choices placed by No-Token-Left-Behind
+  double declined = 0;  // fraction of the second choices that random / threshold routing declined (0 for top-1)
+  double entropy = 0;   // mean over tokens of the router softmax's entropy (nats; ln E when uniform)
+  double capacity = 0;  // C, slots per expert and routing group
+};
+
 struct StepStats {
   double loss = 0, aux = 0, z = 0, grad_norm = 0, lr = 0;
   std::vector<std::vector<double>> load;  // [moe layer][E] fraction of the step's dispatched choices
-  std::vector<double> dropped;            // [moe layer] dropped fraction
+  std::vector<MoeLayerStats> moe;         // [moe layer]
   bool skipped = false;  // non-finite loss or gradient norm: no update
   bool empty = false;    // no target token in the step's batch: no forward, no update
 };
@@ -35,13 +44,15 @@ class StepSums {
 
   // The step's figures for a batch of `tokens` tokens in `groups` routing groups: cross-entropy per
   // target token (NaN when the batch holds none), load-balancing loss per group, z-loss per token,
-  // and per MoE layer the load fractions and the dropped fraction.
+  // and per MoE layer the load fractions and its routing (MoeLayerStats).
   StepStats stats(double tokens, double groups) const;
 
  private:
   struct MoeLayerSums {
     std::vector<double> load;  // [E] choices dispatched to each expert
-    double wanted = 0, dropped = 0;
+    double wanted = 0, dropped = 0, rerouted = 0, declined = 0, second_choices = 0;
+    double tokens = 0, entropy = 0;  // routed tokens, sum of their router entropies
+    double capacity = 0, forwards = 0;  // sum of C over the forwards that ran the layer, their count
   };
   double ce_ = 0, mask_ = 0, aux_ = 0, z_ = 0;  // cross-entropy, target tokens, aux and z losses
   std::vector<MoeLayerSums> layers_;          // every MoE layer of the model

@@ -130,6 +130,15 @@ for ref_name, run in pairs:
         status = "ok" if np.array_equal(a, b) else "MISMATCH"
         bad += status != "ok"
         print(f"{run:24s} moe/{layer}/expert_load exact {status}")
+        # routing counts are sums of integers over the ranks: exact; the entropy within 1e-5
+        for key in ["dropped_fraction", "rerouted_fraction", "declined_fraction", "capacity"]:
+            same = np.array_equal(ref[f"moe/{layer}/{key}"][()], f[f"moe/{layer}/{key}"][()])
+            bad += not same
+            if not same: print(f"{run:24s} moe/{layer}/{key} exact MISMATCH")
+        a, b = ref[f"moe/{layer}/router_entropy"][()], f[f"moe/{layer}/router_entropy"][()]
+        rel = np.max(np.abs(a - b) / np.abs(a))
+        bad += not (rel <= 1e-5)
+        if not rel <= 1e-5: print(f"{run:24s} moe/{layer}/router_entropy max rel diff {rel:.2e} MISMATCH")
 # recompute = none equals block bitwise; none never recomputes, block does (stage 0 of 2).
 for pair in os.environ["BITWISE"].split():
     none_name, block_name = pair.split(":")
@@ -160,5 +169,15 @@ toks = toks[np.isfinite(toks).all(axis=1)]
 assert toks.shape[0] >= 1 and (toks[-1] > 0).all(), f"a language was not scored: {toks[-1]}"
 ref = h5py.File(f"{T}/ref/metrics.h5", "r")
 assert ref["loss"].shape[0] == 4 and np.all(np.isfinite(ref["loss"][()])), "ref run incomplete"
+# The routing of the reference (top-2, random second expert, capacity factor 1): C = 2 * 16 / 4
+# slots, some second choices declined in training, entropies between 0 and ln E; NTLB reroutes.
+moe = ref["moe/layer1"]
+assert np.all(moe["capacity"][()] == 8), moe["capacity"][()]
+assert np.all((moe["declined_fraction"][()] > 0) & (moe["declined_fraction"][()] < 1)), moe["declined_fraction"][()]
+assert np.all(moe["rerouted_fraction"][()] == 0), moe["rerouted_fraction"][()]
+h = moe["router_entropy"][()]
+assert np.all((h > 0) & (h <= np.log(4) + 1e-12)), h
+ntlb = h5py.File(f"{T}/ntlb/metrics.h5", "r")["moe/layer1"]
+assert np.any(ntlb["rerouted_fraction"][()] > 0), ntlb["rerouted_fraction"][()]
 sys.exit(1 if bad else 0)
 PY

@@ -170,7 +170,9 @@ TEST_CASE("metrics: built-in units table", "[metrics]") {
   CHECK(MetricsFile::default_info("tokens_per_s").units == "tokens/s");
   CHECK(MetricsFile::default_info("time/all_to_all").units == "s");
   CHECK(MetricsFile::default_info("moe/11/dropped_fraction").units == "1");
-  CHECK(MetricsFile::default_info("eval/lang/de").units == "nats/token");
+  CHECK(MetricsFile::default_info("eval/loss").units == "nats/token");
+  CHECK(MetricsFile::default_info("moe/layer1/router_entropy").units == "nats");
+  CHECK(MetricsFile::default_info("moe/layer1/capacity").units == "slots");
   CHECK(MetricsFile::default_info("moe/1/2/dropped_fraction").units.empty());  // '*' is one component
   CHECK(MetricsFile::default_info("unknown").units.empty());
 }

@@ -149,6 +149,13 @@ TEST_CASE("moe routing invariants over random settings; NTLB never drops more", 
         for (size_t j = 0; j < s.size(); ++j) CHECK(s[j] == int(j));
       }
       CHECK(load == r.load);
+      // the logged router entropy: sum over tokens of -sum_e p log p
+      double entropy = 0;
+      for (int n = 0; n < N; ++n)
+        for (int e = 0; e < E; ++e)
+          if (const double q = p[size_t(n) * E + e]; q > 0) entropy -= q * std::log(q);
+      CHECK(std::abs(h->router.entropy_sum - entropy) <= 1e-12 * N);
+      CHECK(h->router.entropy_sum <= N * std::log(double(E)) + 1e-12 * N);
       CHECK(r.wanted == int64_t(N) * k - r.declined);
       CHECK(r.dropped == r.wanted - kept);
       if (o.router != RouterKind::Top2 || o.second_expert == SecondExpertPolicy::Always ||

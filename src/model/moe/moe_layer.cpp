@@ -43,6 +43,10 @@ void MoeLayer<T>::route(const StepContext& ctx, const T* x, int N) {
   stats_.dropped = r.dropped;
   stats_.rerouted = r.rerouted;
   stats_.declined = r.declined;
+  stats_.tokens = N;
+  stats_.second_choices = int64_t(N) * (r.k - 1);
+  stats_.capacity = r.C;
+  stats_.entropy_sum = router.entropy_sum;
 }
 
 // Capacity routing: the row buffers get the room of the full [E, G, C, M] layout once, what the

@@ -52,7 +52,14 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
   matmul(false, false, N, E, M, xr, wg.w, logits_.data());
   for_each_index(N, RouterSoftmaxRow<T>{logits_.data(), probs_.data(), lse_.data(), E});
   z_sum = 0;
-  for (int n = 0; n < N; ++n) z_sum += lse_[n] * lse_[n];  // router z-loss term (ST-MoE), summed over tokens
+  entropy_sum = 0;
+  for (int n = 0; n < N; ++n) {
+    z_sum += lse_[n] * lse_[n];  // router z-loss term (ST-MoE), summed over tokens
+    // H = -sum_e p log p = lse - sum_e p * logit (for the log only)
+    double p_logit = 0;
+    for (int e = 0; e < E; ++e) p_logit += double(probs_[size_t(n) * E + e]) * double(logits_[size_t(n) * E + e]);
+    entropy_sum += lse_[n] - p_logit;
+  }
 
   // Top-k experts per token, best first; ties go to the lower expert index. Top-1 (Switch eq. 2):
   // gate = p_top1, not renormalised. Top-2 (GShard Algorithm 1 lines 6, 16) and top-k: gates

@@ -68,6 +68,7 @@ class Router {
   const Routing<T>& routing() const { return r_; }
   const Buffer<T>& probs() const { return probs_; }  // [N, E] softmax of the router logits
   double aux_sum = 0, z_sum = 0;
+  double entropy_sum = 0;  // sum over tokens of the entropy (nats) of the token's router softmax
   ParamView<T> wg;  // [M, E]
 
  private:
