@@ -20,6 +20,7 @@ using Activation_t = Activation;
 using Recompute_t = Recompute;
 using RouterKind_t = RouterKind;
 using SecondExpertPolicy_t = SecondExpertPolicy;
+using AuxLossForm_t = AuxLossForm;
 using ExpertAxis_t = ExpertAxis;
 using OptimizerKind_t = OptimizerKind;
 using ScheduleKind_t = ScheduleKind;

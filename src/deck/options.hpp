@@ -20,6 +20,7 @@ enum class Recompute {                                      // model.recompute
 };
 enum class RouterKind { Top1, Top2, TopK };                 // moe.router
 enum class SecondExpertPolicy { Random, Always, Threshold };  // moe.second_expert
+enum class AuxLossForm { Switch, Gshard };                  // moe.aux_loss_form
 enum class ExpertAxis { Data, Tensor };                     // moe.expert_axis (model/moe/moe_placement.hpp)
 enum class OptimizerKind { AdamW, Adafactor };              // optim.name
 enum class ScheduleKind { Constant, Rsqrt, Cosine };        // optim.schedule (train/schedule.hpp)
@@ -39,6 +40,7 @@ MESHMOE_OPTION_NAMES(Recompute, {Recompute::None, "none"}, {Recompute::Block, "b
 MESHMOE_OPTION_NAMES(RouterKind, {RouterKind::Top1, "top1"}, {RouterKind::Top2, "top2"}, {RouterKind::TopK, "topk"})
 MESHMOE_OPTION_NAMES(SecondExpertPolicy, {SecondExpertPolicy::Random, "random"}, {SecondExpertPolicy::Always, "always"},
                      {SecondExpertPolicy::Threshold, "threshold"})
+MESHMOE_OPTION_NAMES(AuxLossForm, {AuxLossForm::Switch, "switch"}, {AuxLossForm::Gshard, "gshard"})
 MESHMOE_OPTION_NAMES(ExpertAxis, {ExpertAxis::Data, "data"}, {ExpertAxis::Tensor, "tensor"})
 MESHMOE_OPTION_NAMES(OptimizerKind, {OptimizerKind::AdamW, "adamw"}, {OptimizerKind::Adafactor, "adafactor"})
 MESHMOE_OPTION_NAMES(ScheduleKind, {ScheduleKind::Constant, "constant"}, {ScheduleKind::Rsqrt, "rsqrt"},

@@ -78,6 +78,10 @@ train_or_fail ntlb-d2t2 4 --set moe.no_token_left_behind=true --set mesh.data=2 
 train_or_fail geglu-adafactor 1 --set model.activation=geglu --set optim.name=adafactor
 train_or_fail geglu-adafactor-d2t2 4 --set model.activation=geglu --set optim.name=adafactor --set mesh.data=2 --set mesh.tensor=2
 train_or_fail geglu-adafactor-pmoe-t2 2 --set model.activation=geglu --set optim.name=adafactor --set moe.expert_axis=tensor --set mesh.tensor=2
+# GShard's aux-loss normalisation (1/E^2 of Switch's), weighted 16 = E^2 times more: the same
+# training as the reference, to rounding; on expert meshes as on one rank.
+train_or_fail auxg 1 --set moe.aux_loss_form=gshard --set moe.aux_loss_coef=0.16
+train_or_fail auxg-d2t2 4 --set moe.aux_loss_form=gshard --set moe.aux_loss_coef=0.16 --set mesh.data=2 --set mesh.tensor=2
 train_or_fail evalsub 1 --set eval.examples_per_language=3
 train_or_fail evalsub-d2t2 4 --set eval.examples_per_language=3 --set mesh.data=2 --set mesh.tensor=2
 pairs+="evalsub:evalsub-d2t2 "
@@ -91,7 +95,7 @@ train_or_fail gshard-p2-m4-block 2 --set mesh.pipe=2 --set optim.micro_batches=4
 pairs+="gshard-1:gshard-p2-m4 "
 export BITWISE="gshard-p2:gshard-p2-block dense-p2:dense-p2-block gshard-p2-m4:gshard-p2-m4-block"
 pairs+="ref:micro2 ref:data2-micro2 untied:untied-pipe2 ref-h4:switch55-t4 ntlb:ntlb-d2t2 "
-pairs+="geglu-adafactor:geglu-adafactor-d2t2 "
+pairs+="geglu-adafactor:geglu-adafactor-d2t2 auxg:auxg-d2t2 "
 # The data-parallel gradient all-reduce overlapped with the backward in tiny buckets (26 floats,
 # parallel/gradient_sync.hpp) gives bitwise the blocking all-reduce's training (tied embedding
 # over pipe and experts over data included).
@@ -177,6 +181,11 @@ assert np.all((moe["declined_fraction"][()] > 0) & (moe["declined_fraction"][()]
 assert np.all(moe["rerouted_fraction"][()] == 0), moe["rerouted_fraction"][()]
 h = moe["router_entropy"][()]
 assert np.all((h > 0) & (h <= np.log(4) + 1e-12)), h
+auxg = h5py.File(f"{T}/auxg/metrics.h5", "r")
+rel = np.abs(auxg["aux_loss"][()] * 16 - ref["aux_loss"][()]) / ref["aux_loss"][()]
+assert np.all(rel <= 1e-5), f"gshard aux form * E^2 vs switch form: {rel}"
+rel = np.abs(auxg["loss"][()] - ref["loss"][()]) / ref["loss"][()]
+assert np.all(rel <= 1e-5), f"gshard aux form with E^2 the coefficient trains differently: {rel}"
 ntlb = h5py.File(f"{T}/ntlb/metrics.h5", "r")["moe/layer1"]
 assert np.any(ntlb["rerouted_fraction"][()] > 0), ntlb["rerouted_fraction"][()]
 sys.exit(1 if bad else 0)

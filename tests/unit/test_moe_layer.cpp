@@ -112,6 +112,13 @@ TEST_CASE("moe layer: finite differences, top-2 always, geglu, overflow", "[moe]
   check_fd(c);
 }
 
+TEST_CASE("moe layer: finite differences, top-2 always, GShard's aux-loss form", "[moe]") {
+  FdCase c{"top2-gshard-aux", small_moe(RouterKind::Top2, Activation::Relu)};
+  c.opt.second_expert = SecondExpertPolicy::Always;
+  c.opt.aux_loss_form = AuxLossForm::Gshard;
+  check_fd(c);
+}
+
 TEST_CASE("moe layer: finite differences, top-3", "[moe]") {
   FdCase c{"top3", small_moe(RouterKind::TopK, Activation::Gelu)};
   c.opt.jitter_eps = 0.1;

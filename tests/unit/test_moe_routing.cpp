@@ -354,4 +354,9 @@ TEST_CASE("moe Switch aux loss = E^2 * GShard aux loss", "[moe]") {
     gshard_sum += l / E;
   }
   CHECK(h.router.aux_sum == Approx(double(E * E) * gshard_sum).epsilon(1e-12));
+  // moe.aux_loss_form = gshard: the same routing, the loss in GShard's normalisation.
+  o.aux_loss_form = AuxLossForm::Gshard;
+  RouterHarness hg(o, 8);
+  hg.router.forward(ctx, x.data(), N);
+  CHECK(hg.router.aux_sum == Approx(gshard_sum).epsilon(1e-12));
 }

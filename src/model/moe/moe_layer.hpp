@@ -34,7 +34,7 @@ namespace meshmoe {
 // tokens over all E experts, whatever the placement (with expert_axis = tensor every tensor rank
 // reports the same full counts); the trainer sums them over data.
 struct MoeStats {
-  double aux_sum = 0;          // sum over local groups of E * sum_e f_e P_e (Switch eq. 4 without alpha)
+  double aux_sum = 0;          // sum over local groups of the load-balancing loss (moe.aux_loss_form)
   double z_sum = 0;            // sum over local tokens of logsumexp(logits)^2
   std::vector<int64_t> load;   // [E] choices dispatched to each expert
   int64_t wanted = 0;          // choices meant to be dispatched (N*k minus declined second choices)

@@ -26,6 +26,7 @@ struct MoeOptions {
   SecondExpertPolicy second_expert = SecondExpertPolicy::Random;
   double second_expert_threshold = 0.2;
   bool no_token_left_behind = false;
+  AuxLossForm aux_loss_form = AuxLossForm::Switch;
   double jitter_eps = 0.0;
   double expert_dropout = 0.0;
   uint32_t layer_id = 0;    // keys this layer's random streams (Rng layer field)
@@ -79,6 +80,7 @@ inline MoeOptions moe_options(const Config& cfg, uint32_t layer_id) {
   o.second_expert = cfg.moe.second_expert;
   o.second_expert_threshold = cfg.moe.second_expert_threshold;
   o.no_token_left_behind = cfg.moe.no_token_left_behind;
+  o.aux_loss_form = cfg.moe.aux_loss_form;
   o.jitter_eps = cfg.moe.jitter_eps;
   o.expert_dropout = cfg.moe.expert_dropout;
   o.layer_id = layer_id;

@@ -121,6 +121,7 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
     r_.rerouted += group_stats_[size_t(g) * 4 + 3];
     for (int e = 0; e < E; ++e) aux_sum += aux_term_[size_t(g) * E + e];
   }
+  aux_sum *= aux_form_scale();
 }
 
 // dgate [N*k] -> dprobs -> dlogits [N, E] -> dwg [M, E] (added), dx [N, M] (added)
@@ -134,7 +135,7 @@ void Router<T>::backward(const StepContext& ctx, const T* dgate, T* dx, int N, d
   Buffer<double> dprobs(size_t(N) * E);
   for_each_index(N, RouterBackwardRow<T>{probs_.data(), norm_.data(), lse_.data(), frac_.data(), r_.expert.data(),
                                          top_.data(), dgate, dprobs.data(), dlogits.data(), E, k, S, renorm,
-                                         aux_weight, z_weight});
+                                         aux_weight * aux_form_scale(), z_weight});
   // logits = xr wg: dwg += xr^T dlogits, dxr = dlogits wg^T, dx += dxr * jitter
   matmul(true, false, M, E, N, xj_.data(), dlogits.data(), wg.g, true);
   if (!jittered_) {

@@ -43,7 +43,8 @@ class Router {
   // prefix.wg [M, E], fan_in M.
   void declare(ParamStore<T>& store, const std::string& prefix);
 
-  // x [N, M] -> routing(), aux_sum (sum over local groups of Switch eq. 4 without alpha),
+  // x [N, M] -> routing(), aux_sum (sum over local groups of the load-balancing loss of
+  // moe.aux_loss_form: Switch eq. 4 without alpha, or GShard Algorithm 1 line 13),
   // z_sum (sum over tokens of logsumexp(logits)^2). N must be a multiple of group_size.
   void forward(const StepContext& ctx, const T* x, int N);
   // dgate [N*k] (d loss / d gate of each choice; ignored where not dispatched) -> dx [N, M] (added),
@@ -73,6 +74,10 @@ class Router {
 
  private:
   MoeOptions opt_;
+  // The bodies compute the Switch form E * sum_e f_e P_e; GShard's mean_e f_e P_e is 1/E^2 of it.
+  double aux_form_scale() const {
+    return opt_.aux_loss_form == AuxLossForm::Gshard ? 1.0 / (double(opt_.num_experts) * opt_.num_experts) : 1.0;
+  }
   bool jittered_ = false;
   Buffer<T> jitter_;      // [N, M] multipliers in [1-eps, 1+eps) (training with jitter only)
   Buffer<T> xj_;          // [N, M] jittered router input
