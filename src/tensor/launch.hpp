@@ -39,18 +39,22 @@ inline int host_threads_for(int64_t work) {
   return host_loop_threads();
 }
 
+// fn(i) for i in [begin, end); a body may offer the block as `range(begin, end)` (the same
+// results: e.g. AdamWUpdateElement, whose block is vector code).
+template <class Fn>
+void host_block(int64_t begin, int64_t end, const Fn& fn) {
+  if constexpr (requires { fn.range(begin, end); })
+    fn.range(begin, end);
+  else
+    for (int64_t i = begin; i < end; ++i) fn(i);
+}
+
 // Runs fn(i) for i in [0, n) on up to `threads` host threads, each a contiguous block of indices.
 template <class Fn>
 void host_parallel_for(int64_t n, int threads, const Fn& fn) {
   const int parts = int(n < threads ? n : threads);
-  if (parts <= 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  run_host_parts(parts, [&](int p) {
-    const int64_t end = n * (p + 1) / parts;
-    for (int64_t i = n * p / parts; i < end; ++i) fn(i);
-  });
+  if (parts <= 1) return host_block(0, n, fn);
+  run_host_parts(parts, [&](int p) { host_block(n * p / parts, n * (p + 1) / parts, fn); });
 }
 
 // OpenBLAS's thread count is global: for_each_task sets it to 1 while its tasks run.

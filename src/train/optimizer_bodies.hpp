@@ -28,14 +28,26 @@ struct SumSquaresChunk {
 struct AdamWUpdateElement {
   float *x, *m, *v;
   const float* g;
-  float decay, b1, one_m_b1, b2, one_m_b2, bc2s, eps, neg_step;
-  bool decayed;
-  MESHMOE_HD void operator()(int64_t i) const {
-    if (decayed) x[i] = x[i] * decay;
-    m[i] = m[i] * b1 + one_m_b1 * g[i];
-    v[i] = v[i] * b2 + one_m_b2 * g[i] * g[i];
-    const float denom = std::sqrt(v[i]) / bc2s + eps;
-    x[i] = x[i] + neg_step * m[i] / denom;
+  float decay;  // 1 - lr * weight_decay, or exactly 1 for a parameter without decay (x * 1 = x)
+  float b1, one_m_b1, b2, one_m_b2, bc2s, eps, neg_step;
+  MESHMOE_HD void update(float& xi, float& mi, float& vi, float gi) const {
+    xi = xi * decay;
+    mi = mi * b1 + one_m_b1 * gi;
+    vi = vi * b2 + one_m_b2 * gi * gi;
+    const float denom = std::sqrt(vi) / bc2s + eps;
+    xi = xi + neg_step * mi / denom;
+  }
+  MESHMOE_HD void operator()(int64_t i) const { update(x[i], m[i], v[i], g[i]); }
+  // Host blocks (tensor/launch.hpp): the arrays do not overlap, so the block is vector code with
+  // the same operations per element (IEEE, no reassociation): the same bits as operator().
+  void range(int64_t begin, int64_t end) const {
+    float* __restrict xr = x;
+    float* __restrict mr = m;
+    float* __restrict vr = v;
+    const float* __restrict gr = g;
+    const AdamWUpdateElement body = *this;
+#pragma GCC ivdep
+    for (int64_t i = begin; i < end; ++i) body.update(xr[i], mr[i], vr[i], gr[i]);
   }
 };
 
