@@ -5,7 +5,8 @@
 
 Languages with validation pairs are ranked by their training pairs in the dataset the run used
 (root attribute data_path of metrics.h5, or --dataset). Prints a markdown table; the numbers are those of the
-last evaluation in the file.
+last evaluation in the file, beside the target tokens the run trained per language up to its last row
+(/data/lang_tokens, with their share: data.temperature's effect).
 """
 import argparse
 import sys
@@ -35,14 +36,18 @@ def main():
     order = rank_languages(langs, info)
     k = min(a.top, len(order) // 2) if len(order) > 1 else len(order)
     print(f"validation loss at step {step}: {overall:.4f} nats/token overall\n")
-    print("| rank | language | train pairs | valid tokens | valid loss |")
-    print("| ---: | --- | ---: | ---: | ---: |")
+    trained = run.series.get("data/lang_tokens")
+    trained = trained[-1] if trained is not None and len(trained) else np.zeros(len(langs))
+    total = max(trained.sum(), 1)
+    print("| rank | language | train pairs | trained tokens (share) | valid tokens | valid loss |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: |")
     for pos in list(range(k)) + list(range(len(order) - k, len(order))):
         i = order[pos]
         loss = "n/a" if not np.isfinite(lang_loss[i]) else f"{lang_loss[i]:.4f}"
-        print(f"| {pos + 1} | {langs[i]} | {info.get(langs[i], (0, 0))[0]} | {int(lang_tokens[i])} | {loss} |")
+        print(f"| {pos + 1} | {langs[i]} | {info.get(langs[i], (0, 0))[0]} | {int(trained[i])} ({trained[i] / total:.1%}) "
+              f"| {int(lang_tokens[i])} | {loss} |")
         if pos == k - 1 and len(order) > 2 * k:
-            print("| ... | | | | |")
+            print("| ... | | | | | |")
 
 
 if __name__ == "__main__":

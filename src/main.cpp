@@ -104,6 +104,10 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   prep_gettext->add_option("--spm-pieces", gettext_opt.spm_pieces, "SentencePiece vocabulary size (--tokenizer spm)")
       ->capture_default_str();
+  prep_gettext->add_option("--direction", gettext_opt.direction,
+                           "xx-en: translation (source, tagged with its language) to English (target); en-xx: English "
+                           "to the translation, the tag naming the target language")
+      ->capture_default_str();
   prep_gettext->add_flag("-q,--quiet", gettext_opt.quiet, "No progress lines");
   PrepTextOptions text_opt;
   auto* prep_text = prep->add_subcommand("text", "One example per line (or paragraph) of UTF-8 text files");

@@ -1,6 +1,7 @@
 #include "data/batcher.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "core/error.hpp"
@@ -68,17 +69,59 @@ TooLong check_examples_fit(const Dataset& data, int seq_len) {
   return t;
 }
 
-Batcher::Batcher(const Dataset& data, int seq_len, uint64_t seed, bool shuffle)
-    : data_(data), seq_len_(seq_len), seed_(seed), shuffle_(shuffle) {
+Batcher::Batcher(const Dataset& data, int seq_len, uint64_t seed, bool shuffle, double temperature)
+    : data_(data), seq_len_(seq_len), seed_(seed), shuffle_(shuffle), temperature_(temperature) {
   if (seq_len < 1) throw InputError("batcher: seq_len must be >= 1 (got " + std::to_string(seq_len) + ")");
+  if (!(temperature > 0)) throw InputError("batcher: the sampling temperature must be > 0");
+  if (temperature != 1.0 && !shuffle) throw InputError("batcher: language sampling (temperature != 1) needs the shuffled order");
   if (data.num_tokens() == 0)
     throw InputError(data.path() + " (split /" + data.split_name() + "): holds no tokens; nothing to train or evaluate on");
   if (data.num_examples() > UINT32_MAX) throw InputError(data.path() + ": more than 2^32 examples");
   too_long_ = check_examples_fit(data, seq_len);
+  // n_l: the examples of each language that a sequence can hold (dropped ones are never drawn).
+  const DataSplit& s = data.split();
+  std::vector<double> n_l(data.info().languages.size(), 0.0);
+  double n = 0;
+  for (size_t e = 0; e < s.num_examples(); ++e)
+    if (!fit_example(s, e, seq_len).drop) n_l[size_t(s.lang[e])] += 1, n += 1;
+  lang_p_.assign(n_l.size(), 0.0);
+  double z = 0;
+  for (size_t l = 0; l < n_l.size(); ++l) z += lang_p_[l] = n_l[l] > 0 ? std::pow(n_l[l] / n, 1.0 / temperature) : 0.0;
+  for (double& p : lang_p_) p /= z;
   set_epoch(0);
 }
 
 std::vector<uint32_t> Batcher::epoch_order(uint64_t epoch) const {
+  return temperature_ == 1.0 ? shuffled_order(epoch) : language_draws(epoch);
+}
+
+// Each draw i of the epoch: a language by inverse CDF of p_l at a 53-bit uniform from Philox
+// keyed by (seed, epoch, RngPurpose::LanguageSample, i), then the language's next example in the
+// epoch's shuffled order (cyclic).
+std::vector<uint32_t> Batcher::language_draws(uint64_t epoch) const {
+  const DataSplit& s = data_.split();
+  const size_t L = lang_p_.size();
+  std::vector<std::vector<uint32_t>> queue(L);
+  for (uint32_t e : shuffled_order(epoch))
+    if (!fit_example(s, e, seq_len_).drop) queue[size_t(s.lang[e])].push_back(e);
+  std::vector<double> cdf(L);
+  std::partial_sum(lang_p_.begin(), lang_p_.end(), cdf.begin());
+  size_t last = L;  // the last language that can be drawn: a u beyond cdf's rounded end goes there
+  while (last > 0 && queue[last - 1].empty()) --last;
+  std::vector<size_t> taken(L, 0);
+  const Rng rng{seed_, uint32_t(epoch), 0, RngPurpose::LanguageSample};
+  std::vector<uint32_t> order(s.num_examples());
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto b = rng.bits(i);
+    const double u = double((uint64_t(b[0]) << 32 | b[1]) >> 11) * 0x1p-53;  // [0, 1)
+    size_t l = size_t(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+    if (l >= last) l = last - 1;
+    order[i] = queue[l][taken[l]++ % queue[l].size()];
+  }
+  return order;
+}
+
+std::vector<uint32_t> Batcher::shuffled_order(uint64_t epoch) const {
   const size_t n = data_.num_examples();
   std::vector<uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);

@@ -12,6 +12,14 @@
 // (docs/ARCHITECTURE.md "Packed sequences"). A target in another segment than its input (the next
 // example's first token) never counts in the loss. The batcher always builds the GLOBAL batch of a
 // step, so the data does not depend on the rank layout; a rank keeps rows [row_begin, row_end) of it.
+//
+// Language-balanced sampling (data.temperature T != 1; M4's temperature sampling, GShard section 4):
+// an epoch is still num_examples draws, but each draw first picks a language with probability
+// p_l proportional to (n_l / n)^(1/T) (n_l: the language's examples a sequence can hold, n their
+// sum), then takes that language's next example in the epoch's shuffled order, starting over when
+// the language runs out (an upsampled language repeats, a downsampled one sees a fresh subset each
+// epoch). The epoch's draws are a pure function of (seed, epoch), so the cursor stays (epoch,
+// position) and a resumed run continues the same stream. T = 1 keeps the plain shuffled order.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -64,7 +72,8 @@ class Batcher {
   // shuffle: visit examples in a per-epoch permutation drawn from Philox keyed by (seed, epoch,
   // RngPurpose::DataShuffle); otherwise in file order. Throws InputError on seq_len < 1 or a
   // dataset without tokens, or one whose every example is too long to keep.
-  Batcher(const Dataset& data, int seq_len, uint64_t seed, bool shuffle);
+  // temperature != 1 (needs shuffle): language-balanced draws (above); InputError when T <= 0.
+  Batcher(const Dataset& data, int seq_len, uint64_t seed, bool shuffle, double temperature = 1.0);
 
   // The next global batch of batch_size sequences.
   Batch next(int batch_size);
@@ -79,6 +88,9 @@ class Batcher {
 
   // Example indices in the visiting order of an epoch (a pure function of seed and epoch).
   std::vector<uint32_t> epoch_order(uint64_t epoch) const;
+  // The probability with which a draw picks each language of the dataset's table: n_l / n at
+  // temperature 1, else p_l as above (0 for a language without an example that fits).
+  const std::vector<double>& language_probabilities() const { return lang_p_; }
 
  private:
   // One packed sequence of seq_len + 1 tokens.
@@ -89,11 +101,15 @@ class Batcher {
   // Fills `row` (token, loss mask, language, segment, position) from the cursor on.
   void pack_row(Row& row);
   void set_epoch(uint64_t epoch);
+  std::vector<uint32_t> shuffled_order(uint64_t epoch) const;
+  std::vector<uint32_t> language_draws(uint64_t epoch) const;
 
   const Dataset& data_;
   int seq_len_;
   uint64_t seed_;
   bool shuffle_;
+  double temperature_;
+  std::vector<double> lang_p_;  // [L] probability of drawing each language
   DataCursor cursor_;
   std::vector<uint32_t> order_;  // of cursor_.epoch
   TooLong too_long_;

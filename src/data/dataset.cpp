@@ -79,4 +79,10 @@ void Dataset::validate() const {
       bad("token " + std::to_string(s.token(i)) + " at " + std::to_string(i) + " is outside the vocabulary");
 }
 
+std::string direction_text(const std::string& direction) {
+  if (direction == "xx-en") return "xx-en (source: the translation after its language tag; target: English)";
+  if (direction == "en-xx") return "en-xx (source: English after the target language's tag; target: the translation)";
+  return direction;
+}
+
 }  // namespace meshmoe

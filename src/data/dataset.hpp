@@ -10,7 +10,8 @@
 //   /languages/train_pairs, /languages/valid_pairs [L] int64
 //   /sources        [S] strings (catalogs or text files read)
 //   /tokenizer/spm_model [bytes] uint8, the serialized SentencePiece model (tokenizer = spm only)
-//   root attributes: tokenizer, vocab_size, pad_id, bos_id, eos_id, sep_id, languages, created_by, root
+//   root attributes: tokenizer, vocab_size, pad_id, bos_id, eos_id, sep_id, languages, created_by, root,
+//     direction (prep gettext only: "xx-en" = source translation, target English; "en-xx" the reverse)
 #pragma once
 #include "core/hash.hpp"  // fnv1a64: assigns an example to the train or valid split
 #include <algorithm>
@@ -52,11 +53,14 @@ struct DatasetInfo {
   std::vector<int64_t> train_pairs, valid_pairs;  // per language
   std::vector<std::string> sources;
   std::string created_by, root;
+  std::string direction;  // prep gettext: "xx-en" or "en-xx" (which side is the source); empty otherwise
   std::string spm_model;  // serialized SentencePiece model; empty for the byte tokenizer
 
   Tokenizer tokenizer_object() const { return Tokenizer(languages, spm_model); }
 };
 
+// DatasetInfo::direction in words for the logs: which side is the source, which the target.
+std::string direction_text(const std::string& direction);
 
 // Throws InputError, naming the prep command that makes a matching file, when the dataset was not
 // prepared with `tokenizer` (bytes | spm) or, for spm with spm_pieces > 0, not with that many pieces.

@@ -42,6 +42,7 @@ void write_dataset(const std::string& path, const DatasetInfo& info, const DataS
   f.set_attr("languages", join(info.languages, ','));  // also /languages/name
   f.set_attr("created_by", info.created_by);
   f.set_attr("root", info.root);
+  if (!info.direction.empty()) f.set_attr("direction", info.direction);
   f.set_attr("loss_mask_meaning", "1 = token is a prediction target counted in the loss");
   f.set_attr("lang_meaning", "index into /languages/name; tag token id = lang_tag_first_id + index");
   f.write_strings("languages/name", info.languages);
@@ -91,6 +92,9 @@ Dataset Dataset::open(const std::string& path, const std::string& split) {
     info.sep_id = f.attr<int64_t>("sep_id");
     if (f.has_attr("created_by")) info.created_by = f.attr<std::string>("created_by");
     if (f.has_attr("root")) info.root = f.attr<std::string>("root");
+    // Files from before --direction hold xx-en.
+    if (f.has_attr("direction")) info.direction = f.attr<std::string>("direction");
+    else if (info.created_by == "meshmoe prep gettext") info.direction = "xx-en";
     info.languages = f.read_strings("languages/name");
     if (f.is_dataset("languages/train_pairs")) info.train_pairs = f.read<int64_t>("languages/train_pairs");
     if (f.is_dataset("languages/valid_pairs")) info.valid_pairs = f.read<int64_t>("languages/valid_pairs");

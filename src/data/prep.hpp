@@ -1,6 +1,8 @@
 // `meshmoe prep`: turns text sources into a dataset file (layout in data/dataset.hpp).
 //   prep gettext: pairs (translation, English msgid) from the GNU gettext catalogs of a locale tree;
-//     example = <lang> translation SEP english EOS, loss on the English tokens and EOS.
+//     direction xx-en: example = <lang> translation SEP english EOS, loss on the English tokens and EOS;
+//     direction en-xx: example = <lang> english SEP translation EOS, loss on the translation and EOS
+//     (the tag then names the language to translate into).
 //   prep text: one example per line (or paragraph) of UTF-8 files;
 //     example = <text> text EOS, loss on the text and EOS.
 // Text tokens are bytes, or with --tokenizer spm SentencePiece pieces of a model trained on the
@@ -27,6 +29,7 @@ struct PrepGettextOptions {
   std::vector<std::string> languages;      // keep only these (empty = all)
   std::string tokenizer = "bytes";         // bytes | spm (data.tokenizer's names; parsed by prep)
   int64_t spm_pieces = 8000;               // SentencePiece vocabulary (tokenizer = spm)
+  std::string direction = "xx-en";         // xx-en (translation -> English) | en-xx (English -> translation)
   bool quiet = false;                      // no progress lines
 };
 

@@ -19,6 +19,7 @@ std::string prep_summary(const PreparedDataset& d) {
     << " train, " << s.valid_examples << " valid), " << d.info.languages.size() << " languages, "
     << s.train_tokens + s.valid_tokens << " tokens (" << s.train_tokens << " train, " << s.valid_tokens
     << " valid), vocab_size " << d.info.vocab_size << ", " << s.seconds << " s\n";
+  if (!d.info.direction.empty()) o << "  direction " << direction_text(d.info.direction) << "\n";
   if (d.info.created_by == "meshmoe prep gettext") {
     o << "  catalogs read " << s.catalogs << ", skipped as corrupt " << s.catalogs_skipped << "; entries " << s.entries
       << ": untranslated " << s.untranslated << ", identical to English " << s.identical << ", duplicates "

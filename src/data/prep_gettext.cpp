@@ -60,6 +60,10 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
     throw InputError("prep gettext: --valid-percent must be in 0..100 (got " + std::to_string(opt.valid_percent) + ")");
   if (opt.min_pairs < 0) throw InputError("prep gettext: --min-pairs must be >= 0");
   const TokenizerKind tokenizer = parse_tokenizer_options("prep gettext", opt.tokenizer, opt.spm_pieces);
+  if (opt.direction != "xx-en" && opt.direction != "en-xx")
+    throw InputError("prep gettext: --direction must be xx-en (translation to English) or en-xx (English to the "
+                     "translation) (got " + opt.direction + ")");
+  const bool from_english = opt.direction == "en-xx";
   const bool bytes_tokens = tokenizer == TokenizerKind::Bytes;
 
   std::vector<Catalog> catalogs = scan_catalogs(opt.root);
@@ -109,7 +113,7 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
       ++st.entries;
       if (e.msgstr.empty()) { ++st.untranslated; continue; }
       if (e.msgstr == e.msgid) { ++st.identical; continue; }
-      // <lang> translation SEP English EOS
+      // <lang> source SEP target EOS, one side the translation, the other English
       // (pieces are counted once the pairs are encoded)
       if (bytes_tokens && int64_t(e.msgstr.size() + e.msgid.size() + 3) > opt.max_len) { ++st.too_long; continue; }
       if (!seen.insert(e.msgid + '\0' + e.msgstr).second) { ++st.duplicates; continue; }
@@ -161,6 +165,7 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
   info.valid_pairs.assign(kept.size(), 0);
   info.created_by = "meshmoe prep gettext";
   info.root = opt.root;
+  info.direction = opt.direction;
   out.train.wide = out.valid.wide = info.vocab_size > 65535;
 
   std::vector<int32_t> ids;
@@ -172,18 +177,20 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
     for (const auto& p : lp.pairs) {
       const std::string_view src(lp.bytes.data() + p.offset, p.src_len);
       const std::string_view eng(lp.bytes.data() + p.offset + p.src_len, p.eng_len);
+      // xx-en: <lang> translation SEP English EOS; en-xx: <lang> English SEP translation EOS, the
+      // tag then naming the language to translate into.
       ids.clear();
       ids.push_back(Tokenizer::kFirstLang + li);
-      tok.encode(src, ids);
+      tok.encode(from_english ? eng : src, ids);
       ids.push_back(Tokenizer::kSep);
       const size_t first_target = ids.size();
-      tok.encode(eng, ids);
+      tok.encode(from_english ? src : eng, ids);
       ids.push_back(Tokenizer::kEos);
       if (int64_t(ids.size()) > opt.max_len) {
         ++st.too_long;
         continue;
       }
-      // Loss on what the model predicts after SEP: the English tokens and EOS.
+      // Loss on what the model predicts after SEP: the target side's tokens and EOS.
       mask.assign(ids.size(), 0);
       std::fill(mask.begin() + std::ptrdiff_t(first_target), mask.end(), uint8_t(1));
       const bool valid = in_valid_split(eng, opt.valid_percent);

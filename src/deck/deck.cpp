@@ -329,6 +329,9 @@ void Parser::cross_checks() {
   rule({"optim.shard_state", "run.grad_bucket_mb"}, !(o.shard_state && cfg.run.grad_bucket_mb > 0),
        "optim.shard_state = true does not combine with run.grad_bucket_mb = " + deck::toml_value(cfg.run.grad_bucket_mb) +
            " (the buckets all-reduce the gradients that sharded state reduce-scatters): set run.grad_bucket_mb = 0");
+  rule({"data.temperature", "data.shuffle"}, cfg.data.shuffle || cfg.data.temperature == 1.0,
+       "data.temperature = " + deck::toml_value(cfg.data.temperature) +
+           " samples languages from each epoch's shuffled order: it needs data.shuffle = true (or data.temperature = 1)");
   if (!cfg.run.max_memory.empty()) {
     std::string why;
     const bool ok = parse_byte_size(cfg.run.max_memory, &why).has_value();

@@ -237,6 +237,8 @@ std::string pack_meta(const CheckpointMeta& m) {
   o.i64(int64_t(m.counters.size()));
   for (const auto& [k, v] : m.counters) o.str(k), o.i64(v);
   for (const std::string* t : optional_texts(m)) o.str(*t);
+  o.i64(int64_t(m.lang_tokens.size()));
+  for (int64_t v : m.lang_tokens) o.i64(v);
   return o.buf;
 }
 CheckpointMeta unpack_meta(const std::string& s) {
@@ -255,6 +257,8 @@ CheckpointMeta unpack_meta(const std::string& s) {
     m.counters[k] = in.i64();
   }
   for (std::string* t : optional_texts(m)) *t = in.str();
+  m.lang_tokens.resize(size_t(in.i64()));
+  for (int64_t& v : m.lang_tokens) v = in.i64();
   return m;
 }
 
@@ -280,6 +284,7 @@ void write_meta_attrs(h5::File& f, const CheckpointMeta& m, int64_t n_params, in
   for (const auto& [k, v] : m.counters) c.set_attr(k, v);
   const auto texts = optional_texts(m);
   for (size_t i = 0; i < texts.size(); ++i) f.set_attr(kOptionalTexts[i], *texts[i]);
+  if (!m.lang_tokens.empty()) f.set_attr("lang_tokens", m.lang_tokens);
 }
 
 CheckpointMeta read_meta_attrs(const h5::File& f) {
@@ -311,6 +316,7 @@ CheckpointMeta read_meta_attrs(const h5::File& f) {
   const auto texts = optional_texts(m);
   for (size_t i = 0; i < texts.size(); ++i)
     if (f.has_attr(kOptionalTexts[i])) *texts[i] = f.attr<std::string>(kOptionalTexts[i]);
+  if (f.has_attr("lang_tokens")) m.lang_tokens = f.attr<std::vector<int64_t>>("lang_tokens");
   return m;
 }
 

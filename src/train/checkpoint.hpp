@@ -43,6 +43,7 @@ struct CheckpointMeta {
   std::string deck;          // the effective deck text (after --set overrides)
   std::string version;       // program version (MESHMOE_VERSION)
   std::map<std::string, int64_t> counters;  // anything else, e.g. {"bad_steps", 0}; /counters attrs
+  std::vector<int64_t> lang_tokens;  // TrainProgress::lang_tokens (attribute lang_tokens); empty in older files
   // The line of checkpoints this one belongs to: the id of the fresh start that began it
   // (src/train/run_directory.hpp); pruning removes only checkpoints of the writer's lineage.
   // Empty in files written before lineages existed.

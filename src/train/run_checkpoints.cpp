@@ -76,6 +76,8 @@ void RunCheckpoints::resume() {
     progress_.updates = m.update_count;
     if (auto it = m.counters.find("bad_steps"); it != m.counters.end()) progress_.bad_steps = it->second;
     if (auto it = m.counters.find("empty_steps"); it != m.counters.end()) progress_.empty_steps = it->second;
+    // A checkpoint from before the per-language counts (or of another language table) restarts them.
+    if (m.lang_tokens.size() == progress_.lang_tokens.size()) progress_.lang_tokens = m.lang_tokens;
     if (auto it = m.counters.find("eval_pending"); it != m.counters.end())
       progress_.eval_pending = it->second != 0 && cfg_.eval.every > 0;
     if (continues) lineage_ = m.lineage;
@@ -150,6 +152,7 @@ bool RunCheckpoints::save(int64_t step, const DataCursor* cursor) {
   m.counters = {{"bad_steps", cursor ? 0 : progress_.bad_steps},
                 {"eval_pending", progress_.eval_pending ? 1 : 0},
                 {"empty_steps", progress_.empty_steps}};
+  m.lang_tokens = progress_.lang_tokens;
   m.lineage = lineage_;
   m.forked_from = forked_from_;
   m.data_path = data_identity_.path;  // rank 0's meta is the one written

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "data/batcher.hpp"
 #include "data/dataset_identity.hpp"
@@ -27,6 +28,9 @@ struct TrainProgress {
   int64_t empty_steps = 0;     // steps without a target token so far
   DataCursor good_cursor;      // the data cursor after the last step whose update was applied
   bool eval_pending = false;   // the evaluation of the last completed step was interrupted
+  // [languages] target tokens (loss mask 1) of the batches whose update was applied, per language
+  // of the dataset's table, from step 1 on (metrics.h5 /data/lang_tokens).
+  std::vector<int64_t> lang_tokens;
 };
 
 class RunCheckpoints {

@@ -51,7 +51,13 @@ StepLog::StepLog(const Deck& deck, std::string dir, Mesh& mesh, const ModelShape
 StepLog::~StepLog() = default;
 
 void StepLog::open(int64_t start_step, const std::string& languages, const std::string& version,
-                   const TooLong& train_too_long, const TooLong& valid_too_long) {
+                   const TooLong& train_too_long, const TooLong& valid_too_long, const std::vector<double>& lang_p) {
+  std::string p_text;
+  for (double p : lang_p) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%s%.17g", p_text.empty() ? "" : ",", p);
+    p_text += buf;
+  }
   const std::map<std::string, std::string> attrs{{"run_name", cfg_.run.name},
                                                  {"mesh", mesh_.shape().str()},
                                                  {"languages", languages},
@@ -62,7 +68,8 @@ void StepLog::open(int64_t start_step, const std::string& languages, const std::
                                                  {"train_examples_truncated", std::to_string(train_too_long.truncated)},
                                                  {"train_examples_dropped", std::to_string(train_too_long.dropped)},
                                                  {"valid_examples_truncated", std::to_string(valid_too_long.truncated)},
-                                                 {"valid_examples_dropped", std::to_string(valid_too_long.dropped)}};
+                                                 {"valid_examples_dropped", std::to_string(valid_too_long.dropped)},
+                                                 {"lang_sampling_probability", p_text}};
   const std::string path = dir_ + "/metrics.h5";
   std::optional<int64_t> after;
   if (start_step > 0) after = start_step;
@@ -85,6 +92,9 @@ void StepLog::open(int64_t start_step, const std::string& languages, const std::
   metrics_->describe("eval/tokens", "tokens", "masked target tokens in the validation batches");
   metrics_->describe("eval/empty_batches", "batches", "validation batches without a target token (skipped: no forward)");
   metrics_->describe("eval/lang_tokens", "tokens", "masked target tokens per language (root attribute languages)");
+  metrics_->describe("data/lang_tokens", "tokens",
+                     "target tokens (loss mask 1) trained per language (root attribute languages) from step 1 to this "
+                     "row's step, counting the steps whose update was applied");
   metrics_->describe("eval/lang_loss", "nats/token", "validation cross-entropy per language (root attribute languages)");
 }
 
@@ -94,6 +104,7 @@ void StepLog::header(int blas_threads, const Dataset& train, const Dataset& vali
   std::printf("  mesh %s, %d BLAS thread%s per rank; data %s: %zu train / %zu valid examples, vocab %d\n",
               mesh_.shape().str().c_str(), blas_threads, blas_threads == 1 ? "" : "s", cfg_.data.path.c_str(),
               train.num_examples(), valid.num_examples(), vocab);
+  if (!train.info().direction.empty()) std::printf("  direction %s\n", direction_text(train.info().direction).c_str());
   // README "Datasets": what sequences of seq_len + 1 tokens cannot hold whole
   std::printf("  examples longer than model.seq_len + 1 = %lld: train %zu truncated at the source, %zu dropped "
               "(target too long); evaluated %zu truncated, %zu dropped\n",
@@ -105,7 +116,8 @@ void StepLog::header(int blas_threads, const Dataset& train, const Dataset& vali
   std::fflush(stdout);
 }
 
-void StepLog::step(int64_t step, const StepStats& s, double tokens_per_s, double eta) {
+void StepLog::step(int64_t step, const StepStats& s, double tokens_per_s, double eta,
+                   const std::vector<int64_t>& lang_tokens) {
   // Per-phase times: max over ranks (the slowest rank sets the pace).
   // Every rank reduces the same list, whatever phases it ran (a stage may have no MoE layer).
   std::vector<double> secs(std::size(kPhases), 0.0);
@@ -117,7 +129,7 @@ void StepLog::step(int64_t step, const StepStats& s, double tokens_per_s, double
   timers_.reset();
   const double mfu = tokens_per_s * flops_per_token_ / peak_;
   const double bubble = pipeline_bubble();
-  on_rank0_agreed([&] { write_step_row(step, s, tokens_per_s, eta, mfu, bubble, secs); });
+  on_rank0_agreed([&] { write_step_row(step, s, tokens_per_s, eta, mfu, bubble, secs, lang_tokens); });
 }
 
 // The measured pipeline bubble of the logging interval: the fraction of its time in the 1F1B
@@ -131,7 +143,7 @@ double StepLog::pipeline_bubble() {
 }
 
 void StepLog::write_step_row(int64_t step, const StepStats& s, double tokens_per_s, double eta, double mfu,
-                             double bubble, const std::vector<double>& secs) {
+                             double bubble, const std::vector<double>& secs, const std::vector<int64_t>& lang_tokens) {
   const double ideal = ideal_bubble(mesh_.extent(Axis::Pipe), int(cfg_.optim.micro_batches));
   char bubble_text[64] = "";
   if (bubble >= 0) std::snprintf(bubble_text, sizeof bubble_text, " | bubble %.0f%% (ideal %.0f%%)", 100 * bubble, 100 * ideal);
@@ -159,6 +171,7 @@ void StepLog::write_step_row(int64_t step, const StepStats& s, double tokens_per
   }
   metrics_->append(step, row);
   for (size_t l = 0; l < s.load.size(); ++l) metrics_->append_row(moe_name(l) + "/expert_load", s.load[l]);
+  metrics_->append_row("data/lang_tokens", std::vector<double>(lang_tokens.begin(), lang_tokens.end()));
 }
 
 // metrics.h5 group of the l-th MoE layer: moe/layer<block index>.

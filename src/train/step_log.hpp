@@ -36,17 +36,20 @@ class StepLog {
   // after the checkpoint's step dropped. A metrics file the resume cannot open (e.g. cut short by a
   // kill) is kept aside as metrics.h5.broken-<step> and a new one started, so the run goes on.
   // The root attributes record how many examples the sequences truncate or drop (data/batcher.hpp).
+  // `lang_p`: the probability of drawing each language (Batcher::language_probabilities), root
+  // attribute lang_sampling_probability.
   void open(int64_t start_step, const std::string& languages, const std::string& version, const TooLong& train_too_long,
-            const TooLong& valid_too_long);
+            const TooLong& valid_too_long, const std::vector<double>& lang_p);
 
   // Rank 0: the lines before the first step (run, mesh, threads, data and its too-long examples,
   // model, FLOPs, peak).
   void header(int blas_threads, const Dataset& train, const Dataset& valid, int vocab, size_t params,
               const TooLong& train_too_long, const TooLong& valid_too_long) const;
 
-  // Collective: the step line and row; `tokens_per_s` over the logging interval, `eta` in seconds.
+  // Collective: the step line and row; `tokens_per_s` over the logging interval, `eta` in seconds,
+  // `lang_tokens` the run's target tokens per language so far (TrainProgress::lang_tokens).
   // A failed write throws AgreedFailure on every rank.
-  void step(int64_t step, const StepStats& s, double tokens_per_s, double eta);
+  void step(int64_t step, const StepStats& s, double tokens_per_s, double eta, const std::vector<int64_t>& lang_tokens);
 
   // Collective: the evaluation of `step` (begun at wall_seconds() `start`): its line and rows.
   void eval(int64_t step, const Evaluation& e, double start);
@@ -57,7 +60,7 @@ class StepLog {
  private:
   double pipeline_bubble();
   void write_step_row(int64_t step, const StepStats& s, double tokens_per_s, double eta, double mfu, double bubble,
-                      const std::vector<double>& secs);
+                      const std::vector<double>& secs, const std::vector<int64_t>& lang_tokens);
   std::string moe_name(size_t l) const;
   template <class Write>
   void on_rank0_agreed(Write&& write);

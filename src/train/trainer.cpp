@@ -72,7 +72,9 @@ class Trainer {
                                   mesh_.axis(expert_dim ? Axis::Data : Axis::Tensor).all_reduce(buf, n, Op::Sum);
                                 });
     schedule_ = Schedule::from_config(cfg_);
-    batcher_ = std::make_unique<Batcher>(train_, int(cfg_.model.seq_len), uint64_t(cfg_.run.seed), cfg_.data.shuffle);
+    batcher_ = std::make_unique<Batcher>(train_, int(cfg_.model.seq_len), uint64_t(cfg_.run.seed), cfg_.data.shuffle,
+                                         cfg_.data.temperature);
+    progress_.lang_tokens.assign(train_.info().languages.size(), 0);
     train_too_long_ = batcher_->too_long();
     checkpoints_ = std::make_unique<RunCheckpoints>(deck, version_, mesh, run_dir_, std::move(data_identity),
                                                     model_->params(), *optimizer_, *batcher_, progress_);
@@ -88,7 +90,7 @@ class Trainer {
     write_deck_file(deck, dir_, mesh.world());
     log_ = std::make_unique<StepLog>(deck, dir_, mesh, model_->shape(), timers_, *pipeline_, flops_per_token_, peak_);
     if (mesh.rank() == 0) log_->open(progress_.start_step, join_languages(train_.info().languages), version_, train_too_long_,
-                          valid_too_long_);
+                          valid_too_long_, batcher_->language_probabilities());
   }
 
   int run() {
@@ -115,7 +117,8 @@ class Trainer {
         if (step % cfg_.run.log_every == 0 || step == steps || s.skipped || s.empty) {
           const double now = wall_seconds();
           const double tokens_per_s = double(interval_tokens) / (now - interval_start);
-          log_->step(step, s, tokens_per_s, (now - run_start_) / double(step - first + 1) * double(steps - step));
+          log_->step(step, s, tokens_per_s, (now - run_start_) / double(step - first + 1) * double(steps - step),
+                     progress_.lang_tokens);
           interval_start = wall_seconds();
           interval_tokens = 0;
         }
@@ -209,6 +212,7 @@ class Trainer {
     progress_.bad_steps = 0;
     progress_.good_cursor = batcher_->cursor();
     ++progress_.updates;
+    count_lang_tokens(batch);
     const double scale = clip_scale(s.grad_norm, cfg_.optim.grad_clip);
     scale_grads(P, optimizer_->owned(), scale);
     optimizer_->step(P, s.lr, progress_.updates);  // t counts applied updates (bias correction)
@@ -235,6 +239,12 @@ class Trainer {
       std::fflush(stderr);
     }
     return s;
+  }
+
+  // The global batch's target tokens per language into the run's counts (TrainProgress::lang_tokens).
+  void count_lang_tokens(const Batch& batch) {
+    for (size_t i = 0; i < batch.mask.size(); ++i)
+      if (batch.mask[i] != 0 && batch.lang[i] >= 0) ++progress_.lang_tokens[size_t(batch.lang[i])];
   }
 
   LossWeights loss_weights(double mask_total, double tokens) const {

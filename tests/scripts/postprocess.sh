@@ -74,6 +74,17 @@ $PY tests/postprocess/check_report.py --report "$T/report" --compare "$T/compare
 # lang_table.py (shares common.py) still runs and ranks de first.
 $PY postprocess/lang_table.py "$T/moe-d1" --top 1 | tee "$T/lang.txt"
 grep -q '^| 1 | de | ' "$T/lang.txt" || fail "lang_table: de is not ranked first"
+# Its trained-tokens column is the last row of /data/lang_tokens.
+$PY - "$T/moe-d1/metrics.h5" "$T/lang.txt" <<'PY' || fail "lang_table: trained tokens differ from /data/lang_tokens"
+import sys, h5py
+f = h5py.File(sys.argv[1], "r")
+langs = f.attrs["languages"].split(",") if isinstance(f.attrs["languages"], str) else f.attrs["languages"].decode().split(",")
+want = dict(zip(langs, f["data/lang_tokens"][-1]))
+rows = [l.split("|") for l in open(sys.argv[2]) if l.startswith("| ") and l.split("|")[2].strip() in want]
+assert rows, "no language rows"
+for r in rows:
+    assert int(r[4].split()[0]) == int(want[r[2].strip()]) > 0, (r, want)
+PY
 
 # Bad input: exit 2 and a message naming the problem.
 fails=0

@@ -71,8 +71,13 @@ out=$tmp/g.h5
 cat "$tmp/stdout" "$tmp/stderr"
 grep -q 'broken.mo' "$tmp/stderr" || { echo "no warning naming broken.mo"; exit 1; }
 grep -q '7 examples' "$tmp/stdout" || { echo "summary does not say 7 examples"; exit 1; }
+grep -q 'direction xx-en' "$tmp/stdout" || { echo "summary does not name the direction xx-en"; exit 1; }
+# The other direction: the same pairs with English as the source (the split stays a hash of the English).
+out_en=$tmp/g_en.h5
+"$MESHMOE" prep gettext --root "$root" -o "$out_en" --valid-percent 70 --direction en-xx >"$tmp/stdout_en" 2>&1
+grep -q 'direction en-xx' "$tmp/stdout_en" || { cat "$tmp/stdout_en"; echo "summary does not name the direction en-xx"; exit 1; }
 
-ROOT="$root" OUT="$out" /usr/bin/python3 - <<'PY'
+ROOT="$root" OUT="$out" OUT_EN="$out_en" /usr/bin/python3 - <<'PY'
 import os, h5py, numpy as np
 f = h5py.File(os.environ["OUT"], "r")
 a = f.attrs
@@ -107,6 +112,18 @@ assert train == sorted([("de", "Aufmachen", "Open"), ("de", "Öffnen", "Open"), 
                         ("sr@latin", "Otvori", "Open")]), train
 assert valid == sorted([("de", "Schließen", "Close"), ("de", "Hilfe", "Help"), ("pt_BR", "Fechar", "Close")]), valid
 assert not ({e for _, _, e in train} & {e for _, _, e in valid})
+assert s(a["direction"]) == "xx-en", a["direction"]
+
+# en-xx: <lang> English SEP translation EOS, loss on the translation; same languages, pairs and split.
+f_xx = f
+f = h5py.File(os.environ["OUT_EN"], "r")
+assert s(f.attrs["direction"]) == "en-xx", f.attrs["direction"]
+assert [s(x) for x in f["languages/name"][()]] == langs
+for k in ("languages/train_pairs", "languages/valid_pairs"):
+    assert list(f[k][()]) == list(f_xx[k][()]), k
+swap = lambda ex: sorted((l, tgt, src) for l, src, tgt in ex)
+assert examples("train") == swap(train), examples("train")
+assert examples("valid") == swap(valid), examples("valid")
 print("h5py checks passed")
 PY
 
@@ -123,4 +140,5 @@ expect_input_error "klingon" --root "$root" --languages de,klingon -o "$tmp/x.h5
 expect_input_error "valid-percent" --root "$root" --valid-percent 101 -o "$tmp/x.h5"
 expect_input_error "min-pairs" --root "$root" --min-pairs 99 -o "$tmp/x.h5"
 expect_input_error "does not exist" --root "$root" -o "$tmp/no/such/dir/x.h5"
+expect_input_error "direction must be xx-en" --root "$root" --direction de-en -o "$tmp/x.h5"
 echo "prep_gettext.sh: all checks passed"

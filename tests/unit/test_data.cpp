@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -674,6 +675,84 @@ TEST_CASE("batcher: seeded order, cursor restore, rank slices", "[data]") {
     info.vocab_size = 261;
     const Dataset empty = Dataset::from_memory(info, DataSplit{});
     CHECK_THROWS_AS(Batcher(empty, 8, 1, true), InputError);
+  }
+}
+
+TEST_CASE("batcher: language-balanced sampling over a skewed dataset (data.temperature)", "[data]") {
+  // Languages of 800, 200 and 50 examples (6 tokens, the language's letter), and 5 of language 0
+  // whose target cannot fit a sequence of 8 + 1 tokens (dropped: never drawn, not counted in n_l).
+  const std::vector<size_t> n_l{800, 200, 50};
+  DatasetInfo info;
+  info.languages = {"aa", "bb", "cc"};
+  info.vocab_size = 263;
+  DataSplit s;
+  for (size_t l = 0; l < n_l.size(); ++l)
+    for (size_t i = 0; i < n_l[l]; ++i)
+      s.add_example({int32_t(260 + l), int32_t('a' + l), 1, 2, 3, Tokenizer::kEos}, {0, 0, 1, 1, 1, 1}, int32_t(l));
+  for (int i = 0; i < 5; ++i)
+    s.add_example({260, 'x', 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, Tokenizer::kEos}, {0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 0);
+  info.train_pairs = {805, 200, 50};
+  info.valid_pairs = {0, 0, 0};
+  const Dataset ds = Dataset::from_memory(info, s);
+  const double n = 1050;
+
+  SECTION("p_l = (n_l / n)^(1/T), normalised; T = 1 is proportional") {
+    for (double T : {1.0, 5.0, 100.0, 0.5}) {
+      Batcher b(ds, 8, 7, true, T);
+      double z = 0;
+      for (size_t l : n_l) z += std::pow(double(l) / n, 1.0 / T);
+      for (size_t l = 0; l < 3; ++l) CHECK(b.language_probabilities()[l] == Approx(std::pow(double(n_l[l]) / n, 1.0 / T) / z).epsilon(1e-12));
+    }
+    CHECK(Batcher(ds, 8, 7, true, 1.0).language_probabilities()[2] == Approx(50.0 / 1050).epsilon(1e-12));
+  }
+  SECTION("the draws follow p_l within 5 binomial standard deviations; dropped examples never come") {
+    for (double T : {5.0, 100.0}) {
+      Batcher b(ds, 8, 7, true, T);
+      std::vector<double> count(3, 0);
+      double draws = 0;
+      for (uint64_t epoch = 0; epoch < 20; ++epoch) {
+        const auto order = b.epoch_order(epoch);
+        CHECK(order.size() == ds.num_examples());
+        for (uint32_t e : order) {
+          REQUIRE(e < 1050);  // the five dropped examples are 1050..1054
+          count[size_t(s.lang[e])] += 1;
+          draws += 1;
+        }
+      }
+      for (size_t l = 0; l < 3; ++l) {
+        const double p = b.language_probabilities()[l];
+        INFO("T = " << T << ", language " << l << ": " << count[l] << " of " << draws << " draws, p = " << p);
+        CHECK(std::abs(count[l] / draws - p) <= 5 * std::sqrt(p * (1 - p) / draws));
+      }
+    }
+  }
+  SECTION("a pure function of (seed, epoch); an upsampled language cycles through its epoch's permutation") {
+    Batcher a(ds, 8, 7, true, 5.0), b(ds, 8, 7, true, 5.0);
+    CHECK(a.epoch_order(3) == b.epoch_order(3));
+    CHECK(a.epoch_order(3) != a.epoch_order(4));
+    CHECK(Batcher(ds, 8, 8, true, 5.0).epoch_order(3) != a.epoch_order(3));
+    std::vector<uint32_t> cc;
+    for (uint32_t e : a.epoch_order(3))
+      if (s.lang[e] == 2) cc.push_back(e);
+    REQUIRE(cc.size() > 100);  // p = 0.14 of 1055 draws: upsampled from 50
+    std::vector<uint32_t> first(cc.begin(), cc.begin() + 50);
+    std::sort(first.begin(), first.end());
+    for (uint32_t i = 0; i < 50; ++i) CHECK(first[i] == 1000 + i);
+    for (size_t i = 50; i < cc.size(); ++i) CHECK(cc[i] == cc[i - 50]);
+  }
+  SECTION("a restored cursor continues the same stream") {
+    Batcher a(ds, 8, 7, true, 5.0);
+    for (int step = 0; step < 300; ++step) a.next(4);  // past an epoch
+    const DataCursor c = a.cursor();
+    CHECK(c.epoch > 0);
+    const Batch want = a.next(4);
+    Batcher fresh(ds, 8, 7, true, 5.0);
+    fresh.restore(c);
+    CHECK(same(fresh.next(4), want));
+  }
+  SECTION("bad arguments") {
+    CHECK_THROWS_WITH(Batcher(ds, 8, 7, false, 5.0), Catch::Contains("shuffled order"));
+    CHECK_THROWS_AS(Batcher(ds, 8, 7, true, 0.0), InputError);
   }
 }
 

@@ -435,6 +435,9 @@ TEST_CASE("deck: cross-key checks, both sides of each rule", "[deck]") {
       {{"checkpoint.every=100", "checkpoint.keep_every=1000"}, nullptr},
       {{"checkpoint.every=0", "checkpoint.keep_every=150"}, nullptr},
       {{"checkpoint.every=100", "checkpoint.keep_every=150"}, "checkpoint.keep_every = 150 is not a multiple of checkpoint.every = 100"},
+      {{"data.temperature=5"}, nullptr},
+      {{"data.temperature=1", "data.shuffle=false"}, nullptr},
+      {{"data.temperature=5", "data.shuffle=false"}, "data.temperature = 5.0 samples languages from each epoch's shuffled order: it needs data.shuffle = true"},
   };
   for (const auto& c : cases) {
     std::string what;
