@@ -72,7 +72,8 @@ class Trainer {
                                   mesh_.axis(expert_dim ? Axis::Data : Axis::Tensor).all_reduce(buf, n, Op::Sum);
                                 });
     schedule_ = Schedule::from_config(cfg_);
-    batcher_ = std::make_unique<Batcher>(train_, int(cfg_.model.seq_len), uint64_t(cfg_.run.seed), cfg_.data.shuffle);
+    batcher_ = std::make_unique<Batcher>(train_, int(cfg_.model.seq_len), uint64_t(cfg_.run.seed), cfg_.data.shuffle,
+                                         cfg_.model.arch);
     train_too_long_ = batcher_->too_long();
     checkpoints_ = std::make_unique<RunCheckpoints>(deck, version_, mesh, run_dir_, std::move(data_identity),
                                                     model_->params(), *optimizer_, *batcher_, progress_);
