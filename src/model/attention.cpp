@@ -73,7 +73,7 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
     masked_attention_forward(AttentionPairs{B, LH_, D, Tq, Tq, ctx.segment, ctx.segment}, q, k, v, p_.data(),
                              att_.data());
   } else {
-    causal_attention_forward(ctx, B, Tq);
+    causal_attention_forward(ctx, q, k, v, B, Tq);
   }
   // y [N, M] = att [N, L] wo [L, M]  (partial over heads when sharded)
   matmul(false, false, N, M_, L, att_.data(), wo.w, y);
@@ -81,14 +81,11 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   dropout_.forward(ctx, y, N, M_);
 }
 
-// P and att of the causal mode from qkv_ (forward's core)
+// P and att of the causal mode from q, k, v [N, L] (forward's core)
 template <typename T>
-void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, int B, int Tq) {
+void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, const T* q, const T* k, const T* v,
+                                                      int B, int Tq) {
   const int L = L_, D = D_;
-  const size_t NL = size_t(B) * Tq * L;
-  const T* q = qkv_.data();
-  const T* k = q + NL;
-  const T* v = k + NL;
   const T scale = T(1) / std::sqrt(T(D));
   const int blk = causal_block(Tq);
   // S [T, T] = scale * Q_bh [T, D] K_bh^T for every (sequence b, local head h), then the causal
@@ -142,22 +139,16 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
     masked_attention_backward(AttentionPairs{B, LH_, D, Tq, Tq, ctx.segment, ctx.segment}, q, k, v, p_.data(),
                               datt_.data(), dp_.data(), dq, dk, dv);
   } else {
-    causal_attention_backward(B, Tq);
+    causal_attention_backward(q, k, v, dq, dk, dv, B, Tq);
   }
   accumulate_input_grads(dq, dk, dv, dx, N);
 }
 
-// dqkv_ of the causal mode from datt_ (backward's core)
+// dq, dk, dv [N, L] of the causal mode from datt_ (backward's core)
 template <typename T>
-void CausalSelfAttention<T>::causal_attention_backward(int B, int Tq) {
+void CausalSelfAttention<T>::causal_attention_backward(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv, int B,
+                                                       int Tq) {
   const int L = L_, D = D_;
-  const size_t NL = size_t(B) * Tq * L;
-  const T* q = qkv_.data();
-  const T* k = q + NL;
-  const T* v = k + NL;
-  T* dq = dqkv_.data();
-  T* dk = dq + NL;
-  T* dv = dk + NL;
   const T scale = T(1) / std::sqrt(T(D));
   const int blk = causal_block(Tq);
   // Per (b, h) pair, in row blocks that stop at the causal edge: rows past a block's last row are

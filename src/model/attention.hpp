@@ -63,8 +63,8 @@ class CausalSelfAttention {
   bool causal() const { return causal_; }
 
  private:
-  void causal_attention_forward(const StepContext& ctx, int B, int Tq);
-  void causal_attention_backward(int B, int Tq);
+  void causal_attention_forward(const StepContext& ctx, const T* q, const T* k, const T* v, int B, int Tq);
+  void causal_attention_backward(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv, int B, int Tq);
   // x^T d into wq/wk/wv .g, and dx += the input gradient (add_projection_input_grads)
   void accumulate_input_grads(const T* dq, const T* dk, const T* dv, T* dx, int N);
 

@@ -378,6 +378,35 @@ std::vector<double> naive_attention(const std::vector<double>& x, const CausalSe
                                     int T, int M, int H, const int32_t* segment = nullptr) {
   return naive_attention_qkv(x, T, x, T, a.wq, a.wk, a.wv, a.wo, N / T, M, H, a.causal(), segment, segment);
 }
+
+// Declares a layer's parameters in `store`, initialised from `seed` and perturbed.
+template <class Layer>
+void declare_perturbed(Layer& layer, ParamStore<double>& store, const std::string& prefix, uint64_t seed,
+                       std::mt19937& gen) {
+  layer.declare(store, prefix);
+  store.allocate();
+  store.init(seed, 1.0);
+  perturb(store, gen);
+}
+
+// y = attention(x) (no dropout) equals the naive loops' to 1e-12.
+void check_against_naive(CausalSelfAttention<double>& att, const StepContext& ctx, const std::vector<double>& x,
+                         std::vector<double>& y, int N, int T, int M, int H) {
+  att.forward(ctx, x.data(), y.data(), N, T);
+  const auto ref = naive_attention(x, att, N, T, M, H, ctx.segment);
+  for (size_t i = 0; i < y.size(); ++i) CHECK(std::abs(y[i] - ref[i]) <= 1e-12);
+}
+
+// Backward of L = r . attention(x), then finite differences of every weight and of x.
+void check_self_attention_fd(CausalSelfAttention<double>& att, ParamStore<double>& store, const StepContext& ctx,
+                             std::vector<double>& x, const std::vector<double>& r, int N, int T, std::mt19937& gen) {
+  std::vector<double> y(x.size()), dx(x.size(), 0.0);
+  att.forward(ctx, x.data(), y.data(), N, T);
+  att.backward(ctx, r.data(), dx.data(), N);
+  auto tensors = param_tensors(store);
+  tensors.push_back({"x", x.data(), dx});
+  check_fd([&] { att.forward(ctx, x.data(), y.data(), N, T); return dot(r, y); }, tensors, gen);
+}
 }  // namespace
 
 TEST_CASE("attention: forward oracle and finite differences with and without dropout, packed examples", "[layers]") {
@@ -389,19 +418,14 @@ TEST_CASE("attention: forward oracle and finite differences with and without dro
     INFO("dropout " << rate << (packed ? ", packed" : ""));
     CausalSelfAttention<double> att(M, H, rate, 17);
     ParamStore<double> store;
-    att.declare(store, "attn");
-    store.allocate();
-    store.init(13, 1.0);
-    perturb(store, gen);
+    declare_perturbed(att, store, "attn", 13, gen);
     auto x = random_vec(size_t(N) * M, gen);
     auto r = random_vec(size_t(N) * M, gen);
-    std::vector<double> y(x.size()), dx(x.size(), 0.0);
+    std::vector<double> y(x.size());
     StepContext ctx = train_ctx(40);
     if (packed) ctx.segment = segment.data();
     if (rate == 0.0) {
-      att.forward(ctx, x.data(), y.data(), N, T);
-      const auto ref = naive_attention(x, att, N, T, M, H, ctx.segment);
-      for (size_t i = 0; i < y.size(); ++i) CHECK(std::abs(y[i] - ref[i]) <= 1e-12);
+      check_against_naive(att, ctx, x, y, N, T, M, H);
     }
     if (rate == 0.0 && packed) {
       // The oracle can tell: without the segments the outputs of token 2 differ.
@@ -415,10 +439,7 @@ TEST_CASE("attention: forward oracle and finite differences with and without dro
     }
     att.forward(ctx, x.data(), y.data(), N, T);
     if (rate > 0) CHECK(std::count(y.begin(), y.end(), 0.0) > 0);
-    att.backward(ctx, r.data(), dx.data(), N);
-    auto tensors = param_tensors(store);
-    tensors.push_back({"x", x.data(), dx});
-    check_fd([&] { att.forward(ctx, x.data(), y.data(), N, T); return dot(r, y); }, tensors, gen);
+    check_self_attention_fd(att, store, ctx, x, r, N, T, gen);
   }
 }
 
@@ -481,19 +502,14 @@ TEST_CASE("bidirectional attention: forward oracle and finite differences, packe
     CausalSelfAttention<double> att(M, H, rate, 17, 0, -1, /*causal=*/false);
     CHECK_FALSE(att.causal());
     ParamStore<double> store;
-    att.declare(store, "attn");
-    store.allocate();
-    store.init(13, 1.0);
-    perturb(store, gen);
+    declare_perturbed(att, store, "attn", 13, gen);
     auto x = random_vec(size_t(N) * M, gen);
     auto r = random_vec(size_t(N) * M, gen);
-    std::vector<double> y(x.size()), dx(x.size(), 0.0);
+    std::vector<double> y(x.size());
     StepContext ctx = train_ctx(40);
     if (packed) ctx.segment = segment.data();
     if (rate == 0.0) {
-      att.forward(ctx, x.data(), y.data(), N, T);
-      const auto ref = naive_attention(x, att, N, T, M, H, ctx.segment);
-      for (size_t i = 0; i < y.size(); ++i) CHECK(std::abs(y[i] - ref[i]) <= 1e-12);
+      check_against_naive(att, ctx, x, y, N, T, M, H);
       // Token 2 sees the later token 4 of its example, but not token 1 of the other example.
       std::vector<double> x2 = x, y2(x.size());
       for (int m = 0; m < M; ++m) x2[size_t(4) * M + m] += 0.5;
@@ -504,11 +520,7 @@ TEST_CASE("bidirectional attention: forward oracle and finite differences, packe
       att.forward(ctx, x2.data(), y2.data(), N, T);
       for (int m = 0; m < M; ++m) CHECK((y2[size_t(2) * M + m] == y[size_t(2) * M + m]) == packed);
     }
-    att.forward(ctx, x.data(), y.data(), N, T);
-    att.backward(ctx, r.data(), dx.data(), N);
-    auto tensors = param_tensors(store);
-    tensors.push_back({"x", x.data(), dx});
-    check_fd([&] { att.forward(ctx, x.data(), y.data(), N, T); return dot(r, y); }, tensors, gen);
+    check_self_attention_fd(att, store, ctx, x, r, N, T, gen);
   }
   // Head blocks sum to the full layer.
   auto x = random_vec(size_t(N) * M, gen);
@@ -552,10 +564,7 @@ TEST_CASE("cross attention: forward oracle and finite differences of weights, de
     INFO("dropout " << rate << (packed ? ", packed" : ""));
     CrossAttention<double> att(attention_shape(M, H, whole(H)), rate, 19);
     ParamStore<double> store;
-    att.declare(store, "cross");
-    store.allocate();
-    store.init(14, 1.0);
-    perturb(store, gen);
+    declare_perturbed(att, store, "cross", 14, gen);
     auto x = random_vec(size_t(N) * M, gen);
     auto enc = random_vec(size_t(Nk) * M, gen);
     auto r = random_vec(size_t(N) * M, gen);
