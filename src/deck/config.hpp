@@ -16,6 +16,7 @@ using float_t = double;
 using bool_t = bool;
 using string_t = std::string;
 using Device_t = Device;
+using ModelArch_t = ModelArch;
 using Activation_t = Activation;
 using Recompute_t = Recompute;
 using RouterKind_t = RouterKind;

@@ -38,6 +38,10 @@ std::vector<ShapeRule> shape_rules(const Config& cfg, int64_t pipe, int64_t data
                      " (moe.expert_axis = \"" + std::string(option_name(e.expert_axis)) +
                      "\": every rank of that axis holds the same number of experts)"});
   }
+  // Not yet: the pipeline would have to carry the encoder output to every decoder stage.
+  r.push_back({{"model.arch", "mesh.pipe"}, m.arch != ModelArch::EncDec || pipe == 1,
+               "model.arch = \"encdec\" does not run with " + kv("mesh.pipe", pipe) +
+                   " yet (the encoder output would have to reach every decoder stage): use mesh.pipe = 1"});
   r.push_back({{"model.num_layers", "mesh.pipe"}, m.num_layers % pipe == 0,
                kv("model.num_layers", m.num_layers) + " is not divisible by " + kv("mesh.pipe", pipe) +
                    " (every pipeline stage holds the same number of layers)"});

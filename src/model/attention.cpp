@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "model/attention_bodies.hpp"
+#include "model/attention_core.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/elementwise.hpp"
 #include "tensor/launch.hpp"
@@ -33,13 +34,14 @@ static size_t pair_base(int64_t bh, int Tq, int L, int D) {
 
 template <typename T>
 CausalSelfAttention<T>::CausalSelfAttention(int d_model, int num_heads, double dropout, uint32_t layer_id,
-                                            int head_offset, int local_heads)
+                                            int head_offset, int local_heads, bool causal)
     : CausalSelfAttention(attention_shape(d_model, num_heads, {head_offset, local_heads < 0 ? num_heads : local_heads}),
-                          dropout, layer_id) {}
+                          dropout, layer_id, causal) {}
 
 template <typename T>
-CausalSelfAttention<T>::CausalSelfAttention(const AttentionShape& s, double dropout, uint32_t layer_id)
-    : M_(s.M), H_(s.heads), D_(s.D), h0_(s.head0), LH_(s.heads_l), L_(s.A_l), dropout_(dropout, layer_id) {}
+CausalSelfAttention<T>::CausalSelfAttention(const AttentionShape& s, double dropout, uint32_t layer_id, bool causal)
+    : M_(s.M), H_(s.heads), D_(s.D), h0_(s.head0), LH_(s.heads_l), L_(s.A_l), causal_(causal),
+      dropout_(dropout, layer_id) {}
 
 template <typename T>
 void CausalSelfAttention<T>::declare(ParamStore<T>& store, const std::string& prefix) {
@@ -67,6 +69,23 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   matmul(false, false, N, L, M_, x, wq.w, q);
   matmul(false, false, N, L, M_, x, wk.w, k);
   matmul(false, false, N, L, M_, x, wv.w, v);
+  if (!causal_) {
+    masked_attention_forward(AttentionPairs{B, LH_, D, Tq, Tq, ctx.segment, ctx.segment}, q, k, v, p_.data(),
+                             att_.data());
+  } else {
+    causal_attention_forward(ctx, q, k, v, B, Tq);
+  }
+  // y [N, M] = att [N, L] wo [L, M]  (partial over heads when sharded)
+  matmul(false, false, N, M_, L, att_.data(), wo.w, y);
+  if (sharded() && tensor_allreduce) tensor_allreduce(y, size_t(N) * M_);
+  dropout_.forward(ctx, y, N, M_);
+}
+
+// P and att of the causal mode from q, k, v [N, L] (forward's core)
+template <typename T>
+void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, const T* q, const T* k, const T* v,
+                                                      int B, int Tq) {
+  const int L = L_, D = D_;
   const T scale = T(1) / std::sqrt(T(D));
   const int blk = causal_block(Tq);
   // S [T, T] = scale * Q_bh [T, D] K_bh^T for every (sequence b, local head h), then the causal
@@ -93,10 +112,6 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
            att_.data() + base + size_t(i0) * L, L);
     }
   });
-  // y [N, M] = att [N, L] wo [L, M]  (partial over heads when sharded)
-  matmul(false, false, N, M_, L, att_.data(), wo.w, y);
-  if (sharded() && tensor_allreduce) tensor_allreduce(y, size_t(N) * M_);
-  dropout_.forward(ctx, y, N, M_);
 }
 
 // dy [N, M] -> dx [N, M] (+=)
@@ -120,6 +135,20 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   T* dq = dqkv_.data();
   T* dk = dq + NL;
   T* dv = dk + NL;
+  if (!causal_) {
+    masked_attention_backward(AttentionPairs{B, LH_, D, Tq, Tq, ctx.segment, ctx.segment}, q, k, v, p_.data(),
+                              datt_.data(), dp_.data(), dq, dk, dv);
+  } else {
+    causal_attention_backward(q, k, v, dq, dk, dv, B, Tq);
+  }
+  accumulate_input_grads(dq, dk, dv, dx, N);
+}
+
+// dq, dk, dv [N, L] of the causal mode from datt_ (backward's core)
+template <typename T>
+void CausalSelfAttention<T>::causal_attention_backward(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv, int B,
+                                                       int Tq) {
+  const int L = L_, D = D_;
   const T scale = T(1) / std::sqrt(T(D));
   const int blk = causal_block(Tq);
   // Per (b, h) pair, in row blocks that stop at the causal edge: rows past a block's last row are
@@ -146,24 +175,16 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
       gemm(true, false, rows, D, Tq - i0, scale, dP + size_t(i0) * Tq + i0, Tq, q + base + r, L, T(0), dk + base + r, L);
     }
   });
+}
+
+template <typename T>
+void CausalSelfAttention<T>::accumulate_input_grads(const T* dq, const T* dk, const T* dv, T* dx, int N) {
+  const int L = L_;
   // W.g [M, L] += x^T dW-input; dx [N, M] += dq wq^T + dk wk^T + dv wv^T
   matmul(true, false, M_, L, N, x_.data(), dq, wq.g, true);
   matmul(true, false, M_, L, N, x_.data(), dk, wk.g, true);
   matmul(true, false, M_, L, N, x_.data(), dv, wv.g, true);
-  if (sharded() && tensor_allreduce) {
-    // The partial input gradient must be summed over the tensor axis before it joins dx
-    // (which may already hold the residual branch's gradient).
-    ensure(dxs_, size_t(N) * M_);
-    matmul(false, true, N, M_, L, dq, wq.w, dxs_.data());
-    matmul(false, true, N, M_, L, dk, wk.w, dxs_.data(), true);
-    matmul(false, true, N, M_, L, dv, wv.w, dxs_.data(), true);
-    tensor_allreduce(dxs_.data(), size_t(N) * M_);
-    add_into(dx, dxs_.data(), size_t(N) * M_);
-  } else {
-    matmul(false, true, N, M_, L, dq, wq.w, dx, true);
-    matmul(false, true, N, M_, L, dk, wk.w, dx, true);
-    matmul(false, true, N, M_, L, dv, wv.w, dx, true);
-  }
+  add_projection_input_grads<T>({{dq, wq.w}, {dk, wk.w}, {dv, wv.w}}, dx, N, M_, L, tensor_allreduce, sharded(), dxs_);
 }
 
 template class CausalSelfAttention<float>;

@@ -1,4 +1,6 @@
-// Causal multi-head self-attention (Vaswani et al. 2017), no biases, output dropout.
+// Multi-head self-attention (Vaswani et al. 2017), no biases, output dropout: causal (the decoder's)
+// or, with causal = false, bidirectional within each packed example (the encoder's: every token sees
+// every token of its example; attention_core.hpp).
 // wq, wk, wv [M, M]: column = head*D + d; wo [M, M]: row = head*D + d; D = M / num_heads.
 //
 // Tensor parallelism (Megatron): a rank may hold the contiguous block of heads
@@ -26,15 +28,16 @@ class CausalSelfAttention {
  public:
   // local_heads < 0 means all heads. layer_id keys the dropout stream (unique per dropout site).
   CausalSelfAttention(int d_model, int num_heads, double dropout, uint32_t layer_id, int head_offset = 0,
-                      int local_heads = -1);
+                      int local_heads = -1, bool causal = true);
   // The heads of `shape` (layer_shapes.hpp).
-  CausalSelfAttention(const AttentionShape& shape, double dropout, uint32_t layer_id);
+  CausalSelfAttention(const AttentionShape& shape, double dropout, uint32_t layer_id, bool causal = true);
 
   // prefix.wq, .wk, .wv, .wo (attention_params, layer_shapes.hpp).
   void declare(ParamStore<T>& store, const std::string& prefix);
 
   // x [N, M] -> y [N, M]; N = B*T tokens, B sequences of T_seq tokens each, contiguous. A query
-  // attends to the keys j <= i of its own packed example (ctx.segment; the whole sequence when null).
+  // attends to the keys j <= i (causal) or to all keys (bidirectional) of its own packed example
+  // (ctx.segment; the whole sequence when null).
   void forward(const StepContext& ctx, const T* x, T* y, int N, int T_seq);
   // dy [N, M] -> dx [N, M] (+=), wq/wk/wv/wo .g (+=)
   void backward(const StepContext& ctx, const T* dy, T* dx, int N);
@@ -57,15 +60,22 @@ class CausalSelfAttention {
   int local_heads() const { return LH_; }
   int head_offset() const { return h0_; }
   bool sharded() const { return LH_ != H_; }
+  bool causal() const { return causal_; }
 
  private:
+  void causal_attention_forward(const StepContext& ctx, const T* q, const T* k, const T* v, int B, int Tq);
+  void causal_attention_backward(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv, int B, int Tq);
+  // x^T d into wq/wk/wv .g, and dx += the input gradient (add_projection_input_grads)
+  void accumulate_input_grads(const T* dq, const T* dk, const T* dv, T* dx, int N);
+
   int M_, H_, D_, h0_, LH_, L_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
   int T_ = 0;
+  bool causal_ = true;
   Dropout<T> dropout_;
   // saved by forward
   Buffer<T> x_;    // [N, M]
   Buffer<T> qkv_;  // q, k, v each [N, A_l]
-  Buffer<T> p_;    // softmax probabilities [B, LH, T, T] (zero above the diagonal and across examples)
+  Buffer<T> p_;    // softmax probabilities [B, LH, T, T] (zero above the diagonal when causal, zero across examples)
   Buffer<T> att_;  // attention output before wo [N, A_l]
   // backward scratch
   Buffer<T> dy_, datt_, dqkv_, dxs_;

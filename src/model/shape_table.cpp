@@ -31,7 +31,8 @@ ModelShape model_shape(const Config& cfg, int vocab) {
   s.vocab = vocab;
   s.seq_len = int(cfg.model.seq_len);
   s.d_model = int(cfg.model.d_model);
-  s.num_layers = int(cfg.model.num_layers);
+  s.encoder_layers = cfg.model.arch == ModelArch::EncDec ? int(cfg.model.num_layers) : 0;
+  s.num_layers = int(cfg.model.num_layers) + s.encoder_layers;
   s.num_heads = int(cfg.model.num_heads);
   s.d_ff = int(cfg.model.d_ff);
   s.moe_every = int(cfg.moe.every);
@@ -46,7 +47,8 @@ ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, Rank
     throw std::logic_error("ShapeTable: rank coordinates outside the mesh " + mesh.str());
   ShapeLetters& s = letters_;
   s.V = vocab, s.T = int(cfg.model.seq_len), s.M = int(cfg.model.d_model), s.H = int(cfg.model.d_ff);
-  s.layers = int(cfg.model.num_layers), s.heads = int(cfg.model.num_heads);
+  model_ = model_shape(cfg, vocab);
+  s.layers = model_.num_layers, s.encoder_layers = model_.encoder_layers, s.heads = int(cfg.model.num_heads);
   s.stage = at.pipe, s.stages = mesh.pipe;
   s.num_blocks = s.layers / mesh.pipe;
   s.first_block = at.pipe * s.num_blocks;
@@ -55,7 +57,6 @@ ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, Rank
   // hidden units [t H / n, (t+1) H / n).
   s.attn = attention_shape(s.M, s.heads, split_evenly(s.heads, at.tensor, mesh.tensor));
   s.ffn = ffn_shape(s.M, s.H, cfg.model.activation, split_evenly(s.H, at.tensor, mesh.tensor));
-  model_ = model_shape(cfg, vocab);
   s.moe = model_.num_moe_layers() > 0;
   if (s.moe) {
     s.moe_opt = moe_options(cfg, 0);
@@ -74,10 +75,17 @@ ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, Rank
   };
   add("stage", LayerKind::Stage, -1, {});
   if (s.first_stage) add("embed", LayerKind::Embedding, -1, embedding_params("embed", s.V, s.T, s.M));
+  // encdec: the encoder's pass through the same embedding (its own saved tokens and positions)
+  if (s.encoder_layers > 0) add("embed.encoder", LayerKind::Embedding, -1, {});
   for (int i = s.first_block; i < s.first_block + s.num_blocks; ++i) {
     const std::string b = "blocks." + std::to_string(i);
+    if (s.encoder_layers > 0 && i == s.encoder_layers) add("ln_enc", LayerKind::LayerNorm, -1, layernorm_params("ln_enc", s.M));
     add(b + ".ln1", LayerKind::LayerNorm, i, layernorm_params(b + ".ln1", s.M));
     add(b + ".attn", LayerKind::Attention, i, attention_params(b + ".attn", s.attn));
+    if (model_.has_cross_attention(i)) {
+      add(b + ".ln_cross", LayerKind::LayerNorm, i, layernorm_params(b + ".ln_cross", s.M));
+      add(b + ".cross", LayerKind::CrossAttention, i, attention_params(b + ".cross", s.attn));
+    }
     add(b + ".ln2", LayerKind::LayerNorm, i, layernorm_params(b + ".ln2", s.M));
     if (is_moe_block(i)) {
       add(b + ".moe.router", LayerKind::Router, i, router_params(b + ".moe.router", s.M, s.experts.E));
@@ -132,6 +140,11 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         buf("x, h, f", "3 x [N, M]", {3, N, M}, f32, K::ForwardOnly);
         buf("segment ids, positions", "2 x [N]", {2, N}, i32, K::ForwardOnly);
         buf("d, dh", "2 x [N, M]", {2, N, M}, f32, K::Scratch);
+        if (s.encoder_layers > 0) {  // encdec: the encoder output, its segment ids and positions, its gradient
+          buf("encoder output", "[N, M]", {N, M}, f32, K::ForwardOnly);
+          buf("encoder tokens, segment ids, positions", "3 x [N]", {3, N}, i32, K::ForwardOnly);
+          buf("d encoder output", "[N, M]", {N, M}, f32, K::Scratch);
+        }
         break;
       case LayerKind::Embedding:
         buf("tokens, positions", "2 x [N]", {2, N}, i32);
@@ -149,6 +162,17 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         buf("dy", "[N, M]", {N, M}, f32, K::Scratch);
         buf("datt", "[N, A_l]", {N, A_l}, f32, K::Scratch);
         buf("dq, dk, dv", "3 x [N, A_l]", {3, N, A_l}, f32, K::Scratch);
+        buf("dP", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32, K::Scratch);
+        if (s.attn.sharded()) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
+        break;
+      case LayerKind::CrossAttention:  // encoder sequences of T tokens too: N encoder tokens
+        buf("x, encoder output", "2 x [N, M]", {2, N, M}, f32);
+        buf("q, k, v", "3 x [N, A_l]", {3, N, A_l}, f32);
+        buf("softmax probabilities", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32);
+        buf("output before wo", "[N, A_l]", {N, A_l}, f32);
+        if (dropout) buf("dropout keep mask", "[N, M]", {N, M}, u8);
+        buf("dy", "[N, M]", {N, M}, f32, K::Scratch);
+        buf("datt, dq, dk, dv", "4 x [N, A_l]", {4, N, A_l}, f32, K::Scratch);
         buf("dP", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32, K::Scratch);
         if (s.attn.sharded()) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
         break;

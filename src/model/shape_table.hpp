@@ -18,10 +18,18 @@
 namespace meshmoe {
 
 // Sizes that follow from the deck and the dataset.
+// model.arch = "encdec": blocks [0, encoder_layers) are the encoder's, the rest (as many) the
+// decoder's, which have a cross-attention (docs/ARCHITECTURE.md "Encoder-decoder").
 struct ModelShape {
-  int vocab = 0, seq_len = 0, d_model = 0, num_layers = 0, num_heads = 0, d_ff = 0;
-  int moe_every = 0;  // block i has an MoE feed-forward when moe_every > 0 and (i + 1) % moe_every == 0
-  bool is_moe_block(int i) const { return moe_every > 0 && (i + 1) % moe_every == 0; }
+  int vocab = 0, seq_len = 0, d_model = 0, num_layers = 0, num_heads = 0, d_ff = 0;  // num_layers: all blocks
+  int encoder_layers = 0;  // 0: decoder-only
+  int moe_every = 0;  // block i of a stack has an MoE feed-forward when moe_every > 0 and (i + 1) % moe_every == 0
+  bool is_encoder_block(int i) const { return i < encoder_layers; }
+  bool has_cross_attention(int i) const { return encoder_layers > 0 && i >= encoder_layers; }
+  bool is_moe_block(int i) const {
+    const int in_stack = i < encoder_layers ? i : i - encoder_layers;
+    return moe_every > 0 && (in_stack + 1) % moe_every == 0;
+  }
   int num_moe_layers() const {
     int n = 0;
     for (int i = 0; i < num_layers; ++i) n += is_moe_block(i);
@@ -37,7 +45,7 @@ struct RankCoords {
 
 // Stage: the Transformer's own buffers (the residual stream); Dispatcher: an MoE layer's token
 // movement (moe/dispatcher.hpp and the all-to-all or index-select dispatcher).
-enum class LayerKind { Stage, Embedding, LayerNorm, Attention, DenseFfn, Router, Dispatcher, Experts, Head };
+enum class LayerKind { Stage, Embedding, LayerNorm, Attention, CrossAttention, DenseFfn, Router, Dispatcher, Experts, Head };
 
 // What a layer's buffer is for, which decides where the memory plan counts it:
 //   Saved:       written by the forward, read by the backward (parked with the micro-batch when the
@@ -64,6 +72,7 @@ struct BufferShape {
 // with a micro-batch, its buffers.
 struct LayerShapes {
   std::string prefix;  // "stage", "embed", "blocks.3.ln1", "blocks.3.attn", "blocks.3.moe.router", ..., "head"
+                       // (encdec: also "embed.encoder", "ln_enc", "blocks.5.ln_cross", "blocks.5.cross")
   LayerKind kind = LayerKind::Embedding;
   int block = -1;      // global block index, -1 outside the blocks
   std::vector<ParamInfo> params;
@@ -74,7 +83,8 @@ struct LayerShapes {
 // share of the split ones inside the layer shapes (heads_l, H_l, E_l, ...).
 struct ShapeLetters {
   int V = 0, T = 0, M = 0, H = 0;  // vocabulary, model.seq_len, width, dense hidden width
-  int layers = 0, heads = 0;       // model.num_layers, model.num_heads
+  int layers = 0, heads = 0;       // blocks (model.num_layers, twice that for encdec), model.num_heads
+  int encoder_layers = 0;          // encdec: blocks [0, encoder_layers) are the encoder's
   int stage = 0, stages = 1;       // pipe coordinate and extent
   int first_block = 0, num_blocks = 0;  // this stage's blocks [first_block, first_block + num_blocks)
   bool first_stage = true, last_stage = true;
@@ -103,6 +113,7 @@ class ShapeTable {
   // Every parameter entry of the stage in ParamStore order, with its flat offset.
   std::vector<ParamInfo> params() const;
   bool is_moe_block(int i) const { return model_.is_moe_block(i); }
+  const ModelShape& model() const { return model_; }
 
  private:
   void add_buffers(const Config& cfg, const MeshShape& mesh);

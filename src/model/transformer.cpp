@@ -19,6 +19,7 @@ double train_flops_per_token(const Config& cfg, const ModelShape& s) {
   double fwd = 2.0 * M * V;  // output projection
   for (int i = 0; i < s.num_layers; ++i) {
     fwd += 8.0 * M * M + 4.0 * T * M;  // q, k, v, o projections; scores and weighted sum
+    if (s.has_cross_attention(i)) fwd += 8.0 * M * M + 4.0 * T * M;  // the same for the cross-attention
     if (s.is_moe_block(i)) {
       const MoeOptions o = moe_options(cfg, 0);
       fwd += 2.0 * M * o.num_experts + o.k() * ffn(o.d_ff);
@@ -34,7 +35,11 @@ template <typename T>
 Transformer<T>::Block::Block(const Config& cfg, const ShapeTable& table, int i, const ModelSharding& sh)
     : ln1(table.letters().M, cfg.model.layernorm_eps),
       ln2(table.letters().M, cfg.model.layernorm_eps),
-      attn(table.letters().attn, cfg.model.dropout, uint32_t(16 * i + 1)) {
+      attn(table.letters().attn, cfg.model.dropout, uint32_t(16 * i + 1), !table.model().is_encoder_block(i)) {
+  if (table.model().has_cross_attention(i)) {
+    ln_cross = std::make_unique<LayerNorm<T>>(table.letters().M, cfg.model.layernorm_eps);
+    cross = std::make_unique<CrossAttention<T>>(table.letters().attn, cfg.model.dropout, uint32_t(16 * i + 4));
+  }
   if (table.is_moe_block(i)) {
     // Expert placement (moe_placement.hpp): experts over data (all-to-all, Switch 5.5 hidden split
     // over tensor) or over tensor (Pipeline-MoE index-select + all-reduce).
@@ -56,6 +61,8 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& s
     : cfg_(cfg),
       shape_(model_shape(cfg, vocab)),
       emb_(vocab, int(cfg.model.seq_len), int(cfg.model.d_model)),
+      emb_enc_(vocab, int(cfg.model.seq_len), int(cfg.model.d_model)),
+      lne_(int(cfg.model.d_model), cfg.model.layernorm_eps),
       lnf_(int(cfg.model.d_model), cfg.model.layernorm_eps),
       head_(vocab, int(cfg.model.d_model)),
       sharding_(sharding) {
@@ -68,17 +75,30 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& s
                          RankCoords{sharding_.pipe_rank, sharding_.data_rank, sharding_.tensor_rank});
   first_block_ = table.letters().first_block;
   if (first_stage()) emb_.declare(params_, "embed");
+  if (encdec() && sharding_.pipe_size != 1) throw InputError("model.arch = \"encdec\" needs mesh.pipe = 1");
   std::vector<BlockGrads> block_first_param;  // indices into the parameter table
+  size_t ln_enc_first_param = 0;
   for (int i = first_block_; i < first_block_ + table.letters().num_blocks; ++i) {
+    if (encdec() && i == shape_.encoder_layers) {
+      ln_enc_first_param = params_.infos().size();
+      lne_.declare(params_, "ln_enc");
+    }
     Block& b = blocks_.emplace_back(cfg, table, i, sharding_);
     b.attn.tensor_allreduce = tensor_allreduce;
     if (b.mlp) b.mlp->tensor_allreduce = tensor_allreduce;
+    if (b.cross) b.cross->tensor_allreduce = tensor_allreduce;
     const std::string p = "blocks." + std::to_string(i);
     BlockGrads& first = block_first_param.emplace_back();
     first.block = params_.infos().size();
     b.ln1.declare(params_, p + ".ln1");
     first.attn = params_.infos().size();
     b.attn.declare(params_, p + ".attn");
+    first.cross = params_.infos().size();
+    if (b.cross) {
+      b.ln_cross->declare(params_, p + ".ln_cross");
+      first.cross = params_.infos().size();
+      b.cross->declare(params_, p + ".cross");
+    }
     b.ln2.declare(params_, p + ".ln2");
     first.ffn = params_.infos().size();
     if (b.moe)
@@ -104,8 +124,13 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& s
     return param < params_.infos().size() ? params_.infos()[param].flat_offset : params_.size();
   };
   for (const BlockGrads& p : block_first_param)
-    block_grads_.push_back({flat_begin(p.block), flat_begin(p.attn), flat_begin(p.ffn)});
+    block_grads_.push_back({flat_begin(p.block), flat_begin(p.attn), flat_begin(p.cross), flat_begin(p.ffn)});
   tail_grads_begin_ = flat_begin(tail_first_param);
+  if (encdec()) {
+    ln_enc_grads_begin_ = flat_begin(ln_enc_first_param);
+    emb_enc_.wte = emb_.wte;  // the same weights and gradients: one embedding, two passes
+    emb_enc_.wpe = emb_.wpe;
+  }
 }
 
 // The layers registered what the shape table lists (the memory plan and the GPU arena read it).
@@ -138,6 +163,38 @@ std::vector<const MoeLayer<T>*> Transformer<T>::moe_layers() const {
 }
 
 template <typename T>
+void Transformer<T>::forward_blocks(const StepContext& ctx, size_t begin, size_t end, ForwardStats& st,
+                                    const std::function<void(const Buffer<T>&, size_t, const std::string&)>& check_finite) {
+  const size_t NM = size_t(N_) * shape_.d_model;
+  for (size_t k = begin; k < end; ++k) {
+    Block& b = blocks_[k];
+    b.ln1.forward(ctx, x_.data(), h_.data(), N_);
+    {
+      ScopedPhase t(ctx.timers, "attention");
+      b.attn.forward(ctx, h_.data(), f_.data(), N_, T_);
+    }
+    add_into(x_.data(), f_.data(), NM);
+    if (b.cross) {
+      b.ln_cross->forward(ctx, x_.data(), h_.data(), N_);
+      ScopedPhase t(ctx.timers, "attention");
+      b.cross->forward(ctx, h_.data(), T_, enc_out_.data(), T_, enc_segment_.data(), f_.data(), N_);
+      add_into(x_.data(), f_.data(), NM);
+    }
+    b.ln2.forward(ctx, x_.data(), h_.data(), N_);
+    if (b.moe) {
+      b.moe->forward(ctx, h_.data(), f_.data(), N_);
+      st.aux_sum += b.moe->stats().aux_sum;
+      st.z_sum += b.moe->stats().z_sum;
+    } else {
+      ScopedPhase t(ctx.timers, "dense_ffn");
+      b.mlp->forward(ctx, h_.data(), f_.data(), N_);
+    }
+    add_into(x_.data(), f_.data(), NM);
+    check_finite(x_, NM, "blocks." + std::to_string(first_block_ + int(k)));
+  }
+}
+
+template <typename T>
 ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBatch& mb, const LossWeights& w,
                                      const T* x_in) {
   T_ = mb.seq_len;
@@ -157,6 +214,36 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   x_.resize(NM);
   h_.resize(NM);
   f_.resize(NM);
+  first_nonfinite_.clear();
+  std::function<void(const Buffer<T>&, size_t, const std::string&)> check_finite =
+      [&](const Buffer<T>& v, size_t n, const std::string& where) {
+        if (first_nonfinite_.empty() && !all_finite(v.data(), n)) first_nonfinite_ = where;
+      };
+  auto poison_if_asked = [&] {  // debug.nan_step: the first activation
+    if (!inject_nan_) return;
+    x_[0] = std::numeric_limits<T>::quiet_NaN();
+    inject_nan_ = false;
+  };
+  ForwardStats st;
+  size_t decoder_begin = 0;  // the first decoder block in blocks_
+  if (encdec()) {
+    // The encoder (docs/ARCHITECTURE.md "Encoder-decoder"): its tokens embedded, its blocks, ln_enc.
+    if (mb.enc_len != T_ || !mb.enc_inputs || !mb.enc_segment || !mb.enc_position || !mb.segment)
+      throw Error("Transformer: model.arch = encdec needs the encoder's tokens, segment ids and positions (enc_len = seq_len)");
+    enc_inputs_.assign(mb.enc_inputs, mb.enc_inputs + N_);
+    enc_segment_.assign(mb.enc_segment, mb.enc_segment + N_);
+    enc_position_.assign(mb.enc_position, mb.enc_position + N_);
+    StepContext enc_ctx = ctx;
+    enc_ctx.segment = enc_segment_.data();
+    enc_ctx.position = enc_position_.data();
+    emb_enc_.forward(enc_ctx, enc_inputs_.data(), x_.data(), N_, T_);
+    poison_if_asked();
+    check_finite(x_, NM, "embed.encoder");
+    decoder_begin = size_t(shape_.encoder_layers);
+    forward_blocks(enc_ctx, 0, decoder_begin, st, check_finite);
+    enc_out_.resize(NM);
+    lne_.forward(enc_ctx, x_.data(), enc_out_.data(), N_);
+  }
 
   if (first_stage()) {
     inputs_.assign(mb.inputs, mb.inputs + N_);  // the batch is host memory; a kernel reads the copy
@@ -164,36 +251,9 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   } else {
     copy_from(x_.data(), x_in, NM);
   }
-  if (inject_nan_) {
-    x_[0] = std::numeric_limits<T>::quiet_NaN();
-    inject_nan_ = false;
-  }
-  first_nonfinite_.clear();
-  auto check_finite = [&](const Buffer<T>& v, size_t n, const std::string& where) {
-    if (first_nonfinite_.empty() && !all_finite(v.data(), n)) first_nonfinite_ = where;
-  };
+  poison_if_asked();
   check_finite(x_, NM, first_stage() ? "embed" : "stage input");
-  ForwardStats st;
-  int block_index = first_block_;
-  for (Block& b : blocks_) {
-    b.ln1.forward(ctx, x_.data(), h_.data(), N_);
-    {
-      ScopedPhase t(ctx.timers, "attention");
-      b.attn.forward(ctx, h_.data(), f_.data(), N_, T_);
-    }
-    add_into(x_.data(), f_.data(), NM);
-    b.ln2.forward(ctx, x_.data(), h_.data(), N_);
-    if (b.moe) {
-      b.moe->forward(ctx, h_.data(), f_.data(), N_);
-      st.aux_sum += b.moe->stats().aux_sum;
-      st.z_sum += b.moe->stats().z_sum;
-    } else {
-      ScopedPhase t(ctx.timers, "dense_ffn");
-      b.mlp->forward(ctx, h_.data(), f_.data(), N_);
-    }
-    add_into(x_.data(), f_.data(), NM);
-    check_finite(x_, NM, "blocks." + std::to_string(block_index++));
-  }
+  forward_blocks(ctx, decoder_begin, blocks_.size(), st, check_finite);
   if (!last_stage()) return st;
   lnf_.forward(ctx, x_.data(), h_.data(), N_);
   ScopedPhase t(ctx.timers, "head_loss");
@@ -226,14 +286,38 @@ void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w, cons
   } else {
     copy_from(d_.data(), d_out, NM);
   }
+  if (grads_final_from && tail_grads_begin_ > 0) grads_final_from(tail_grads_begin_);
+  if (!encdec()) {
+    backward_blocks(ctx, w, 0, blocks_.size());
+    if (first_stage()) emb_.backward(ctx, d_.data(), N_);
+  } else {
+    // The decoder also leaves the gradient of the encoder output (denc_), which then runs back
+    // through ln_enc and the encoder; embed's gradients get both passes.
+    const size_t decoder_begin = size_t(shape_.encoder_layers);
+    denc_.resize(NM);
+    fill_with(denc_.data(), NM, T(0));
+    backward_blocks(ctx, w, decoder_begin, blocks_.size());
+    emb_.backward(ctx, d_.data(), N_);
+    StepContext enc_ctx = ctx;
+    enc_ctx.segment = enc_segment_.data();
+    enc_ctx.position = enc_position_.data();
+    fill_with(d_.data(), NM, T(0));
+    lne_.backward(enc_ctx, denc_.data(), d_.data(), N_);
+    if (grads_final_from) grads_final_from(ln_enc_grads_begin_);
+    backward_blocks(enc_ctx, w, 0, decoder_begin);
+    emb_enc_.backward(enc_ctx, d_.data(), N_);
+  }
+  if (grads_final_from) grads_final_from(0);
+}
+
+template <typename T>
+void Transformer<T>::backward_blocks(const StepContext& ctx, const LossWeights& w, size_t begin, size_t end) {
+  const size_t NM = size_t(N_) * shape_.d_model;
   auto final_from = [&](size_t offset) {
-    if (grads_final_from && offset > 0) grads_final_from(offset);  // 0 once, at the end
+    if (grads_final_from && offset > 0) grads_final_from(offset);  // 0 once, at the end of backward
   };
-  final_from(tail_grads_begin_);
-  size_t block = blocks_.size();
-  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
-    Block& b = *it;
-    --block;
+  for (size_t block = end; block-- > begin;) {
+    Block& b = blocks_[block];
     fill_with(dh_.data(), NM, T(0));
     if (b.moe) {
       b.moe->backward(ctx, d_.data(), dh_.data(), N_, w.aux, w.z);
@@ -243,6 +327,15 @@ void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w, cons
     }
     final_from(block_grads_[block].ffn);
     b.ln2.backward(ctx, dh_.data(), d_.data(), N_);  // d_ = residual grad + ln2 path
+    if (b.cross) {
+      fill_with(dh_.data(), NM, T(0));
+      {
+        ScopedPhase t(ctx.timers, "attention");
+        b.cross->backward(ctx, d_.data(), dh_.data(), denc_.data(), N_);
+      }
+      final_from(block_grads_[block].cross);
+      b.ln_cross->backward(ctx, dh_.data(), d_.data(), N_);
+    }
     fill_with(dh_.data(), NM, T(0));
     {
       ScopedPhase t(ctx.timers, "attention");
@@ -252,8 +345,6 @@ void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w, cons
     b.ln1.backward(ctx, dh_.data(), d_.data(), N_);
     final_from(block_grads_[block].block);
   }
-  if (first_stage()) emb_.backward(ctx, d_.data(), N_);
-  if (grads_final_from) grads_final_from(0);
 }
 
 template class Transformer<float>;

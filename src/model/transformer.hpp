@@ -2,6 +2,11 @@
 // self-attention and a feed-forward that is dense or MoE (every moe.every-th block, as GShard and
 // Switch), final LayerNorm, output projection (tied or untied) and the masked cross-entropy.
 //   block:  x += attn(ln1(x));  x += ffn(ln2(x))
+// model.arch = "encdec" (docs/ARCHITECTURE.md "Encoder-decoder"): blocks [0, L) are the encoder's
+// (bidirectional self-attention), then ln_enc gives the encoder output; blocks [L, 2L) are the
+// decoder's, each with a cross-attention to that output between its self-attention and its
+// feed-forward; one token and position embedding serves both stacks and (tied) the head.
+//   decoder block:  x += attn(ln1(x));  x += cross(ln_cross(x), enc);  x += ffn(ln2(x))
 // The model is defined without the mesh (DESIGN.md principle 1): it sees only this rank's tokens
 // and the weights that make the losses of the whole step exact ("sum then scale").
 #pragma once
@@ -16,6 +21,7 @@
 #include "mesh/comm.hpp"
 #include "model/attention.hpp"
 #include "model/context.hpp"
+#include "model/cross_attention.hpp"
 #include "model/cross_entropy.hpp"
 #include "model/embedding.hpp"
 #include "model/layernorm.hpp"
@@ -50,6 +56,12 @@ struct MicroBatch {
   // Packed examples (Batch::segment, Batch::position) [B, T]; null: one example per sequence.
   const int32_t* segment = nullptr;
   const int32_t* position = nullptr;
+  // encdec (Batch::enc_*; the fields above are then the decoder's): the encoder sequences of
+  // enc_len (= seq_len) tokens [B, enc_len], their segment ids (the decoder's example ids) and positions.
+  int enc_len = 0;
+  const int32_t* enc_inputs = nullptr;
+  const int32_t* enc_segment = nullptr;
+  const int32_t* enc_position = nullptr;
 };
 
 // Weights that turn this rank's sums into the step's means (sum then scale), the same on every rank.
@@ -73,7 +85,9 @@ class Transformer {
   struct Block {
     Block(const Config& cfg, const ShapeTable& table, int index, const ModelSharding& sh);
     LayerNorm<T> ln1, ln2;
-    CausalSelfAttention<T> attn;
+    CausalSelfAttention<T> attn;                 // bidirectional in an encoder block
+    std::unique_ptr<LayerNorm<T>> ln_cross;      // decoder blocks of encdec: the cross-attention
+    std::unique_ptr<CrossAttention<T>> cross;    // and its LayerNorm
     std::unique_ptr<MLP<T>> mlp;       // dense feed-forward, or
     std::unique_ptr<MoeLayer<T>> moe;  // MoE feed-forward
   };
@@ -97,9 +111,17 @@ class Transformer {
     f(N_);
     f(T_);
     if (first_stage()) emb_.saved_state(f);
+    if (encdec()) {
+      emb_enc_.saved_state(f);
+      lne_.saved_state(f);
+    }
     for (Block& b : blocks_) {
       b.ln1.saved_state(f);
       b.attn.saved_state(f);
+      if (b.cross) {
+        b.ln_cross->saved_state(f);
+        b.cross->saved_state(f);
+      }
       b.ln2.saved_state(f);
       if (b.moe)
         b.moe->saved_state(f);
@@ -135,6 +157,7 @@ class Transformer {
   ParamView<T>* tied_copy() { return (!first_stage() && last_stage() && cfg_.model.tied_embeddings) ? &wte_copy_ : nullptr; }
 
   const ModelShape& shape() const { return shape_; }
+  bool encdec() const { return shape_.encoder_layers > 0; }
   ParamStore<T>& params() { return params_; }
   const ParamStore<T>& params() const { return params_; }
   std::deque<Block>& blocks() { return blocks_; }
@@ -149,13 +172,21 @@ class Transformer {
   ModelShape shape_;
   ParamStore<T> params_;
   Embedding<T> emb_;          // first stage only
+  Embedding<T> emb_enc_;      // encdec: the encoder's pass through emb_'s weights
+  LayerNorm<T> lne_;          // encdec: ln_enc, the encoder's final LayerNorm
   ParamView<T> wte_copy_;     // last stage with tied embeddings and pipe > 1: "embed.wte" again
   std::deque<Block> blocks_;  // deque: layers must not move after declare()
   int first_block_ = 0;
   void check_registered(const ShapeTable& table) const;
   struct BlockGrads {
-    size_t block, attn, ffn;  // flat offsets of the block's, its attention's and its FFN's parameters
+    size_t block, attn, cross, ffn;  // flat offsets of the block's, its attention's, cross-attention's, FFN's parameters
   };
+  size_t ln_enc_grads_begin_ = 0;        // encdec: flat offset of ln_enc
+  // Forward of blocks_[begin, end) on x_ (ctx: their tokens' segments); stats and finiteness as forward.
+  void forward_blocks(const StepContext& ctx, size_t begin, size_t end, ForwardStats& st,
+                      const std::function<void(const Buffer<T>&, size_t, const std::string&)>& check_finite);
+  // Backward of blocks_[begin, end), last first, on d_ (grads_final_from as backward).
+  void backward_blocks(const StepContext& ctx, const LossWeights& w, size_t begin, size_t end);
   std::vector<BlockGrads> block_grads_;  // for grads_final_from
   size_t tail_grads_begin_ = 0;          // flat offset of ln_f (last stage), else the buffer's end
   LayerNorm<T> lnf_;
@@ -168,6 +199,8 @@ class Transformer {
   int N_ = 0, T_ = 0;
   Buffer<T> x_, h_, f_, logits_, d_, dh_;
   Buffer<int32_t> inputs_, targets_, segment_, position_;  // device-readable copies of the micro-batch
+  Buffer<T> enc_out_, denc_;                                 // encdec: encoder output [N, M], its gradient
+  Buffer<int32_t> enc_inputs_, enc_segment_, enc_position_;  // encdec: the encoder's tokens
   Buffer<T> mask_;
 };
 

@@ -23,10 +23,14 @@ struct Micro {
   StepContext ctx;
   MicroBatch view() const {
     const bool packed = !rows.segment.empty();
-    return MicroBatch{rows.rows,        rows.seq_len,
-                      rows.inputs.data(), rows.targets.data(),
-                      rows.mask.data(), packed ? rows.segment.data() : nullptr,
-                      packed ? rows.position.data() : nullptr};
+    MicroBatch mb{rows.rows,        rows.seq_len,
+                  rows.inputs.data(), rows.targets.data(),
+                  rows.mask.data(), packed ? rows.segment.data() : nullptr,
+                  packed ? rows.position.data() : nullptr};
+    if (rows.enc_len > 0)
+      mb.enc_len = rows.enc_len, mb.enc_inputs = rows.enc_inputs.data(), mb.enc_segment = rows.enc_segment.data(),
+      mb.enc_position = rows.enc_position.data();
+    return mb;
   }
 };
 

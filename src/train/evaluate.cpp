@@ -18,7 +18,7 @@ Evaluation evaluate(const Dataset& set, size_t languages, const Config& cfg, int
   const int B = int(cfg.optim.batch_size), T = int(cfg.model.seq_len);
   const size_t L = languages;
   const bool whole_subset = cfg.eval.examples_per_language > 0;
-  Batcher batcher(set, T, uint64_t(cfg.run.seed), !whole_subset);
+  Batcher batcher(set, T, uint64_t(cfg.run.seed), !whole_subset, 1.0, cfg.model.arch);
   Evaluation e;
   std::vector<double> sums(2 + 2 * L, 0.0);  // loss, tokens, per-language loss, per-language tokens
   for (int64_t b = 0; whole_subset ? batcher.cursor().epoch == 0 : b < cfg.eval.batches; ++b) {

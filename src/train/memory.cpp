@@ -184,7 +184,7 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
       {"stage buffers", {LayerKind::Stage}},
       {"embedding", {LayerKind::Embedding}},
       {"layernorms", {LayerKind::LayerNorm}},
-      {"attention", {LayerKind::Attention}},
+      {"attention", {LayerKind::Attention, LayerKind::CrossAttention}},
       {"dense ffn", {LayerKind::DenseFfn}},
       {"moe", {LayerKind::Router, LayerKind::Dispatcher, LayerKind::Experts}},
       {"head + loss", {LayerKind::Head}}};
@@ -313,7 +313,9 @@ MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mes
   for (int n = 0; n < N; ++n) position[n] = n % T;
   std::vector<float> mask(N, 1.0f), x_in(size_t(N) * M), d_out(size_t(N) * M);
   for (size_t i = 0; i < x_in.size(); ++i) x_in[i] = float(std::sin(0.37 * double(i))), d_out[i] = 1e-3f * float(std::cos(0.11 * double(i)));
-  const MicroBatch mb{rows, T, inputs.data(), targets.data(), mask.data(), segment.data(), position.data()};
+  MicroBatch mb{rows, T, inputs.data(), targets.data(), mask.data(), segment.data(), position.data()};
+  if (cfg.model.arch == ModelArch::EncDec)  // the encoder reads the same dummy tokens
+    mb.enc_len = T, mb.enc_inputs = inputs.data(), mb.enc_segment = segment.data(), mb.enc_position = position.data();
   StepContext ctx;
   ctx.seed = uint64_t(cfg.run.seed);
   ctx.step = 1;

@@ -56,7 +56,9 @@ TooLong check_eval_split(const Config& cfg, const Dataset& valid, const Dataset&
   // An evaluation's Batcher refuses a set whose every example it would drop: found at the first
   // evaluation, that would cost every step before it.
   const int T = int(cfg.model.seq_len);
-  return cfg.eval.every > 0 ? check_examples_fit(eval_set, T) : count_too_long(eval_set.split(), T);
+  const ModelArch arch = cfg.model.arch;
+  return cfg.eval.every > 0 ? check_examples_fit(eval_set, T, arch)
+                            : count_too_long(eval_set.split(), T, arch, eval_set.info().sep_id);
 }
 
 }  // namespace meshmoe

@@ -73,7 +73,7 @@ class Trainer {
                                 });
     schedule_ = Schedule::from_config(cfg_);
     batcher_ = std::make_unique<Batcher>(train_, int(cfg_.model.seq_len), uint64_t(cfg_.run.seed), cfg_.data.shuffle,
-                                         cfg_.data.temperature);
+                                         cfg_.data.temperature, cfg_.model.arch);
     progress_.lang_tokens.assign(train_.info().languages.size(), 0);
     train_too_long_ = batcher_->too_long();
     checkpoints_ = std::make_unique<RunCheckpoints>(deck, version_, mesh, run_dir_, std::move(data_identity),

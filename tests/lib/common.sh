@@ -23,6 +23,21 @@ tiny_data() {
   "$M" prep text -q --max-len 17 "$@" -o "$dir/data.h5" >/dev/null
 }
 
+# tiny_pairs DIR [N]: DIR/data.h5, a small translation data set made with `meshmoe prep gettext`
+# from a generated catalog of N (default 64) pairs of the reverse task: each English msgid is a
+# word of 3-6 letters, its "translation" the same letters reversed (language "rv"), so every
+# example is `<rv> reversed SEP word EOS` (for model.arch = "encdec"; needs msgfmt).
+tiny_pairs() {
+  local dir=$1 n=${2:-64}
+  mkdir -p "$dir/locale/rv/LC_MESSAGES"
+  awk -v n="$n" 'BEGIN { srand(11); printf "msgid \"\"\nmsgstr \"Content-Type: text/plain; charset=UTF-8\\n\"\n";
+    for (i = 0; i < n; ++i) { len = 3 + int(rand() * 4); w = ""; for (j = 0; j < len; ++j) w = w sprintf("%c", 97 + int(rand() * 26));
+      r = ""; for (j = len; j > 0; --j) r = r substr(w, j, 1); if (w in seen) continue; seen[w] = 1;
+      printf "\nmsgid \"%s\"\nmsgstr \"%s\"\n", w, r } }' >"$dir/pairs.po"
+  msgfmt -o "$dir/locale/rv/LC_MESSAGES/pairs.mo" "$dir/pairs.po"
+  "$M" prep gettext -q --root "$dir/locale" --valid-percent 10 -o "$dir/data.h5" >/dev/null
+}
+
 # fail MESSAGE...: prints "FAIL: MESSAGE" and ends the test with exit code 1.
 fail() { echo "FAIL: $*"; exit 1; }
 

@@ -7,6 +7,10 @@ independently of the C++ code, and compares. Written from the papers and the lay
 math, not from the C++ loops:
   - pre-LN decoder blocks: x += dropout(attn(ln1(x))); x += ffn(ln2(x)); final LN; head x W^T
     (W = the token embedding when tied); masked cross-entropy, "sum then scale" weights;
+  - encoder-decoder (arch "encdec", Vaswani et al. 2017 with pre-LN): encoder blocks 0..L-1 with
+    bidirectional self-attention within each packed example, ln_enc; decoder blocks L..2L-1 with
+    x += dropout(cross(ln_cross(x), enc)) after the self-attention, the queries of example s seeing
+    the encoder tokens of example s; MoE every moe_every-th block of each stack;
   - MoE routing in GShard's dense one-hot einsum form (Algorithm 2): dispatch and combine tensors
     [G, S, E, C] built from this script's own routing decisions (top-k with capacity per group in
     choice-then-token order, random routing of the second expert (GShard 2.2), threshold routing,
@@ -42,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from optim_reference import PaperAdafactor, schedule  # noqa: E402
 from philox import DROPOUT, EXPERT_DROPOUT, JITTER, SECOND_EXPERT, Rng  # noqa: E402
 
-CASES = ["dense_relu", "switch_top1", "gshard_top2", "geglu_untied", "top2_ntlb"]
+CASES = ["dense_relu", "switch_top1", "gshard_top2", "geglu_untied", "encdec_top2", "top2_ntlb"]
 CLIP_COUNTS = []  # fraction of clipped steps of every training run
 TOL_LOGITS, TOL_SCALAR, TOL_GRAD_REL, TOL_GRAD_ABS, TOL_CURVE, TOL_LR = 1e-5, 1e-5, 1e-4, 1e-7, 1e-4, 1e-12
 
@@ -59,8 +63,16 @@ class Cfg:
     def k(self):
         return {"top1": 1, "top2": 2}.get(self.router, self.top_k)
 
+    def encoder_layers(self):
+        return self.num_layers if self.arch == "encdec" else 0
+
+    def blocks(self):
+        return self.num_layers + self.encoder_layers()
+
     def is_moe(self, i):
-        return self.moe_every > 0 and (i + 1) % self.moe_every == 0
+        """Block i (global index); the rule counts within each stack."""
+        j = i - self.encoder_layers() if i >= self.encoder_layers() else i
+        return self.moe_every > 0 and (j + 1) % self.moe_every == 0
 
     def capacity(self):
         """C = ceil(k S cf / E) forgiving 1e-9 relative rounding, in [1, S]; dropless: S (DESIGN.md)."""
@@ -109,21 +121,28 @@ def activation(name, pre, H):
     return F.gelu(pre[..., :H]) * pre[..., H:]  # geglu: gelu(first H) * linear gate (last H)
 
 
-def attention(x, P, pre, cfg, B, T, segment):
-    """Causal multi-head self-attention, no biases; column head*D + d of wq/wk/wv. segment [B, T]:
-    a query sees the keys up to itself in its own packed example."""
+def attention(x, P, pre, cfg, B, T, segment, causal=True, kv=None, kv_segment=None):
+    """Multi-head attention, no biases; column head*D + d of wq/wk/wv. segment [B, T]: a query sees
+    the keys of its own packed example, up to itself when causal. Cross-attention: keys and values
+    from kv [B*Tk, M] with segment ids kv_segment [B, Tk]; a query with no key gets zeros."""
     M, Hh = cfg.d_model, cfg.num_heads
     D = M // Hh
+    if kv is None:
+        kv, kv_segment = x, segment
+    Tk = kv_segment.shape[1]
 
-    def heads(w):
-        return (x @ P[pre + w]).view(B, T, Hh, D).transpose(1, 2)  # [B, H, T, D]
+    def heads(src, w, n):
+        return (src @ P[pre + w]).view(B, n, Hh, D).transpose(1, 2)  # [B, H, n, D]
 
-    q, k, v = heads(".wq"), heads(".wk"), heads(".wv")
+    q, k, v = heads(x, ".wq", T), heads(kv, ".wk", Tk), heads(kv, ".wv", Tk)
     s = (q @ k.transpose(-1, -2)) * np.float32(1.0 / math.sqrt(D))
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
     seg = torch.from_numpy(segment.astype(np.int64))
-    seen = causal & (seg[:, :, None] == seg[:, None, :])  # [B, T, T]
+    kseg = torch.from_numpy(kv_segment.astype(np.int64))
+    seen = seg[:, :, None] == kseg[:, None, :]  # [B, T, Tk]
+    if causal:
+        seen = seen & torch.ones(T, Tk, dtype=torch.bool).tril()
     p = torch.softmax(s.masked_fill(~seen[:, None], float("-inf")), dim=-1)
+    p = torch.where(seen[:, None].any(-1, keepdim=True), p, torch.zeros_like(p))
     o = (p @ v).transpose(1, 2).reshape(B * T, M)
     return o @ P[pre + ".wo"]
 
@@ -244,26 +263,46 @@ def example_positions(segment):
     return pos
 
 
-def forward(P, cfg, inputs, targets, mask, segment, ctx):
-    """Returns logits [N, V], ce_sum (fp32 tensor), aux_sum, z_sum (fp64 tensors), routing list."""
+def forward(P, cfg, inputs, targets, mask, segment, ctx, enc_inputs=None, enc_segment=None):
+    """Returns logits [N, V], ce_sum (fp32 tensor), aux_sum, z_sum (fp64 tensors), routing list.
+    encdec: enc_inputs, enc_segment [B, T] are the encoder side (inputs etc. the decoder's)."""
     B, T = inputs.shape
     N, M = B * T, cfg.d_model
-    tok = torch.from_numpy(inputs.reshape(-1).astype(np.int64))
-    x = P["embed.wte"][tok] + P["embed.wpe"][torch.from_numpy(example_positions(segment).reshape(-1))]
     aux = torch.zeros((), dtype=torch.float64)
     z = torch.zeros((), dtype=torch.float64)
     routing = []
     ln = lambda v, p: F.layer_norm(v, (M,), P[p + ".gain"], P[p + ".bias"], cfg.layernorm_eps)  # noqa: E731
-    for i in range(cfg.num_layers):
+
+    def embed(tokens, seg):
+        tok = torch.from_numpy(tokens.reshape(-1).astype(np.int64))
+        return P["embed.wte"][tok] + P["embed.wpe"][torch.from_numpy(example_positions(seg).reshape(-1))]
+
+    def block(x, i, seg, causal, enc=None):
+        nonlocal aux, z
         b = f"blocks.{i}"
-        x = x + dropout(attention(ln(x, b + ".ln1"), P, b + ".attn", cfg, B, T, segment), ctx, 16 * i + 1, cfg.dropout)
+        x = x + dropout(attention(ln(x, b + ".ln1"), P, b + ".attn", cfg, B, T, seg, causal), ctx, 16 * i + 1,
+                        cfg.dropout)
+        if enc is not None:
+            c = attention(ln(x, b + ".ln_cross"), P, b + ".cross", cfg, B, T, seg, False, enc, enc_segment)
+            x = x + dropout(c, ctx, 16 * i + 4, cfg.dropout)
         h = ln(x, b + ".ln2")
         if cfg.is_moe(i):
             f, a, zz = moe(h, P, b + ".moe", cfg, ctx, 16 * i + 3, routing)
             aux, z = aux + a, z + zz
         else:
             f = dropout(mlp(h, P, b + ".mlp", cfg), ctx, 16 * i + 2, cfg.dropout)
-        x = x + f
+        return x + f
+
+    L_enc = cfg.encoder_layers()
+    enc = None
+    if L_enc:
+        e = embed(enc_inputs, enc_segment)
+        for i in range(L_enc):
+            e = block(e, i, enc_segment, False)
+        enc = ln(e, "ln_enc")
+    x = embed(inputs, segment)
+    for i in range(L_enc, cfg.blocks()):
+        x = block(x, i, segment, True, enc)
     W = P["embed.wte"] if cfg.tied_embeddings else P["head.wout"]
     logits = ln(x, "ln_f") @ W.t()
     m = torch.from_numpy(mask.reshape(-1).astype(np.float32))
@@ -298,6 +337,7 @@ def check_case(path, case):
         init = {n: f["params"][n][()] for n in f["params"]}
         no_wd = {n for n in f["params"] if int(f["params"][n].attrs["no_weight_decay"])}
         inputs, targets, mask, segment = (f["batch"][k][()] for k in ("inputs", "targets", "mask", "segment"))
+        enc_batch = [f["batch"][k][()] for k in ("enc_inputs", "enc_segment")] if cfg.arch == "encdec" else []
         c = f["ctx"].attrs
         ctx = Ctx(c["seed"], c["step"], c["token_offset"])
         out = dict(f["out"].attrs)
@@ -306,22 +346,24 @@ def check_case(path, case):
         cpp_routing = {int(b[len("block"):]): (f["routing"][b]["expert"][()], f["routing"][b]["slot"][()])
                        for b in (f["routing"] if "routing" in f else [])}
         batches = [f["train/batches"][k][()] for k in ("inputs", "targets", "mask", "segment")]
+        if cfg.arch == "encdec":
+            batches += [f["train/batches"][k][()] for k in ("enc_inputs", "enc_segment")]
         curves = {o: {k: f["train"][o][k][()] for k in ("loss", "grad_norm", "lr")} for o in ("adamw", "adafactor")}
         peaks = {o: (float(f["train"][o].attrs["lr_peak"]), f["train"][o].attrs["schedule"]) for o in curves}
     moe_desc = (f"moe every {cfg.moe_every}: E={cfg.num_experts} router={cfg.router} k={cfg.k()} C={cfg.capacity()} "
                 f"second={cfg.second_expert} expert_dropout={cfg.expert_dropout} jitter={cfg.jitter_eps} "
                 f"ntlb={cfg.no_token_left_behind}" if cfg.moe_every > 0 else "dense")
-    print(f"{case}: layers={cfg.num_layers} act={cfg.activation} tied={cfg.tied_embeddings} dropout={cfg.dropout} "
+    print(f"{case}: arch={cfg.arch} layers={cfg.num_layers} act={cfg.activation} tied={cfg.tied_embeddings} dropout={cfg.dropout} "
           f"{moe_desc}")
 
     # --- one forward/backward
     P = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
-    logits, ce, aux, z, routing = forward(P, cfg, inputs, targets, mask, segment, ctx)
+    logits, ce, aux, z, routing = forward(P, cfg, inputs, targets, mask, segment, ctx, *enc_batch)
     w_ce, w_aux, w_z = loss_weights(cfg, mask)
     loss = ce.double() * w_ce + aux * w_aux + z * w_z
     loss.backward()
 
-    moe_blocks = [i for i in range(cfg.num_layers) if cfg.is_moe(i)]
+    moe_blocks = [i for i in range(cfg.blocks()) if cfg.is_moe(i)]
     bad = 0
     if sorted(cpp_routing) != moe_blocks:
         bad = 1
@@ -385,10 +427,10 @@ def check_case(path, case):
             opt = PaperAdafactor(shadow, cfg.adafactor_decay, cfg.adafactor_eps, cfg.adafactor_clip)
         losses, norms, lrs = [], [], []
         for t in range(1, steps + 1):
-            bi, bt, bm, bs = (a[t - 1] for a in batches)
+            bi, bt, bm, bs, *benc = (a[t - 1] for a in batches)
             for p in plist:
                 p.grad = None
-            lg, ce, aux, z, _ = forward(P, cfg, bi, bt, bm, bs, Ctx(cfg.seed, t, 0))
+            lg, ce, aux, z, _ = forward(P, cfg, bi, bt, bm, bs, Ctx(cfg.seed, t, 0), *benc)
             w_ce, w_aux, w_z = loss_weights(cfg, bm)
             loss = ce.double() * w_ce + aux * w_aux + z * w_z
             loss.backward()

@@ -7,7 +7,8 @@
 #     key by key, a change of model shape refused naming the key;
 #   a corrupted newest checkpoint: reported, the previous one used, and the run still finishes;
 #   SIGUSR1 to one rank mid-run: exit 75 with a checkpoint, and the resumed run ends equal to the
-#     uninterrupted one.
+#     uninterrupted one;
+#   model.arch = "encdec": exact resume on data=2, and resharded onto tensor=2 within 1e-5.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -143,4 +144,17 @@ stopped=$(sed -n 's/^checkpoint step \([0-9]*\):.*/\1/p' "$T/signal.log" | tail 
 train 2 signal --set mesh.data=2 --set checkpoint.every=0 --set run.steps=$((stopped + 10))
 train 2 signal-straight --set mesh.data=2 --set run.steps=$((stopped + 10)) --set checkpoint.every=0
 compare signal-straight signal 0 || fail "resume after the signal differs"
+echo "== encdec resume"
+mkdir -p "$T/pairs"
+tiny_pairs "$T/pairs"
+encdec=(--set model.arch=encdec --set data.path="$T/pairs/data.h5")
+train 2 encdec-straight --set mesh.data=2 "${encdec[@]}"
+train 2 encdec-split --set mesh.data=2 --set run.steps=10 "${encdec[@]}"
+cp -r "$T/encdec-split" "$T/encdec-to-t2"; : > "$T/encdec-to-t2.log"
+train 2 encdec-split --set mesh.data=2 "${encdec[@]}"
+grep -q "resuming from .*step_00000010.h5: step 10" "$T/encdec-split.log" || fail "encdec run did not resume from step 10"
+compare encdec-straight encdec-split 0 || fail "encdec exact resume differs"
+train 2 encdec-to-t2 --set mesh.tensor=2 "${encdec[@]}"
+grep -q "resuming from .*step 10 (written on mesh pipe=1 x data=2 x tensor=1" "$T/encdec-to-t2.log" || fail "encdec-to-t2 did not resume"
+compare encdec-straight encdec-to-t2 1e-5 || fail "encdec resharded resume differs"
 echo "all ok"

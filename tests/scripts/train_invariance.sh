@@ -3,7 +3,8 @@
 # aux loss and gradient norm within 1e-5 relative of the single-rank run, and identical per-expert
 # loads (DESIGN.md principle 1; the central test of issue 4, here for the data axis, gradient
 # accumulation, the tensor axis, pipeline stages on the 1F1B schedule, tied and untied
-# embeddings, and both optimizers). Also checks that a run writes deck.toml and a complete metrics.h5.
+# embeddings, both optimizers, and the encoder-decoder model). Also checks that a run writes deck.toml
+# and a complete metrics.h5.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -107,6 +108,27 @@ for k in d2 d4 p2d2; do
   done
   exact+="buckets0-$k:buckets0.0001-$k "
 done
+# model.arch = "encdec": the GShard and Pipeline-MoE models as encoder-decoders on a reverse-task
+# translation set, on every mesh without a pipeline; mesh.pipe > 1 is refused for encdec, named.
+mkdir -p "$T/pairs"
+tiny_pairs "$T/pairs"
+encdec="--set model.arch=encdec --set data.path=$T/pairs/data.h5 --set optim.micro_batches=2"
+for k in 1 d2 d4 t2 d2t2; do
+  # shellcheck disable=SC2086
+  train_or_fail "encdec-$k" ${mesh[$k]} $encdec ${model[gshard]}
+  [ "$k" = 1 ] || pairs+="encdec-1:encdec-$k "
+done
+# shellcheck disable=SC2086
+train_or_fail encdec-pmoe-1 1 $encdec ${model[pmoe]}
+# shellcheck disable=SC2086
+train_or_fail encdec-pmoe-t2 2 --set mesh.tensor=2 $encdec ${model[pmoe]}
+pairs+="encdec-pmoe-1:encdec-pmoe-t2 "
+# shellcheck disable=SC2086
+if mpirun -np 2 "$M" train "$T/deck.toml" --set run.out_dir="$T/encdec-p2" --set mesh.pipe=2 $encdec >"$T/encdec-p2.log" 2>&1 ||
+  ! grep -q 'model.arch = "encdec" does not run with mesh.pipe = 2' "$T/encdec-p2.log"; then
+  cat "$T/encdec-p2.log"
+  fail "encdec with mesh.pipe = 2 was not refused with its message"
+fi
 export PAIRS=$pairs EXACT=$exact
 for r in ref gshard-d2 pmoe-p2t2; do [ -s "$T/$r/deck.toml" ] || fail "no deck.toml in $r"; done
 $PYTHON - "$T" <<'PY'

@@ -585,6 +585,60 @@ TEST_CASE("batcher: a target in the next example never counts, even when its dat
   CHECK(x.position == std::vector<int32_t>{0, 1, 2, 0, 1, 2, 3, 0});
 }
 
+TEST_CASE("batcher encdec: split at SEP, both sides packed with matching segments (hand-computed)", "[data]") {
+  // seq_len 6 on each side. Examples [tag s.. SEP t.. EOS], loss on t.. and EOS:
+  //   A: 260 1 2 SEP 11 12 EOS     encoder 260 1 2 (3)        decoder BOS 11 12 -> 11 12 EOS (3)
+  //   B: 260 3 SEP 13 EOS          encoder 260 3 (2)          decoder BOS 13 -> 13 EOS (2)
+  //   C: 260 4..10 SEP 14 EOS      source 8 > 6: encoder 260 4..8 (6, cut 9 10), decoder 2
+  //   D: 260 5 SEP 21..26 EOS      target 7 > 6: dropped
+  //   F: 260 SEP 15 EOS ... tag only as its source: encoder 260 (1), decoder 2
+  // Row 0: A + B (encoder 5, decoder 5); C does not fit beside them. Row 1: C alone (encoder full).
+  // Row 2: D dropped, F, then epoch 1: A (encoder 1 + 3, decoder 2 + 3), B does not fit.
+  const int32_t S = Tokenizer::kSep, E = Tokenizer::kEos, P = Tokenizer::kPad, G = Tokenizer::kBos;
+  DatasetInfo info;
+  info.languages = {"de"};
+  info.vocab_size = 261;
+  DataSplit s;
+  s.add_example({260, 1, 2, S, 11, 12, E}, {0, 0, 0, 0, 1, 1, 1}, 0);
+  s.add_example({260, 3, S, 13, E}, {0, 0, 0, 1, 1}, 0);
+  s.add_example({260, 4, 5, 6, 7, 8, 9, 10, S, 14, E}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1}, 0);
+  s.add_example({260, 5, S, 21, 22, 23, 24, 25, 26, E}, {0, 0, 0, 1, 1, 1, 1, 1, 1, 1}, 0);
+  s.add_example({260, S, 15, E}, {0, 0, 1, 1}, 0);
+  info.train_pairs = {5};
+  info.valid_pairs = {0};
+  const Dataset ds = Dataset::from_memory(info, s);
+  const TooLong t = count_too_long(ds.split(), 6, ModelArch::EncDec);
+  CHECK(t.truncated == 1);
+  CHECK(t.dropped == 1);
+  CHECK(fit_encdec_example(ds.split(), 2, 6, S).cut == 2);
+  Batcher b(ds, 6, 1, false, 1.0, ModelArch::EncDec);
+  const Batch x = b.next(3);
+  REQUIRE(x.enc_len == 6);
+  REQUIRE(x.seq_len == 6);
+  CHECK(x.enc_inputs == std::vector<int32_t>{260, 1, 2, 260, 3, P, /**/ 260, 4, 5, 6, 7, 8, /**/ 260, 260, 1, 2, P, P});
+  CHECK(x.enc_segment == std::vector<int32_t>{0, 0, 0, 1, 1, 2, /**/ 0, 0, 0, 0, 0, 0, /**/ 0, 1, 1, 1, 2, 2});
+  CHECK(x.enc_position == std::vector<int32_t>{0, 1, 2, 0, 1, 0, /**/ 0, 1, 2, 3, 4, 5, /**/ 0, 0, 1, 2, 0, 1});
+  CHECK(x.inputs == std::vector<int32_t>{G, 11, 12, G, 13, P, /**/ G, 14, P, P, P, P, /**/ G, 15, G, 11, 12, P});
+  CHECK(x.targets == std::vector<int32_t>{11, 12, E, 13, E, P, /**/ 14, E, P, P, P, P, /**/ 15, E, 11, 12, E, P});
+  CHECK(x.mask == std::vector<float>{1, 1, 1, 1, 1, 0, /**/ 1, 1, 0, 0, 0, 0, /**/ 1, 1, 1, 1, 1, 0});
+  CHECK(x.segment == std::vector<int32_t>{0, 0, 0, 1, 1, 2, /**/ 0, 0, 1, 1, 1, 1, /**/ 0, 0, 1, 1, 1, 2});
+  CHECK(x.position == std::vector<int32_t>{0, 1, 2, 0, 1, 0, /**/ 0, 1, 0, 1, 2, 3, /**/ 0, 1, 0, 1, 2, 0});
+  CHECK(x.lang == std::vector<int32_t>{0, 0, 0, 0, 0, -1, /**/ 0, 0, -1, -1, -1, -1, /**/ 0, 0, 0, 0, 0, -1});
+  CHECK(b.cursor() == DataCursor{1, 1});
+  // A rank's slice holds its rows of both sides.
+  const Batch r1 = x.slice(1, 2);
+  CHECK(r1.enc_inputs == std::vector<int32_t>{260, 4, 5, 6, 7, 8});
+  CHECK(r1.inputs == std::vector<int32_t>{G, 14, P, P, P, P});
+  // The decoder-only batcher is untouched by the arch of the same data: no encoder fields.
+  CHECK(Batcher(ds, 12, 1, false).next(1).enc_len == 0);
+  // Examples without SEP (prep text) cannot be split: refused, named.
+  DataSplit text;
+  text.add_example({260, 1, 2, E}, {0, 1, 1, 1}, 0);
+  info.train_pairs = {1};
+  const Dataset no_sep = Dataset::from_memory(info, text);
+  CHECK_THROWS_WITH(Batcher(no_sep, 6, 1, false, 1.0, ModelArch::EncDec), Catch::Contains("has no SEP"));
+}
+
 TEST_CASE("batcher: seeded order, cursor restore, rank slices", "[data]") {
   std::vector<int> lengths;
   const Rng rng{3, 0, 0, RngPurpose::Test};

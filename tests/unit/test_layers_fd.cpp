@@ -15,6 +15,7 @@
 
 #include "model/activation.hpp"
 #include "model/attention.hpp"
+#include "model/cross_attention.hpp"
 #include "model/cross_entropy.hpp"
 #include "model/dropout.hpp"
 #include "model/embedding.hpp"
@@ -331,39 +332,80 @@ TEST_CASE("embedding and output head: float vs double", "[layers]") {
 
 // ---------------------------------------------------------------------------------------------
 namespace {
-// Naive causal attention: loops only, no gemm (independent of the layer's indexing).
-// segment [N] (packed examples) or null: key j is seen by query i when j <= i in the same segment.
-std::vector<double> naive_attention(const std::vector<double>& x, const CausalSelfAttention<double>& a, int N,
-                                    int T, int M, int H, const int32_t* segment = nullptr) {
-  const int D = M / H, B = N / T;
-  auto proj = [&](const double* W, int n, int c) {
+// Naive attention: loops only, no gemm (independent of the layers' indexing). Queries from xq
+// (B rows of Tq tokens), keys and values from xkv (B rows of Tk tokens). Query i sees key j when
+// (causal: j <= i) and, with segment ids, qseg[b*Tq + i] == kseg[b*Tk + j]; a query that sees no
+// key gets a zero attention output.
+std::vector<double> naive_attention_qkv(const std::vector<double>& xq, int Tq, const std::vector<double>& xkv, int Tk,
+                                        const ParamView<double>& wq, const ParamView<double>& wk,
+                                        const ParamView<double>& wv, const ParamView<double>& wo, int B, int M, int H,
+                                        bool causal, const int32_t* qseg, const int32_t* kseg) {
+  const int D = M / H;
+  auto proj = [&](const std::vector<double>& x, const double* W, int n, int c) {
     double s = 0;
     for (int m = 0; m < M; ++m) s += x[n * M + m] * W[m * M + c];
     return s;
   };
-  std::vector<double> att(size_t(N) * M, 0.0), y(size_t(N) * M, 0.0);
+  std::vector<double> att(size_t(B) * Tq * M, 0.0), y(size_t(B) * Tq * M, 0.0);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
-      for (int i = 0; i < T; ++i) {
-        std::vector<double> s(i + 1);
+      for (int i = 0; i < Tq; ++i) {
+        std::vector<double> s(Tk, 0.0);
         double mx = -1e300;
-        auto seen = [&](int j) { return !segment || segment[b * T + j] == segment[b * T + i]; };
-        for (int j = 0; j <= i; ++j) {
+        auto seen = [&](int j) { return (!causal || j <= i) && (!qseg || kseg[b * Tk + j] == qseg[b * Tq + i]); };
+        for (int j = 0; j < Tk; ++j) {
           if (!seen(j)) continue;
           double q_k = 0;
-          for (int d = 0; d < D; ++d) q_k += proj(a.wq.w, b * T + i, h * D + d) * proj(a.wk.w, b * T + j, h * D + d);
+          for (int d = 0; d < D; ++d) q_k += proj(xq, wq.w, b * Tq + i, h * D + d) * proj(xkv, wk.w, b * Tk + j, h * D + d);
           s[j] = q_k / std::sqrt(double(D));
           mx = std::max(mx, s[j]);
         }
         double z = 0;
-        for (int j = 0; j <= i; ++j) z += (s[j] = seen(j) ? std::exp(s[j] - mx) : 0.0);
+        for (int j = 0; j < Tk; ++j) z += (s[j] = seen(j) ? std::exp(s[j] - mx) : 0.0);
+        if (z == 0) continue;
         for (int d = 0; d < D; ++d)
-          for (int j = 0; j <= i; ++j) att[(b * T + i) * M + h * D + d] += s[j] / z * proj(a.wv.w, b * T + j, h * D + d);
+          for (int j = 0; j < Tk; ++j)
+            att[(b * Tq + i) * M + h * D + d] += s[j] / z * proj(xkv, wv.w, b * Tk + j, h * D + d);
       }
-  for (int n = 0; n < N; ++n)
+  for (int n = 0; n < B * Tq; ++n)
     for (int c = 0; c < M; ++c)
-      for (int k = 0; k < M; ++k) y[n * M + c] += att[n * M + k] * a.wo.w[k * M + c];
+      for (int k = 0; k < M; ++k) y[n * M + c] += att[n * M + k] * wo.w[k * M + c];
   return y;
+}
+
+// Naive self-attention of x [N, M] (causal as the layer is); segment [N] or null.
+std::vector<double> naive_attention(const std::vector<double>& x, const CausalSelfAttention<double>& a, int N,
+                                    int T, int M, int H, const int32_t* segment = nullptr) {
+  return naive_attention_qkv(x, T, x, T, a.wq, a.wk, a.wv, a.wo, N / T, M, H, a.causal(), segment, segment);
+}
+
+// Declares a layer's parameters in `store`, initialised from `seed` and perturbed.
+template <class Layer>
+void declare_perturbed(Layer& layer, ParamStore<double>& store, const std::string& prefix, uint64_t seed,
+                       std::mt19937& gen) {
+  layer.declare(store, prefix);
+  store.allocate();
+  store.init(seed, 1.0);
+  perturb(store, gen);
+}
+
+// y = attention(x) (no dropout) equals the naive loops' to 1e-12.
+void check_against_naive(CausalSelfAttention<double>& att, const StepContext& ctx, const std::vector<double>& x,
+                         std::vector<double>& y, int N, int T, int M, int H) {
+  att.forward(ctx, x.data(), y.data(), N, T);
+  const auto ref = naive_attention(x, att, N, T, M, H, ctx.segment);
+  for (size_t i = 0; i < y.size(); ++i) CHECK(std::abs(y[i] - ref[i]) <= 1e-12);
+}
+
+// Backward of L = r . attention(x), then finite differences of every weight and of x.
+void check_self_attention_fd(CausalSelfAttention<double>& att, ParamStore<double>& store, const StepContext& ctx,
+                             std::vector<double>& x, const std::vector<double>& r, int N, int T, std::mt19937& gen) {
+  std::vector<double> y(x.size()), dx(x.size(), 0.0);
+  att.forward(ctx, x.data(), y.data(), N, T);
+  att.backward(ctx, r.data(), dx.data(), N);
+  auto tensors = param_tensors(store);
+  tensors.push_back({"x", x.data(), dx});
+  check_fd([&] { att.forward(ctx, x.data(), y.data(), N, T); return dot(r, y); }, tensors, gen);
 }
 }  // namespace
 
@@ -376,19 +418,14 @@ TEST_CASE("attention: forward oracle and finite differences with and without dro
     INFO("dropout " << rate << (packed ? ", packed" : ""));
     CausalSelfAttention<double> att(M, H, rate, 17);
     ParamStore<double> store;
-    att.declare(store, "attn");
-    store.allocate();
-    store.init(13, 1.0);
-    perturb(store, gen);
+    declare_perturbed(att, store, "attn", 13, gen);
     auto x = random_vec(size_t(N) * M, gen);
     auto r = random_vec(size_t(N) * M, gen);
-    std::vector<double> y(x.size()), dx(x.size(), 0.0);
+    std::vector<double> y(x.size());
     StepContext ctx = train_ctx(40);
     if (packed) ctx.segment = segment.data();
     if (rate == 0.0) {
-      att.forward(ctx, x.data(), y.data(), N, T);
-      const auto ref = naive_attention(x, att, N, T, M, H, ctx.segment);
-      for (size_t i = 0; i < y.size(); ++i) CHECK(std::abs(y[i] - ref[i]) <= 1e-12);
+      check_against_naive(att, ctx, x, y, N, T, M, H);
     }
     if (rate == 0.0 && packed) {
       // The oracle can tell: without the segments the outputs of token 2 differ.
@@ -402,10 +439,7 @@ TEST_CASE("attention: forward oracle and finite differences with and without dro
     }
     att.forward(ctx, x.data(), y.data(), N, T);
     if (rate > 0) CHECK(std::count(y.begin(), y.end(), 0.0) > 0);
-    att.backward(ctx, r.data(), dx.data(), N);
-    auto tensors = param_tensors(store);
-    tensors.push_back({"x", x.data(), dx});
-    check_fd([&] { att.forward(ctx, x.data(), y.data(), N, T); return dot(r, y); }, tensors, gen);
+    check_self_attention_fd(att, store, ctx, x, r, N, T, gen);
   }
 }
 
@@ -457,6 +491,155 @@ TEST_CASE("attention: float vs double", "[layers]") {
   ad->forward(ctx, to_double(xf).data(), yd.data(), N, T);
   check_close_float(yf, yd, "attention");
   CHECK_THROWS_AS(CausalSelfAttention<float>(10, 3, 0.0, 0), InputError);
+}
+
+TEST_CASE("bidirectional attention: forward oracle and finite differences, packed examples, tensor blocks", "[layers]") {
+  std::mt19937 gen(15);
+  const int M = 12, H = 3, T = 5, B = 2, N = B * T;
+  const std::vector<int32_t> segment{0, 0, 1, 1, 1, /**/ 0, 0, 0, 0, 0};
+  for (auto [rate, packed] : {std::pair{0.0, false}, {0.0, true}, {0.3, true}}) {
+    INFO("dropout " << rate << (packed ? ", packed" : ""));
+    CausalSelfAttention<double> att(M, H, rate, 17, 0, -1, /*causal=*/false);
+    CHECK_FALSE(att.causal());
+    ParamStore<double> store;
+    declare_perturbed(att, store, "attn", 13, gen);
+    auto x = random_vec(size_t(N) * M, gen);
+    auto r = random_vec(size_t(N) * M, gen);
+    std::vector<double> y(x.size());
+    StepContext ctx = train_ctx(40);
+    if (packed) ctx.segment = segment.data();
+    if (rate == 0.0) {
+      check_against_naive(att, ctx, x, y, N, T, M, H);
+      // Token 2 sees the later token 4 of its example, but not token 1 of the other example.
+      std::vector<double> x2 = x, y2(x.size());
+      for (int m = 0; m < M; ++m) x2[size_t(4) * M + m] += 0.5;
+      att.forward(ctx, x2.data(), y2.data(), N, T);
+      CHECK(std::abs(y2[size_t(2) * M] - y[size_t(2) * M]) > 1e-6);
+      x2 = x;
+      for (int m = 0; m < M; ++m) x2[size_t(1) * M + m] += 0.5;
+      att.forward(ctx, x2.data(), y2.data(), N, T);
+      for (int m = 0; m < M; ++m) CHECK((y2[size_t(2) * M + m] == y[size_t(2) * M + m]) == packed);
+    }
+    check_self_attention_fd(att, store, ctx, x, r, N, T, gen);
+  }
+  // Head blocks sum to the full layer.
+  auto x = random_vec(size_t(N) * M, gen);
+  auto r = random_vec(size_t(N) * M, gen);
+  StepContext ctx = train_ctx();
+  ctx.segment = segment.data();
+  std::vector<double> ysum(x.size(), 0.0), dxsum(x.size(), 0.0), yf(x.size()), dxf(x.size(), 0.0);
+  for (auto [h0, lh] : {std::pair{0, 1}, {1, 2}, {0, -1}}) {
+    CausalSelfAttention<double> a(M, H, 0.0, 1, h0, lh, false);
+    ParamStore<double> store;
+    a.declare(store, "attn");
+    store.allocate();
+    store.init(21, 1.0);
+    std::vector<double> y(x.size()), dx(x.size(), 0.0);
+    a.forward(ctx, x.data(), y.data(), N, T);
+    a.backward(ctx, r.data(), dx.data(), N);
+    for (size_t i = 0; i < y.size(); ++i) (lh < 0 ? yf[i] : ysum[i]) += y[i], (lh < 0 ? dxf[i] : dxsum[i]) += dx[i];
+  }
+  for (size_t i = 0; i < yf.size(); ++i) {
+    CHECK(std::abs(ysum[i] - yf[i]) <= 1e-12);
+    CHECK(std::abs(dxsum[i] - dxf[i]) <= 1e-12);
+  }
+}
+
+namespace {
+std::vector<double> naive_cross_attention(const std::vector<double>& x, int Tq, const std::vector<double>& enc, int Tk,
+                                          const CrossAttention<double>& a, int B, int M, int H, const int32_t* qseg,
+                                          const int32_t* kseg) {
+  return naive_attention_qkv(x, Tq, enc, Tk, a.wq, a.wk, a.wv, a.wo, B, M, H, false, qseg, kseg);
+}
+}  // namespace
+
+TEST_CASE("cross attention: forward oracle and finite differences of weights, decoder and encoder inputs", "[layers]") {
+  std::mt19937 gen(25);
+  const int M = 12, H = 3, Tq = 5, Tk = 6, B = 2, N = B * Tq, Nk = B * Tk;
+  // Row 0: two examples on each side. Row 1: decoder example 1 has no encoder tokens (its
+  // queries see nothing: zero output), the last encoder token is in no decoder example.
+  const std::vector<int32_t> qseg{0, 0, 0, 1, 1, /**/ 0, 0, 0, 1, 1};
+  const std::vector<int32_t> kseg{0, 0, 1, 1, 1, 1, /**/ 0, 0, 0, 0, 0, 2};
+  for (auto [rate, packed] : {std::pair{0.0, false}, {0.0, true}, {0.3, true}}) {
+    INFO("dropout " << rate << (packed ? ", packed" : ""));
+    CrossAttention<double> att(attention_shape(M, H, whole(H)), rate, 19);
+    ParamStore<double> store;
+    declare_perturbed(att, store, "cross", 14, gen);
+    auto x = random_vec(size_t(N) * M, gen);
+    auto enc = random_vec(size_t(Nk) * M, gen);
+    auto r = random_vec(size_t(N) * M, gen);
+    std::vector<double> y(x.size()), dx(x.size(), 0.0), denc(enc.size(), 0.0);
+    StepContext ctx = train_ctx(40);
+    const int32_t* ks = packed ? kseg.data() : nullptr;
+    if (packed) ctx.segment = qseg.data();
+    if (rate == 0.0) {
+      att.forward(ctx, x.data(), Tq, enc.data(), Tk, ks, y.data(), N);
+      const auto ref = naive_cross_attention(x, Tq, enc, Tk, att, B, M, H, ctx.segment, ks);
+      for (size_t i = 0; i < y.size(); ++i) CHECK(std::abs(y[i] - ref[i]) <= 1e-12);
+      if (packed) {
+        for (int m = 0; m < M; ++m) CHECK(y[size_t(Tq + 3) * M + m] == 0.0);
+        // Decoder token 0 sees encoder tokens 0, 1 only: moving encoder token 2 leaves it, moving 1 does not.
+        std::vector<double> e2 = enc, y2(y.size());
+        for (int m = 0; m < M; ++m) e2[size_t(2) * M + m] += 0.5;
+        att.forward(ctx, x.data(), Tq, e2.data(), Tk, ks, y2.data(), N);
+        for (int m = 0; m < M; ++m) CHECK(y2[m] == y[m]);
+        e2 = enc;
+        for (int m = 0; m < M; ++m) e2[size_t(1) * M + m] += 0.5;
+        att.forward(ctx, x.data(), Tq, e2.data(), Tk, ks, y2.data(), N);
+        CHECK(std::abs(y2[0] - y[0]) > 1e-6);
+      }
+    }
+    att.forward(ctx, x.data(), Tq, enc.data(), Tk, ks, y.data(), N);
+    if (rate > 0) CHECK(std::count(y.begin(), y.end(), 0.0) > 0);
+    att.backward(ctx, r.data(), dx.data(), denc.data(), N);
+    auto tensors = param_tensors(store);
+    tensors.push_back({"x", x.data(), dx});
+    tensors.push_back({"enc", enc.data(), denc});
+    check_fd([&] { att.forward(ctx, x.data(), Tq, enc.data(), Tk, ks, y.data(), N); return dot(r, y); }, tensors, gen);
+  }
+}
+
+TEST_CASE("cross attention: head blocks sum to the full layer; float vs double", "[layers]") {
+  std::mt19937 gen(26);
+  const int M = 12, H = 3, Tq = 4, Tk = 3, B = 2, N = B * Tq, Nk = B * Tk;
+  const std::vector<int32_t> qseg{0, 0, 1, 1, /**/ 0, 0, 0, 0};
+  const std::vector<int32_t> kseg{0, 1, 1, /**/ 0, 0, 0};
+  auto x = random_vec(size_t(N) * M, gen);
+  auto enc = random_vec(size_t(Nk) * M, gen);
+  auto r = random_vec(size_t(N) * M, gen);
+  StepContext ctx = train_ctx();
+  ctx.segment = qseg.data();
+  std::vector<double> ysum(x.size(), 0.0), dxsum(x.size(), 0.0), dencsum(enc.size(), 0.0);
+  std::vector<double> yf(x.size()), dxf(x.size(), 0.0), dencf(enc.size(), 0.0);
+  for (auto [h0, lh] : {std::pair{0, 1}, {1, 2}, {0, 3}}) {
+    CrossAttention<double> a(attention_shape(M, H, {h0, lh}), 0.0, 1);
+    CHECK(a.sharded() == (lh != H));
+    ParamStore<double> store;
+    a.declare(store, "cross");
+    store.allocate();
+    store.init(22, 1.0);
+    std::vector<double> y(x.size()), dx(x.size(), 0.0), denc(enc.size(), 0.0);
+    a.forward(ctx, x.data(), Tq, enc.data(), Tk, kseg.data(), y.data(), N);
+    a.backward(ctx, r.data(), dx.data(), denc.data(), N);
+    const bool full = lh == H;
+    for (size_t i = 0; i < y.size(); ++i) (full ? yf[i] : ysum[i]) += y[i], (full ? dxf[i] : dxsum[i]) += dx[i];
+    for (size_t i = 0; i < enc.size(); ++i) (full ? dencf[i] : dencsum[i]) += denc[i];
+  }
+  for (size_t i = 0; i < yf.size(); ++i) {
+    CHECK(std::abs(ysum[i] - yf[i]) <= 1e-12);
+    CHECK(std::abs(dxsum[i] - dxf[i]) <= 1e-12);
+  }
+  for (size_t i = 0; i < dencf.size(); ++i) CHECK(std::abs(dencsum[i] - dencf[i]) <= 1e-12);
+
+  auto [af, ad, sf, sd] = twin(
+      [&](auto t) { return std::make_unique<CrossAttention<decltype(t)>>(attention_shape(M, H, whole(H)), 0.1, 3); },
+      gen);
+  auto xf = to_float(x), ef = to_float(enc);
+  std::vector<float> yfl(xf.size());
+  std::vector<double> yd(xf.size());
+  af->forward(ctx, xf.data(), Tq, ef.data(), Tk, kseg.data(), yfl.data(), N);
+  ad->forward(ctx, to_double(xf).data(), Tq, to_double(ef).data(), Tk, kseg.data(), yd.data(), N);
+  check_close_float(yfl, yd, "cross attention");
 }
 
 // ---------------------------------------------------------------------------------------------

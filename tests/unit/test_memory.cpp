@@ -104,6 +104,15 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
     check_exact(c, V, MeshShape{2, 1, 1}, 1, 0, 0);
     check_exact(c, V, MeshShape{2, 2, 2}, 1, 1, 1);
   }
+  SECTION("encoder-decoder (model.arch = encdec): dense and MoE, one rank and tensor = 2") {
+    Config c = dense_config();
+    c.model.arch = ModelArch::EncDec;
+    check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
+    check_exact(c, V, MeshShape{1, 1, 2}, 0, 0, 1);
+    c = moe_config();
+    c.model.arch = ModelArch::EncDec;
+    check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
+  }
   SECTION("MoE (top-2, jitter, expert dropout), one rank and two pipeline stages") {
     Config c = moe_config();
     check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);

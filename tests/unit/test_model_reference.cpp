@@ -5,10 +5,11 @@
 //   /params/<name>           every parameter at init, logical shape (attr no_weight_decay)
 //   /batch/{inputs,targets,mask,segment} [B, T] of the single forward/backward (segment: packed
 //                            examples; the reference derives the positions itself), /ctx attrs seed, step, token_offset
+//                            (encdec also /batch/{enc_inputs,enc_segment} [B, T], the encoder side)
 //   /out/logits [N, V], /out attrs ce_sum, mask_sum, aux_sum, z_sum, w_ce, w_aux, w_z, loss
 //   /grads/<name>            d loss / d param of that forward/backward
 //   /routing/block<i>/{expert,slot} [N*k]   the router's decisions (the reference recomputes its own)
-//   /train/batches/{inputs,targets,mask,segment} [steps, B, T]
+//   /train/batches/{inputs,targets,mask,segment} [steps, B, T] (encdec also enc_inputs, enc_segment)
 //   /train/<adamw|adafactor>/{loss,grad_norm,lr} [steps]   total loss before each update, as the trainer
 // The comparison (tolerances stated there) is done by the Python script, which exits non-zero on
 // any mismatch. The checks here only make sure each configuration exercises what it is meant to
@@ -123,6 +124,20 @@ std::vector<RefCase> ref_cases() {
     v.push_back(r);
   }
   {
+    // model.arch = encdec: 2 encoder + 2 decoder blocks, the second of each stack top-2 MoE,
+    // dropout (attention, cross-attention, feed-forward), untied head.
+    RefCase r{"encdec_top2", base_config(5000000006ull)};
+    Config& c = r.cfg;
+    c.model.arch = ModelArch::EncDec;
+    c.model.dropout = 0.1;
+    c.model.tied_embeddings = false;
+    c.moe.every = 2;
+    c.moe.router = RouterKind::Top2;
+    c.moe.second_expert = SecondExpertPolicy::Random;
+    c.moe.z_loss_coef = 1e-3;
+    v.push_back(r);
+  }
+  {
     // Top-2 with No-Token-Left-Behind, threshold second expert, tight capacity (C = 2, E = 6).
     RefCase r{"top2_ntlb", base_config(5000000004ull)};
     Config& c = r.cfg;
@@ -144,14 +159,45 @@ struct HostBatch {
   std::vector<int32_t> inputs, targets;     // [B, T]
   std::vector<float> mask;                  // [B, T]
   std::vector<int32_t> segment, position;   // [B, T] packed examples, as the batcher makes them
+  // encdec: the encoder side [B, T], the same examples as `segment` (each at least one token),
+  // sometimes a tail in no example
+  std::vector<int32_t> enc_inputs, enc_segment, enc_position;
   MicroBatch micro() const {
-    return MicroBatch{kB, kT, inputs.data(), targets.data(), mask.data(), segment.data(), position.data()};
+    MicroBatch mb{kB, kT, inputs.data(), targets.data(), mask.data(), segment.data(), position.data()};
+    if (!enc_inputs.empty())
+      mb.enc_len = kT, mb.enc_inputs = enc_inputs.data(), mb.enc_segment = enc_segment.data(),
+      mb.enc_position = enc_position.data();
+    return mb;
   }
 };
 
+// The encoder side of `b`: in each row, as many examples as the decoder row has, cut at random
+// (distinct starts, the first at 0), and in every other row the last token in a tail of its own.
+void add_encoder_side(HostBatch& b, uint32_t seed) {
+  std::mt19937 rng(seed ^ 0xe7cu);
+  for (int r = 0; r < kB; ++r) {
+    const int examples = b.segment[size_t(r * kT + kT - 1)] + 1;
+    std::vector<int> starts(kT - 1);
+    for (int j = 0; j < kT - 1; ++j) starts[size_t(j)] = j + 1;
+    std::shuffle(starts.begin(), starts.end(), rng);
+    starts.resize(size_t(examples - 1));
+    starts.push_back(0);
+    std::sort(starts.begin(), starts.end());
+    const bool tail = r % 2 == 1 && starts.back() < kT - 2;
+    for (int j = 0; j < kT; ++j) {
+      int32_t seg = int32_t(std::upper_bound(starts.begin(), starts.end(), j) - starts.begin()) - 1;
+      if (tail && j == kT - 1) seg = examples;
+      const bool first = j == 0 || seg != b.enc_segment.back();
+      b.enc_inputs.push_back(int32_t(rng() % kV));
+      b.enc_segment.push_back(seg);
+      b.enc_position.push_back(first ? 0 : b.enc_position.back() + 1);
+    }
+  }
+}
+
 // Deterministic batch; about a quarter of the targets masked, masked targets set to -1 (ignored).
 // Each row is cut into packed examples at random places (a new one starts with probability 1/3).
-HostBatch make_batch(uint32_t seed) {
+HostBatch make_batch(uint32_t seed, bool encdec) {
   std::mt19937 rng(seed);
   HostBatch b;
   for (int i = 0; i < kB * kT; ++i) {
@@ -162,6 +208,7 @@ HostBatch make_batch(uint32_t seed) {
     b.mask.push_back(keep ? 1.f : 0.f);
   }
   test::random_packing(kB, kT, seed, 3, b.segment, b.position);
+  if (encdec) add_encoder_side(b, seed);
   return b;
 }
 
@@ -187,6 +234,7 @@ void write_config(h5::File& f, const Config& c, int vocab) {
   i64("batch", kB);
   i64("seq_len", c.model.seq_len);
   i64("d_model", c.model.d_model);
+  str("arch", std::string(option_name(c.model.arch)));
   i64("num_layers", c.model.num_layers);
   i64("num_heads", c.model.num_heads);
   i64("d_ff", c.model.d_ff);
@@ -230,6 +278,9 @@ void write_batch(h5::Location& g, const std::string& prefix, const HostBatch& b)
   g.write(prefix + "/targets", b.targets, {kB, kT});
   g.write(prefix + "/mask", b.mask, {kB, kT});
   g.write(prefix + "/segment", b.segment, {kB, kT});
+  if (b.enc_inputs.empty()) return;
+  g.write(prefix + "/enc_inputs", b.enc_inputs, {kB, kT});
+  g.write(prefix + "/enc_segment", b.enc_segment, {kB, kT});
 }
 
 // Writes either the weights or the gradients of every parameter under `group`.
@@ -295,7 +346,8 @@ void run_case(const RefCase& rc, int index) {
 
   // One forward/backward at a step and token offset other than the trainer's first, so that the
   // random streams' step and global-token keys are exercised.
-  const HostBatch b = make_batch(1000u + uint32_t(index));
+  const bool encdec = cfg.model.arch == ModelArch::EncDec;
+  const HostBatch b = make_batch(1000u + uint32_t(index), encdec);
   // The forward must see packed rows: some row holds several examples.
   REQUIRE(*std::max_element(b.segment.begin(), b.segment.end()) > 0);
   write_batch(f, "batch", b);
@@ -350,11 +402,13 @@ void run_case(const RefCase& rc, int index) {
   if (rc.expect_rerouted) CHECK(rerouted > 0);
 
   std::vector<HostBatch> batches;
-  for (int t = 0; t < kSteps; ++t) batches.push_back(make_batch(2000u + 100u * uint32_t(index) + uint32_t(t)));
+  for (int t = 0; t < kSteps; ++t) batches.push_back(make_batch(2000u + 100u * uint32_t(index) + uint32_t(t), encdec));
   {
-    std::vector<int32_t> in, tg, sg;
+    std::vector<int32_t> in, tg, sg, ein, esg;
     std::vector<float> mk;
     for (const HostBatch& hb : batches) {
+      ein.insert(ein.end(), hb.enc_inputs.begin(), hb.enc_inputs.end());
+      esg.insert(esg.end(), hb.enc_segment.begin(), hb.enc_segment.end());
       in.insert(in.end(), hb.inputs.begin(), hb.inputs.end());
       tg.insert(tg.end(), hb.targets.begin(), hb.targets.end());
       mk.insert(mk.end(), hb.mask.begin(), hb.mask.end());
@@ -364,6 +418,10 @@ void run_case(const RefCase& rc, int index) {
     f.write("train/batches/inputs", in, {kSteps, kB, kT});
     f.write("train/batches/targets", tg, {kSteps, kB, kT});
     f.write("train/batches/mask", mk, {kSteps, kB, kT});
+    if (encdec) {
+      f.write("train/batches/enc_inputs", ein, {kSteps, kB, kT});
+      f.write("train/batches/enc_segment", esg, {kSteps, kB, kT});
+    }
   }
   train_run(f, rc, "adamw", batches);
   train_run(f, rc, "adafactor", batches);

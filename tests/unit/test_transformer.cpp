@@ -2,7 +2,8 @@
 // attention, dense and MoE feed-forwards, LayerNorms, tied head, masked cross-entropy, aux and z
 // losses, dropout and router jitter all active, with capacity drops. Tolerance (stated):
 // |analytic - numeric| <= 1e-6 * max(1, |numeric|), h = 1e-6.
-// Last case: bitwise equality of one and two host threads.
+// Also the encoder-decoder (model.arch = encdec: bidirectional encoder, cross-attention, packed
+// examples of other lengths on the two sides). Last case: bitwise equality of one and two host threads.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -61,13 +62,33 @@ double total_loss(Transformer<double>& m, const StepContext& ctx, const MicroBat
   return w.ce * f.ce_sum + w.aux * f.aux_sum + w.z * f.z_sum;
 }
 
-void check_model(const std::string& router, bool tied) {
+void check_model(const std::string& router, bool tied, bool encdec = false) {
   const int B = 2, T = 8, V = 11;
   Config cfg = tiny_config(router, tied);
+  if (encdec) cfg.model.arch = ModelArch::EncDec;
   Transformer<double> model(cfg, V);
   model.init(7, 1.0);
   const Case c = random_case(B, T, V, 3);
-  const MicroBatch mb{B, T, c.inputs.data(), c.targets.data(), c.mask.data()};
+  MicroBatch mb{B, T, c.inputs.data(), c.targets.data(), c.mask.data()};
+  // encdec: packed decoder rows; the encoder rows hold the same examples with their lengths in
+  // reverse order (token j of the row reversed, example ids flipped back to ascending).
+  std::vector<int32_t> segment, position, enc_inputs, enc_segment, enc_position;
+  if (encdec) {
+    test::random_packing(B, T, 9, 3, segment, position);
+    const Case e = random_case(B, T, V, 4);
+    enc_inputs = e.inputs;
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < T; ++j) {
+        const int32_t last = segment[size_t(b * T + T - 1)];
+        enc_segment.push_back(last - segment[size_t(b * T + T - 1 - j)]);
+        const bool first = j == 0 || enc_segment.back() != enc_segment[enc_segment.size() - 2];
+        enc_position.push_back(first ? 0 : enc_position.back() + 1);
+      }
+    REQUIRE(enc_segment != segment);
+    mb.segment = segment.data(), mb.position = position.data();
+    mb.enc_len = T, mb.enc_inputs = enc_inputs.data(), mb.enc_segment = enc_segment.data();
+    mb.enc_position = enc_position.data();
+  }
   const StepContext ctx{42, 5, true, 16, nullptr};
   double masked = 0;
   for (float m : c.mask) masked += m;
@@ -112,6 +133,10 @@ TEST_CASE("transformer: whole-model gradients match finite differences (top-2, t
 
 TEST_CASE("transformer: whole-model gradients match finite differences (top-1, untied)", "[model]") {
   check_model("top1", false);
+}
+
+TEST_CASE("transformer: encoder-decoder gradients match finite differences (top-2, untied)", "[model]") {
+  check_model("top2", false, true);
 }
 
 TEST_CASE("transformer: model FLOPs per token follow the formula", "[model]") {

@@ -1,0 +1,72 @@
+// Multi-head cross-attention (Vaswani et al. 2017 section 3.2.3, "encoder-decoder attention"), no
+// biases, output dropout: queries from the decoder stream x [N, M], keys and values from the encoder
+// output enc [N_enc, M]. Row b of the batch is one decoder sequence of Tq tokens and one encoder
+// sequence of Tk tokens; a decoder token of packed example s attends to every encoder token of
+// example s in the same row (segment ids of both sides; docs/ARCHITECTURE.md "Encoder-decoder").
+// The weights, their layout and the tensor parallelism by heads are those of CausalSelfAttention
+// (attention.hpp, attention_params): wq, wk, wv [M, M], wo [M, M]; with a block of heads the output
+// and both input gradients are partial sums that go through `tensor_allreduce`.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "model/context.hpp"
+#include "model/dropout.hpp"
+#include "model/layer_shapes.hpp"
+#include "model/params.hpp"
+#include "tensor/device.hpp"
+
+namespace meshmoe {
+
+template <typename T>
+class CrossAttention {
+ public:
+  // layer_id keys the dropout stream (unique per dropout site).
+  CrossAttention(const AttentionShape& shape, double dropout, uint32_t layer_id);
+
+  // prefix.wq, .wk, .wv, .wo (attention_params, layer_shapes.hpp).
+  void declare(ParamStore<T>& store, const std::string& prefix);
+
+  // x [N, M]: B = N / Tq decoder sequences, segment ids ctx.segment; enc [B*Tk, M]: the encoder
+  // output, segment ids enc_segment [B*Tk] (both null: every query sees its whole row) -> y [N, M].
+  void forward(const StepContext& ctx, const T* x, int Tq, const T* enc, int Tk, const int32_t* enc_segment, T* y,
+               int N);
+  // dy [N, M] -> dx [N, M] (+=), denc [B*Tk, M] (+=), wq/wk/wv/wo .g (+=)
+  void backward(const StepContext& ctx, const T* dy, T* dx, T* denc, int N);
+
+  // What backward reads of the last forward (activation_stash.hpp).
+  template <class F>
+  void saved_state(F&& f) {
+    f(Tq_);
+    f(Tk_);
+    f(x_);
+    f(enc_);
+    f(q_);
+    f(kv_);
+    f(p_);
+    f(att_);
+    dropout_.saved_state(f);
+  }
+
+  ParamView<T> wq, wk, wv, wo;
+  std::function<void(T*, size_t)> tensor_allreduce;  // sum over the tensor axis, in place
+
+  bool sharded() const { return LH_ != H_; }
+
+ private:
+  int M_, H_, D_, h0_, LH_, L_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
+  int Tq_ = 0, Tk_ = 0;
+  Dropout<T> dropout_;
+  // saved by forward
+  Buffer<T> x_;    // [N, M]
+  Buffer<T> enc_;  // [B*Tk, M]
+  Buffer<T> q_;    // [N, A_l]
+  Buffer<T> kv_;   // k, v each [B*Tk, A_l]
+  Buffer<T> p_;    // softmax probabilities [B, LH, Tq, Tk] (zero across examples)
+  Buffer<T> att_;  // attention output before wo [N, A_l]
+  // backward scratch
+  Buffer<T> dy_, datt_, dq_, dkv_, dp_, dxs_;
+};
+
+}  // namespace meshmoe
