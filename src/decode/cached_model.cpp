@@ -63,6 +63,22 @@ const Buffer<T>& CachedModel<T>::step(const int32_t* tokens, const CachedTokens&
   return logits_;
 }
 
+template <typename T>
+const Buffer<T>& CachedModel<T>::prefill(const std::vector<std::vector<int32_t>>& prompts, std::vector<int>& last_row) {
+  std::vector<int32_t> tokens, stream, position;
+  last_row.clear();
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    if (prompts[b].empty()) throw std::logic_error("CachedModel::prefill: an empty prompt");
+    for (size_t t = 0; t < prompts[b].size(); ++t) {
+      tokens.push_back(prompts[b][t]);
+      stream.push_back(int32_t(b));
+      position.push_back(int32_t(t));
+    }
+    last_row.push_back(int(tokens.size()) - 1);
+  }
+  return step(tokens.data(), CachedTokens{int(tokens.size()), stream.data(), position.data()});
+}
+
 template class CachedModel<float>;
 template class CachedModel<double>;
 

@@ -41,6 +41,9 @@ class CachedModel {
   // stream: where()[i].
   const Buffer<T>& step(const int32_t* tokens, const CachedTokens& tok);
   const std::vector<int32_t>& where() const { return caches_.front().where(); }
+  // Each prompt (none empty) into its own stream b at positions 0, 1, ..., causal, in one step:
+  // the logits of all their tokens; last_row[b] is the row of prompt b's last token.
+  const Buffer<T>& prefill(const std::vector<std::vector<int32_t>>& prompts, std::vector<int>& last_row);
 
   std::function<void(T*, size_t)> agree_logits;
 

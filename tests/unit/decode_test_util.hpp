@@ -23,7 +23,7 @@ inline Config decode_config(const std::string& ffn) {
   c.moe.num_experts = 4;
   c.moe.every = ffn == "dense" ? 0 : 2;
   if (ffn != "dense") c.moe.router = parse_option<RouterKind>(ffn).value();
-  c.moe.group_size = 2;
+  c.moe.group_size = 1;  // any sequence length is whole groups (the references run odd ones)
   c.moe.capacity_factor_eval = 4;
   c.moe.jitter_eps = 0.01;
   return c;
