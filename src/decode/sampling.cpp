@@ -44,7 +44,8 @@ std::vector<std::vector<int32_t>> generate(CachedModel<T>& model, const std::vec
   std::vector<int> room(prompts.size()), row;
   int longest = 0;
   for (int b = 0; b < B; ++b) {
-    room[size_t(b)] = std::min(opt.max_new, model.max_positions() - int(prompts[size_t(b)].size()));
+    // The last token is never fed back, so it may take the position after model.seq_len's last.
+    room[size_t(b)] = std::min(opt.max_new, model.max_positions() - int(prompts[size_t(b)].size()) + 1);
     longest = std::max(longest, int(prompts[size_t(b)].size()));
   }
   model.reset(B, longest + std::max(opt.max_new, 0));

@@ -24,8 +24,8 @@ struct SamplingOptions {
 template <typename T>
 int32_t choose_token(const T* logits, int V, const SamplingOptions& opt, double u);
 
-// The continuation of each prompt (EOS not included) until EOS, opt.max_new tokens, or the last
-// position of model.seq_len. `first_index` is the index of prompts[0] among all the prompts of the
+// The continuation of each prompt (EOS not included) until EOS, opt.max_new tokens, or the
+// position model.seq_len (the last token is never fed back, as in beam_search). `first_index` is the index of prompts[0] among all the prompts of the
 // run (keys the random numbers).
 template <typename T>
 std::vector<std::vector<int32_t>> generate(CachedModel<T>& model, const std::vector<std::vector<int32_t>>& prompts,

@@ -47,7 +47,7 @@ std::vector<double> last_log_probs(Transformer<double>& model, const std::vector
 
 std::vector<int32_t> greedy_reference(Transformer<double>& model, std::vector<int32_t> seq, int32_t eos, int max_new) {
   std::vector<int32_t> out;
-  const int room = std::min(max_new, int(model.shape().seq_len) - int(seq.size()));
+  const int room = std::min(max_new, int(model.shape().seq_len) - int(seq.size()) + 1);
   while (int(out.size()) < room) {
     const std::vector<double> lp = last_log_probs(model, seq);
     const int32_t next = int32_t(std::max_element(lp.begin(), lp.end()) - lp.begin());
