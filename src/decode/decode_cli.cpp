@@ -48,7 +48,13 @@ Decoder load_decoder(const Deck& deck, Mesh& mesh, const std::string& checkpoint
   }
   d.tag = d.tokenizer.lang_token(use);
   std::string path;
-  agree_on_input(mesh.world(), [&] { path = resolve_ckpt_path(checkpoint); });
+  agree_on_input(mesh.world(), [&] {
+    try {
+      path = resolve_ckpt_path(checkpoint);
+    } catch (const std::exception& e) {
+      throw InputError(std::string("--checkpoint ") + e.what());
+    }
+  });
   d.model = std::make_unique<Transformer<float>>(cfg, model_vocab(cfg, valid), model_sharding(mesh));
   std::vector<StateTensor> no_optimizer_state;
   read_checkpoint(path, d.model->params(), no_optimizer_state, mesh.world());

@@ -4,8 +4,9 @@
 # meshes data=2, tensor=2, data=2 x tensor=2 (experts over data) and tensor=2 with experts over
 # tensor: every mesh prints the same translations (greedy and beam 3) and the same samples as one
 # rank. Also: the same seed gives the same samples, beam 1 prints what --beam 1 --batch 1 prints,
-# a pipeline mesh and a missing checkpoint are refused with exit code 2.
-# Needs $MESHMOE (default build/meshmoe), msgfmt.
+# a pipeline mesh and a missing checkpoint are refused with exit code 2; the README's scoring
+# recipe (postprocess/valid_pairs.py, translate, score) runs and scores the trained pairs high.
+# Needs $MESHMOE (default build/meshmoe), msgfmt, /usr/bin/python3 with h5py.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -104,4 +105,14 @@ mpirun -np 1 "$M" generate "$T/deck.toml" --checkpoint "$T/nothing" --lang de --
 rc=$?
 set -e
 [ $rc = 2 ] && grep -q "nothing" "$T/none.out" || { cat "$T/none.out"; fail "missing checkpoint: exit $rc"; }
+# The README's recipe: the validation pairs of a language, translated, scored.
+$PYTHON postprocess/valid_pairs.py "$T/data.h5" de "$T/src.txt" "$T/ref.txt" >/dev/null
+decode valid 1 translate --lang de --input "$T/src.txt" --beam 3
+[ "$(wc -l <"$T/valid.out")" = "$(wc -l <"$T/ref.txt")" ] || fail "one translation per validation pair"
+"$M" score --hyp "$T/valid.out" --ref "$T/ref.txt" --json >"$T/score.json"
+$PYTHON - "$T/score.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["chrf"] > 50, s  # the memorised pattern, numbers aside
+PY
 echo "decode_mesh: ok"
