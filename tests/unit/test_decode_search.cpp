@@ -33,6 +33,22 @@ std::vector<std::vector<int32_t>> random_prompts(uint32_t seed) {
   return p;
 }
 
+// A random model (`ffn`: dense, top1, top2) with its cached decoder, random prompts, greedy
+// options and an EOS that greedy decoding meets: token `eos_at` of prompt `eos_prompt`'s output
+// without EOS (so that finishing is exercised).
+struct RandomDecoder {
+  Transformer<double> model;
+  CachedModel<double> cached;
+  std::vector<std::vector<int32_t>> prompts;
+  SamplingOptions greedy;
+  int32_t eos = -1;
+  RandomDecoder(const char* ffn, uint64_t seed, uint32_t prompt_seed, int max_new, int eos_prompt, int eos_at)
+      : model(decode_config(ffn), kVocab), cached((model.init(seed, 1.0), model)), prompts(random_prompts(prompt_seed)) {
+    greedy.max_new = max_new;
+    eos = generate(cached, prompts, -1, greedy)[size_t(eos_prompt)][size_t(eos_at)];
+  }
+};
+
 // The log-softmax of the last row of the full forward of `seq`.
 std::vector<double> last_log_probs(Transformer<double>& model, const std::vector<int32_t>& seq) {
   const std::vector<double> l = full_logits(model, seq, 1, int(seq.size()));
@@ -134,14 +150,8 @@ TEST_CASE("decode: greedy generation equals the argmax of the full recomputation
           "[decode]") {
   for (const char* ffn : {"dense", "top1", "top2"}) {
     SECTION(ffn) {
-      Transformer<double> model(decode_config(ffn), kVocab);
-      model.init(17, 1.0);
-      CachedModel<double> cached(model);
-      const auto prompts = random_prompts(4);
-      SamplingOptions greedy;
-      greedy.max_new = 8;
-      // An EOS that greedy decoding meets: the third token of the first prompt's EOS-free output.
-      const int32_t eos = generate(cached, prompts, -1, greedy)[0][2];
+      RandomDecoder d(ffn, 17, 4, 8, 0, 2);
+      auto& [model, cached, prompts, greedy, eos] = d;
       const auto got = generate(cached, prompts, eos, greedy);
       for (size_t b = 0; b < prompts.size(); ++b) REQUIRE(got[b] == greedy_reference(model, prompts[b], eos, 8));
       REQUIRE(got[0].size() <= 2);  // the EOS stopped it (earlier when that token came before)
@@ -171,13 +181,8 @@ TEST_CASE("decode: greedy generation equals the argmax of the full recomputation
 TEST_CASE("decode: beam 1 equals greedy; flat beam search equals a plain per-hypothesis beam search", "[decode]") {
   for (const char* ffn : {"dense", "top1", "top2"}) {
     SECTION(ffn) {
-      Transformer<double> model(decode_config(ffn), kVocab);
-      model.init(23, 1.0);
-      CachedModel<double> cached(model);
-      const auto prompts = random_prompts(8);
-      SamplingOptions greedy;
-      greedy.max_new = 9;
-      const int32_t eos = generate(cached, prompts, -1, greedy)[1][3];
+      RandomDecoder d(ffn, 23, 8, 9, 1, 3);
+      auto& [model, cached, prompts, greedy, eos] = d;
       const auto want = generate(cached, prompts, eos, greedy);
       BeamOptions one{1, 0.6, 9};
       const auto got = beam_search(cached, prompts, eos, one);
