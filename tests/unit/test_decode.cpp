@@ -4,6 +4,8 @@
 // the cached one each step's tokens as one group: capacity_factor_eval = E makes the capacity the
 // whole group, so no choice is dropped in either and the two must agree.
 // Tolerance (stated): |cached - full| <= tol * max(1, |full|), tol = 2e-5 (float), 1e-12 (double).
+// The [mpi] case: the cached decoding of a model sharded over data and tensor (experts over data or
+// over tensor) against the one-rank model's, within the same tolerance.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -12,6 +14,8 @@
 
 #include "decode/cached_model.hpp"
 #include "decode_test_util.hpp"
+#include "mesh/mesh.hpp"
+#include "parallel/pipeline_executor.hpp"
 #include "../test_util.hpp"
 
 using namespace meshmoe;
@@ -157,4 +161,43 @@ TEST_CASE("decode: a full cache stream is an error, not an overwrite", "[decode]
   cached.reset(1, 2);
   const int32_t tok[3] = {1, 2, 3}, str[3] = {0, 0, 0}, pos[3] = {0, 1, 2};
   REQUIRE_THROWS_WITH(cached.step(tok, {3, str, pos}), Catch::Contains("capacity"));
+}
+
+TEST_CASE("decode: cached decoding on a data x tensor mesh equals the one-rank model's", "[decode][mpi]") {
+  const int W = test::world_size();
+  struct Shape {
+    int data, tensor;
+    const char* expert_axis;
+  };
+  std::vector<Shape> shapes;
+  if (W == 2) shapes = {{2, 1, "data"}, {1, 2, "data"}, {1, 2, "tensor"}};
+  if (W == 4) shapes = {{4, 1, "data"}, {2, 2, "data"}, {2, 2, "tensor"}};
+  if (shapes.empty()) SUCCEED("needs 2 or 4 ranks");
+  for (const Shape& sh : shapes) {
+    Mesh mesh(MPI_COMM_WORLD, 1, sh.data, sh.tensor);
+    INFO("mesh data=" << sh.data << " tensor=" << sh.tensor << " experts over " << sh.expert_axis);
+    Config cfg = decode_config("top2");
+    cfg.moe.expert_axis = test::option<ExpertAxis>(sh.expert_axis);
+    const int V = 17, B = 3, T_seq = 7;
+    Transformer<double> sharded(cfg, V, model_sharding(mesh)), whole(cfg, V);
+    sharded.init(31, 1.0);
+    whole.init(31, 1.0);
+    CachedModel<double> a(sharded), b(whole);
+    a.reset(B, T_seq);
+    b.reset(B, T_seq);
+    std::mt19937 rng(13);  // the same tokens on every rank
+    for (int t = 0; t < T_seq; ++t) {
+      std::vector<int32_t> tok, stream, position;
+      for (int s = 0; s < B; ++s) {
+        tok.push_back(int32_t(rng() % V));
+        stream.push_back(s);
+        position.push_back(t);
+      }
+      const CachedTokens where{B, stream.data(), position.data()};
+      const Buffer<double>& la = a.step(tok.data(), where);
+      const Buffer<double>& whole_logits = b.step(tok.data(), where);
+      const std::vector<double> lb(whole_logits.begin(), whole_logits.end());
+      for (int s = 0; s < B; ++s) require_close(la.data() + size_t(s) * V, lb, size_t(s), V, "step " + std::to_string(t));
+    }
+  }
 }
