@@ -3,7 +3,7 @@
 # on a generated two-language gettext corpus, then decoded from its checkpoint on 1 rank and on the
 # meshes data=2, tensor=2, data=2 x tensor=2 (experts over data) and tensor=2 with experts over
 # tensor: every mesh prints the same translations (greedy and beam 3) and the same samples as one
-# rank. Also: the same seed gives the same samples, beam 1 prints what --beam 1 --batch 1 prints,
+# rank. Also: the same seed gives the same samples, a too-long input line gives an empty line, beam 1 prints what --beam 1 --batch 1 prints,
 # a pipeline mesh and a missing checkpoint are refused with exit code 2; the README's scoring
 # recipe (postprocess/valid_pairs.py, translate, score) runs and scores the trained pairs high.
 # Needs $MESHMOE (default build/meshmoe), msgfmt, /usr/bin/python3 with h5py.
@@ -105,6 +105,12 @@ mpirun -np 1 "$M" generate "$T/deck.toml" --checkpoint "$T/nothing" --lang de --
 rc=$?
 set -e
 [ $rc = 2 ] && grep -q "nothing" "$T/none.out" || { cat "$T/none.out"; fail "missing checkpoint: exit $rc"; }
+# An input too long for model.seq_len: an empty line in its place and a warning; the others translated.
+{ printf 'Datei 7 kopiert\n'; printf 'x%.0s' $(seq 1 60); printf '\nDatei 7 kopiert\n'; } >"$T/long.txt"
+decode long 1 translate --lang de --input "$T/long.txt" --beam 2
+[ "$(sed -n 2p "$T/long.out")" = "" ] && [ "$(sed -n 1p "$T/long.out")" = "$(sed -n 3p "$T/long.out")" ] &&
+  [ "$(wc -l <"$T/long.out")" = 3 ] && grep -q "input line 2: .* no room" "$T/long.err" ||
+  { cat "$T/long.out" "$T/long.err"; fail "a too-long input line"; }
 # The README's recipe: the validation pairs of a language, translated, scored.
 $PYTHON postprocess/valid_pairs.py "$T/data.h5" de "$T/src.txt" "$T/ref.txt" >/dev/null
 decode valid 1 translate --lang de --input "$T/src.txt" --beam 3
