@@ -17,7 +17,7 @@ enum class RngPurpose : uint32_t {
   Dropout = 4,
   ExpertDropout = 5,
   DataShuffle = 6,
-  Sampling = 7,  // decoding's sampled tokens (src/decode/sampling.cpp)
+  Sampling = 8,  // decoding's sampled tokens (src/decode/sampling.cpp)
   Test = 255
 };
 
