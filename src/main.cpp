@@ -1,5 +1,5 @@
 // meshmoe: command line and wiring. Subcommands: train, plan, prep, deck-doc, bench-comm, bench-gemm,
-// ckpt, score; --version.
+// ckpt, score, generate, translate; --version.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +11,7 @@
 
 #include "core/error.hpp"
 #include "data/prep.hpp"
+#include "decode/decode_cli.hpp"
 #include "data/prep_cli.hpp"
 #include "deck/deck.hpp"
 #include "mesh/mesh.hpp"
@@ -156,6 +157,31 @@ int run(int argc, char** argv) {
   score->add_flag("--json", score_opt.json, "One JSON line: full-precision scores and their n-gram statistics");
   score->add_flag("--print-tokens", score_opt.print_tokens, "Print the translations as BLEU's 13a tokenisation splits them");
 
+  GenerateCliOptions gen_opt;
+  auto* gen = app.add_subcommand("generate", "Continue prompts with a checkpoint's decoder LM: greedy or sampled");
+  gen->add_option("deck", deck_path, "Input deck (TOML) of the model")->required();
+  gen->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  gen->add_option("--checkpoint", gen_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
+  gen->add_option("--prompt", gen_opt.prompts, "Text to continue (repeatable: one output line each)")->required();
+  gen->add_option("--lang", gen_opt.lang, "Language tag before the prompt (default: the dataset's only language)");
+  gen->add_option("--max-new", gen_opt.sampling.max_new, "Tokens generated at most")->capture_default_str();
+  gen->add_option("--temperature", gen_opt.sampling.temperature, "Sampling temperature; 0: greedy")->capture_default_str();
+  gen->add_option("--top-k", gen_opt.sampling.top_k, "Sample among the k most likely tokens; 0: all")->capture_default_str();
+  gen->add_option("--top-p", gen_opt.sampling.top_p, "Sample among the most likely tokens of probability >= p")->capture_default_str();
+  gen->add_option("--seed", gen_opt.sampling.seed, "Seed of the samples")->capture_default_str();
+
+  TranslateCliOptions tr_opt;
+  auto* tr = app.add_subcommand("translate", "Translate sentences into English with a checkpoint: greedy or flat beam search");
+  tr->add_option("deck", deck_path, "Input deck (TOML) of the model")->required();
+  tr->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  tr->add_option("--checkpoint", tr_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
+  tr->add_option("--input", tr_opt.input, "Source sentences, one per line (default: stdin)");
+  tr->add_option("--lang", tr_opt.lang, "Source language (default: the dataset's only language)");
+  tr->add_option("--beam", tr_opt.beam.beam, "Beam width; 1: greedy")->capture_default_str();
+  tr->add_option("--alpha", tr_opt.beam.alpha, "Length normalisation ((5+|Y|)/6)^alpha")->capture_default_str();
+  tr->add_option("--max-len", tr_opt.beam.max_len, "Output tokens at most, EOS included")->capture_default_str();
+  tr->add_option("--batch", tr_opt.batch, "Sources decoded together")->capture_default_str();
+
   // A mistyped subcommand gets a suggestion rather than CLI11's "A subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
     const std::string given = argv[1];
@@ -209,6 +235,14 @@ int run(int argc, char** argv) {
   }
   if (*plan) return cmd_plan(deck_path, overrides);
   if (*train) return cmd_train(deck_path, overrides);
+  if (*gen) {
+    Setup s = setup(deck_path, overrides);
+    return generate_main(s.deck, s.mesh, gen_opt);
+  }
+  if (*tr) {
+    Setup s = setup(deck_path, overrides);
+    return translate_main(s.deck, s.mesh, tr_opt);
+  }
   return kExitInputError;
 }
 

@@ -18,6 +18,7 @@ enum class RngPurpose : uint32_t {
   ExpertDropout = 5,
   DataShuffle = 6,
   LanguageSample = 7,
+  Sampling = 8,  // decoding's sampled tokens (src/decode/sampling.cpp)
   Test = 255
 };
 

@@ -18,6 +18,9 @@ struct StepContext {
   // and its position within that example. Null: each sequence is one example (position n % T).
   const int32_t* segment = nullptr;
   const int32_t* position = nullptr;
+  // Tokens per MoE routing group for this forward; 0: moe.group_size. Incremental decoding routes
+  // the few new tokens of a step as one group of their own (docs/ARCHITECTURE.md "Decoding").
+  int moe_group_size = 0;
 };
 
 }  // namespace meshmoe

@@ -161,6 +161,10 @@ class Transformer {
   ParamStore<T>& params() { return params_; }
   const ParamStore<T>& params() const { return params_; }
   std::deque<Block>& blocks() { return blocks_; }
+  // The layers around the blocks, for incremental decoding (src/decode/cached_model.hpp).
+  Embedding<T>& embedding() { return emb_; }
+  LayerNorm<T>& final_norm() { return lnf_; }
+  OutputHead<T>& output_head() { return head_; }
   const CrossEntropy<T>& loss() const { return ce_; }
   // Logits [N, V] of the last forward; backward overwrites them with dlogits.
   const Buffer<T>& logits() const { return logits_; }

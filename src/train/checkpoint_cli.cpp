@@ -13,8 +13,6 @@ namespace meshmoe {
 
 namespace fs = std::filesystem;
 
-namespace {
-// PATH as given: a file, or a ckpt dir / run dir whose LATEST names the file.
 std::string resolve_ckpt_path(const std::string& p) {
   std::error_code ec;
   if (fs::is_regular_file(p, ec)) return p;
@@ -24,6 +22,8 @@ std::string resolve_ckpt_path(const std::string& p) {
   }
   throw Error(p + ": a directory without LATEST (nor ckpt/LATEST): give a checkpoint file");
 }
+
+namespace {
 
 int ckpt_info(const std::string& path) {
   const CheckpointMeta m = read_checkpoint_meta(path);

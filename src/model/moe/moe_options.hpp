@@ -38,7 +38,9 @@ struct MoeOptions {
   // training/eval; dropless -> C = S. C is also capped at S: one expert can receive at most S tokens of
   // a group (a token goes to an expert at most once), so the cap changes no routing decision, only
   // the buffer size. The ceil forgives 1e-9 relative rounding (0.7 * 10 must give 7, not 8).
-  int capacity(bool training) const {
+  // S: the tokens per group of this forward when not moe.group_size (StepContext::moe_group_size).
+  int capacity(bool training, int S = 0) const {
+    const int group_size = S > 0 ? S : this->group_size;
     if (dropless) return group_size;
     const double cf = training ? capacity_factor_train : capacity_factor_eval;
     const double v = double(k()) * group_size * cf / num_experts;

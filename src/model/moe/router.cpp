@@ -23,11 +23,12 @@ void Router<T>::declare(ParamStore<T>& store, const std::string& prefix) {
 // x [N, M] -> logits [N, E] -> probs [N, E] -> triples (expert, slot, gate) [N*k]
 template <typename T>
 void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
-  const int M = opt_.d_model, E = opt_.num_experts, S = opt_.group_size, k = opt_.k();
+  const int M = opt_.d_model, E = opt_.num_experts, k = opt_.k();
+  const int S = ctx.moe_group_size > 0 ? ctx.moe_group_size : opt_.group_size;
   if (N % S != 0)
     throw InputError("MoE layer got " + std::to_string(N) + " tokens, not a multiple of moe.group_size = " +
                      std::to_string(S));
-  const int G = N / S, C = opt_.capacity(ctx.training);
+  const int G = N / S, C = opt_.capacity(ctx.training, S);
 
   // Switch appendix C: multiplicative jitter on the router input, training only. Keyed by global
   // token index * M + m so that sharding does not change it.
@@ -127,7 +128,7 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
 // dgate [N*k] -> dprobs -> dlogits [N, E] -> dwg [M, E] (added), dx [N, M] (added)
 template <typename T>
 void Router<T>::backward(const StepContext& ctx, const T* dgate, T* dx, int N, double aux_weight, double z_weight) {
-  const int M = opt_.d_model, E = opt_.num_experts, S = opt_.group_size, k = opt_.k();
+  const int M = opt_.d_model, E = opt_.num_experts, S = r_.S, k = opt_.k();  // the forward's groups
   const bool renorm = opt_.router != RouterKind::Top1;
   // dlogits and dprobs [N, E] are allocated per call: small, and as members they would make the
   // memory held between steps grow with E (GShard section 5.1 wants it flat as experts grow with ranks).

@@ -1,0 +1,57 @@
+// The decoder-only Transformer run one step at a time over a KV cache (docs/ARCHITECTURE.md
+// "Decoding"): embed the new tokens at their positions, each block's attention appends their keys
+// and values to its AttentionCache and attends over it, the feed-forwards (dense or MoE, evaluation
+// mode: capacity_factor_eval, no jitter, no random routing, no dropout) run on the new tokens only,
+// then the final LayerNorm and the head give the new tokens' logits.
+//
+// MoE routing groups: the n new tokens of a step on this rank are one group of n tokens
+// (StepContext::moe_group_size), capacity ceil(k n capacity_factor_eval / E) at most n; a choice
+// over capacity is dropped as in training (the token keeps the residual only). The full forward
+// groups moe.group_size consecutive tokens instead, so the two agree exactly when nothing is
+// dropped (e.g. capacity_factor_eval >= E, or moe.dropless).
+//
+// On a mesh every rank of an MoE layer's group must call step() in lockstep with the same number
+// of tokens; `agree_logits`, when set, makes every rank's logits rank 0's (a broadcast), so that
+// all ranks take the same decisions from them.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "model/attention_cache.hpp"
+#include "model/transformer.hpp"
+#include "tensor/device.hpp"
+
+namespace meshmoe {
+
+template <typename T>
+class CachedModel {
+ public:
+  // The model must hold every block (one pipeline stage); throws InputError otherwise.
+  explicit CachedModel(Transformer<T>& model);
+
+  // Room for `capacity` tokens in each of `streams` streams; empties them all.
+  void reset(int streams, int capacity);
+  int length(int stream) const { return caches_.front().length(stream); }
+  int capacity() const { return caches_.front().capacity(); }
+  int vocab() const { return model_.shape().vocab; }
+  int max_positions() const { return model_.shape().seq_len; }
+
+  // tokens [tok.n] appended as `tok` says -> their logits [tok.n, V]. Index of token i in its
+  // stream: where()[i].
+  const Buffer<T>& step(const int32_t* tokens, const CachedTokens& tok);
+  const std::vector<int32_t>& where() const { return caches_.front().where(); }
+  // Each prompt (none empty) into its own stream b at positions 0, 1, ..., causal, in one step:
+  // the logits of all their tokens; last_row[b] is the row of prompt b's last token.
+  const Buffer<T>& prefill(const std::vector<std::vector<int32_t>>& prompts, std::vector<int>& last_row);
+
+  std::function<void(T*, size_t)> agree_logits;
+
+ private:
+  Transformer<T>& model_;
+  std::vector<AttentionCache<T>> caches_;  // one per block
+  Buffer<T> x_, h_, f_, logits_;           // [n, M] and [n, V]
+  Buffer<int32_t> tokens_, positions_;     // [n]
+};
+
+}  // namespace meshmoe

@@ -1,0 +1,203 @@
+// Incremental decoding over the KV cache (src/decode/cached_model.hpp) against the full forward of
+// the same prefixes (Transformer::forward, evaluation mode), for a dense model and MoE models with
+// Switch top-1 and GShard top-2 routing. The full forward routes groups of moe.group_size tokens,
+// the cached one each step's tokens as one group: capacity_factor_eval = E makes the capacity the
+// whole group, so no choice is dropped in either and the two must agree.
+// Tolerance (stated): |cached - full| <= tol * max(1, |full|), tol = 2e-5 (float), 1e-12 (double).
+// The [mpi] case: the cached decoding of a model sharded over data and tensor (experts over data or
+// over tensor) against the one-rank model's, within the same tolerance.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "decode/cached_model.hpp"
+#include "decode_test_util.hpp"
+#include "mesh/mesh.hpp"
+#include "parallel/pipeline_executor.hpp"
+#include "../test_util.hpp"
+
+using namespace meshmoe;
+using meshmoe::test::decode_config;
+using meshmoe::test::full_logits;
+
+namespace {
+
+template <typename T>
+double tolerance() {
+  return sizeof(T) == sizeof(float) ? 2e-5 : 1e-12;
+}
+
+template <typename T>
+void require_close(const T* got, const std::vector<T>& want, size_t at, int V, const std::string& what) {
+  double worst = 0;
+  for (int v = 0; v < V; ++v) {
+    const double w = double(want[at * V + size_t(v)]);
+    worst = std::max(worst, std::abs(double(got[v]) - w) / std::max(1.0, std::abs(w)));
+  }
+  INFO(what << ": worst relative difference " << worst);
+  REQUIRE(worst <= tolerance<T>());
+}
+
+// B sequences decoded one token per step after a prefill of `prefill` tokens each.
+template <typename T>
+void check_cached_equals_full(const std::string& ffn) {
+  const int B = 2, T_seq = 10, prefill = 3;
+  Config cfg = decode_config(ffn);
+  const int V = 23;
+  Transformer<T> model(cfg, V);
+  model.init(11, 1.0);
+  std::mt19937 rng(5);
+  std::vector<int32_t> tokens(size_t(B) * T_seq);
+  for (auto& t : tokens) t = int32_t(rng() % V);
+  const std::vector<T> full = full_logits(model, tokens, B, T_seq);
+
+  CachedModel<T> cached(model);
+  cached.reset(B, T_seq);
+  std::vector<int32_t> step_tokens, stream, position;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < prefill; ++t) {
+      step_tokens.push_back(tokens[size_t(b) * T_seq + t]);
+      stream.push_back(b);
+      position.push_back(t);
+    }
+  const Buffer<T>& logits = cached.step(step_tokens.data(), {int(step_tokens.size()), stream.data(), position.data()});
+  for (int i = 0; i < int(step_tokens.size()); ++i)
+    require_close(logits.data() + size_t(i) * V, full, size_t(stream[i]) * T_seq + position[i], V, "prefill");
+  for (int t = prefill; t < T_seq; ++t) {
+    step_tokens.clear();
+    stream.clear();
+    position.clear();
+    for (int b = 0; b < B; ++b) {
+      step_tokens.push_back(tokens[size_t(b) * T_seq + t]);
+      stream.push_back(b);
+      position.push_back(t);
+    }
+    const Buffer<T>& l = cached.step(step_tokens.data(), {B, stream.data(), position.data()});
+    for (int b = 0; b < B; ++b) {
+      REQUIRE(cached.where()[size_t(b)] == t);
+      require_close(l.data() + size_t(b) * V, full, size_t(b) * T_seq + t, V, "step " + std::to_string(t));
+    }
+  }
+}
+
+// Two continuations of one prompt interleaved in one stream, each token seeing the prompt and its
+// own continuation only (GShard appendix A.1's flat layout), against the full forward of each.
+template <typename T>
+void check_flat_stream_equals_full(const std::string& ffn) {
+  const int P = 4, steps = 5, T_seq = P + steps;
+  Config cfg = decode_config(ffn);
+  const int V = 19;
+  Transformer<T> model(cfg, V);
+  model.init(3, 1.0);
+  std::mt19937 rng(9);
+  std::vector<int32_t> seqs(2 * size_t(T_seq));
+  for (int t = 0; t < T_seq; ++t) {
+    const int32_t a = int32_t(rng() % V);
+    seqs[size_t(t)] = a;
+    seqs[size_t(T_seq + t)] = t < P ? a : int32_t(rng() % V);  // the same prompt, then another path
+  }
+  const std::vector<T> full = full_logits(model, seqs, 2, T_seq);
+
+  const int capacity = P + 2 * steps;
+  CachedModel<T> cached(model);
+  cached.reset(1, capacity);
+  std::vector<int32_t> stream(size_t(P), 0), position;
+  for (int t = 0; t < P; ++t) position.push_back(t);
+  cached.step(seqs.data(), {P, stream.data(), position.data()});
+  std::vector<uint8_t> sees[2];
+  for (auto& s : sees) s.assign(size_t(capacity), 0), std::fill(s.begin(), s.begin() + P, uint8_t(1));
+  for (int t = P; t < T_seq; ++t) {
+    const int32_t tok[2] = {seqs[size_t(t)], seqs[size_t(T_seq + t)]};
+    const int32_t str[2] = {0, 0}, pos[2] = {t, t};
+    std::vector<uint8_t> visible(sees[0]);
+    visible.insert(visible.end(), sees[1].begin(), sees[1].end());
+    const Buffer<T>& l = cached.step(tok, {2, str, pos, visible.data()});
+    for (int h = 0; h < 2; ++h) {
+      sees[h][size_t(cached.where()[size_t(h)])] = 1;
+      require_close(l.data() + size_t(h) * V, full, size_t(h) * T_seq + t, V, "hypothesis " + std::to_string(h));
+    }
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("decode: KV-cache decoding equals the full forward (dense, Switch, GShard top-2)", "[decode]", float,
+                   double) {
+  for (const char* ffn : {"dense", "top1", "top2"}) {
+    SECTION(ffn) {
+      check_cached_equals_full<TestType>(ffn);
+      check_flat_stream_equals_full<TestType>(ffn);
+    }
+  }
+}
+
+TEST_CASE("decode: a step's MoE tokens are one group with capacity_factor_eval; over capacity they drop", "[decode]") {
+  Config cfg = decode_config("top1");
+  cfg.moe.capacity_factor_eval = 0.25;  // C = ceil(1 * n * 0.25 / 4) = 1 for n = 4 tokens
+  Transformer<double> model(cfg, 13);
+  model.init(2, 1.0);
+  CachedModel<double> cached(model);
+  cached.reset(1, 8);
+  // The same token four times: they differ by their positions only and pick the same expert.
+  const int32_t tok[4] = {5, 5, 5, 5}, str[4] = {0, 0, 0, 0}, pos[4] = {0, 1, 2, 3};
+  cached.step(tok, {4, str, pos});
+  const MoeStats& st = model.moe_layers().front()->stats();
+  int64_t placed = 0;
+  for (int64_t l : st.load) {
+    REQUIRE(l <= 1);
+    placed += l;
+  }
+  REQUIRE(st.wanted == 4);
+  REQUIRE(st.dropped == 4 - placed);
+  REQUIRE(st.dropped > 0);
+}
+
+TEST_CASE("decode: a full cache stream is an error, not an overwrite", "[decode]") {
+  Transformer<float> model(decode_config("dense"), 7);
+  model.init(1, 1.0);
+  CachedModel<float> cached(model);
+  cached.reset(1, 2);
+  const int32_t tok[3] = {1, 2, 3}, str[3] = {0, 0, 0}, pos[3] = {0, 1, 2};
+  REQUIRE_THROWS_WITH(cached.step(tok, {3, str, pos}), Catch::Contains("capacity"));
+}
+
+TEST_CASE("decode: cached decoding on a data x tensor mesh equals the one-rank model's", "[decode][mpi]") {
+  const int W = test::world_size();
+  struct Shape {
+    int data, tensor;
+    const char* expert_axis;
+  };
+  std::vector<Shape> shapes;
+  if (W == 2) shapes = {{2, 1, "data"}, {1, 2, "data"}, {1, 2, "tensor"}};
+  if (W == 4) shapes = {{4, 1, "data"}, {2, 2, "data"}, {2, 2, "tensor"}};
+  if (shapes.empty()) SUCCEED("needs 2 or 4 ranks");
+  for (const Shape& sh : shapes) {
+    Mesh mesh(MPI_COMM_WORLD, 1, sh.data, sh.tensor);
+    INFO("mesh data=" << sh.data << " tensor=" << sh.tensor << " experts over " << sh.expert_axis);
+    Config cfg = decode_config("top2");
+    cfg.moe.expert_axis = test::option<ExpertAxis>(sh.expert_axis);
+    const int V = 17, B = 3, T_seq = 7;
+    Transformer<double> sharded(cfg, V, model_sharding(mesh)), whole(cfg, V);
+    sharded.init(31, 1.0);
+    whole.init(31, 1.0);
+    CachedModel<double> a(sharded), b(whole);
+    a.reset(B, T_seq);
+    b.reset(B, T_seq);
+    std::mt19937 rng(13);  // the same tokens on every rank
+    for (int t = 0; t < T_seq; ++t) {
+      std::vector<int32_t> tok, stream, position;
+      for (int s = 0; s < B; ++s) {
+        tok.push_back(int32_t(rng() % V));
+        stream.push_back(s);
+        position.push_back(t);
+      }
+      const CachedTokens where{B, stream.data(), position.data()};
+      const Buffer<double>& la = a.step(tok.data(), where);
+      const Buffer<double>& whole_logits = b.step(tok.data(), where);
+      const std::vector<double> lb(whole_logits.begin(), whole_logits.end());
+      for (int s = 0; s < B; ++s) require_close(la.data() + size_t(s) * V, lb, size_t(s), V, "step " + std::to_string(t));
+    }
+  }
+}
