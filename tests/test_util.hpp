@@ -56,6 +56,14 @@ struct HostLoopsReversed {
   HostLoopsReversed& operator=(const HostLoopsReversed&) = delete;
 };
 
+// RAII: host Buffers come from `arena` while it lives (tensor/device.hpp).
+struct HostBufferArena {
+  explicit HostBufferArena(Arena* arena) { set_host_buffer_arena(arena); }
+  ~HostBufferArena() { set_host_buffer_arena(nullptr); }
+  HostBufferArena(const HostBufferArena&) = delete;
+  HostBufferArena& operator=(const HostBufferArena&) = delete;
+};
+
 // Cuts `rows` sequences of `T` tokens into packed examples at random places (from `seed`; a new
 // example starts at a token with probability 1 / new_one_in), as the batcher marks them: segment
 // (example within the sequence) and position (within the example) of every token.

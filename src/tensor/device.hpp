@@ -7,10 +7,12 @@
 // so host code that reads a Buffer afterwards sees the result.
 #pragma once
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "deck/options.hpp"  // enum class Device (run.device)
+#include "tensor/arena.hpp"
 
 namespace meshmoe {
 
@@ -27,9 +29,17 @@ void cuda_bind(int node_local_rank);
 std::string cuda_device_name();  // of the bound GPU, for the run's start-up lines
 void device_synchronize();       // waits for the GPU (no-op on the host)
 
-// Raw storage for Buffer: 64-byte aligned host memory on Device::Cpu, managed memory on Cuda.
+// Raw storage for Buffer: 64-byte aligned host memory on Device::Cpu; on Cuda a block of the
+// device's arena (tensor/arena.hpp, pooled managed memory). A Buffer is freed where it came from.
 void* buffer_alloc(size_t bytes);
 void buffer_free(void* p) noexcept;
+// Makes the current device's arena hold `bytes` in one piece (the memory plan's total, before the
+// model allocates); nothing on the host.
+void reserve_buffer_memory(size_t bytes);
+// The current device's arena's figures; none on the host.
+std::optional<Arena::Stats> buffer_arena_stats();
+// Tests: host Buffers come from `arena` (null: the heap again) until the next call.
+void set_host_buffer_arena(Arena* arena);
 
 template <class T>
 struct DeviceAllocator {

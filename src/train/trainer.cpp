@@ -18,6 +18,7 @@
 #include "tensor/host_threads.hpp"
 #include "train/evaluate.hpp"
 #include "train/grad_clip.hpp"
+#include "tensor/device.hpp"
 #include "train/memory.hpp"
 #include "train/optimizer.hpp"
 #include "train/run_checkpoints.hpp"
@@ -56,6 +57,12 @@ class Trainer {
     DatasetIdentity data_identity;  // rank 0 only
     if (mesh.rank() == 0) data_identity = dataset_identity(cfg_.data.path, train_, valid_);
     install_stop_signal_handlers();
+    // On the GPU the arena takes this rank's planned bytes in one piece before the model allocates
+    // (docs/ARCHITECTURE.md "Device memory"); nothing on the host.
+    if (cfg_.run.device == Device::Cuda)
+      reserve_buffer_memory(plan_memory(cfg_, vocab_, mesh.shape(), mesh.coord(Axis::Pipe), mesh.coord(Axis::Data),
+                                        mesh.coord(Axis::Tensor))
+                                .total_bytes());
     model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, model_sharding(mesh));
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
