@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "tensor/launch.hpp"
+#include "train/grad_clip.hpp"
 #include "train/optimizer_bodies.hpp"
 
 namespace meshmoe {
@@ -53,8 +54,9 @@ void Adafactor::reduce(const ParamInfo& p, int dim, double* buf, size_t n) const
   reduce_(p, dim, buf, n);
 }
 
-void Adafactor::step(ParamStore<float>& store, double lr, int64_t t) {
+void Adafactor::step(ParamStore<float>& store, double lr, int64_t t, double grad_scale) {
   check_layout(store, t);
+  scale_grads(store, owned_, grad_scale);
   const double beta = 1.0 - std::pow(double(t), -opt_.decay);
   const double eps1 = opt_.eps1;
   for (size_t k = 0; k < entries_.size(); ++k) {

@@ -36,7 +36,7 @@ struct AdafactorOptions {
 class Adafactor final : public Optimizer {
  public:
   Adafactor(const ParamStore<float>& store, std::vector<size_t> owned, AdafactorOptions opt, DimReduce reduce = {});
-  void step(ParamStore<float>& store, double lr, int64_t t) override;
+  void step(ParamStore<float>& store, double lr, int64_t t, double grad_scale = 1.0) override;
   std::vector<StateTensor> state() override;
   const char* name() const override { return "adafactor"; }
 

@@ -21,7 +21,7 @@ AdamW::AdamW(const ParamStore<float>& store, std::vector<size_t> owned, AdamWOpt
   }
 }
 
-void AdamW::step(ParamStore<float>& store, double lr, int64_t t) {
+void AdamW::step(ParamStore<float>& store, double lr, int64_t t, double grad_scale) {
   check_layout(store, t);
   // Scalars in double, as torch computes them in Python; element-wise work in float, in torch's
   // operation order, each scalar rounded to float once.
@@ -36,8 +36,8 @@ void AdamW::step(ParamStore<float>& store, double lr, int64_t t) {
     const bool decayed = !p.no_weight_decay && opt_.weight_decay != 0.0;
     for_each_index(int64_t(p.size),
                    AdamWUpdateElement{store.weights() + p.flat_offset, m_[k].data(), v_[k].data(),
-                                      store.grads() + p.flat_offset, decayed ? decay : 1.0f, b1, one_m_b1, b2,
-                                      one_m_b2, bc2s, eps, neg_step});
+                                      store.grads() + p.flat_offset, float(grad_scale), decayed ? decay : 1.0f, b1,
+                                      one_m_b1, b2, one_m_b2, bc2s, eps, neg_step});
   }
 }
 

@@ -5,9 +5,12 @@
 // - "Owned entries" are indices into store.infos(). A rank updates only those; the trainer decides
 //   ownership (all entries on a single rank; later a subset per rank). State is allocated for the
 //   owned entries at construction and the store's layout must not change afterwards.
-// - step(store, lr, t): t is the 1-based number of this update (the first update is t = 1); lr is
-//   the learning rate of this update, from the Schedule (schedule.hpp). Gradients are read, never
-//   changed: global-norm clipping (grad_clip.hpp) is applied by the caller before step().
+// - step(store, lr, t, grad_scale): t is the 1-based number of this update (the first update is
+//   t = 1); lr is the learning rate of this update, from the Schedule (schedule.hpp); grad_scale is
+//   global-norm clipping's factor (grad_clip.hpp, 1 = none): the update sees g * float(grad_scale),
+//   the same product scale_grads would store. AdamW forms it as it reads g (one pass less over the
+//   gradients, docs/ARCHITECTURE.md "One training step") and leaves the gradients unchanged;
+//   Adafactor, which reads them several times, scales them in place first.
 //   Neither optimizer keeps a step counter: a resumed run passes the checkpointed t.
 // - state(): every piece of optimizer state as a named tensor (for checkpoints), in owned-entry
 //   order. Names are "<param name>/<slot>"; slots: AdamW "exp_avg", "exp_avg_sq" (param's shape);
@@ -49,7 +52,7 @@ using DimReduce = std::function<void(const ParamInfo& p, int dim, double* buf, s
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  virtual void step(ParamStore<float>& store, double lr, int64_t t) = 0;
+  virtual void step(ParamStore<float>& store, double lr, int64_t t, double grad_scale = 1.0) = 0;
   virtual std::vector<StateTensor> state() = 0;
   virtual const char* name() const = 0;
   const std::vector<size_t>& owned() const { return owned_; }

@@ -28,9 +28,11 @@ struct SumSquaresChunk {
 struct AdamWUpdateElement {
   float *x, *m, *v;
   const float* g;
-  float decay;  // 1 - lr * weight_decay, or exactly 1 for a parameter without decay (x * 1 = x)
+  float grad_scale;  // clipping's factor, or exactly 1 (g * 1 = g)
+  float decay;       // 1 - lr * weight_decay, or exactly 1 for a parameter without decay (x * 1 = x)
   float b1, one_m_b1, b2, one_m_b2, bc2s, eps, neg_step;
-  MESHMOE_HD void update(float& xi, float& mi, float& vi, float gi) const {
+  MESHMOE_HD void update(float& xi, float& mi, float& vi, float g_raw) const {
+    const float gi = g_raw * grad_scale;
     xi = xi * decay;
     mi = mi * b1 + one_m_b1 * gi;
     vi = vi * b2 + one_m_b2 * gi * gi;

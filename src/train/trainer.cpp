@@ -220,9 +220,8 @@ class Trainer {
     progress_.good_cursor = batcher_->cursor();
     ++progress_.updates;
     count_lang_tokens(batch);
-    const double scale = clip_scale(s.grad_norm, cfg_.optim.grad_clip);
-    scale_grads(P, optimizer_->owned(), scale);
-    optimizer_->step(P, s.lr, progress_.updates);  // t counts applied updates (bias correction)
+    // t counts applied updates (bias correction); the clipping factor is applied as the update reads g
+    optimizer_->step(P, s.lr, progress_.updates, clip_scale(s.grad_norm, cfg_.optim.grad_clip));
     grad_sync_->gather_params();                   // optim.shard_state: the owners' updates to every data rank
     return s;
   }

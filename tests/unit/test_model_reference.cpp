@@ -322,8 +322,7 @@ void train_run(h5::File& f, const RefCase& rc, const std::string& opt_name,
     norm.push_back(std::sqrt(grad_sum_squares(P)));
     lr.push_back(sched(t));
     REQUIRE(std::isfinite(norm.back()));
-    scale_grads(P, clip_scale(norm.back(), cfg.optim.grad_clip));
-    opt->step(P, lr.back(), t);
+    opt->step(P, lr.back(), t, clip_scale(norm.back(), cfg.optim.grad_clip));
   }
   h5::Group g = f.create_group("train/" + opt_name);
   g.set_attr("lr_peak", cfg.optim.lr);

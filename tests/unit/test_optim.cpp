@@ -124,6 +124,39 @@ TEST_CASE("grad clip: global norm from partial sums, torch's scale", "[optim][cl
   CHECK(std::sqrt(grad_sum_squares(s)) == Approx(1.0).epsilon(2e-6));  // fp32 grads: ~10 ulps
 }
 
+TEST_CASE("optimizers: the clipping factor given to step() is bitwise scaling the gradients first",
+          "[optim][clip]") {
+  for (const bool adafactor : {false, true}) {
+    INFO((adafactor ? "adafactor" : "adamw"));
+    std::mt19937 gen(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    ParamStore<float> fused, scaled;
+    for (ParamStore<float>* s : {&fused, &scaled}) {
+      s->add("w", {6, 10}, InitKind::Zeros, 1, nullptr);
+      s->add("b", {10}, InitKind::Zeros, 1, nullptr).no_weight_decay = true;
+      s->allocate();
+    }
+    for (size_t i = 0; i < fused.size(); ++i) fused.weights()[i] = scaled.weights()[i] = normal(gen);
+    auto make = [&](ParamStore<float>& s) -> std::unique_ptr<Optimizer> {
+      if (adafactor) return std::make_unique<Adafactor>(s, all_entries(s), AdafactorOptions{0.8, 1e-30, 1.0});
+      return std::make_unique<AdamW>(s, all_entries(s), AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+    };
+    auto opt_fused = make(fused), opt_scaled = make(scaled);
+    for (int64_t t = 1; t <= 4; ++t) {
+      for (size_t i = 0; i < fused.size(); ++i) fused.grads()[i] = scaled.grads()[i] = 3.0f * normal(gen);
+      const double scale = t == 3 ? 1.0 : clip_scale(std::sqrt(grad_sum_squares(fused)), 1.0);
+      REQUIRE((t == 3 || scale < 0.5));  // clipping is active on the other steps
+      scale_grads(scaled, scale);
+      opt_scaled->step(scaled, 0.01, t);
+      opt_fused->step(fused, 0.01, t, scale);
+    }
+    CHECK(std::equal(fused.weights(), fused.weights() + fused.size(), scaled.weights()));
+    const auto a = opt_fused->state(), b = opt_scaled->state();
+    REQUIRE(a.size() == b.size());
+    for (size_t k = 0; k < a.size(); ++k) CHECK(*a[k].data == *b[k].data);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 TEST_CASE("adamw: first step by hand, weight decay only where allowed", "[optim][adamw]") {
   ParamStore<float> s;
@@ -580,10 +613,9 @@ TorchCase run_torch_case(hid_t f, const std::string& group, Config cfg) {
     const double scale = clip_scale(std::sqrt(grad_sum_squares(s)), cfg.optim.grad_clip);
     r.n_clipped += scale < 1.0;
     CHECK((scale < 1.0) == (clipped[size_t(t - 1)] != 0.0f));
-    scale_grads(s, scale);
     const double lr = sched(t);
     r.max_lr_err = std::max(r.max_lr_err, std::abs(lr - double(lr_ref[size_t(t - 1)])) / double(lr_ref[size_t(t - 1)]));
-    opt->step(s, lr, t);
+    opt->step(s, lr, t, scale);
     for (int k = 0; k < 3; ++k) {
       const ParamInfo& p = s.infos()[k];
       const float* ref = expect[k].data() + (t - 1) * p.size;
