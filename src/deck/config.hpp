@@ -23,6 +23,7 @@ using RouterKind_t = RouterKind;
 using SecondExpertPolicy_t = SecondExpertPolicy;
 using AuxLossForm_t = AuxLossForm;
 using ExpertAxis_t = ExpertAxis;
+using BalanceKind_t = BalanceKind;
 using OptimizerKind_t = OptimizerKind;
 using ScheduleKind_t = ScheduleKind;
 using TokenizerKind_t = TokenizerKind;

@@ -23,6 +23,7 @@ enum class RouterKind { Top1, Top2, TopK };                 // moe.router
 enum class SecondExpertPolicy { Random, Always, Threshold };  // moe.second_expert
 enum class AuxLossForm { Switch, Gshard };                  // moe.aux_loss_form
 enum class ExpertAxis { Data, Tensor };                     // moe.expert_axis (model/moe/moe_placement.hpp)
+enum class BalanceKind { AuxLoss, Bias };                   // moe.balance (model/moe/router.hpp)
 enum class OptimizerKind { AdamW, Adafactor };              // optim.name
 enum class ScheduleKind { Constant, Rsqrt, Cosine };        // optim.schedule (train/schedule.hpp)
 enum class TokenizerKind { Bytes, Spm };                    // data.tokenizer (data/tokenizer.hpp)
@@ -44,6 +45,7 @@ MESHMOE_OPTION_NAMES(SecondExpertPolicy, {SecondExpertPolicy::Random, "random"},
                      {SecondExpertPolicy::Threshold, "threshold"})
 MESHMOE_OPTION_NAMES(AuxLossForm, {AuxLossForm::Switch, "switch"}, {AuxLossForm::Gshard, "gshard"})
 MESHMOE_OPTION_NAMES(ExpertAxis, {ExpertAxis::Data, "data"}, {ExpertAxis::Tensor, "tensor"})
+MESHMOE_OPTION_NAMES(BalanceKind, {BalanceKind::AuxLoss, "aux_loss"}, {BalanceKind::Bias, "bias"})
 MESHMOE_OPTION_NAMES(OptimizerKind, {OptimizerKind::AdamW, "adamw"}, {OptimizerKind::Adafactor, "adafactor"})
 MESHMOE_OPTION_NAMES(ScheduleKind, {ScheduleKind::Constant, "constant"}, {ScheduleKind::Rsqrt, "rsqrt"},
                      {ScheduleKind::Cosine, "cosine"})

@@ -29,6 +29,13 @@ std::vector<ShapeRule> shape_rules(const Config& cfg, int64_t pipe, int64_t data
     r.push_back({{"moe.expert_d_ff", "mesh.tensor", "moe.expert_axis", "moe.every"}, e.expert_d_ff % tensor == 0,
                  kv("moe.expert_d_ff", e.expert_d_ff) + " is not divisible by " + kv("mesh.tensor", tensor) +
                      " (with moe.expert_axis = \"data\" each expert's hidden units are split over the tensor axis)"});
+  // The shared experts: one feed-forward of hidden width n x expert d_ff, split over tensor (moe_layer.hpp).
+  if (moe_layers && e.shared_experts > 0 && tensor > 1) {
+    const int64_t shared_H = e.shared_experts * (e.expert_d_ff > 0 ? e.expert_d_ff : m.d_ff);
+    r.push_back({{"moe.shared_experts", "moe.expert_d_ff", "mesh.tensor", "moe.every"}, shared_H % tensor == 0,
+                 "moe.shared_experts x expert d_ff = " + std::to_string(shared_H) + " is not divisible by " +
+                     kv("mesh.tensor", tensor) + " (the shared experts' hidden units are split over the tensor axis)"});
+  }
   if (moe_layers) {
     const bool on_data = e.expert_axis == ExpertAxis::Data;
     const int64_t axis = on_data ? data : tensor;

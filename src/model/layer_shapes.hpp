@@ -134,6 +134,16 @@ inline std::vector<ParamInfo> expert_params(const std::string& prefix, const Exp
   return ffn_params(prefix, s.ffn, s.E, s.e0, s.E_l, s.sharded_over);
 }
 
+// The shared experts of an MoE layer (moe_layer.hpp): n experts of width H as one feed-forward of
+// hidden width n H (`s`, hidden units split over tensor like the dense one); hidden unit i H + j is
+// unit j of shared expert i. w_out's fan-in is one expert's width H, so that the weights initialise
+// as n separate experts of width H would.
+inline std::vector<ParamInfo> shared_expert_params(const std::string& prefix, const FfnShape& s, int expert_H) {
+  std::vector<ParamInfo> out = mlp_params(prefix, s);
+  out[1].fan_in = double(expert_H);
+  return out;
+}
+
 // The router's prefix.wg [M, E] (fan_in M), replicated.
 inline std::vector<ParamInfo> router_params(const std::string& prefix, int64_t M, int64_t E) {
   return {param_entry(prefix + ".wg", {M, E}, InitKind::TruncNormal, double(M))};

@@ -67,6 +67,7 @@ ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, Rank
     s.experts_over_data = place.axis == ExpertAxis::Data;
     s.experts = place.expert_shape(s.M, s.moe_opt.num_experts, s.moe_opt.d_ff, s.moe_opt.activation);
     s.k = s.moe_opt.k();
+    if (s.moe_opt.shared_experts > 0) s.shared = place.shared_shape(s.M, s.moe_opt.shared_hidden(), s.moe_opt.activation);
   }
 
   // The layers in the order the Transformer registers them (flat layout: embedding, blocks, ln_f, head).
@@ -91,6 +92,9 @@ ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, Rank
       add(b + ".moe.router", LayerKind::Router, i, router_params(b + ".moe.router", s.M, s.experts.E));
       add(b + ".moe.dispatch", LayerKind::Dispatcher, i, {});
       add(b + ".moe.experts", LayerKind::Experts, i, expert_params(b + ".moe.experts", s.experts));
+      if (s.moe_opt.shared_experts > 0)
+        add(b + ".moe.shared", LayerKind::SharedExperts, i,
+            shared_expert_params(b + ".moe.shared", s.shared, s.moe_opt.d_ff));
     } else {
       add(b + ".mlp", LayerKind::DenseFfn, i, mlp_params(b + ".mlp", s.ffn));
     }
@@ -114,7 +118,7 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
   s.B = int(cfg.optim.batch_size / (cfg.optim.micro_batches * mesh.data));
   s.N = s.B * s.T;
   const int64_t B = s.B, T = s.T, N = s.N, M = s.M, V = s.V;
-  const int64_t heads_l = s.attn.heads_l, A_l = s.attn.A_l, H_l = s.ffn.H_l, W_l = s.ffn.W_l;
+  const int64_t heads_l = s.attn.heads_l, A_l = s.attn.A_l;
   const bool dropout = cfg.model.dropout > 0;
   int64_t E = 0, E_l = 0, He_l = 0, We_l = 0, G = 0, C = 0, k = 0, Et = 0, R = 0;
   if (s.moe) {
@@ -134,6 +138,18 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
   for (LayerShapes& l : layers_) {
     auto buf = [&](const char* name, const char* letters, std::vector<int64_t> dims, size_t elem, K kind = K::Saved) {
       l.buffers.push_back({name, letters, std::move(dims), elem, kind});
+    };
+    // A feed-forward (mlp.hpp) of hidden units f.H_l: H_l, W_l in the letters are f's.
+    auto ffn_buffers = [&](const FfnShape& f, bool with_dropout, bool partial_dx) {
+      const int64_t H_l = f.H_l, W_l = f.W_l;
+      buf("x", "[N, M]", {N, M}, f32);
+      buf("pre", "[N, W_l]", {N, W_l}, f32);
+      buf("h", "[N, H_l]", {N, H_l}, f32);
+      if (with_dropout) buf("dropout keep mask", "[N, M]", {N, M}, u8);
+      buf("dy", "[N, M]", {N, M}, f32, K::Scratch);
+      buf("dh", "[N, H_l]", {N, H_l}, f32, K::Scratch);
+      buf("dpre", "[N, W_l]", {N, W_l}, f32, K::Scratch);
+      if (partial_dx) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
     };
     switch (l.kind) {
       case LayerKind::Stage:  // Transformer x_, h_, f_, segment_, position_ (forward), d_, dh_ (backward)
@@ -177,14 +193,11 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         if (s.attn.sharded()) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
         break;
       case LayerKind::DenseFfn:
-        buf("x", "[N, M]", {N, M}, f32);
-        buf("pre", "[N, W_l]", {N, W_l}, f32);
-        buf("h", "[N, H_l]", {N, H_l}, f32);
-        if (dropout) buf("dropout keep mask", "[N, M]", {N, M}, u8);
-        buf("dy", "[N, M]", {N, M}, f32, K::Scratch);
-        buf("dh", "[N, H_l]", {N, H_l}, f32, K::Scratch);
-        buf("dpre", "[N, W_l]", {N, W_l}, f32, K::Scratch);
-        if (s.ffn.sharded()) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
+        ffn_buffers(s.ffn, dropout, s.ffn.sharded());
+        break;
+      case LayerKind::SharedExperts:  // no dropout; with experts over tensor the dispatcher's dx holds the partial dx
+        buf("output", "[N, M]", {N, M}, f32, K::ForwardOnly);
+        ffn_buffers(s.shared, false, s.shared.sharded() && s.experts_over_data);
         break;
       case LayerKind::Router: {
         const bool jitter = s.moe_opt.jitter_eps > 0;

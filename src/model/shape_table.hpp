@@ -45,7 +45,9 @@ struct RankCoords {
 
 // Stage: the Transformer's own buffers (the residual stream); Dispatcher: an MoE layer's token
 // movement (moe/dispatcher.hpp and the all-to-all or index-select dispatcher).
-enum class LayerKind { Stage, Embedding, LayerNorm, Attention, CrossAttention, DenseFfn, Router, Dispatcher, Experts, Head };
+// SharedExperts: an MoE layer's shared experts (moe.shared_experts), one feed-forward of width n H.
+enum class LayerKind { Stage, Embedding, LayerNorm, Attention, CrossAttention, DenseFfn, Router, Dispatcher, Experts,
+                       SharedExperts, Head };
 
 // What a layer's buffer is for, which decides where the memory plan counts it:
 //   Saved:       written by the forward, read by the backward (parked with the micro-batch when the
@@ -94,6 +96,7 @@ struct ShapeLetters {
   MoeOptions moe_opt;   // the [moe] settings (moe_options(cfg, 0))
   bool experts_over_data = true;  // moe.expert_axis = data
   ExpertShape experts;  // this rank's experts and hidden units (MoePlacement::expert_shape)
+  FfnShape shared;      // with moe.shared_experts: their hidden units n H over tensor (MoePlacement::shared_shape)
   int k = 0;            // experts per token
   // One micro-batch of this rank (tables with buffers only): B sequences of T tokens, N = B x T;
   // G = N / S routing groups of S tokens, capacity C per group and expert (training).

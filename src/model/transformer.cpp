@@ -22,7 +22,7 @@ double train_flops_per_token(const Config& cfg, const ModelShape& s) {
     if (s.has_cross_attention(i)) fwd += 8.0 * M * M + 4.0 * T * M;  // the same for the cross-attention
     if (s.is_moe_block(i)) {
       const MoeOptions o = moe_options(cfg, 0);
-      fwd += 2.0 * M * o.num_experts + o.k() * ffn(o.d_ff);
+      fwd += 2.0 * M * o.num_experts + o.k() * ffn(o.d_ff) + o.shared_experts * ffn(o.d_ff);  // router, routed, shared
     } else {
       fwd += ffn(s.d_ff);
     }

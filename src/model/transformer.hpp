@@ -34,7 +34,8 @@
 namespace meshmoe {
 
 // Model FLOPs per token of one training step (forward + backward = 3 x forward matmul FLOPs;
-// attention counted over the full context, MoE experts at k choices per token, the router included).
+// attention counted over the full context, MoE experts at k choices per token plus the shared
+// experts, the router included).
 double train_flops_per_token(const Config& cfg, const ModelShape& s);
 
 // Where this rank's part of the model sits on the mesh. The default is the whole model on one rank.

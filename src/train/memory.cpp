@@ -186,7 +186,7 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
       {"layernorms", {LayerKind::LayerNorm}},
       {"attention", {LayerKind::Attention, LayerKind::CrossAttention}},
       {"dense ffn", {LayerKind::DenseFfn}},
-      {"moe", {LayerKind::Router, LayerKind::Dispatcher, LayerKind::Experts}},
+      {"moe", {LayerKind::Router, LayerKind::Dispatcher, LayerKind::Experts, LayerKind::SharedExperts}},
       {"head + loss", {LayerKind::Head}}};
   Checked activations = 0, unparked = 0, w = 0;
   int moe_here = 0, dense_here = 0;
@@ -246,6 +246,8 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   double t_bytes = (fw + bw) * (p.num_blocks + dense_here) * act_bytes;
   if (any_moe)
     t_bytes += expert_on_data ? (fw + bw) * moe_here * double(E_l * data * G * C * M) * kF : (fw + bw) * moe_here * act_bytes;
+  // the shared experts' own pair with experts over data (over tensor they join the combine's)
+  if (any_moe && expert_on_data && sl.moe_opt.shared_experts > 0) t_bytes += (fw + bw) * moe_here * act_bytes;
   p.sent_tensor = ring_allreduce(t_bytes, tensor);
   // pipe: activations forward, their gradients backward, once per micro-batch; the tied embedding's
   // gradient between the first and the last stage

@@ -8,7 +8,7 @@ namespace {
 // Experts of this rank: [e0, e0 + E_local) and hidden units [h0, h0 + H_local).
 template <typename T>
 Experts<T> make_experts(const MoeOptions& opt, const MoePlacement& p) {
-  p.validate(opt.num_experts, opt.d_ff);
+  p.validate(opt.num_experts, opt.d_ff, opt.shared_hidden());
   return Experts<T>(opt, p.expert_shape(opt.d_model, opt.num_experts, opt.d_ff, opt.activation),
                     p.hidden_split() ? p.tensor : nullptr);
 }
@@ -24,12 +24,24 @@ MoeLayer<T>::MoeLayer(const MoeOptions& opt, const MoePlacement& placement)
   if (place_.expert_parallel_tensor())
     isel = std::make_unique<IndexSelectDispatcher<T>>(place_.tensor, place_.tensor_size, place_.tensor_rank,
                                                       opt.num_experts);
+  if (opt.shared_experts > 0) {
+    shared = std::make_unique<MLP<T>>(place_.shared_shape(opt.d_model, opt.shared_hidden(), opt.activation), 0.0,
+                                      opt.layer_id);
+    // Experts over tensor: the combine's all-reduce sums the shared partial output too (header).
+    if (shared->sharded() && !isel)
+      shared->tensor_allreduce = [comm = place_.tensor](T* buf, size_t n) { comm->all_reduce(buf, n, Op::Sum); };
+  }
 }
 
 template <typename T>
 void MoeLayer<T>::declare(ParamStore<T>& store, const std::string& prefix) {
   router.declare(store, prefix + ".router");
   experts.declare(store, prefix + ".experts");
+  if (shared)
+    declare_params(store,
+                   shared_expert_params(prefix + ".shared", place_.shared_shape(opt_.d_model, opt_.shared_hidden(), opt_.activation),
+                                        opt_.d_ff),
+                   {&shared->w_in, &shared->w_out});
 }
 
 template <typename T>
@@ -101,17 +113,28 @@ void MoeLayer<T>::run_experts(const StepContext& ctx) {
   }
 }
 
-// xout [rows', M] -> out [rows, M] (all-to-all path) -> y [N, M] (-> all-reduce, index-select path)
+// x [N, M] -> shared_out [N, M]: the shared experts' sum (this rank's partial sum with isel)
+template <typename T>
+void MoeLayer<T>::run_shared(const StepContext& ctx, const T* x, int N) {
+  shared_out_.resize(size_t(N) * opt_.d_model);
+  ScopedPhase t(ctx.timers, "expert");
+  shared->forward(ctx, x, shared_out_.data(), N);
+}
+
+// xout [rows', M] -> out [rows, M] (all-to-all path) -> y [N, M] (+ shared_out) (-> all-reduce,
+// index-select path)
 template <typename T>
 void MoeLayer<T>::combine(const StepContext& ctx, T* y) {
   const int M = opt_.d_model;
+  const size_t NM = size_t(router.routing().N) * M;
   if (a2a) {
     out_.resize(buf_.size());
     a2a->from_experts(ctx, xout_.data(), out_.data());
     Buffer<T>().swap(xout_);
   }
   dispatcher.combine(router.routing(), out_.data(), y, M);
-  if (isel) isel->reduce_output(ctx, y, size_t(router.routing().N) * M);
+  if (shared) add_into(y, shared_out_.data(), NM);  // DeepSeekMoE eq. 3: routed + shared
+  if (isel) isel->reduce_output(ctx, y, NM);
 }
 
 template <typename T>
@@ -128,6 +151,7 @@ void MoeLayer<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
     ScopedPhase t(ctx.timers, "expert");
     run_experts(ctx);
   }
+  if (shared) run_shared(ctx, x, N);
   ScopedPhase t(ctx.timers, "combine");
   combine(ctx, y);
 }
@@ -157,13 +181,19 @@ void MoeLayer<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N, do
     experts.backward(ctx, a2a ? dexp_.data() : dout_.data(), dxe_.data());
     if (a2a) Buffer<T>().swap(dexp_);  // alive only during the pass, as xin_ and xout_
   }
+  // With isel dxp_ is this rank's partial dx: the shared experts' partial input gradient goes in
+  // before the dispatch's all-reduce (header).
+  if (isel) dxp_.assign(NM, T(0));
+  if (shared) {
+    ScopedPhase t(ctx.timers, "expert");
+    shared->backward(ctx, dy, isel ? dxp_.data() : dx, N);
+  }
   {
     ScopedPhase t(ctx.timers, "dispatch");
     // All-to-all path: the input gradient rows come back into dout_ (token side, free again).
     if (a2a) a2a->from_experts(ctx, dxe_.data(), dout_.data());
     const T* db = a2a ? dout_.data() : dxe_.data();
     if (isel) {
-      dxp_.assign(NM, T(0));
       dispatcher.dispatch_backward(r, db, dxp_.data(), M);
       isel->reduce_grads(ctx, dxp_.data(), NM, dgate_.data(), dgate_.size());
       add_into(dx, dxp_.data(), NM);

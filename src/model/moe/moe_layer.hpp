@@ -8,6 +8,16 @@
 //                          an all-reduce over tensor inside each expert (Switch 5.5);
 //   expert_axis = tensor   index selection of this rank's experts + all-reduce over tensor of the
 //                          combined output (IndexSelectDispatcher, Pipeline-MoE).
+// Shared experts (moe.shared_experts = n; DeepSpeed-MoE's residual MoE, DeepSeekMoE eq. 3): every
+// token also goes through n dense feed-forwards of width H, their sum added to y. Since the
+// activation is element-wise, sum_i act(x W_in_i) W_out_i = act(x [W_in_1 .. W_in_n]) [W_out_1; ..;
+// W_out_n]: the n experts are one MLP of hidden width n H (one GEMM pair; for geglu the [M, 2, nH]
+// layout pairs unit i H + j's gelu and gate columns as expert i's [M, 2, H] does). Its hidden units
+// are split over tensor like the dense feed-forward's (Megatron): with experts over data its own
+// all-reduce over tensor; with experts over tensor its partial output joins the routed partial sums
+// before the combine's all-reduce (and its partial input gradient the dispatch's), so no collective
+// is added. Timed inside "expert", its own all-reduce included. No dropout.
+//
 // Each stage is timed as a phase ("gate", "dispatch", "expert", "combine"; backward adds into the
 // phase of the forward stage it mirrors); the communication inside is also timed on its own as
 // "moe_alltoall" (inside dispatch and combine) and "moe_allreduce" (inside expert or combine).
@@ -18,6 +28,7 @@
 #include <vector>
 
 #include "model/context.hpp"
+#include "model/mlp.hpp"
 #include "model/moe/alltoall_dispatcher.hpp"
 #include "model/moe/dispatcher.hpp"
 #include "model/moe/experts.hpp"
@@ -53,7 +64,8 @@ class MoeLayer {
   explicit MoeLayer(const MoeOptions& opt, const MoePlacement& placement = {});
 
   // prefix.router.wg [M, E], prefix.experts.w_in [E, M, H] or [E, M, 2, H] (geglu),
-  // prefix.experts.w_out [E, H, M]; the experts as this rank's block.
+  // prefix.experts.w_out [E, H, M]; the experts as this rank's block; with shared experts
+  // prefix.shared.w_in [M, nH] or [M, 2, nH], prefix.shared.w_out [nH, M] (shared_expert_params).
   void declare(ParamStore<T>& store, const std::string& prefix);
 
   // x [N, M] -> y [N, M] (overwritten). N must be a multiple of moe.group_size.
@@ -70,6 +82,7 @@ class MoeLayer {
     dispatcher.saved_state(f);
     experts.saved_state(f);
     if (a2a) a2a->saved_state(f);
+    if (shared) shared->saved_state(f);
     f(buf_);
     f(out_);
     f(expert_side_elems_);
@@ -90,12 +103,14 @@ class MoeLayer {
   Experts<T> experts;                        // this rank's experts (and hidden units)
   std::unique_ptr<AllToAllDispatcher<T>> a2a;       // expert_axis = data, data > 1
   std::unique_ptr<IndexSelectDispatcher<T>> isel;   // expert_axis = tensor, tensor > 1
+  std::unique_ptr<MLP<T>> shared;                   // moe.shared_experts > 0: this rank's hidden units
 
  private:
   // The stages, in order.
   void route(const StepContext& ctx, const T* x, int N);
   void dispatch(const StepContext& ctx, const T* x);
   void run_experts(const StepContext& ctx);
+  void run_shared(const StepContext& ctx, const T* x, int N);
   void combine(const StepContext& ctx, T* y);
   void reserve_full_layout(const Routing<T>& r);
 
@@ -108,6 +123,7 @@ class MoeLayer {
   // experts keep their own copy of the input; combine's output is in out_), so that the memory held
   // between forward and backward stays that of the single-rank layer (GShard section 5.1).
   Buffer<T> xin_, xout_;
+  Buffer<T> shared_out_;  // [N, M] the shared experts' output (partial over tensor with isel), forward only
   size_t expert_side_elems_ = 0;  // rows' * M of the last forward
   MoeStats stats_;
   // Backward scratch, not saved state: overwritten by every backward, members so that a step does

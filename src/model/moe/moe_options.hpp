@@ -29,7 +29,13 @@ struct MoeOptions {
   AuxLossForm aux_loss_form = AuxLossForm::Switch;
   double jitter_eps = 0.0;
   double expert_dropout = 0.0;
+  int shared_experts = 0;   // n shared experts of width d_ff, every token through them (moe_layer.hpp)
+  BalanceKind balance = BalanceKind::AuxLoss;  // aux_loss, or bias: the router's selection bias (router.hpp)
+  double bias_update_rate = 1e-3;              // u of the selection-bias update
   uint32_t layer_id = 0;    // keys this layer's random streams (Rng layer field)
+
+  // Hidden width of the shared experts as one feed-forward: n x H (moe_layer.hpp).
+  int shared_hidden() const { return shared_experts * d_ff; }
 
   // Choices per token: 1, 2 or top_k.
   int k() const { return router == RouterKind::Top1 ? 1 : router == RouterKind::Top2 ? 2 : top_k; }
@@ -63,6 +69,8 @@ struct MoeOptions {
           std::to_string(num_experts) + " experts; use fewer choices or more experts");
     if (jitter_eps < 0 || jitter_eps >= 1) bad("moe.jitter_eps must be in [0, 1)");
     if (expert_dropout < 0 || expert_dropout >= 1) bad("moe.expert_dropout must be in [0, 1)");
+    if (shared_experts < 0) bad("moe.shared_experts must be >= 0");
+    if (bias_update_rate < 0) bad("moe.bias_update_rate must be >= 0");
   }
 };
 
@@ -85,6 +93,9 @@ inline MoeOptions moe_options(const Config& cfg, uint32_t layer_id) {
   o.aux_loss_form = cfg.moe.aux_loss_form;
   o.jitter_eps = cfg.moe.jitter_eps;
   o.expert_dropout = cfg.moe.expert_dropout;
+  o.shared_experts = int(cfg.moe.shared_experts);
+  o.balance = cfg.moe.balance;
+  o.bias_update_rate = cfg.moe.bias_update_rate;
   o.layer_id = layer_id;
   o.validate();
   return o;

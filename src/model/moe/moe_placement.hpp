@@ -33,7 +33,8 @@ struct MoePlacement {
 
   // Checks against a layer of E experts with hidden width H (the deck checks the same rules with
   // key names; this guards other callers). Throws std::logic_error for missing communicators.
-  void validate(int E, int H) const {
+  // shared_H: the shared experts' hidden width n H (0: none).
+  void validate(int E, int H, int shared_H = 0) const {
     const int ways = axis == ExpertAxis::Data ? data_size : tensor_size;
     if (E % ways != 0)
       throw InputError("moe.num_experts = " + std::to_string(E) + " is not divisible by the " +
@@ -41,8 +42,12 @@ struct MoePlacement {
     if (hidden_split() && H % tensor_size != 0)
       throw InputError("expert d_ff = " + std::to_string(H) + " is not divisible by mesh.tensor = " +
                        std::to_string(tensor_size) + " (expert hidden units are split over the tensor axis)");
+    if (tensor_size > 1 && shared_H % tensor_size != 0)
+      throw InputError("moe.shared_experts x expert d_ff = " + std::to_string(shared_H) +
+                       " is not divisible by mesh.tensor = " + std::to_string(tensor_size) +
+                       " (the shared experts' hidden units are split over the tensor axis)");
     if (expert_parallel_data() && !data) throw std::logic_error("MoePlacement: data_size > 1 without a data Comm");
-    if ((hidden_split() || expert_parallel_tensor()) && !tensor)
+    if ((hidden_split() || expert_parallel_tensor() || (shared_H > 0 && tensor_size > 1)) && !tensor)
       throw std::logic_error("MoePlacement: tensor_size > 1 without a tensor Comm");
   }
   // This rank's block of a layer of E experts of hidden width H (model width M): experts split over
@@ -57,6 +62,11 @@ struct MoePlacement {
     if (expert_parallel_data()) shard |= kShardData;
     if (hidden_split() || expert_parallel_tensor()) shard |= kShardTensor;
     return {E, experts.offset, experts.local, ffn_shape(M, H, act, hidden), shard};
+  }
+  // This rank's block of the shared experts as one feed-forward of hidden width nH (moe_layer.hpp):
+  // hidden units split over tensor like the dense feed-forward's (Megatron), whatever the expert axis.
+  FfnShape shared_shape(int M, int nH, Activation act) const {
+    return ffn_shape(M, nH, act, tensor_size > 1 ? split_evenly(nH, tensor_rank, tensor_size) : whole(nH));
   }
 };
 
