@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from optim_reference import PaperAdafactor, schedule  # noqa: E402
 from philox import DROPOUT, EXPERT_DROPOUT, JITTER, SECOND_EXPERT, Rng  # noqa: E402
 
-CASES = ["dense_relu", "switch_top1", "gshard_top2", "geglu_untied", "encdec_top2", "top2_ntlb"]
+CASES = ["dense_relu", "switch_top1", "gshard_top2", "geglu_untied", "encdec_top2", "top2_ntlb", "shared_experts"]
 CLIP_COUNTS = []  # fraction of clipped steps of every training run
 TOL_LOGITS, TOL_SCALAR, TOL_GRAD_REL, TOL_GRAD_ABS, TOL_CURVE, TOL_LR = 1e-5, 1e-5, 1e-4, 1e-7, 1e-4, 1e-12
 
@@ -251,6 +251,15 @@ def moe(x, P, pre, cfg, ctx, layer, routing_out):
         h = h * torch.from_numpy(np.where(drop, np.float32(0), np.float32(1.0 / (1.0 - p))).astype(np.float32))
     out = torch.einsum("egch,ehm->egcm", h, P[pre + ".experts.w_out"])
     y = torch.einsum("gsec,egcm->gsm", combine, out).reshape(N, M)
+    # Shared experts (DeepSeekMoE eq. 3): each of the n experts on its own slice [i H, (i+1) H) of
+    # the hidden units, summed (an independent form of the C++ one-feed-forward-of-width-n-H).
+    n = getattr(cfg, "shared_experts", 0)
+    if n > 0:
+        w_in = P[pre + ".shared.w_in"].reshape(M, -1, n * H)  # [M, 1 or 2, nH]
+        w_out = P[pre + ".shared.w_out"]  # [nH, M]
+        for i in range(n):
+            cols = w_in[:, :, i * H:(i + 1) * H].reshape(M, -1)  # expert i's [M, H] or [M, 2H]
+            y = y + activation(cfg.activation, x @ cols, H) @ w_out[i * H:(i + 1) * H]
     return y, aux_sum, z_sum
 
 
@@ -352,7 +361,7 @@ def check_case(path, case):
         peaks = {o: (float(f["train"][o].attrs["lr_peak"]), f["train"][o].attrs["schedule"]) for o in curves}
     moe_desc = (f"moe every {cfg.moe_every}: E={cfg.num_experts} router={cfg.router} k={cfg.k()} C={cfg.capacity()} "
                 f"second={cfg.second_expert} expert_dropout={cfg.expert_dropout} jitter={cfg.jitter_eps} "
-                f"ntlb={cfg.no_token_left_behind}" if cfg.moe_every > 0 else "dense")
+                f"ntlb={cfg.no_token_left_behind} shared={getattr(cfg, 'shared_experts', 0)}" if cfg.moe_every > 0 else "dense")
     print(f"{case}: arch={cfg.arch} layers={cfg.num_layers} act={cfg.activation} tied={cfg.tied_embeddings} dropout={cfg.dropout} "
           f"{moe_desc}")
 

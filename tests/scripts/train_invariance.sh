@@ -83,6 +83,13 @@ train_or_fail geglu-adafactor-pmoe-t2 2 --set model.activation=geglu --set optim
 # training as the reference, to rounding; on expert meshes as on one rank.
 train_or_fail auxg 1 --set moe.aux_loss_form=gshard --set moe.aux_loss_coef=0.16
 train_or_fail auxg-d2t2 4 --set moe.aux_loss_form=gshard --set moe.aux_loss_coef=0.16 --set mesh.data=2 --set mesh.tensor=2
+# Shared experts (moe.shared_experts): their hidden units split over tensor with their own
+# all-reduce (experts over data), or summed in the combine's all-reduce (experts over tensor).
+train_or_fail shared 1 --set moe.shared_experts=2
+train_or_fail shared-d2t2 4 --set moe.shared_experts=2 --set mesh.data=2 --set mesh.tensor=2
+train_or_fail shared-pmoe-1 1 --set moe.shared_experts=2 ${model[pmoe]}
+train_or_fail shared-pmoe-p2t2 4 --set moe.shared_experts=2 ${model[pmoe]} --set mesh.pipe=2 --set mesh.tensor=2 --set optim.micro_batches=2
+pairs+="shared:shared-d2t2 shared-pmoe-1:shared-pmoe-p2t2 "
 train_or_fail evalsub 1 --set eval.examples_per_language=3
 train_or_fail evalsub-d2t2 4 --set eval.examples_per_language=3 --set mesh.data=2 --set mesh.tensor=2
 pairs+="evalsub:evalsub-d2t2 "

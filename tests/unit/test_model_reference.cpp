@@ -152,6 +152,19 @@ std::vector<RefCase> ref_cases() {
     r.expect_drops = r.expect_rerouted = true;
     v.push_back(r);
   }
+  {
+    // Shared experts (DeepSeekMoE eq. 3): 2 of width 24 beside top-2 routing, geglu, every block MoE.
+    RefCase r{"shared_experts", base_config(5000000007ull)};
+    Config& c = r.cfg;
+    c.model.activation = Activation::Geglu;
+    c.moe.every = 1;
+    c.moe.router = RouterKind::Top2;
+    c.moe.second_expert = SecondExpertPolicy::Random;
+    c.moe.expert_d_ff = 24;
+    c.moe.shared_experts = 2;
+    r.expect_declined = true;
+    v.push_back(r);
+  }
   return v;
 }
 
@@ -255,6 +268,7 @@ void write_config(h5::File& f, const Config& c, int vocab) {
   i64("no_token_left_behind", c.moe.no_token_left_behind);
   f64("jitter_eps", c.moe.jitter_eps);
   f64("expert_dropout", c.moe.expert_dropout);
+  i64("shared_experts", c.moe.shared_experts);
   f64("aux_loss_coef", c.moe.aux_loss_coef);
   f64("z_loss_coef", c.moe.z_loss_coef);
   i64("seed", c.run.seed);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "model/activation.hpp"
 #include "test_moe_util.hpp"
 
 using namespace meshmoe;
@@ -147,4 +148,63 @@ TEST_CASE("moe layer: finite differences, evaluation mode (no randomness, eval c
   c.opt.capacity_factor_eval = 0.5;
   c.training = false;
   check_fd(c);
+}
+
+TEST_CASE("moe layer: finite differences, shared experts (relu top-1, geglu top-2)", "[moe]") {
+  FdCase a{"shared-top1", small_moe(RouterKind::Top1, Activation::Relu)};
+  a.opt.shared_experts = 2;
+  a.opt.jitter_eps = 0.1;
+  a.opt.expert_dropout = 0.2;
+  check_fd(a);
+  FdCase b{"shared-top2-geglu", small_moe(RouterKind::Top2, Activation::Geglu)};
+  b.opt.shared_experts = 3;
+  b.opt.second_expert = SecondExpertPolicy::Random;
+  check_fd(b);
+}
+
+// The claim of moe_layer.hpp: one MLP of hidden width n H is the sum of n experts of width H, expert
+// i being hidden units [i H, (i + 1) H) (for geglu its gelu and gate columns of [M, 2, nH]). The
+// oracle runs each expert on its own over its slice of the weights and adds them to the output of
+// the same layer without shared experts (the router and routed experts initialise by name alike).
+TEST_CASE("moe layer: shared experts are n feed-forwards of width H summed into the routed output", "[moe]") {
+  for (const Activation act : {Activation::Relu, Activation::Geglu}) {
+    INFO("activation " << int(act));
+    MoeOptions o = small_moe(RouterKind::Top2, act);
+    o.second_expert = SecondExpertPolicy::Always;
+    const int n = 3, N = 16, M = o.d_model, H = o.d_ff, nH = n * H, W = act == Activation::Geglu ? 2 : 1;
+    MoeHarness<double> plain(o, 11);
+    o.shared_experts = n;
+    MoeHarness<double> with(o, 11);
+    REQUIRE(with.store.infos().size() == plain.store.infos().size() + 2);
+    const ParamView<double>& w_in = with.layer->shared->w_in;
+    const ParamView<double>& w_out = with.layer->shared->w_out;
+    StepContext ctx;
+    ctx.seed = 5, ctx.step = 2, ctx.training = true;
+    const std::vector<double> x = normal_vector(size_t(N) * M, 3);
+    std::vector<double> y_plain(x.size()), y_with(x.size());
+    plain.layer->forward(ctx, x.data(), y_plain.data(), N);
+    with.layer->forward(ctx, x.data(), y_with.data(), N);
+    CHECK(decisions(plain.layer->router.routing()) == decisions(with.layer->router.routing()));
+    double max_shared = 0;
+    for (int t = 0; t < N; ++t) {
+      std::vector<double> sum(size_t(M), 0.0);
+      for (int i = 0; i < n; ++i) {
+        // expert i alone: pre [1, W H] in its own [2, H] (geglu) or [H] layout, h [1, H]
+        std::vector<double> pre(size_t(W) * H, 0.0), h(size_t(H), 0.0);
+        for (int part = 0; part < W; ++part)
+          for (int j = 0; j < H; ++j)
+            for (int m = 0; m < M; ++m)
+              pre[size_t(part) * H + j] += x[size_t(t) * M + m] * w_in.w[(size_t(m) * W + part) * nH + size_t(i) * H + j];
+        activation_forward(act, pre.data(), h.data(), 1, H);
+        for (int j = 0; j < H; ++j)
+          for (int m = 0; m < M; ++m) sum[m] += h[j] * w_out.w[(size_t(i) * H + j) * M + m];
+      }
+      for (int m = 0; m < M; ++m) {
+        const size_t k = size_t(t) * M + m;
+        CHECK(y_with[k] - y_plain[k] == Approx(sum[m]).margin(1e-12));
+        max_shared = std::max(max_shared, std::abs(sum[m]));
+      }
+    }
+    CHECK(max_shared > 0.1);  // the shared experts contribute
+  }
 }
