@@ -60,6 +60,7 @@ const std::vector<Known>& known_metrics() {
       {"moe/*/declined_fraction", {"1", "fraction of second choices that random or threshold routing did not dispatch (0 for top-1)"}},
       {"moe/*/router_entropy", {"nats", "mean over tokens of the entropy of the router's softmax over experts (ln E when uniform)"}},
       {"moe/*/capacity", {"slots", "expert capacity C per routing group"}},
+      {"moe/*/bias_max_abs", {"1", "moe.balance = bias: largest |selection bias| of the layer's experts in the step's forwards (before the step's update)"}},
       {"eval/loss", {"nats/token", "evaluation cross-entropy, mean over the evaluation tokens"}},
   };
   return table;

@@ -27,6 +27,12 @@ RunCheckpoints::RunCheckpoints(const Deck& deck, std::string version, Mesh& mesh
       batcher_(batcher),
       progress_(progress) {}
 
+std::vector<StateTensor> RunCheckpoints::state() const {
+  std::vector<StateTensor> s = optimizer_.state();
+  s.insert(s.end(), model_state_.begin(), model_state_.end());
+  return s;
+}
+
 void RunCheckpoints::resume() {
   std::string path;
   int continues = 0;
@@ -58,7 +64,7 @@ void RunCheckpoints::resume() {
                        std::to_string(cfg_.run.steps));
     check_same_data(path, head);
     const std::vector<DeckChange> changes = changes_since(path, head);
-    std::vector<StateTensor> state = optimizer_.state();
+    std::vector<StateTensor> state = this->state();
     CheckpointMeta m;
     try {
       m = read_checkpoint(path, params_, state, mesh_.world());
@@ -161,7 +167,7 @@ bool RunCheckpoints::save(int64_t step, const DataCursor* cursor) {
   m.data_languages = join_languages(data_identity_.languages);
   std::string path;
   try {
-    path = write_checkpoint(ckpt_dir_, params_, optimizer_.state(), m, mesh_,
+    path = write_checkpoint(ckpt_dir_, params_, state(), m, mesh_,
                             RetentionPolicy{int(cfg_.checkpoint.keep_last), int(cfg_.checkpoint.keep_every), lineage_});
   } catch (const NonFiniteState& e) {  // every rank alike
     if (mesh_.rank() == 0) {

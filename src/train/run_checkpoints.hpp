@@ -41,6 +41,10 @@ class RunCheckpoints {
   RunCheckpoints(const Deck& deck, std::string version, Mesh& mesh, const RunDirectory& run_dir, DatasetIdentity data,
                  ParamStore<float>& params, Optimizer& optimizer, Batcher& batcher, TrainProgress& progress);
 
+  // State of the model that is not a parameter (the MoE routers' selection biases, moe.balance =
+  // bias): saved and resumed with the optimizer state, under /optim/<name>, in logical shapes.
+  void add_model_state(std::vector<StateTensor> state) { model_state_ = std::move(state); }
+
   // Collective. run.resume: auto (the newest complete checkpoint of the run directory, if any),
   // never, or a checkpoint path. Parameters, optimizer state, data cursor, update and bad-step
   // counts come back; the mesh may differ from the one that wrote the checkpoint. Resuming the run
@@ -84,6 +88,9 @@ class RunCheckpoints {
   Optimizer& optimizer_;
   Batcher& batcher_;
   TrainProgress& progress_;
+  std::vector<StateTensor> model_state_;
+  // The optimizer's state tensors, then the model's.
+  std::vector<StateTensor> state() const;
   int64_t last_checkpoint_ = 0;  // step of the newest checkpoint written or resumed from (this lineage)
   std::string lineage_, forked_from_;  // CheckpointMeta::lineage / forked_from of what this run writes
 };

@@ -168,6 +168,7 @@ void StepLog::write_step_row(int64_t step, const StepStats& s, double tokens_per
     row[g + "/declined_fraction"] = m.declined;
     row[g + "/router_entropy"] = m.entropy;
     row[g + "/capacity"] = m.capacity;
+    if (cfg_.moe.balance == BalanceKind::Bias) row[g + "/bias_max_abs"] = m.bias_max_abs;
   }
   metrics_->append(step, row);
   for (size_t l = 0; l < s.load.size(); ++l) metrics_->append_row(moe_name(l) + "/expert_load", s.load[l]);

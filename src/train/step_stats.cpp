@@ -23,6 +23,7 @@ void StepSums::add(const ForwardStats& f, const std::vector<const MoeLayer<float
     o.tokens += double(ms.tokens);
     o.entropy += ms.entropy_sum;
     o.capacity += double(ms.capacity);
+    o.bias_max_abs += ms.bias_max_abs;
     o.forwards += 1;
   }
 }
@@ -32,7 +33,7 @@ void StepSums::all_reduce(Comm& pipe, Comm& data) {
   for (MoeLayerSums& l : layers_) {
     for (double& x : l.load) fields.push_back(&x);
     for (double* x : {&l.wanted, &l.dropped, &l.rerouted, &l.declined, &l.second_choices, &l.tokens, &l.entropy,
-                      &l.capacity, &l.forwards})
+                      &l.capacity, &l.forwards, &l.bias_max_abs})
       fields.push_back(x);
   }
   std::vector<double> buf(fields.size());
@@ -53,12 +54,14 @@ StepStats StepSums::stats(double tokens, double groups) const {
     std::vector<double> load(o.load.size());
     for (size_t e = 0; e < load.size(); ++e) load[e] = total > 0 ? o.load[e] / total : 0;
     s.load.push_back(std::move(load));
+    s.load_count.push_back(o.load);
     MoeLayerStats m;
     m.dropped = o.wanted > 0 ? o.dropped / o.wanted : 0;
     m.rerouted = o.wanted > 0 ? o.rerouted / o.wanted : 0;
     m.declined = o.second_choices > 0 ? o.declined / o.second_choices : 0;
     m.entropy = o.tokens > 0 ? o.entropy / o.tokens : 0;
     m.capacity = o.forwards > 0 ? o.capacity / o.forwards : 0;
+    m.bias_max_abs = o.forwards > 0 ? o.bias_max_abs / o.forwards : 0;
     s.moe.push_back(m);
   }
   return s;

@@ -17,11 +17,13 @@ struct MoeLayerStats {
   double declined = 0;  // fraction of the second choices that random / threshold routing declined (0 for top-1)
   double entropy = 0;   // mean over tokens of the router softmax's entropy (nats; ln E when uniform)
   double capacity = 0;  // C, slots per expert and routing group
+  double bias_max_abs = 0;  // moe.balance = bias: max |selection bias| in the step's forwards
 };
 
 struct StepStats {
   double loss = 0, aux = 0, z = 0, grad_norm = 0, lr = 0;
   std::vector<std::vector<double>> load;  // [moe layer][E] fraction of the step's dispatched choices
+  std::vector<std::vector<double>> load_count;  // [moe layer][E] the step's dispatched choices (counts)
   std::vector<MoeLayerStats> moe;         // [moe layer]
   bool skipped = false;  // non-finite loss or gradient norm: no update
   bool empty = false;    // no target token in the step's batch: no forward, no update
@@ -53,6 +55,7 @@ class StepSums {
     double wanted = 0, dropped = 0, rerouted = 0, declined = 0, second_choices = 0;
     double tokens = 0, entropy = 0;  // routed tokens, sum of their router entropies
     double capacity = 0, forwards = 0;  // sum of C over the forwards that ran the layer, their count
+    double bias_max_abs = 0;            // its sum over those forwards
   };
   double ce_ = 0, mask_ = 0, aux_ = 0, z_ = 0;  // cross-entropy, target tokens, aux and z losses
   std::vector<MoeLayerSums> layers_;          // every MoE layer of the model

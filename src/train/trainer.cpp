@@ -85,6 +85,7 @@ class Trainer {
     train_too_long_ = batcher_->too_long();
     checkpoints_ = std::make_unique<RunCheckpoints>(deck, version_, mesh, run_dir_, std::move(data_identity),
                                                     model_->params(), *optimizer_, *batcher_, progress_);
+    checkpoints_->add_model_state(selection_bias_state());
     flops_per_token_ = train_flops_per_token(cfg_, model_->shape());
     // The sgemm ceiling with the run's BLAS threads (applied above), measured by every rank at once so
     // that the ranks of a node share its cores as they do in a step; the mesh's ceiling is the sum.
@@ -223,6 +224,7 @@ class Trainer {
     // t counts applied updates (bias correction); the clipping factor is applied as the update reads g
     optimizer_->step(P, s.lr, progress_.updates, clip_scale(s.grad_norm, cfg_.optim.grad_clip));
     grad_sync_->gather_params();                   // optim.shard_state: the owners' updates to every data rank
+    update_selection_biases(s);
     return s;
   }
 
@@ -247,6 +249,33 @@ class Trainer {
     return s;
   }
 
+  // The selection biases of this stage's MoE layers as checkpoint state "blocks.<i>.moe.router/
+  // selection_bias" [E]: every rank holds the whole tensor (replicated over data and tensor), so
+  // a checkpoint reloads on any mesh.
+  std::vector<StateTensor> selection_bias_state() {
+    std::vector<StateTensor> out;
+    int i = model_->first_block();
+    for (auto& b : model_->blocks()) {
+      if (b.moe && !b.moe->router.selection_bias.empty()) {
+        const int64_t E = int64_t(b.moe->router.selection_bias.size());
+        out.push_back({"blocks." + std::to_string(i) + ".moe.router/selection_bias", {E}, {E}, {0},
+                       &b.moe->router.selection_bias});
+      }
+      ++i;
+    }
+    return out;
+  }
+
+  // moe.balance = bias: each MoE layer of this stage moves its selection biases by the step's loads,
+  // summed over every rank's tokens (StepSums), so all ranks keep the same biases. Skipped and
+  // empty steps leave them as they are, as they leave the parameters.
+  void update_selection_biases(const StepStats& s) {
+    if (cfg_.moe.balance != BalanceKind::Bias) return;
+    size_t l = first_moe_layer_;
+    for (auto& b : model_->blocks())
+      if (b.moe) b.moe->router.update_bias(s.load_count[l++]);
+  }
+
   // The global batch's target tokens per language into the run's counts (TrainProgress::lang_tokens).
   void count_lang_tokens(const Batch& batch) {
     for (size_t i = 0; i < batch.mask.size(); ++i)
@@ -257,7 +286,8 @@ class Trainer {
     LossWeights w;
     w.ce = 1.0 / std::max(1.0, mask_total);
     const double groups = tokens / double(cfg_.moe.group_size);
-    w.aux = cfg_.moe.aux_loss_coef / groups;
+    // moe.balance = bias balances without the aux loss (its value is still logged).
+    w.aux = cfg_.moe.balance == BalanceKind::Bias ? 0.0 : cfg_.moe.aux_loss_coef / groups;
     w.z = cfg_.moe.z_loss_coef / tokens;
     return w;
   }

@@ -59,6 +59,7 @@ void MoeLayer<T>::route(const StepContext& ctx, const T* x, int N) {
   stats_.second_choices = int64_t(N) * (r.k - 1);
   stats_.capacity = r.C;
   stats_.entropy_sum = router.entropy_sum;
+  stats_.bias_max_abs = router.bias_max_abs();
 }
 
 // Capacity routing: the row buffers get the room of the full [E, G, C, M] layout once, what the

@@ -56,6 +56,7 @@ struct MoeStats {
   int64_t second_choices = 0;  // N * (k - 1): the choices random / threshold routing may decline
   int64_t capacity = 0;        // C, slots per expert and group
   double entropy_sum = 0;      // sum over tokens of the router softmax's entropy (nats)
+  double bias_max_abs = 0;     // moe.balance = bias: max |selection bias| the forward ranked with
 };
 
 template <typename T>

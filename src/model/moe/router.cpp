@@ -1,6 +1,9 @@
 #include "model/moe/router.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <stdexcept>
 
 #include "core/error.hpp"
 #include "core/philox.hpp"
@@ -77,7 +80,7 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
     const Rng rng{ctx.seed, ctx.step, opt_.layer_id, RngPurpose::SecondExpert};
     for_each_index(N, RouterTopChoicesRow<T>{rng, ctx.token_offset, probs_.data(), top_.data(), norm_.data(),
                                              want_.data(), E, k, opt_.router != RouterKind::Top1, random_second,
-                                             threshold_second, opt_.second_expert_threshold});
+                                             threshold_second, opt_.second_expert_threshold, bias()});
   }
 
   // Slot assignment per group (GShard "local group dispatching"): first choices fill capacity in token
@@ -108,7 +111,8 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
   group_stats_.resize(size_t(G) * 4);
   for_each_index(G, RouterAssignGroup<T>{probs_.data(), top_.data(), norm_.data(), want_.data(), r_.expert.data(),
                                          r_.slot.data(), r_.gate.data(), count_.data(), dropped_.data(), frac_.data(),
-                                         aux_term_.data(), group_stats_.data(), S, k, E, C, opt_.no_token_left_behind});
+                                         aux_term_.data(), group_stats_.data(), S, k, E, C, opt_.no_token_left_behind,
+                                         bias()});
 
   // Totals over the groups, in group order.
   r_.load.assign(E, 0);
@@ -146,6 +150,35 @@ void Router<T>::backward(const StepContext& ctx, const T* dgate, T* dx, int N, d
   dxr_.resize(size_t(N) * M);
   matmul(false, true, N, M, E, dlogits.data(), wg.w, dxr_.data());
   for_each_index(int64_t(N) * M, RouterJitterBackwardElement<T>{dxr_.data(), jitter_.data(), dx});
+}
+
+template <typename T>
+Router<T>::Router(const MoeOptions& opt) : opt_(opt) {
+  if (opt.balance == BalanceKind::Bias) selection_bias.assign(size_t(opt.num_experts), 0.0f);
+}
+
+void update_selection_bias(float* bias, const double* load, int E, double rate) {
+  double total = 0;
+  for (int e = 0; e < E; ++e) total += load[e];
+  const double mean = total / E;
+  for (int e = 0; e < E; ++e) {
+    const double sign = load[e] < mean ? 1.0 : load[e] > mean ? -1.0 : 0.0;
+    bias[e] = float(double(bias[e]) + rate * sign);
+  }
+}
+
+template <typename T>
+void Router<T>::update_bias(std::span<const double> load) {
+  if (selection_bias.empty()) return;
+  if (load.size() != selection_bias.size()) throw std::logic_error("Router::update_bias: one load per expert");
+  update_selection_bias(selection_bias.data(), load.data(), opt_.num_experts, opt_.bias_update_rate);
+}
+
+template <typename T>
+double Router<T>::bias_max_abs() const {
+  double m = 0;
+  for (const float b : selection_bias) m = std::max(m, std::abs(double(b)));
+  return m;
 }
 
 template class Router<float>;

@@ -7,6 +7,7 @@
 // same triples.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,10 +36,15 @@ struct Routing {
   int64_t declined = 0;       // second choices not dispatched by random / threshold routing
 };
 
+// Auxiliary-loss-free balancing (Wang et al. 2024, as DeepSeek-V3 uses it): after a step with
+// `load` [E] choices dispatched to each expert (all ranks' tokens), bias[e] += rate * sign(mean load
+// - load[e]): an underloaded expert becomes likelier to be selected, an overloaded one less.
+void update_selection_bias(float* bias, const double* load, int E, double rate);
+
 template <typename T>
 class Router {
  public:
-  explicit Router(const MoeOptions& opt) : opt_(opt) {}
+  explicit Router(const MoeOptions& opt);
 
   // prefix.wg [M, E], fan_in M.
   void declare(ParamStore<T>& store, const std::string& prefix);
@@ -66,6 +72,13 @@ class Router {
     f(r_);
   }
 
+  // moe.balance = bias: the selection bias [E] (state, not a parameter: checkpointed beside the
+  // optimizer state; the same on every rank). Added to the probabilities for the top-k choice only.
+  Buffer<float> selection_bias;
+  // The step's update from its loads (update_selection_bias; nothing without a bias).
+  void update_bias(std::span<const double> load);
+  double bias_max_abs() const;
+
   const Routing<T>& routing() const { return r_; }
   const Buffer<T>& probs() const { return probs_; }  // [N, E] softmax of the router logits
   double aux_sum = 0, z_sum = 0;
@@ -74,6 +87,7 @@ class Router {
 
  private:
   MoeOptions opt_;
+  const float* bias() const { return selection_bias.empty() ? nullptr : selection_bias.data(); }
   // The bodies compute the Switch form E * sum_e f_e P_e; GShard's mean_e f_e P_e is 1/E^2 of it.
   double aux_form_scale() const {
     return opt_.aux_loss_form == AuxLossForm::Gshard ? 1.0 / (double(opt_.num_experts) * opt_.num_experts) : 1.0;

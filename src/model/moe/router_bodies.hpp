@@ -15,6 +15,15 @@ MESHMOE_HD inline bool router_ranks_before(const T* p, int a, int b) {
   return p[a] > p[b] || (p[a] == p[b] && a < b);
 }
 
+// The same ranking on the selection scores p[e] + bias[e] (moe.balance = bias: Wang et al. 2024,
+// auxiliary-loss-free balancing); bias null: the probabilities alone.
+template <typename T>
+MESHMOE_HD inline bool router_ranks_before(const T* p, const float* bias, int a, int b) {
+  if (!bias) return router_ranks_before(p, a, b);
+  const double sa = double(p[a]) + double(bias[a]), sb = double(p[b]) + double(bias[b]);
+  return sa > sb || (sa == sb && a < b);
+}
+
 // Element i = n * M + m of the router input: jitter multiplier in [1-eps, 1+eps) (Switch appendix C),
 // keyed by the global element (token_offset + n) * M + m; xj = x * jitter.
 template <typename T>
@@ -54,7 +63,8 @@ struct RouterSoftmaxRow {
 };
 
 // Token n: its k best experts, best first (top), the gate normaliser Z (sum of their probabilities;
-// 1 when not renormalised) and whether each choice wants dispatch (want). Top-2 second expert
+// 1 when not renormalised) and whether each choice wants dispatch (want). With a selection bias
+// the experts are ranked by p + bias; Z and the gates stay the probabilities'. Top-2 second expert
 // (GShard section 2.2 "random routing", Algorithm 1 line 18): with random_second (training only)
 // dispatched when 2 * g2 > uniform(0, 1), keyed by the global token; with threshold_second when
 // g2 > threshold.
@@ -69,6 +79,7 @@ struct RouterTopChoicesRow {
   int E, k;
   bool renorm, random_second, threshold_second;
   double threshold;
+  const float* bias;  // [E] selection bias, or null
   MESHMOE_HD void operator()(int64_t n) const {
     const T* p = probs + n * E;
     int* t = top + n * k;
@@ -77,8 +88,8 @@ struct RouterTopChoicesRow {
       // the i-th best: the best of the experts ranked after the (i-1)-th
       int best = -1;
       for (int e = 0; e < E; ++e) {
-        if (i > 0 && !router_ranks_before(p, t[i - 1], e)) continue;
-        if (best < 0 || router_ranks_before(p, e, best)) best = e;
+        if (i > 0 && !router_ranks_before(p, bias, t[i - 1], e)) continue;
+        if (best < 0 || router_ranks_before(p, bias, e, best)) best = e;
       }
       t[i] = best;
       z += double(p[best]);
@@ -112,6 +123,7 @@ struct RouterAssignGroup {
   int64_t* stats;
   int S, k, E, C;
   bool ntlb;
+  const float* bias;  // [E] selection bias (NTLB ranks by it too), or null
   static constexpr int kDropped = -1, kDeclined = -2;  // = Routing<T>::kDropped, kDeclined
 
   MESHMOE_HD void place(int* cnt, int n, int i, int e) const {
@@ -162,7 +174,7 @@ struct RouterAssignGroup {
             for (int i2 = 0; i2 < k; ++i2)
               taken = taken || top[int64_t(n) * k + i2] == e || expert[int64_t(n) * k + i2] == e;
             if (taken) continue;
-            if (best < 0 || router_ranks_before(p, e, best)) best = e;
+            if (best < 0 || router_ranks_before(p, bias, e, best)) best = e;
           }
           if (best < 0) continue;
           place(cnt, n, i, best);
