@@ -157,4 +157,37 @@ compare encdec-straight encdec-split 0 || fail "encdec exact resume differs"
 train 2 encdec-to-t2 --set mesh.tensor=2 "${encdec[@]}"
 grep -q "resuming from .*step 10 (written on mesh pipe=1 x data=2 x tensor=1" "$T/encdec-to-t2.log" || fail "encdec-to-t2 did not resume"
 compare encdec-straight encdec-to-t2 1e-5 || fail "encdec resharded resume differs"
+
+echo "== shared experts and selection biases (moe.balance = bias)"
+# The biases are checkpoint state: an exact resume on data=2 x tensor=2 is bitwise, one written
+# there resumes on pipe=2 within 1e-5 with the same biases; a checkpoint without them is refused
+# for moe.balance = bias, naming the key.
+sb=(--set moe.shared_experts=2 --set moe.balance=bias --set moe.bias_update_rate=0.01)
+train 4 sb-straight --set mesh.data=2 --set mesh.tensor=2 "${sb[@]}"
+train 4 sb-split --set mesh.data=2 --set mesh.tensor=2 --set run.steps=10 "${sb[@]}"
+cp -r "$T/sb-split" "$T/sb-to-p2"; : > "$T/sb-to-p2.log"
+train 4 sb-split --set mesh.data=2 --set mesh.tensor=2 "${sb[@]}"
+grep -q "resuming from .*step_00000010.h5: step 10" "$T/sb-split.log" || fail "the shared/bias run did not resume from step 10"
+compare sb-straight sb-split 0 || fail "shared/bias exact resume differs"
+train 2 sb-to-p2 --set mesh.pipe=2 --set optim.micro_batches=2 "${sb[@]}"
+grep -q "resuming from .*step 10 (written on mesh pipe=1 x data=2 x tensor=2" "$T/sb-to-p2.log" || fail "sb-to-p2 did not resume"
+compare sb-straight sb-to-p2 1e-5 || fail "shared/bias resharded resume differs"
+$PYTHON - "$T" <<'PY' || fail "the selection biases did not resume"
+import sys, h5py, numpy as np
+T = sys.argv[1]
+a, b, c = (h5py.File(f"{T}/{r}/metrics.h5", "r") for r in ["sb-straight", "sb-split", "sb-to-p2"])
+x = a["moe/layer1/bias_max_abs"][()]
+assert x[-1] > 0.05, x  # the biases moved
+assert np.array_equal(x, b["moe/layer1/bias_max_abs"][()]), "exact resume"
+assert np.allclose(x, c["moe/layer1/bias_max_abs"][()], rtol=1e-6, atol=0), "resharded resume"
+with h5py.File(f"{T}/sb-straight/ckpt/step_00000020.h5", "r") as f:
+    assert f["optim/blocks.1.moe.router/selection_bias"].shape == (4,)
+    assert "params/blocks.1.moe.shared.w_in" in f and "params/blocks.1.moe.shared.w_out" in f
+print("  selection biases: resumed exactly and resharded ok")
+PY
+cp -r "$T/straight" "$T/to-bias"; : > "$T/to-bias.log"
+set +e; train 2 to-bias --set mesh.data=2 --set run.steps=22 --set moe.balance=bias; rc=$?; set -e
+[ "$rc" = 2 ] && grep -q "selection_bias' \[4\] is not in the checkpoint" "$T/to-bias.log" &&
+  grep -q "^  moe.balance: \"aux_loss\" -> \"bias\"" "$T/to-bias.log" ||
+  { cat "$T/to-bias.log"; fail "a checkpoint without selection biases was not refused naming moe.balance"; }
 echo "all ok"

@@ -18,6 +18,7 @@ struct FdCase {
   std::string name;
   MoeOptions opt;
   bool training = true;
+  std::vector<float> bias = {};  // moe.balance = bias: the router's selection bias during the check
 };
 
 // L = sum(r * y) + aux_w * aux_sum + z_w * z_sum
@@ -37,6 +38,7 @@ void check_fd(const FdCase& c) {
   const int N = 32, M = c.opt.d_model;
   MoeHarness<double> hs(c.opt, 11);
   MoeLayer<double>& layer = *hs.layer;
+  if (!c.bias.empty()) std::copy(c.bias.begin(), c.bias.end(), layer.router.selection_bias.begin());
   StepContext ctx;
   ctx.seed = 99;
   ctx.step = 5;
@@ -207,4 +209,20 @@ TEST_CASE("moe layer: shared experts are n feed-forwards of width H summed into 
     }
     CHECK(max_shared > 0.1);  // the shared experts contribute
   }
+}
+
+TEST_CASE("moe layer: finite differences, selection bias (top-2 and NTLB top-1)", "[moe]") {
+  // The bias changes which experts are chosen, not the gates' dependence on the probabilities.
+  FdCase a{"bias-top2", small_moe(RouterKind::Top2, Activation::Gelu)};
+  a.opt.balance = BalanceKind::Bias;
+  a.opt.second_expert = SecondExpertPolicy::Random;
+  a.opt.shared_experts = 1;
+  a.bias = {0.2f, -0.1f, 0.05f, -0.15f};
+  check_fd(a);
+  FdCase b{"bias-ntlb-top1", small_moe(RouterKind::Top1, Activation::Relu)};
+  b.opt.balance = BalanceKind::Bias;
+  b.opt.no_token_left_behind = true;
+  b.opt.capacity_factor_train = 0.75;
+  b.bias = {-0.1f, 0.15f, 0.0f, 0.1f};
+  check_fd(b);
 }

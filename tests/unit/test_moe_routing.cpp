@@ -360,3 +360,98 @@ TEST_CASE("moe Switch aux loss = E^2 * GShard aux loss", "[moe]") {
   hg.router.forward(ctx, x.data(), N);
   CHECK(hg.router.aux_sum == Approx(gshard_sum).epsilon(1e-12));
 }
+
+TEST_CASE("moe selection bias: the update rule on a hand-computed case", "[moe]") {
+  // loads 10, 30, 20, 20 (mean 20): expert 0 under (+u), 1 over (-u), 2 and 3 at the mean (0)
+  float bias[4] = {0.5f, -0.25f, 0.125f, 0.0f};
+  const double load[4] = {10, 30, 20, 20};
+  update_selection_bias(bias, load, 4, 0.01);
+  CHECK(bias[0] == float(0.5 + 0.01));
+  CHECK(bias[1] == float(-0.25 - 0.01));
+  CHECK(bias[2] == 0.125f);
+  CHECK(bias[3] == 0.0f);
+  // a Router without moe.balance = bias has no bias and ignores updates
+  MoeOptions o = small_moe(RouterKind::Top1);
+  Router<double> plain(o);
+  CHECK(plain.selection_bias.empty());
+  plain.update_bias(std::vector<double>{1, 2, 3, 4});
+  CHECK(plain.selection_bias.empty());
+  o.balance = BalanceKind::Bias;
+  o.bias_update_rate = 0.5;
+  Router<double> biased(o);
+  REQUIRE(biased.selection_bias.size() == 4);
+  biased.update_bias(std::vector<double>{0, 8, 0, 0});
+  CHECK(std::vector<float>(biased.selection_bias.begin(), biased.selection_bias.end()) ==
+        std::vector<float>{0.5f, -0.5f, 0.5f, 0.5f});
+  CHECK(biased.bias_max_abs() == 0.5);
+}
+
+TEST_CASE("moe selection bias: selects by p + b, gates from the unbiased probabilities", "[moe]") {
+  for (const RouterKind kind : {RouterKind::Top1, RouterKind::Top2}) {
+    MoeOptions o = small_moe(kind);
+    o.second_expert = SecondExpertPolicy::Always;
+    o.dropless = true;
+    o.balance = BalanceKind::Bias;
+    RouterHarness h(o, 3);
+    const int N = 16, E = o.num_experts, k = o.k();
+    const std::vector<double> x = normal_vector(size_t(N) * o.d_model, 9);
+    const float b[4] = {0.3f, -0.2f, 0.05f, 0.0f};
+    std::copy(b, b + 4, h.router.selection_bias.begin());
+    StepContext ctx;
+    ctx.training = true;
+    h.router.forward(ctx, x.data(), N);
+    const Routing<double>& r = h.router.routing();
+    int moved = 0;  // choices the bias changed
+    for (int n = 0; n < N; ++n) {
+      const double* p = h.router.probs().data() + size_t(n) * E;
+      std::vector<int> by_score(E), by_p(E);
+      for (int e = 0; e < E; ++e) by_score[e] = by_p[e] = e;
+      std::stable_sort(by_score.begin(), by_score.end(), [&](int a, int c) { return p[a] + b[a] > p[c] + b[c]; });
+      std::stable_sort(by_p.begin(), by_p.end(), [&](int a, int c) { return p[a] > p[c]; });
+      double Z = 0;
+      for (int i = 0; i < k; ++i) Z += p[by_score[i]];
+      if (kind == RouterKind::Top1) Z = 1;
+      for (int i = 0; i < k; ++i) {
+        CHECK(r.expert[size_t(n) * k + i] == by_score[i]);
+        CHECK(r.gate[size_t(n) * k + i] == Approx(p[by_score[i]] / Z).epsilon(1e-15));
+        moved += by_score[i] != by_p[i];
+      }
+    }
+    CHECK(moved > 0);
+  }
+}
+
+TEST_CASE("moe selection bias: updating it from the loads lowers the largest load", "[moe]") {
+  // The same skewed tokens and router every step: without the bias the loads stay as they are;
+  // with it (Wang et al. 2024) the most loaded expert's share falls well below where it started.
+  MoeOptions o = small_moe(RouterKind::Top1);
+  o.num_experts = 8;
+  o.group_size = 64;
+  o.dropless = true;
+  o.balance = BalanceKind::Bias;
+  o.bias_update_rate = 2e-3;
+  RouterHarness h(o, 5);
+  const int N = 256, E = o.num_experts;
+  const std::vector<double> x = skewed_tokens(N, o.d_model, 21, 2.0);
+  StepContext ctx;
+  ctx.training = true;
+  auto max_load = [&] {
+    h.router.forward(ctx, x.data(), N);
+    const auto& load = h.router.routing().load;
+    return *std::max_element(load.begin(), load.end());
+  };
+  const int64_t start = max_load();
+  CHECK(start > 2 * N / E);  // skewed: the busiest expert has more than twice its share
+  for (int step = 0; step < 300; ++step) {
+    max_load();
+    const auto& load = h.router.routing().load;
+    h.router.update_bias(std::vector<double>(load.begin(), load.end()));
+  }
+  const int64_t end = max_load();
+  INFO("max load " << start << " -> " << end << " of " << N << " tokens, " << E << " experts");
+  CHECK(end < start * 2 / 3);
+  CHECK(end <= N / E + N / 16);  // close to balanced
+  // and the unbiased router on the same tokens: unchanged
+  std::fill(h.router.selection_bias.begin(), h.router.selection_bias.end(), 0.0f);
+  CHECK(max_load() == start);
+}
