@@ -90,6 +90,12 @@ train_or_fail shared-d2t2 4 --set moe.shared_experts=2 --set mesh.data=2 --set m
 train_or_fail shared-pmoe-1 1 --set moe.shared_experts=2 ${model[pmoe]}
 train_or_fail shared-pmoe-p2t2 4 --set moe.shared_experts=2 ${model[pmoe]} --set mesh.pipe=2 --set mesh.tensor=2 --set optim.micro_batches=2
 pairs+="shared:shared-d2t2 shared-pmoe-1:shared-pmoe-p2t2 "
+# Auxiliary-loss-free balancing (moe.balance = bias): the biases follow the step's loads summed
+# over the mesh, so every mesh selects alike; bias_max_abs is compared below.
+train_or_fail bias 1 --set moe.balance=bias --set moe.bias_update_rate=0.01 --set optim.micro_batches=2
+train_or_fail bias-p2d2 4 --set moe.balance=bias --set moe.bias_update_rate=0.01 --set optim.micro_batches=2 --set mesh.pipe=2 --set mesh.data=2
+train_or_fail bias-d2t2 4 --set moe.balance=bias --set moe.bias_update_rate=0.01 --set optim.micro_batches=2 --set mesh.data=2 --set mesh.tensor=2
+pairs+="bias:bias-p2d2 bias:bias-d2t2 "
 train_or_fail evalsub 1 --set eval.examples_per_language=3
 train_or_fail evalsub-d2t2 4 --set eval.examples_per_language=3 --set mesh.data=2 --set mesh.tensor=2
 pairs+="evalsub:evalsub-d2t2 "
@@ -168,6 +174,11 @@ for ref_name, run in pairs:
             same = np.array_equal(ref[f"moe/{layer}/{key}"][()], f[f"moe/{layer}/{key}"][()])
             bad += not same
             if not same: print(f"{run:24s} moe/{layer}/{key} exact MISMATCH")
+        if f"moe/{layer}/bias_max_abs" in ref:
+            a, b = ref[f"moe/{layer}/bias_max_abs"][()], f[f"moe/{layer}/bias_max_abs"][()]
+            same = np.allclose(a, b, rtol=1e-6, atol=0) and a[-1] > 0
+            bad += not same
+            if not same: print(f"{run:24s} moe/{layer}/bias_max_abs {a} vs {b} MISMATCH")
         a, b = ref[f"moe/{layer}/router_entropy"][()], f[f"moe/{layer}/router_entropy"][()]
         rel = np.max(np.abs(a - b) / np.abs(a))
         bad += not (rel <= 1e-5)

@@ -130,6 +130,15 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
     c.model.activation = Activation::Geglu;
     check_exact(c, V, MeshShape{2, 1, 1}, 0, 0, 0);
   }
+  SECTION("shared experts (moe.shared_experts) with bias balancing: one rank, tensor = 2 on either expert axis") {
+    Config c = moe_config();
+    c.moe.shared_experts = 2;
+    c.moe.balance = BalanceKind::Bias;
+    check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
+    check_exact(c, V, MeshShape{1, 1, 2}, 0, 0, 1);
+    c.moe.expert_axis = ExpertAxis::Tensor;
+    check_exact(c, V, MeshShape{1, 1, 2}, 0, 0, 1);
+  }
   SECTION("optim.shard_state: each data rank's owned state (whole parameters), every data rank") {
     // Dense with tensor and pipe (tied embedding on both stages), MoE with experts over data (kept
     // by their rank) and over tensor; AdamW and Adafactor. The data ranks' state adds up to the
@@ -170,6 +179,15 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
       // one expert = w_in [M, H] + w_out [H, M] = 2 x 32 x 64
       CHECK(p.params_activated == p.params_total - 2 * 2 * (2 * 32 * 64));
     }
+    // shared experts: every token visits them, so they add to both counts and to the FLOPs
+    Config c = moe_config();
+    const MemoryPlan p = plan_memory(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
+    c.moe.shared_experts = 3;
+    const MemoryPlan q = plan_memory(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
+    CHECK(q.params_total == p.params_total + 2 * 3 * (2 * 32 * 64));
+    CHECK(q.params_activated == p.params_activated + 2 * 3 * (2 * 32 * 64));
+    // per token and MoE layer, forward 2 x 2 x 32 x 64 FLOPs per shared expert, x 3 for the training step
+    CHECK(q.flops_per_token == Approx(p.flops_per_token + 3.0 * 2 * 3 * (2.0 * 2 * 32 * 64)).epsilon(1e-12));
   }
 }
 

@@ -64,6 +64,10 @@ std::vector<Case> cases() {
   gg.opt.second_expert = SecondExpertPolicy::Always;
   gg.opt.capacity_factor_train = 0.75;
   c.push_back(gg);
+  Case sh{"shared-top2-geglu", par_moe(RouterKind::Top2, Activation::Geglu)};  // hidden 2 x 8 over tensor
+  sh.opt.shared_experts = 2;
+  sh.opt.second_expert = SecondExpertPolicy::Random;
+  c.push_back(sh);
   return c;
 }
 
@@ -166,6 +170,8 @@ void check_mode(const Case& c, ExpertAxis axis, int D, int Tn) {
     uint8_t want_shard = kShardNone;
     if (experts && axis == ExpertAxis::Data && D > 1) want_shard |= kShardData;
     if (experts && Tn > 1) want_shard |= kShardTensor;
+    // shared experts: hidden units over tensor on either expert axis, replicated over data
+    if (p.name.find(".shared.") != std::string::npos && Tn > 1) want_shard |= kShardTensor;
     CHECK(int(p.sharded_over) == int(want_shard));
     std::vector<double> g(store.grads() + p.flat_offset, store.grads() + p.flat_offset + p.size);
     if (!(p.sharded_over & kShardData)) mesh.axis(Axis::Data).all_reduce(g.data(), g.size());

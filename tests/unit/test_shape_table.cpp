@@ -29,6 +29,7 @@ Config moe_deck(const std::string& expert_axis, const std::string& activation) {
   c.moe.num_experts = 4;
   c.moe.every = 2;
   c.moe.expert_d_ff = 24;
+  c.moe.shared_experts = 2;  // blocks.i.moe.shared: hidden units 2 x 24 over tensor on either expert axis
   c.moe.expert_axis = test::option<ExpertAxis>(expert_axis);
   c.moe.group_size = 8;
   c.optim.batch_size = 8;
