@@ -96,6 +96,13 @@ train_or_fail bias 1 --set moe.balance=bias --set moe.bias_update_rate=0.01 --se
 train_or_fail bias-p2d2 4 --set moe.balance=bias --set moe.bias_update_rate=0.01 --set optim.micro_batches=2 --set mesh.pipe=2 --set mesh.data=2
 train_or_fail bias-d2t2 4 --set moe.balance=bias --set moe.bias_update_rate=0.01 --set optim.micro_batches=2 --set mesh.data=2 --set mesh.tensor=2
 pairs+="bias:bias-p2d2 bias:bias-d2t2 "
+# A run where the biases balance: top-1 without an aux loss collapses onto one expert within a few
+# steps; with moe.balance = bias the busiest expert's share stays far lower (checked below).
+collapse="--set run.steps=30 --set eval.every=0 --set moe.aux_loss_coef=0 --set moe.router=top1 --set optim.micro_batches=2"
+# shellcheck disable=SC2086
+train_or_fail unbalanced 1 $collapse
+# shellcheck disable=SC2086
+train_or_fail bias-balanced 1 $collapse --set moe.balance=bias --set moe.bias_update_rate=0.02
 train_or_fail evalsub 1 --set eval.examples_per_language=3
 train_or_fail evalsub-d2t2 4 --set eval.examples_per_language=3 --set mesh.data=2 --set mesh.tensor=2
 pairs+="evalsub:evalsub-d2t2 "
@@ -213,6 +220,11 @@ toks = toks[np.isfinite(toks).all(axis=1)]
 assert toks.shape[0] >= 1 and (toks[-1] > 0).all(), f"a language was not scored: {toks[-1]}"
 ref = h5py.File(f"{T}/ref/metrics.h5", "r")
 assert ref["loss"].shape[0] == 4 and np.all(np.isfinite(ref["loss"][()])), "ref run incomplete"
+# moe.balance = bias against no balancing: the largest expert share over the last 10 of 30 steps.
+busiest = {r: h5py.File(f"{T}/{r}/metrics.h5", "r")["moe/layer1/expert_load"][()].max(axis=1)[-10:].mean()
+           for r in ["unbalanced", "bias-balanced"]}
+print(f"busiest expert's share, last 10 steps: no balancing {busiest['unbalanced']:.3f}, bias {busiest['bias-balanced']:.3f}")
+assert busiest["unbalanced"] > 0.9 and busiest["bias-balanced"] < 0.6, busiest
 # The routing of the reference (top-2, random second expert, capacity factor 1): C = 2 * 16 / 4
 # slots, some second choices declined in training, entropies between 0 and ln E; NTLB reroutes.
 moe = ref["moe/layer1"]
