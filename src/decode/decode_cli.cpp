@@ -10,6 +10,7 @@
 #include "mesh/agree.hpp"
 #include "parallel/pipeline_executor.hpp"
 #include "train/checkpoint.hpp"
+#include "train/run_checkpoints.hpp"
 #include "train/checkpoint_cli.hpp"
 #include "train/run_data.hpp"
 
@@ -59,8 +60,9 @@ Decoder load_decoder(const Deck& deck, Mesh& mesh, const std::string& checkpoint
     }
   });
   d.model = std::make_unique<Transformer<float>>(cfg, model_vocab(cfg, valid), model_sharding(mesh));
-  std::vector<StateTensor> no_optimizer_state;
-  read_checkpoint(path, d.model->params(), no_optimizer_state, mesh.world());
+  // No optimizer state; the routers' selection biases (moe.balance = bias) route as in training.
+  std::vector<StateTensor> model_state = selection_bias_state(*d.model);
+  read_checkpoint(path, d.model->params(), model_state, mesh.world());
   d.cached = std::make_unique<CachedModel<float>>(*d.model);
   Comm& world = mesh.world_comm();
   d.cached->agree_logits = [&world](float* logits, size_t n) { world.broadcast(logits, n, 0); };

@@ -9,6 +9,7 @@
 #include "deck/deck.hpp"
 #include "mesh/agree.hpp"
 #include "mesh/comm.hpp"
+#include "model/transformer.hpp"
 
 namespace meshmoe {
 
@@ -26,6 +27,20 @@ RunCheckpoints::RunCheckpoints(const Deck& deck, std::string version, Mesh& mesh
       optimizer_(optimizer),
       batcher_(batcher),
       progress_(progress) {}
+
+std::vector<StateTensor> selection_bias_state(Transformer<float>& model) {
+  std::vector<StateTensor> out;
+  int i = model.first_block();
+  for (auto& b : model.blocks()) {
+    if (b.moe && !b.moe->router.selection_bias.empty()) {
+      const int64_t E = int64_t(b.moe->router.selection_bias.size());
+      out.push_back({"blocks." + std::to_string(i) + ".moe.router/selection_bias", {E}, {E}, {0},
+                     &b.moe->router.selection_bias});
+    }
+    ++i;
+  }
+  return out;
+}
 
 std::vector<StateTensor> RunCheckpoints::state() const {
   std::vector<StateTensor> s = optimizer_.state();

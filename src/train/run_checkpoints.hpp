@@ -19,6 +19,14 @@
 
 namespace meshmoe {
 
+template <typename T>
+class Transformer;
+
+// The selection biases of the model's MoE layers (moe.balance = bias) as checkpoint state
+// "blocks.<i>.moe.router/selection_bias" [E]: every rank holds the whole tensor (replicated over
+// data and tensor), so a checkpoint reloads on any mesh. Empty without biases.
+std::vector<StateTensor> selection_bias_state(Transformer<float>& model);
+
 // Where training stands besides the tensors and the batcher: what a checkpoint records and a
 // resume gives back (CheckpointMeta's step, update_count and counters).
 struct TrainProgress {

@@ -85,7 +85,7 @@ class Trainer {
     train_too_long_ = batcher_->too_long();
     checkpoints_ = std::make_unique<RunCheckpoints>(deck, version_, mesh, run_dir_, std::move(data_identity),
                                                     model_->params(), *optimizer_, *batcher_, progress_);
-    checkpoints_->add_model_state(selection_bias_state());
+    checkpoints_->add_model_state(selection_bias_state(*model_));
     flops_per_token_ = train_flops_per_token(cfg_, model_->shape());
     // The sgemm ceiling with the run's BLAS threads (applied above), measured by every rank at once so
     // that the ranks of a node share its cores as they do in a step; the mesh's ceiling is the sum.
@@ -247,23 +247,6 @@ class Trainer {
       std::fflush(stderr);
     }
     return s;
-  }
-
-  // The selection biases of this stage's MoE layers as checkpoint state "blocks.<i>.moe.router/
-  // selection_bias" [E]: every rank holds the whole tensor (replicated over data and tensor), so
-  // a checkpoint reloads on any mesh.
-  std::vector<StateTensor> selection_bias_state() {
-    std::vector<StateTensor> out;
-    int i = model_->first_block();
-    for (auto& b : model_->blocks()) {
-      if (b.moe && !b.moe->router.selection_bias.empty()) {
-        const int64_t E = int64_t(b.moe->router.selection_bias.size());
-        out.push_back({"blocks." + std::to_string(i) + ".moe.router/selection_bias", {E}, {E}, {0},
-                       &b.moe->router.selection_bias});
-      }
-      ++i;
-    }
-    return out;
   }
 
   // moe.balance = bias: each MoE layer of this stage moves its selection biases by the step's loads,
