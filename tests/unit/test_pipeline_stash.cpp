@@ -117,6 +117,7 @@ TEST_CASE("pipeline: a parked micro-batch's state swapped back gives bitwise the
       c.moe.router = RouterKind::Top1;
       c.moe.dropless = true;
       c.model.activation = Activation::Geglu;
+      c.moe.shared_experts = 2;  // the shared experts' saved state parks with the layer's
       check_park_and_restore(c, stage, stages);
     }
 }
