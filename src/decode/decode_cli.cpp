@@ -10,8 +10,8 @@
 #include "mesh/agree.hpp"
 #include "parallel/pipeline_executor.hpp"
 #include "train/checkpoint.hpp"
-#include "train/run_checkpoints.hpp"
 #include "train/checkpoint_cli.hpp"
+#include "train/run_checkpoints.hpp"
 #include "train/run_data.hpp"
 
 namespace meshmoe {

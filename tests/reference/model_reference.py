@@ -46,7 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from optim_reference import PaperAdafactor, schedule  # noqa: E402
 from philox import DROPOUT, EXPERT_DROPOUT, JITTER, SECOND_EXPERT, Rng  # noqa: E402
 
-CASES = ["dense_relu", "switch_top1", "gshard_top2", "geglu_untied", "encdec_top2", "top2_ntlb", "shared_experts"]
+CASES = ["dense_relu", "switch_top1", "gshard_top2", "geglu_untied", "encdec_top2", "top2_ntlb", "shared_experts",
+         "bias_ntlb"]
 CLIP_COUNTS = []  # fraction of clipped steps of every training run
 TOL_LOGITS, TOL_SCALAR, TOL_GRAD_REL, TOL_GRAD_ABS, TOL_CURVE, TOL_LR = 1e-5, 1e-5, 1e-4, 1e-7, 1e-4, 1e-12
 
@@ -153,12 +154,15 @@ def mlp(x, P, pre, cfg):
     return activation(cfg.activation, x @ w_in, H) @ P[pre + ".w_out"]
 
 
-def route(probs_np, cfg, ctx, layer):
+def route(probs_np, cfg, ctx, layer, bias=None):
     """Routing decisions from the (fp32) router probabilities: expert and slot of each of the k
-    choices of every token (-1 dropped, -2 declined second choice), the top-k sets, the normaliser Z."""
+    choices of every token (-1 dropped, -2 declined second choice), the top-k sets, the normaliser Z.
+    bias [E] (moe.balance = bias): the experts are ranked by probability + bias (in double), the
+    gates and Z stay the probabilities'."""
     N, E = probs_np.shape
     k, S, C = cfg.k(), cfg.group_size, cfg.capacity()
-    order = np.argsort(-probs_np, axis=1, kind="stable")  # best first, ties to the lower expert index
+    score = probs_np if bias is None else probs_np.astype(np.float64) + bias.astype(np.float64)[None, :]
+    order = np.argsort(-score, axis=1, kind="stable")  # best first, ties to the lower expert index
     top = order[:, :k]
     Z = np.ones(N) if cfg.router == "top1" else np.array([sum(float(probs_np[n, e]) for e in top[n]) for n in range(N)])
     want = np.ones((N, k), dtype=bool)
@@ -200,7 +204,7 @@ def route(probs_np, cfg, ctx, layer):
     return expert, slot, top, Z
 
 
-def moe(x, P, pre, cfg, ctx, layer, routing_out):
+def moe(x, P, pre, cfg, ctx, layer, routing_out, bias=None):
     N, M = x.shape
     E, S, C, k = cfg.num_experts, cfg.group_size, cfg.capacity(), cfg.k()
     G, H = N // S, cfg.expert_d_ff
@@ -214,7 +218,7 @@ def moe(x, P, pre, cfg, ctx, layer, routing_out):
     probs = torch.softmax(logits64, dim=-1).float()  # [N, E]
     z_sum = (lse * lse).sum()
 
-    expert, slot, top, Z = route(probs.detach().numpy(), cfg, ctx, layer)
+    expert, slot, top, Z = route(probs.detach().numpy(), cfg, ctx, layer, bias)
     routing_out.append((expert, slot))
 
     # Switch eq. 4-6 per group: f_e from the top-1 choice before capacity, P_e the mean probability.
@@ -272,9 +276,10 @@ def example_positions(segment):
     return pos
 
 
-def forward(P, cfg, inputs, targets, mask, segment, ctx, enc_inputs=None, enc_segment=None):
+def forward(P, cfg, inputs, targets, mask, segment, ctx, enc_inputs=None, enc_segment=None, bias=None):
     """Returns logits [N, V], ce_sum (fp32 tensor), aux_sum, z_sum (fp64 tensors), routing list.
-    encdec: enc_inputs, enc_segment [B, T] are the encoder side (inputs etc. the decoder's)."""
+    encdec: enc_inputs, enc_segment [B, T] are the encoder side (inputs etc. the decoder's).
+    bias: {block: [E]} selection biases of the MoE blocks (moe.balance = bias)."""
     B, T = inputs.shape
     N, M = B * T, cfg.d_model
     aux = torch.zeros((), dtype=torch.float64)
@@ -296,7 +301,7 @@ def forward(P, cfg, inputs, targets, mask, segment, ctx, enc_inputs=None, enc_se
             x = x + dropout(c, ctx, 16 * i + 4, cfg.dropout)
         h = ln(x, b + ".ln2")
         if cfg.is_moe(i):
-            f, a, zz = moe(h, P, b + ".moe", cfg, ctx, 16 * i + 3, routing)
+            f, a, zz = moe(h, P, b + ".moe", cfg, ctx, 16 * i + 3, routing, (bias or {}).get(i))
             aux, z = aux + a, z + zz
         else:
             f = dropout(mlp(h, P, b + ".mlp", cfg), ctx, 16 * i + 2, cfg.dropout)
@@ -354,6 +359,7 @@ def check_case(path, case):
         cpp_grads = {n: f["grads"][n][()] for n in f["grads"]}
         cpp_routing = {int(b[len("block"):]): (f["routing"][b]["expert"][()], f["routing"][b]["slot"][()])
                        for b in (f["routing"] if "routing" in f else [])}
+        given_bias = {int(b[len("block"):]): f["bias"][b][()] for b in (f["bias"] if "bias" in f else [])}
         batches = [f["train/batches"][k][()] for k in ("inputs", "targets", "mask", "segment")]
         if cfg.arch == "encdec":
             batches += [f["train/batches"][k][()] for k in ("enc_inputs", "enc_segment")]
@@ -367,7 +373,13 @@ def check_case(path, case):
 
     # --- one forward/backward
     P = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
-    logits, ce, aux, z, routing = forward(P, cfg, inputs, targets, mask, segment, ctx, *enc_batch)
+    logits, ce, aux, z, routing = forward(P, cfg, inputs, targets, mask, segment, ctx, *enc_batch,
+                                          bias=given_bias or None)
+    if given_bias:  # the biases must change some choice, else the case tests nothing of them
+        with torch.no_grad():
+            unbiased = forward(P, cfg, inputs, targets, mask, segment, ctx, *enc_batch)[4]
+        changed = sum(int(np.sum(a[0] != b[0])) for a, b in zip(routing, unbiased))
+        rep.check("selection bias changes some choice", 0 if changed else 1, 0, f" ({changed} choices changed)")
     w_ce, w_aux, w_z = loss_weights(cfg, mask)
     loss = ce.double() * w_ce + aux * w_aux + z * w_z
     loss.backward()
@@ -435,11 +447,19 @@ def check_case(path, case):
             shadow = [p.detach().double() for p in plist]
             opt = PaperAdafactor(shadow, cfg.adafactor_decay, cfg.adafactor_eps, cfg.adafactor_clip)
         losses, norms, lrs = [], [], []
+        use_bias = getattr(cfg, "balance", "aux_loss") == "bias"
+        bias = {i: np.zeros(cfg.num_experts, dtype=np.float32) for i in range(cfg.blocks()) if cfg.is_moe(i)}
         for t in range(1, steps + 1):
             bi, bt, bm, bs, *benc = (a[t - 1] for a in batches)
             for p in plist:
                 p.grad = None
-            lg, ce, aux, z, _ = forward(P, cfg, bi, bt, bm, bs, Ctx(cfg.seed, t, 0), *benc)
+            lg, ce, aux, z, step_routing = forward(P, cfg, bi, bt, bm, bs, Ctx(cfg.seed, t, 0), *benc,
+                                                   bias=bias if use_bias else None)
+            if use_bias:  # Wang et al. 2024: b_e += u * sign(mean load - load_e), loads = dispatched choices
+                for i, (e, _) in zip(sorted(bias), step_routing):
+                    load = np.array([np.sum(e == j) for j in range(cfg.num_experts)], dtype=np.float64)
+                    step = cfg.bias_update_rate * np.sign(load.mean() - load)
+                    bias[i] = (bias[i].astype(np.float64) + step).astype(np.float32)
             w_ce, w_aux, w_z = loss_weights(cfg, bm)
             loss = ce.double() * w_ce + aux * w_aux + z * w_z
             loss.backward()

@@ -165,6 +165,25 @@ std::vector<RefCase> ref_cases() {
     r.expect_declined = true;
     v.push_back(r);
   }
+  {
+    // Auxiliary-loss-free balancing: top-2 with NTLB and tight capacity, the forward with given
+    // selection biases (/bias/block<i>), the training runs updating them after every step from the
+    // step's loads. The trainer drops the aux loss in this mode: aux_loss_coef 0 here.
+    RefCase r{"bias_ntlb", base_config(5000000008ull)};
+    Config& c = r.cfg;
+    c.moe.every = 2;
+    c.moe.num_experts = 6;
+    c.moe.router = RouterKind::Top2;
+    c.moe.second_expert = SecondExpertPolicy::Always;
+    c.moe.capacity_factor_train = 0.75;
+    c.moe.no_token_left_behind = true;
+    c.moe.balance = BalanceKind::Bias;
+    c.moe.bias_update_rate = 0.05;
+    c.moe.aux_loss_coef = 0.0;
+    c.moe.z_loss_coef = 1e-3;
+    r.expect_drops = r.expect_rerouted = true;
+    v.push_back(r);
+  }
   return v;
 }
 
@@ -269,6 +288,8 @@ void write_config(h5::File& f, const Config& c, int vocab) {
   f64("jitter_eps", c.moe.jitter_eps);
   f64("expert_dropout", c.moe.expert_dropout);
   i64("shared_experts", c.moe.shared_experts);
+  str("balance", std::string(option_name(c.moe.balance)));
+  f64("bias_update_rate", c.moe.bias_update_rate);
   f64("aux_loss_coef", c.moe.aux_loss_coef);
   f64("z_loss_coef", c.moe.z_loss_coef);
   i64("seed", c.run.seed);
@@ -337,6 +358,11 @@ void train_run(h5::File& f, const RefCase& rc, const std::string& opt_name,
     lr.push_back(sched(t));
     REQUIRE(std::isfinite(norm.back()));
     opt->step(P, lr.back(), t, clip_scale(norm.back(), cfg.optim.grad_clip));
+    for (auto& blk : model.blocks())  // moe.balance = bias: as Trainer::update_selection_biases
+      if (blk.moe) {
+        const auto& load = blk.moe->stats().load;
+        blk.moe->router.update_bias(std::vector<double>(load.begin(), load.end()));
+      }
   }
   h5::Group g = f.create_group("train/" + opt_name);
   g.set_attr("lr_peak", cfg.optim.lr);
@@ -370,6 +396,19 @@ void run_case(const RefCase& rc, int index) {
     g.set_attr("seed", int64_t(ctx.seed));
     g.set_attr("step", int64_t(ctx.step));
     g.set_attr("token_offset", int64_t(ctx.token_offset));
+  }
+  // moe.balance = bias: the forward ranks with given selection biases, of the size of the router's
+  // probability gaps, written as /bias/block<i> [E] for the reference.
+  {
+    std::mt19937 rng(77u + uint32_t(index));
+    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+    for (size_t i = 0; i < model.blocks().size(); ++i) {
+      if (!model.blocks()[i].moe) continue;
+      Buffer<float>& bias = model.blocks()[i].moe->router.selection_bias;
+      if (bias.empty()) continue;
+      for (float& x : bias) x = u(rng);
+      f.write("bias/block" + std::to_string(i), std::vector<float>(bias.begin(), bias.end()));
+    }
   }
   const LossWeights w = loss_weights(cfg, b);
   P.zero_grad();
