@@ -1,4 +1,4 @@
-// The decoder-only Transformer run one step at a time over a KV cache (docs/ARCHITECTURE.md
+// The Transformer's decoder run one step at a time over a KV cache (docs/ARCHITECTURE.md
 // "Decoding"): embed the new tokens at their positions, each block's attention appends their keys
 // and values to its AttentionCache and attends over it, the feed-forwards (dense or MoE, evaluation
 // mode: capacity_factor_eval, no jitter, no random routing, no dropout) run on the new tokens only,
@@ -10,6 +10,13 @@
 // groups moe.group_size consecutive tokens instead, so the two agree exactly when nothing is
 // dropped (e.g. capacity_factor_eval >= E, or moe.dropless).
 //
+// The encoder-decoder (model.arch = "encdec"): encode() runs the encoder once over the sources
+// (each source one packed example, bidirectional; their tokens one routing group) and keeps each
+// decoder block's cross-attention keys and values of its output (CrossAttentionCache); stream s
+// then decodes source s: step() runs the decoder blocks only, each with its cross-attention over
+// the source of the token's stream between the self-attention and the feed-forward. The logits
+// equal the full encdec forward's for the same (source, target prefix) under the same drop caveat.
+//
 // On a mesh every rank of an MoE layer's group must call step() in lockstep with the same number
 // of tokens; `agree_logits`, when set, makes every rank's logits rank 0's (a broadcast), so that
 // all ranks take the same decisions from them.
@@ -19,6 +26,7 @@
 #include <vector>
 
 #include "model/attention_cache.hpp"
+#include "model/cross_attention_cache.hpp"
 #include "model/transformer.hpp"
 #include "tensor/device.hpp"
 
@@ -32,6 +40,10 @@ class CachedModel {
 
   // Room for `capacity` tokens in each of `streams` streams; empties them all.
   void reset(int streams, int capacity);
+  // encdec: the encoder over the sources (none empty, at most model.seq_len tokens each: `<lang>
+  // source`, as the Batcher gives the encoder); stream s decodes sources[s]. reset() keeps them.
+  void encode(const std::vector<std::vector<int32_t>>& sources);
+  bool encdec() const { return model_.encdec(); }
   int length(int stream) const { return caches_.front().length(stream); }
   int capacity() const { return caches_.front().capacity(); }
   int vocab() const { return model_.shape().vocab; }
@@ -49,7 +61,9 @@ class CachedModel {
 
  private:
   Transformer<T>& model_;
-  std::vector<AttentionCache<T>> caches_;  // one per block
+  size_t first_decoder_block_ = 0;               // in model_.blocks(): encdec's encoder blocks come first
+  std::vector<AttentionCache<T>> caches_;        // one per decoder block
+  std::vector<CrossAttentionCache<T>> cross_;    // encdec: one per decoder block
   Buffer<T> x_, h_, f_, logits_;           // [n, M] and [n, V]
   Buffer<int32_t> tokens_, positions_;     // [n]
 };
