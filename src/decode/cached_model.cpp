@@ -1,5 +1,6 @@
 #include "decode/cached_model.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "core/error.hpp"
@@ -29,33 +30,44 @@ template <typename T>
 void CachedModel<T>::encode(const std::vector<std::vector<int32_t>>& sources) {
   if (!model_.encdec()) throw std::logic_error("CachedModel::encode: the model has no encoder");
   if (sources.empty()) throw std::logic_error("CachedModel::encode: no sources");
-  const int V = model_.shape().vocab, seq_len = model_.shape().seq_len;
-  // All sources in one packed sequence: source s is example s (segment s) at positions 0, 1, ...
-  std::vector<int32_t> tokens, segment, position;
-  std::vector<int> begin{0};
-  for (size_t s = 0; s < sources.size(); ++s) {
-    const std::vector<int32_t>& src = sources[s];
+  const int V = model_.shape().vocab, seq_len = model_.shape().seq_len, M = model_.shape().d_model;
+  int len = 0;
+  for (const std::vector<int32_t>& src : sources) {
     if (src.empty() || int(src.size()) > seq_len)
       throw Error("decoding: a source of " + std::to_string(src.size()) + " tokens (the encoder takes 1 to model.seq_len = " +
                   std::to_string(seq_len) + ")");
-    for (size_t t = 0; t < src.size(); ++t) {
-      if (src[t] < 0 || src[t] >= V)
-        throw Error("decoding: source token id " + std::to_string(src[t]) + " outside the vocabulary [0, " +
+    for (int32_t t : src)
+      if (t < 0 || t >= V)
+        throw Error("decoding: source token id " + std::to_string(t) + " outside the vocabulary [0, " +
                     std::to_string(V) + ")");
-      tokens.push_back(src[t]);
-      segment.push_back(int32_t(s));
-      position.push_back(int32_t(t));
-    }
-    begin.push_back(int(tokens.size()));
+    len = std::max(len, int(src.size()));
   }
-  const int n = int(tokens.size());
+  // Source s is row s, example 0 at positions 0, 1, ...; the rest of the row padding, an example
+  // of its own (segment 1), as the Batcher pads the encoder's rows.
+  const int rows = int(sources.size());
+  std::vector<int32_t> tokens(size_t(rows) * len, 0), segment(tokens.size(), 1), position(tokens.size());
+  std::vector<int> begin{0};
+  for (int s = 0; s < rows; ++s) {
+    const std::vector<int32_t>& src = sources[size_t(s)];
+    for (int t = 0; t < len; ++t) {
+      const size_t at = size_t(s) * len + size_t(t);
+      const bool in = t < int(src.size());
+      if (in) tokens[at] = src[size_t(t)], segment[at] = 0;
+      position[at] = in ? t : t - int(src.size());
+    }
+    begin.push_back(begin.back() + int(src.size()));
+  }
   StepContext ctx;
   ctx.training = false;
-  ctx.moe_group_size = n;
-  model_.encode(ctx, 1, n, tokens.data(), segment.data(), position.data());
+  ctx.moe_group_size = int(tokens.size());
+  model_.encode(ctx, rows, len, tokens.data(), segment.data(), position.data());
+  // The sources' rows of the encoder output, packed [begin.back(), M]
+  enc_.resize(size_t(begin.back()) * M);
+  for (int s = 0; s < rows; ++s)
+    copy_from(enc_.data() + size_t(begin[size_t(s)]) * M, model_.encoder_output().data() + size_t(s) * len * M,
+              sources[size_t(s)].size() * M);
   for (size_t b = 0; b < cross_.size(); ++b)
-    cross_[b].reset(*model_.blocks()[first_decoder_block_ + b].cross, model_.shape().d_model,
-                    model_.encoder_output().data(), begin);
+    cross_[b].reset(*model_.blocks()[first_decoder_block_ + b].cross, M, enc_.data(), begin);
 }
 
 template <typename T>
@@ -69,9 +81,9 @@ const Buffer<T>& CachedModel<T>::step(const int32_t* tokens, const CachedTokens&
   positions_.assign(tok.position, tok.position + n);
   if (model_.encdec())
     for (int i = 0; i < n; ++i)
-      if (tok.stream[i] < 0 || tok.stream[i] >= cross_.front().sources())
-        throw std::logic_error("CachedModel::step: stream " + std::to_string(tok.stream[i]) + " has no source (encode() " +
-                               std::to_string(cross_.front().sources()) + " sources first)");
+      if (tok.stream[i] < 0 || tok.stream[i] >= sources())
+        throw std::logic_error("CachedModel::step: stream " + std::to_string(tok.stream[i]) + " has no source (" +
+                               std::to_string(sources()) + " encoded)");
   for (int i = 0; i < n; ++i) {
     if (tokens_[i] < 0 || tokens_[i] >= V)
       throw Error("decoding: token id " + std::to_string(tokens_[i]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
@@ -111,6 +123,9 @@ const Buffer<T>& CachedModel<T>::step(const int32_t* tokens, const CachedTokens&
 
 template <typename T>
 const Buffer<T>& CachedModel<T>::prefill(const std::vector<std::vector<int32_t>>& prompts, std::vector<int>& last_row) {
+  if (encdec() && size_t(sources()) != prompts.size())
+    throw std::logic_error("CachedModel::prefill: " + std::to_string(prompts.size()) + " prompts for " +
+                           std::to_string(sources()) + " encoded sources");
   std::vector<int32_t> tokens, stream, position;
   last_row.clear();
   for (size_t b = 0; b < prompts.size(); ++b) {

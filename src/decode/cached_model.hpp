@@ -11,7 +11,7 @@
 // dropped (e.g. capacity_factor_eval >= E, or moe.dropless).
 //
 // The encoder-decoder (model.arch = "encdec"): encode() runs the encoder once over the sources
-// (each source one packed example, bidirectional; their tokens one routing group) and keeps each
+// (one row each, bidirectional within the source; all rows' tokens one routing group) and keeps each
 // decoder block's cross-attention keys and values of its output (CrossAttentionCache); stream s
 // then decodes source s: step() runs the decoder blocks only, each with its cross-attention over
 // the source of the token's stream between the self-attention and the feed-forward. The logits
@@ -44,6 +44,7 @@ class CachedModel {
   // source`, as the Batcher gives the encoder); stream s decodes sources[s]. reset() keeps them.
   void encode(const std::vector<std::vector<int32_t>>& sources);
   bool encdec() const { return model_.encdec(); }
+  int sources() const { return cross_.empty() ? 0 : cross_.front().sources(); }
   int length(int stream) const { return caches_.front().length(stream); }
   int capacity() const { return caches_.front().capacity(); }
   int vocab() const { return model_.shape().vocab; }
@@ -54,7 +55,8 @@ class CachedModel {
   const Buffer<T>& step(const int32_t* tokens, const CachedTokens& tok);
   const std::vector<int32_t>& where() const { return caches_.front().where(); }
   // Each prompt (none empty) into its own stream b at positions 0, 1, ..., causal, in one step:
-  // the logits of all their tokens; last_row[b] is the row of prompt b's last token.
+  // the logits of all their tokens; last_row[b] is the row of prompt b's last token. encdec: the
+  // prompts are the decoder's starts (BOS ...), prompt b that of sources[b] (as many as encoded).
   const Buffer<T>& prefill(const std::vector<std::vector<int32_t>>& prompts, std::vector<int>& last_row);
 
   std::function<void(T*, size_t)> agree_logits;
@@ -65,6 +67,7 @@ class CachedModel {
   std::vector<AttentionCache<T>> caches_;        // one per decoder block
   std::vector<CrossAttentionCache<T>> cross_;    // encdec: one per decoder block
   Buffer<T> x_, h_, f_, logits_;           // [n, M] and [n, V]
+  Buffer<T> enc_;                          // encdec: the sources' encoder output [source tokens, M]
   Buffer<int32_t> tokens_, positions_;     // [n]
 };
 
