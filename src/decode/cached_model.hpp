@@ -11,11 +11,12 @@
 // dropped (e.g. capacity_factor_eval >= E, or moe.dropless).
 //
 // The encoder-decoder (model.arch = "encdec"): encode() runs the encoder once over the sources
-// (one row each, bidirectional within the source; all rows' tokens one routing group) and keeps each
-// decoder block's cross-attention keys and values of its output (CrossAttentionCache); stream s
-// then decodes source s: step() runs the decoder blocks only, each with its cross-attention over
-// the source of the token's stream between the self-attention and the feed-forward. The logits
-// equal the full encdec forward's for the same (source, target prefix) under the same drop caveat.
+// (one row each, padded as the Batcher pads; bidirectional within the source; all the rows' tokens
+// one routing group, the padding included) and keeps each decoder block's cross-attention keys
+// and values of its output (CrossAttentionCache); stream s then decodes source s: step() runs the
+// decoder blocks only, each with its cross-attention over the source of the token's stream between
+// the self-attention and the feed-forward. The logits equal the full encdec forward's for the same
+// (source, target prefix) under the same drop caveat.
 //
 // On a mesh every rank of an MoE layer's group must call step() in lockstep with the same number
 // of tokens; `agree_logits`, when set, makes every rank's logits rank 0's (a broadcast), so that
@@ -63,12 +64,12 @@ class CachedModel {
 
  private:
   Transformer<T>& model_;
-  size_t first_decoder_block_ = 0;               // in model_.blocks(): encdec's encoder blocks come first
-  std::vector<AttentionCache<T>> caches_;        // one per decoder block
-  std::vector<CrossAttentionCache<T>> cross_;    // encdec: one per decoder block
-  Buffer<T> x_, h_, f_, logits_;           // [n, M] and [n, V]
-  Buffer<T> enc_;                          // encdec: the sources' encoder output [source tokens, M]
-  Buffer<int32_t> tokens_, positions_;     // [n]
+  size_t first_decoder_block_ = 0;             // in model_.blocks(): encdec's encoder blocks come first
+  std::vector<AttentionCache<T>> caches_;      // one per decoder block
+  std::vector<CrossAttentionCache<T>> cross_;  // encdec: one per decoder block
+  Buffer<T> x_, h_, f_, logits_;               // [n, M] and [n, V]
+  Buffer<T> enc_;                              // encdec: the sources' encoder output [source tokens, M]
+  Buffer<int32_t> tokens_, positions_;         // [n]
 };
 
 }  // namespace meshmoe
