@@ -36,7 +36,9 @@ struct Hypothesis {
 // ((5 + length) / 6)^alpha
 double length_penalty(int length, double alpha);
 
-// The best hypothesis of each prompt.
+// The best hypothesis of each prompt. Encoder-decoder: the model's encode() has the sources, one
+// per prompt, and each prompt is the decoder's start (BOS); the hypotheses of source b share its
+// stream b, so they read its cross-attention keys and values (CachedModel).
 template <typename T>
 std::vector<Hypothesis> beam_search(CachedModel<T>& model, const std::vector<std::vector<int32_t>>& prompts,
                                     int32_t eos, const BeamOptions& opt);

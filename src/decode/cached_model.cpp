@@ -1,5 +1,6 @@
 #include "decode/cached_model.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "core/error.hpp"
@@ -13,13 +14,60 @@ template <typename T>
 CachedModel<T>::CachedModel(Transformer<T>& model) : model_(model) {
   if (!model.first_stage() || !model.last_stage())
     throw InputError("decoding runs the whole model on every rank: a pipeline mesh (mesh.pipe > 1) is not supported");
-  caches_.resize(model.blocks().size());
+  first_decoder_block_ = size_t(model.shape().encoder_layers);
+  caches_.resize(model.blocks().size() - first_decoder_block_);
+  if (model.encdec()) cross_.resize(caches_.size());
 }
 
 template <typename T>
 void CachedModel<T>::reset(int streams, int capacity) {
   auto& blocks = model_.blocks();
-  for (size_t b = 0; b < blocks.size(); ++b) caches_[b].reset(streams, capacity, model_.shape().d_model, blocks[b].attn);
+  for (size_t b = 0; b < caches_.size(); ++b)
+    caches_[b].reset(streams, capacity, model_.shape().d_model, blocks[first_decoder_block_ + b].attn);
+}
+
+template <typename T>
+void CachedModel<T>::encode(const std::vector<std::vector<int32_t>>& sources) {
+  if (!model_.encdec()) throw std::logic_error("CachedModel::encode: the model has no encoder");
+  if (sources.empty()) throw std::logic_error("CachedModel::encode: no sources");
+  const int V = model_.shape().vocab, seq_len = model_.shape().seq_len, M = model_.shape().d_model;
+  int len = 0;
+  for (const std::vector<int32_t>& src : sources) {
+    if (src.empty() || int(src.size()) > seq_len)
+      throw Error("decoding: a source of " + std::to_string(src.size()) + " tokens (the encoder takes 1 to model.seq_len = " +
+                  std::to_string(seq_len) + ")");
+    for (int32_t t : src)
+      if (t < 0 || t >= V)
+        throw Error("decoding: source token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                    std::to_string(V) + ")");
+    len = std::max(len, int(src.size()));
+  }
+  // Source s is row s, example 0 at positions 0, 1, ...; the rest of the row padding, an example
+  // of its own (segment 1), as the Batcher pads the encoder's rows.
+  const int rows = int(sources.size());
+  std::vector<int32_t> tokens(size_t(rows) * len, 0), segment(tokens.size(), 1), position(tokens.size());
+  std::vector<int> begin{0};
+  for (int s = 0; s < rows; ++s) {
+    const std::vector<int32_t>& src = sources[size_t(s)];
+    for (int t = 0; t < len; ++t) {
+      const size_t at = size_t(s) * len + size_t(t);
+      const bool in = t < int(src.size());
+      if (in) tokens[at] = src[size_t(t)], segment[at] = 0;
+      position[at] = in ? t : t - int(src.size());
+    }
+    begin.push_back(begin.back() + int(src.size()));
+  }
+  StepContext ctx;
+  ctx.training = false;
+  ctx.moe_group_size = int(tokens.size());
+  model_.encode(ctx, rows, len, tokens.data(), segment.data(), position.data());
+  // The sources' rows of the encoder output, packed [begin.back(), M]
+  enc_.resize(size_t(begin.back()) * M);
+  for (int s = 0; s < rows; ++s)
+    copy_from(enc_.data() + size_t(begin[size_t(s)]) * M, model_.encoder_output().data() + size_t(s) * len * M,
+              sources[size_t(s)].size() * M);
+  for (size_t b = 0; b < cross_.size(); ++b)
+    cross_[b].reset(*model_.blocks()[first_decoder_block_ + b].cross, M, enc_.data(), begin);
 }
 
 template <typename T>
@@ -31,6 +79,11 @@ const Buffer<T>& CachedModel<T>::step(const int32_t* tokens, const CachedTokens&
   ctx.moe_group_size = n;
   tokens_.assign(tokens, tokens + n);
   positions_.assign(tok.position, tok.position + n);
+  if (model_.encdec())
+    for (int i = 0; i < n; ++i)
+      if (tok.stream[i] < 0 || tok.stream[i] >= sources())
+        throw std::logic_error("CachedModel::step: stream " + std::to_string(tok.stream[i]) + " has no source (" +
+                               std::to_string(sources()) + " encoded)");
   for (int i = 0; i < n; ++i) {
     if (tokens_[i] < 0 || tokens_[i] >= V)
       throw Error("decoding: token id " + std::to_string(tokens_[i]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
@@ -44,11 +97,16 @@ const Buffer<T>& CachedModel<T>::step(const int32_t* tokens, const CachedTokens&
   // x [n, M] = wte[token] + wpe[position] (the embedding's forward, at the tokens' own positions)
   const Embedding<T>& emb = model_.embedding();
   for_each_index_2d(n, M, EmbeddingForwardElement<T>{emb.wte.w, emb.wpe.w, tokens_.data(), positions_.data(), x_.data(), M});
-  size_t b = 0;
-  for (auto& block : model_.blocks()) {
+  for (size_t b = 0; b < caches_.size(); ++b) {
+    auto& block = model_.blocks()[first_decoder_block_ + b];
     block.ln1.forward(ctx, x_.data(), h_.data(), n);
-    caches_[b++].forward(block.attn, tok, h_.data(), f_.data());
+    caches_[b].forward(block.attn, tok, h_.data(), f_.data());
     add_into(x_.data(), f_.data(), nM);
+    if (block.cross) {
+      block.ln_cross->forward(ctx, x_.data(), h_.data(), n);
+      cross_[b].forward(*block.cross, n, tok.stream, h_.data(), f_.data());
+      add_into(x_.data(), f_.data(), nM);
+    }
     block.ln2.forward(ctx, x_.data(), h_.data(), n);
     if (block.moe)
       block.moe->forward(ctx, h_.data(), f_.data(), n);
@@ -65,6 +123,9 @@ const Buffer<T>& CachedModel<T>::step(const int32_t* tokens, const CachedTokens&
 
 template <typename T>
 const Buffer<T>& CachedModel<T>::prefill(const std::vector<std::vector<int32_t>>& prompts, std::vector<int>& last_row) {
+  if (encdec() && size_t(sources()) != prompts.size())
+    throw std::logic_error("CachedModel::prefill: " + std::to_string(prompts.size()) + " prompts for " +
+                           std::to_string(sources()) + " encoded sources");
   std::vector<int32_t> tokens, stream, position;
   last_row.clear();
   for (size_t b = 0; b < prompts.size(); ++b) {

@@ -1,4 +1,4 @@
-// The decoder-only Transformer run one step at a time over a KV cache (docs/ARCHITECTURE.md
+// The Transformer's decoder run one step at a time over a KV cache (docs/ARCHITECTURE.md
 // "Decoding"): embed the new tokens at their positions, each block's attention appends their keys
 // and values to its AttentionCache and attends over it, the feed-forwards (dense or MoE, evaluation
 // mode: capacity_factor_eval, no jitter, no random routing, no dropout) run on the new tokens only,
@@ -10,6 +10,14 @@
 // groups moe.group_size consecutive tokens instead, so the two agree exactly when nothing is
 // dropped (e.g. capacity_factor_eval >= E, or moe.dropless).
 //
+// The encoder-decoder (model.arch = "encdec"): encode() runs the encoder once over the sources
+// (one row each, padded as the Batcher pads; bidirectional within the source; all the rows' tokens
+// one routing group, the padding included) and keeps each decoder block's cross-attention keys
+// and values of its output (CrossAttentionCache); stream s then decodes source s: step() runs the
+// decoder blocks only, each with its cross-attention over the source of the token's stream between
+// the self-attention and the feed-forward. The logits equal the full encdec forward's for the same
+// (source, target prefix) under the same drop caveat.
+//
 // On a mesh every rank of an MoE layer's group must call step() in lockstep with the same number
 // of tokens; `agree_logits`, when set, makes every rank's logits rank 0's (a broadcast), so that
 // all ranks take the same decisions from them.
@@ -19,6 +27,7 @@
 #include <vector>
 
 #include "model/attention_cache.hpp"
+#include "model/cross_attention_cache.hpp"
 #include "model/transformer.hpp"
 #include "tensor/device.hpp"
 
@@ -32,6 +41,11 @@ class CachedModel {
 
   // Room for `capacity` tokens in each of `streams` streams; empties them all.
   void reset(int streams, int capacity);
+  // encdec: the encoder over the sources (none empty, at most model.seq_len tokens each: `<lang>
+  // source`, as the Batcher gives the encoder); stream s decodes sources[s]. reset() keeps them.
+  void encode(const std::vector<std::vector<int32_t>>& sources);
+  bool encdec() const { return model_.encdec(); }
+  int sources() const { return cross_.empty() ? 0 : cross_.front().sources(); }
   int length(int stream) const { return caches_.front().length(stream); }
   int capacity() const { return caches_.front().capacity(); }
   int vocab() const { return model_.shape().vocab; }
@@ -42,16 +56,20 @@ class CachedModel {
   const Buffer<T>& step(const int32_t* tokens, const CachedTokens& tok);
   const std::vector<int32_t>& where() const { return caches_.front().where(); }
   // Each prompt (none empty) into its own stream b at positions 0, 1, ..., causal, in one step:
-  // the logits of all their tokens; last_row[b] is the row of prompt b's last token.
+  // the logits of all their tokens; last_row[b] is the row of prompt b's last token. encdec: the
+  // prompts are the decoder's starts (BOS ...), prompt b that of sources[b] (as many as encoded).
   const Buffer<T>& prefill(const std::vector<std::vector<int32_t>>& prompts, std::vector<int>& last_row);
 
   std::function<void(T*, size_t)> agree_logits;
 
  private:
   Transformer<T>& model_;
-  std::vector<AttentionCache<T>> caches_;  // one per block
-  Buffer<T> x_, h_, f_, logits_;           // [n, M] and [n, V]
-  Buffer<int32_t> tokens_, positions_;     // [n]
+  size_t first_decoder_block_ = 0;             // in model_.blocks(): encdec's encoder blocks come first
+  std::vector<AttentionCache<T>> caches_;      // one per decoder block
+  std::vector<CrossAttentionCache<T>> cross_;  // encdec: one per decoder block
+  Buffer<T> x_, h_, f_, logits_;               // [n, M] and [n, V]
+  Buffer<T> enc_;                              // encdec: the sources' encoder output [source tokens, M]
+  Buffer<int32_t> tokens_, positions_;         // [n]
 };
 
 }  // namespace meshmoe

@@ -33,9 +33,6 @@ Decoder load_decoder(const Deck& deck, Mesh& mesh, const std::string& checkpoint
     throw InputError("decoding does not run on a pipeline mesh (mesh.pipe = " + std::to_string(cfg.mesh.pipe) +
                      "): decode with --set mesh.pipe=1 (a checkpoint loads on any mesh)");
   if (cfg.run.device != Device::Cpu) throw InputError("decoding runs on the host only: use --set run.device=cpu");
-  if (cfg.model.arch != ModelArch::Decoder)
-    throw InputError("decoding is built for model.arch = \"decoder\" only; an encoder-decoder (model.arch = \"" +
-                     std::string(option_name(cfg.model.arch)) + "\") cannot be decoded yet");
   const Dataset valid = open_split(cfg.data.path, "valid", mesh.world());
   Decoder d;
   d.tokenizer = valid.info().tokenizer_object();
@@ -80,6 +77,9 @@ std::string one_line(const Tokenizer& tok, const std::vector<int32_t>& ids) {
 }  // namespace
 
 int generate_main(const Deck& deck, Mesh& mesh, const GenerateCliOptions& opt) {
+  if (deck.cfg.model.arch == ModelArch::EncDec)
+    throw InputError("generate continues a prompt with a decoder-only model; an encoder-decoder (model.arch = \"encdec\") "
+                     "translates a source: use `meshmoe translate`");
   Decoder d = load_decoder(deck, mesh, opt.checkpoint, opt.lang);
   std::vector<std::vector<int32_t>> prompts;
   for (const std::string& p : opt.prompts) {
@@ -124,13 +124,26 @@ int translate_main(const Deck& deck, Mesh& mesh, const TranslateCliOptions& opt)
     at = end + 1;
   }
   const int seq_len = d.model->shape().seq_len;
+  const bool encdec = d.model->encdec();
   for (size_t first = 0; first < lines.size(); first += size_t(opt.batch)) {
     const size_t last = std::min(lines.size(), first + size_t(opt.batch));
-    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::vector<int32_t>> prompts, sources;
     std::vector<size_t> which;  // input line of each prompt
     for (size_t i = first; i < last; ++i) {
       std::vector<int32_t> ids(1, d.tag);
       d.tokenizer.encode(lines[i], ids);
+      if (encdec) {  // `<lang> source` to the encoder, the decoder starts from BOS
+        if (int(ids.size()) > seq_len) {
+          if (mesh.rank() == 0)
+            std::fprintf(stderr, "meshmoe: warning: input line %zu: %zu tokens; the encoder reads its first model.seq_len = %d, as in training\n",
+                         i + 1, ids.size(), seq_len);
+          ids.resize(size_t(seq_len));
+        }
+        sources.push_back(std::move(ids));
+        prompts.push_back({Tokenizer::kBos});
+        which.push_back(i);
+        continue;
+      }
       ids.push_back(Tokenizer::kSep);
       if (int(ids.size()) >= seq_len) {
         if (mesh.rank() == 0)
@@ -141,6 +154,7 @@ int translate_main(const Deck& deck, Mesh& mesh, const TranslateCliOptions& opt)
       prompts.push_back(std::move(ids));
       which.push_back(i);
     }
+    if (!sources.empty()) d.cached->encode(sources);
     const std::vector<Hypothesis> best = beam_search(*d.cached, prompts, Tokenizer::kEos, opt.beam);
     if (mesh.rank() != 0) continue;
     std::vector<std::string> out(last - first);

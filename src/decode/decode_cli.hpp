@@ -6,6 +6,10 @@
 // logits are broadcast at each step so that all ranks take the same decisions
 // (docs/ARCHITECTURE.md "Decoding"). Rank 0 prints. A pipeline mesh (mesh.pipe > 1) and
 // run.device = "cuda" are refused.
+//
+// translate with an encoder-decoder (model.arch = "encdec"): each source `<lang> line` goes to the
+// encoder (its end cut at model.seq_len, as the Batcher cuts it), the decoder starts from BOS.
+// generate refuses an encdec deck (it continues prompts; translate is the encdec's entry).
 #pragma once
 #include <string>
 #include <vector>

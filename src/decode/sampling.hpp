@@ -26,7 +26,7 @@ int32_t choose_token(const T* logits, int V, const SamplingOptions& opt, double 
 
 // The continuation of each prompt (EOS not included) until EOS, opt.max_new tokens, or the
 // position model.seq_len (the last token is never fed back, as in beam_search). `first_index` is the index of prompts[0] among all the prompts of the
-// run (keys the random numbers).
+// run (keys the random numbers). Encoder-decoder: as beam_search (the sources encoded first).
 template <typename T>
 std::vector<std::vector<int32_t>> generate(CachedModel<T>& model, const std::vector<std::vector<int32_t>>& prompts,
                                            int32_t eos, const SamplingOptions& opt, uint64_t first_index = 0);

@@ -52,6 +52,8 @@ class CrossAttention {
   ParamView<T> wq, wk, wv, wo;
   std::function<void(T*, size_t)> tensor_allreduce;  // sum over the tensor axis, in place
 
+  int num_heads() const { return H_; }
+  int local_heads() const { return LH_; }
   bool sharded() const { return LH_ != H_; }
 
  private:

@@ -164,7 +164,7 @@ std::vector<const MoeLayer<T>*> Transformer<T>::moe_layers() const {
 
 template <typename T>
 void Transformer<T>::forward_blocks(const StepContext& ctx, size_t begin, size_t end, ForwardStats& st,
-                                    const std::function<void(const Buffer<T>&, size_t, const std::string&)>& check_finite) {
+                                    const CheckFinite& check_finite) {
   const size_t NM = size_t(N_) * shape_.d_model;
   for (size_t k = begin; k < end; ++k) {
     Block& b = blocks_[k];
@@ -215,34 +215,19 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   h_.resize(NM);
   f_.resize(NM);
   first_nonfinite_.clear();
-  std::function<void(const Buffer<T>&, size_t, const std::string&)> check_finite =
-      [&](const Buffer<T>& v, size_t n, const std::string& where) {
-        if (first_nonfinite_.empty() && !all_finite(v.data(), n)) first_nonfinite_ = where;
-      };
-  auto poison_if_asked = [&] {  // debug.nan_step: the first activation
-    if (!inject_nan_) return;
-    x_[0] = std::numeric_limits<T>::quiet_NaN();
-    inject_nan_ = false;
+  CheckFinite check_finite = [&](const Buffer<T>& v, size_t n, const std::string& where) {
+    if (first_nonfinite_.empty() && !all_finite(v.data(), n)) first_nonfinite_ = where;
   };
   ForwardStats st;
   size_t decoder_begin = 0;  // the first decoder block in blocks_
   if (encdec()) {
-    // The encoder (docs/ARCHITECTURE.md "Encoder-decoder"): its tokens embedded, its blocks, ln_enc.
     if (mb.enc_len != T_ || !mb.enc_inputs || !mb.enc_segment || !mb.enc_position || !mb.segment)
       throw Error("Transformer: model.arch = encdec needs the encoder's tokens, segment ids and positions (enc_len = seq_len)");
     enc_inputs_.assign(mb.enc_inputs, mb.enc_inputs + N_);
     enc_segment_.assign(mb.enc_segment, mb.enc_segment + N_);
     enc_position_.assign(mb.enc_position, mb.enc_position + N_);
-    StepContext enc_ctx = ctx;
-    enc_ctx.segment = enc_segment_.data();
-    enc_ctx.position = enc_position_.data();
-    emb_enc_.forward(enc_ctx, enc_inputs_.data(), x_.data(), N_, T_);
-    poison_if_asked();
-    check_finite(x_, NM, "embed.encoder");
+    encoder_pass(ctx, st, check_finite);
     decoder_begin = size_t(shape_.encoder_layers);
-    forward_blocks(enc_ctx, 0, decoder_begin, st, check_finite);
-    enc_out_.resize(NM);
-    lne_.forward(enc_ctx, x_.data(), enc_out_.data(), N_);
   }
 
   if (first_stage()) {
@@ -266,6 +251,46 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   for (double l : ce_.per_token_loss()) st.ce_sum += l;
   st.mask_sum = ce_.count();
   return st;
+}
+
+template <typename T>
+void Transformer<T>::poison_if_asked() {  // debug.nan_step: the first activation
+  if (!inject_nan_) return;
+  x_[0] = std::numeric_limits<T>::quiet_NaN();
+  inject_nan_ = false;
+}
+
+// The encoder (docs/ARCHITECTURE.md "Encoder-decoder"): its tokens embedded, its blocks, ln_enc.
+template <typename T>
+void Transformer<T>::encoder_pass(const StepContext& ctx, ForwardStats& st, const CheckFinite& check_finite) {
+  const size_t NM = size_t(N_) * shape_.d_model;
+  StepContext enc_ctx = ctx;
+  enc_ctx.segment = enc_segment_.data();
+  enc_ctx.position = enc_position_.data();
+  emb_enc_.forward(enc_ctx, enc_inputs_.data(), x_.data(), N_, T_);
+  poison_if_asked();
+  check_finite(x_, NM, "embed.encoder");
+  forward_blocks(enc_ctx, 0, size_t(shape_.encoder_layers), st, check_finite);
+  enc_out_.resize(NM);
+  lne_.forward(enc_ctx, x_.data(), enc_out_.data(), N_);
+}
+
+template <typename T>
+void Transformer<T>::encode(const StepContext& ctx, int rows, int len, const int32_t* tokens, const int32_t* segment,
+                            const int32_t* position) {
+  if (!encdec()) throw std::logic_error("Transformer::encode: the model has no encoder");
+  T_ = len;
+  N_ = rows * len;
+  timers_ = ctx.timers;
+  const size_t NM = size_t(N_) * shape_.d_model;
+  x_.resize(NM);
+  h_.resize(NM);
+  f_.resize(NM);
+  enc_inputs_.assign(tokens, tokens + N_);
+  enc_segment_.assign(segment, segment + N_);
+  enc_position_.assign(position, position + N_);
+  ForwardStats unused;
+  encoder_pass(ctx, unused, [](const Buffer<T>&, size_t, const std::string&) {});
 }
 
 template <typename T>

@@ -142,6 +142,12 @@ class Transformer {
   // gradient all-reduce start while the backward goes on, as the tensor all-reduce hook lets the
   // tensor axis talk, without the model knowing the mesh.
   std::function<void(size_t)> grads_final_from;
+  // encdec, decoding's encoder pass (src/decode/cached_model.hpp): `rows` sequences of `len` tokens
+  // (segment ids and positions as MicroBatch::enc_*) through the embedding, the encoder blocks and
+  // ln_enc, as forward runs them -> encoder_output() [rows * len, M]. No backward may follow it.
+  void encode(const StepContext& ctx, int rows, int len, const int32_t* tokens, const int32_t* segment,
+              const int32_t* position);
+  const Buffer<T>& encoder_output() const { return enc_out_; }
   const Buffer<T>& stage_output() const { return x_; }
   // The first part of this stage whose output held a NaN or Inf in the last forward ("embed",
   // "blocks.<i>", "head"), or "" when all were finite.
@@ -187,9 +193,15 @@ class Transformer {
     size_t block, attn, cross, ffn;  // flat offsets of the block's, its attention's, cross-attention's, FFN's parameters
   };
   size_t ln_enc_grads_begin_ = 0;        // encdec: flat offset of ln_enc
+  // Notes the first part whose output is not finite: (values, count, part name).
+  using CheckFinite = std::function<void(const Buffer<T>&, size_t, const std::string&)>;
   // Forward of blocks_[begin, end) on x_ (ctx: their tokens' segments); stats and finiteness as forward.
   void forward_blocks(const StepContext& ctx, size_t begin, size_t end, ForwardStats& st,
-                      const std::function<void(const Buffer<T>&, size_t, const std::string&)>& check_finite);
+                      const CheckFinite& check_finite);
+  // encdec: the N_ tokens of enc_inputs_ (T_ a sequence, enc_segment_, enc_position_) through the
+  // embedding, the encoder blocks and ln_enc into enc_out_.
+  void encoder_pass(const StepContext& ctx, ForwardStats& st, const CheckFinite& check_finite);
+  void poison_if_asked();  // debug.nan_step: NaN into the first activation, once
   // Backward of blocks_[begin, end), last first, on d_ (grads_final_from as backward).
   void backward_blocks(const StepContext& ctx, const LossWeights& w, size_t begin, size_t end);
   std::vector<BlockGrads> block_grads_;  // for grads_final_from

@@ -40,20 +40,51 @@ void require_close(const T* got, const std::vector<T>& want, size_t at, int V, c
   REQUIRE(worst <= tolerance<T>());
 }
 
-// B sequences decoded one token per step after a prefill of `prefill` tokens each.
+// Random sources of lengths 1 to T_seq (the encoder's inputs of the encdec cases).
+std::vector<std::vector<int32_t>> random_sources(int count, int T_seq, int V, std::mt19937& rng) {
+  std::vector<std::vector<int32_t>> sources(static_cast<size_t>(count));
+  for (auto& s : sources) {
+    s.resize(1 + rng() % unsigned(T_seq));
+    for (auto& t : s) t = int32_t(rng() % V);
+  }
+  return sources;
+}
+
+// The full forward's logits [rows * T_seq, V] of `rows` sequences of T_seq tokens: the decoder
+// model's, or (sources given) the encdec model's with sources[b] into the encoder.
 template <typename T>
-void check_cached_equals_full(const std::string& ffn) {
+std::vector<T> oracle_logits(Transformer<T>& model, const std::vector<int32_t>& tokens, int rows, int T_seq,
+                             const std::vector<std::vector<int32_t>>& sources) {
+  if (sources.empty()) return full_logits(model, tokens, rows, T_seq);
+  std::vector<std::vector<int32_t>> inputs;
+  for (int b = 0; b < rows; ++b) inputs.emplace_back(tokens.begin() + b * T_seq, tokens.begin() + (b + 1) * T_seq);
+  int T_full = 0;
+  std::vector<T> full = test::full_encdec_logits(model, sources, inputs, T_full);
+  REQUIRE(T_full == T_seq);
+  return full;
+}
+
+Config arch_config(const std::string& ffn, bool encdec) {
+  return encdec ? test::encdec_decode_config(ffn) : decode_config(ffn);
+}
+
+// B sequences decoded one token per step after a prefill of `prefill` tokens each (encdec: the
+// decoder's inputs, each stream with its own source).
+template <typename T>
+void check_cached_equals_full(const std::string& ffn, bool encdec) {
   const int B = 2, T_seq = 10, prefill = 3;
-  Config cfg = decode_config(ffn);
+  Config cfg = arch_config(ffn, encdec);
   const int V = 23;
   Transformer<T> model(cfg, V);
   model.init(11, 1.0);
   std::mt19937 rng(5);
   std::vector<int32_t> tokens(size_t(B) * T_seq);
   for (auto& t : tokens) t = int32_t(rng() % V);
-  const std::vector<T> full = full_logits(model, tokens, B, T_seq);
+  const auto sources = encdec ? random_sources(B, T_seq, V, rng) : std::vector<std::vector<int32_t>>{};
+  const std::vector<T> full = oracle_logits(model, tokens, B, T_seq, sources);
 
   CachedModel<T> cached(model);
+  if (encdec) cached.encode(sources);
   cached.reset(B, T_seq);
   std::vector<int32_t> step_tokens, stream, position;
   for (int b = 0; b < B; ++b)
@@ -83,11 +114,12 @@ void check_cached_equals_full(const std::string& ffn) {
 }
 
 // Two continuations of one prompt interleaved in one stream, each token seeing the prompt and its
-// own continuation only (GShard appendix A.1's flat layout), against the full forward of each.
+// own continuation only (GShard appendix A.1's flat layout), against the full forward of each
+// (encdec: both read the stream's one source, as the hypotheses of a source do).
 template <typename T>
-void check_flat_stream_equals_full(const std::string& ffn) {
+void check_flat_stream_equals_full(const std::string& ffn, bool encdec) {
   const int P = 4, steps = 5, T_seq = P + steps;
-  Config cfg = decode_config(ffn);
+  Config cfg = arch_config(ffn, encdec);
   const int V = 19;
   Transformer<T> model(cfg, V);
   model.init(3, 1.0);
@@ -98,10 +130,13 @@ void check_flat_stream_equals_full(const std::string& ffn) {
     seqs[size_t(t)] = a;
     seqs[size_t(T_seq + t)] = t < P ? a : int32_t(rng() % V);  // the same prompt, then another path
   }
-  const std::vector<T> full = full_logits(model, seqs, 2, T_seq);
+  const auto source = encdec ? random_sources(1, T_seq, V, rng) : std::vector<std::vector<int32_t>>{};
+  const auto sources = encdec ? std::vector<std::vector<int32_t>>{source[0], source[0]} : source;
+  const std::vector<T> full = oracle_logits(model, seqs, 2, T_seq, sources);
 
   const int capacity = P + 2 * steps;
   CachedModel<T> cached(model);
+  if (encdec) cached.encode(source);
   cached.reset(1, capacity);
   std::vector<int32_t> stream(size_t(P), 0), position;
   for (int t = 0; t < P; ++t) position.push_back(t);
@@ -127,10 +162,37 @@ TEMPLATE_TEST_CASE("decode: KV-cache decoding equals the full forward (dense, Sw
                    double) {
   for (const char* ffn : {"dense", "top1", "top2"}) {
     SECTION(ffn) {
-      check_cached_equals_full<TestType>(ffn);
-      check_flat_stream_equals_full<TestType>(ffn);
+      check_cached_equals_full<TestType>(ffn, false);
+      check_flat_stream_equals_full<TestType>(ffn, false);
     }
   }
+}
+
+TEMPLATE_TEST_CASE("decode: encdec decoding (encoder once, cross-attention cache) equals the full encdec forward",
+                   "[decode]", float, double) {
+  for (const char* ffn : {"dense", "top1", "top2"}) {
+    SECTION(ffn) {
+      check_cached_equals_full<TestType>(ffn, true);
+      check_flat_stream_equals_full<TestType>(ffn, true);
+    }
+  }
+}
+
+TEST_CASE("decode: encdec sources are checked; a stream needs its source", "[decode]") {
+  Transformer<float> model(test::encdec_decode_config("dense"), 7);
+  model.init(1, 1.0);
+  CachedModel<float> cached(model);
+  REQUIRE(cached.encdec());
+  REQUIRE_THROWS_WITH(cached.encode({{1, 2}, {}}), Catch::Contains("a source of 0 tokens"));
+  REQUIRE_THROWS_WITH(cached.encode({std::vector<int32_t>(17, 1)}), Catch::Contains("model.seq_len = 16"));
+  REQUIRE_THROWS_WITH(cached.encode({{1, 7}}), Catch::Contains("outside the vocabulary"));
+  cached.encode({{1, 2, 3}});
+  cached.reset(2, 4);
+  const int32_t tok[2] = {1, 2}, str[2] = {0, 1}, pos[2] = {0, 0};
+  REQUIRE_THROWS_WITH(cached.step(tok, {2, str, pos}), Catch::Contains("stream 1 has no source"));
+  Transformer<float> decoder(decode_config("dense"), 7);
+  CachedModel<float> plain(decoder);
+  REQUIRE_THROWS_AS(plain.encode({{1}}), std::logic_error);
 }
 
 TEST_CASE("decode: a step's MoE tokens are one group with capacity_factor_eval; over capacity they drop", "[decode]") {
@@ -174,30 +236,38 @@ TEST_CASE("decode: cached decoding on a data x tensor mesh equals the one-rank m
   if (W == 4) shapes = {{4, 1, "data"}, {2, 2, "data"}, {2, 2, "tensor"}};
   if (shapes.empty()) SUCCEED("needs 2 or 4 ranks");
   for (const Shape& sh : shapes) {
-    Mesh mesh(MPI_COMM_WORLD, 1, sh.data, sh.tensor);
-    INFO("mesh data=" << sh.data << " tensor=" << sh.tensor << " experts over " << sh.expert_axis);
-    Config cfg = decode_config("top2");
-    cfg.moe.expert_axis = test::option<ExpertAxis>(sh.expert_axis);
-    const int V = 17, B = 3, T_seq = 7;
-    Transformer<double> sharded(cfg, V, model_sharding(mesh)), whole(cfg, V);
-    sharded.init(31, 1.0);
-    whole.init(31, 1.0);
-    CachedModel<double> a(sharded), b(whole);
-    a.reset(B, T_seq);
-    b.reset(B, T_seq);
-    std::mt19937 rng(13);  // the same tokens on every rank
-    for (int t = 0; t < T_seq; ++t) {
-      std::vector<int32_t> tok, stream, position;
-      for (int s = 0; s < B; ++s) {
-        tok.push_back(int32_t(rng() % V));
-        stream.push_back(s);
-        position.push_back(t);
+    for (bool encdec : {false, true}) {
+      Mesh mesh(MPI_COMM_WORLD, 1, sh.data, sh.tensor);
+      INFO("mesh data=" << sh.data << " tensor=" << sh.tensor << " experts over " << sh.expert_axis
+                        << (encdec ? " encdec" : " decoder"));
+      Config cfg = arch_config("top2", encdec);
+      cfg.moe.expert_axis = test::option<ExpertAxis>(sh.expert_axis);
+      const int V = 17, B = 3, T_seq = 7;
+      Transformer<double> sharded(cfg, V, model_sharding(mesh)), whole(cfg, V);
+      sharded.init(31, 1.0);
+      whole.init(31, 1.0);
+      CachedModel<double> a(sharded), b(whole);
+      std::mt19937 rng(13);  // the same tokens on every rank
+      if (encdec) {
+        const auto sources = random_sources(B, T_seq, V, rng);
+        a.encode(sources);
+        b.encode(sources);
       }
-      const CachedTokens where{B, stream.data(), position.data()};
-      const Buffer<double>& la = a.step(tok.data(), where);
-      const Buffer<double>& whole_logits = b.step(tok.data(), where);
-      const std::vector<double> lb(whole_logits.begin(), whole_logits.end());
-      for (int s = 0; s < B; ++s) require_close(la.data() + size_t(s) * V, lb, size_t(s), V, "step " + std::to_string(t));
+      a.reset(B, T_seq);
+      b.reset(B, T_seq);
+      for (int t = 0; t < T_seq; ++t) {
+        std::vector<int32_t> tok, stream, position;
+        for (int s = 0; s < B; ++s) {
+          tok.push_back(int32_t(rng() % V));
+          stream.push_back(s);
+          position.push_back(t);
+        }
+        const CachedTokens where{B, stream.data(), position.data()};
+        const Buffer<double>& la = a.step(tok.data(), where);
+        const Buffer<double>& whole_logits = b.step(tok.data(), where);
+        const std::vector<double> lb(whole_logits.begin(), whole_logits.end());
+        for (int s = 0; s < B; ++s) require_close(la.data() + size_t(s) * V, lb, size_t(s), V, "step " + std::to_string(t));
+      }
     }
   }
 }

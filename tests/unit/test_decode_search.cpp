@@ -3,11 +3,14 @@
 // recomputation at each step, top-k 1 equals greedy, the seed fixes the samples; beam 1 equals
 // greedy, and the flat beam search (all hypotheses of a source in one stream, masked) equals a
 // plain per-hypothesis beam search on random small models (dense, Switch, GShard top-2), in double
-// precision: the same tokens, log-probabilities within 1e-9.
+// precision: the same tokens, log-probabilities within 1e-9. The encoder-decoder the same way: the
+// prompts' sources encoded once, each decoder started from BOS, against the full encdec forward of
+// (source, BOS output) for every prefix.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "decode/beam_search.hpp"
@@ -33,26 +36,9 @@ std::vector<std::vector<int32_t>> random_prompts(uint32_t seed) {
   return p;
 }
 
-// A random model (`ffn`: dense, top1, top2) with its cached decoder, random prompts, greedy
-// options and an EOS that greedy decoding meets: token `eos_at` of prompt `eos_prompt`'s output
-// without EOS (so that finishing is exercised).
-struct RandomDecoder {
-  Transformer<double> model;
-  CachedModel<double> cached;
-  std::vector<std::vector<int32_t>> prompts;
-  SamplingOptions greedy;
-  int32_t eos = -1;
-  RandomDecoder(const char* ffn, uint64_t seed, uint32_t prompt_seed, int max_new, int eos_prompt, int eos_at)
-      : model(decode_config(ffn), kVocab), cached((model.init(seed, 1.0), model)), prompts(random_prompts(prompt_seed)) {
-    greedy.max_new = max_new;
-    eos = generate(cached, prompts, -1, greedy)[size_t(eos_prompt)][size_t(eos_at)];
-  }
-};
-
-// The log-softmax of the last row of the full forward of `seq`.
-std::vector<double> last_log_probs(Transformer<double>& model, const std::vector<int32_t>& seq) {
-  const std::vector<double> l = full_logits(model, seq, 1, int(seq.size()));
-  const double* row = l.data() + (seq.size() - 1) * kVocab;
+// The log-softmax of row `at` of logits [., V].
+std::vector<double> log_softmax_row(const std::vector<double>& logits, size_t at) {
+  const double* row = logits.data() + at * kVocab;
   const double top = *std::max_element(row, row + kVocab);
   double z = 0;
   for (int v = 0; v < kVocab; ++v) z += std::exp(row[v] - top);
@@ -61,11 +47,53 @@ std::vector<double> last_log_probs(Transformer<double>& model, const std::vector
   return out;
 }
 
-std::vector<int32_t> greedy_reference(Transformer<double>& model, std::vector<int32_t> seq, int32_t eos, int max_new) {
+// The next token's log-probabilities after `seq` (a prompt and the output so far), recomputed in full.
+using NextLogProbs = std::function<std::vector<double>(const std::vector<int32_t>& seq)>;
+
+// A random model (`ffn`: dense, top1, top2; decoder, or encdec with a random source per prompt and
+// the prompts all BOS) with its cached decoder, random prompts, greedy options and an EOS that
+// greedy decoding meets: token `eos_at` of prompt `eos_prompt`'s output without EOS (so that
+// finishing is exercised).
+struct RandomDecoder {
+  static constexpr int32_t kBos = 1;
+  Transformer<double> model;
+  CachedModel<double> cached;
+  std::vector<std::vector<int32_t>> prompts, sources;
+  SamplingOptions greedy;
+  int32_t eos = -1;
+  RandomDecoder(const char* ffn, uint64_t seed, uint32_t prompt_seed, int max_new, int eos_prompt, int eos_at,
+                bool encdec = false)
+      : model(encdec ? test::encdec_decode_config(ffn) : decode_config(ffn), kVocab),
+        cached((model.init(seed, 1.0), model)),
+        prompts(random_prompts(prompt_seed)) {
+    if (encdec) {
+      sources = prompts;
+      prompts.assign(sources.size(), {kBos});
+      cached.encode(sources);
+    }
+    greedy.max_new = max_new;
+    eos = generate(cached, prompts, -1, greedy)[size_t(eos_prompt)][size_t(eos_at)];
+  }
+  // The full forward's next-token log-probabilities for prompt b.
+  NextLogProbs oracle(size_t b) {
+    if (sources.empty())
+      return [this](const std::vector<int32_t>& seq) {
+        return log_softmax_row(full_logits(model, seq, 1, int(seq.size())), seq.size() - 1);
+      };
+    return [this, b](const std::vector<int32_t>& seq) {
+      int T_full = 0;
+      const auto l = test::full_encdec_logits(model, {sources[b]}, {seq}, T_full);
+      return log_softmax_row(l, seq.size() - 1);
+    };
+  }
+};
+
+std::vector<int32_t> greedy_reference(const NextLogProbs& next_log_probs, int seq_len, std::vector<int32_t> seq,
+                                      int32_t eos, int max_new) {
   std::vector<int32_t> out;
-  const int room = std::min(max_new, int(model.shape().seq_len) - int(seq.size()) + 1);
+  const int room = std::min(max_new, seq_len - int(seq.size()) + 1);
   while (int(out.size()) < room) {
-    const std::vector<double> lp = last_log_probs(model, seq);
+    const std::vector<double> lp = next_log_probs(seq);
     const int32_t next = int32_t(std::max_element(lp.begin(), lp.end()) - lp.begin());
     if (next == eos) break;
     out.push_back(next);
@@ -76,13 +104,13 @@ std::vector<int32_t> greedy_reference(Transformer<double>& model, std::vector<in
 
 // The plain beam search: every hypothesis its own sequence, recomputed in full; the rule of
 // beam_search.hpp written out again.
-Hypothesis beam_reference(Transformer<double>& model, const std::vector<int32_t>& prompt, int32_t eos, int K,
-                          double alpha, int max_len) {
+Hypothesis beam_reference(const NextLogProbs& next_log_probs, int seq_len, const std::vector<int32_t>& prompt,
+                          int32_t eos, int K, double alpha, int max_len) {
   struct Hyp {
     std::vector<int32_t> tokens;
     double lp;
   };
-  max_len = std::min(max_len, int(model.shape().seq_len) - int(prompt.size()) + 1);
+  max_len = std::min(max_len, seq_len - int(prompt.size()) + 1);
   std::vector<Hyp> live{{{}, 0.0}};
   std::vector<Hypothesis> done;
   auto score = [&](double lp, int len) { return lp / std::pow((5.0 + len) / 6.0, alpha); };
@@ -96,7 +124,7 @@ Hypothesis beam_reference(Transformer<double>& model, const std::vector<int32_t>
     for (int h = 0; h < int(live.size()); ++h) {
       std::vector<int32_t> seq = prompt;
       seq.insert(seq.end(), live[size_t(h)].tokens.begin(), live[size_t(h)].tokens.end());
-      const std::vector<double> lp = last_log_probs(model, seq);
+      const std::vector<double> lp = next_log_probs(seq);
       for (int v = 0; v < kVocab; ++v) all.push_back({live[size_t(h)].lp + lp[size_t(v)], h, int32_t(v)});
     }
     std::sort(all.begin(), all.end(), [](const Cand& a, const Cand& b) {
@@ -151,9 +179,10 @@ TEST_CASE("decode: greedy generation equals the argmax of the full recomputation
   for (const char* ffn : {"dense", "top1", "top2"}) {
     SECTION(ffn) {
       RandomDecoder d(ffn, 17, 4, 8, 0, 2);
-      auto& [model, cached, prompts, greedy, eos] = d;
+      auto& [model, cached, prompts, sources, greedy, eos] = d;
       const auto got = generate(cached, prompts, eos, greedy);
-      for (size_t b = 0; b < prompts.size(); ++b) REQUIRE(got[b] == greedy_reference(model, prompts[b], eos, 8));
+      for (size_t b = 0; b < prompts.size(); ++b)
+        REQUIRE(got[b] == greedy_reference(d.oracle(b), model.shape().seq_len, prompts[b], eos, 8));
       REQUIRE(got[0].size() <= 2);  // the EOS stopped it (earlier when that token came before)
 
       SamplingOptions top1 = greedy;
@@ -179,31 +208,36 @@ TEST_CASE("decode: greedy generation equals the argmax of the full recomputation
 }
 
 TEST_CASE("decode: beam 1 equals greedy; flat beam search equals a plain per-hypothesis beam search", "[decode]") {
-  for (const char* ffn : {"dense", "top1", "top2"}) {
-    SECTION(ffn) {
-      RandomDecoder d(ffn, 23, 8, 9, 1, 3);
-      auto& [model, cached, prompts, greedy, eos] = d;
-      const auto want = generate(cached, prompts, eos, greedy);
-      BeamOptions one{1, 0.6, 9};
-      const auto got = beam_search(cached, prompts, eos, one);
-      for (size_t b = 0; b < prompts.size(); ++b) REQUIRE(got[b].tokens == want[b]);
-
-      for (const auto& [K, alpha] : std::vector<std::pair<int, double>>{{3, 0.6}, {4, 0.0}, {2, 1.0}}) {
-        const BeamOptions opt{K, alpha, 9};
-        const auto flat = beam_search(cached, prompts, eos, opt);
-        REQUIRE(beam_search(cached, prompts, eos, opt)[0].tokens == flat[0].tokens);  // deterministic
-        int ended = 0;
+  for (const bool encdec : {false, true})
+    for (const char* ffn : {"dense", "top1", "top2"}) {
+      DYNAMIC_SECTION((encdec ? "encdec " : "decoder ") << ffn) {
+        RandomDecoder d(ffn, 23, 8, 9, 1, 3, encdec);
+        auto& [model, cached, prompts, sources, greedy, eos] = d;
+        const int seq_len = model.shape().seq_len;
+        const auto want = generate(cached, prompts, eos, greedy);
+        BeamOptions one{1, 0.6, 9};
+        const auto got = beam_search(cached, prompts, eos, one);
         for (size_t b = 0; b < prompts.size(); ++b) {
-          const Hypothesis ref = beam_reference(model, prompts[b], eos, K, alpha, 9);
-          INFO("beam " << K << " alpha " << alpha << " prompt " << b);
-          REQUIRE(flat[b].tokens == ref.tokens);
-          REQUIRE(flat[b].ended == ref.ended);
-          REQUIRE(flat[b].log_prob == Approx(ref.log_prob).epsilon(1e-9));
-          REQUIRE(flat[b].score == Approx(ref.score).epsilon(1e-9));
-          ended += ref.ended;
+          REQUIRE(got[b].tokens == want[b]);
+          REQUIRE(got[b].tokens == greedy_reference(d.oracle(b), seq_len, prompts[b], eos, 9));
         }
-        REQUIRE(ended > 0);  // EOS was met: finished hypotheses took part
+
+        for (const auto& [K, alpha] : std::vector<std::pair<int, double>>{{3, 0.6}, {4, 0.0}, {2, 1.0}}) {
+          const BeamOptions opt{K, alpha, 9};
+          const auto flat = beam_search(cached, prompts, eos, opt);
+          REQUIRE(beam_search(cached, prompts, eos, opt)[0].tokens == flat[0].tokens);  // deterministic
+          int ended = 0;
+          for (size_t b = 0; b < prompts.size(); ++b) {
+            const Hypothesis ref = beam_reference(d.oracle(b), seq_len, prompts[b], eos, K, alpha, 9);
+            INFO("beam " << K << " alpha " << alpha << " prompt " << b);
+            REQUIRE(flat[b].tokens == ref.tokens);
+            REQUIRE(flat[b].ended == ref.ended);
+            REQUIRE(flat[b].log_prob == Approx(ref.log_prob).epsilon(1e-9));
+            REQUIRE(flat[b].score == Approx(ref.score).epsilon(1e-9));
+            ended += ref.ended;
+          }
+          REQUIRE(ended > 0);  // EOS was met: finished hypotheses took part
+        }
       }
     }
-  }
 }
