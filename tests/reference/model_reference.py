@@ -47,7 +47,7 @@ from optim_reference import PaperAdafactor, schedule  # noqa: E402
 from philox import DROPOUT, EXPERT_DROPOUT, JITTER, SECOND_EXPERT, Rng  # noqa: E402
 
 CASES = ["dense_relu", "switch_top1", "gshard_top2", "geglu_untied", "encdec_top2", "top2_ntlb", "shared_experts",
-         "bias_ntlb"]
+         "bias_ntlb", "gshard_line22"]
 CLIP_COUNTS = []  # fraction of clipped steps of every training run
 TOL_LOGITS, TOL_SCALAR, TOL_GRAD_REL, TOL_GRAD_ABS, TOL_CURVE, TOL_LR = 1e-5, 1e-5, 1e-4, 1e-7, 1e-4, 1e-12
 
@@ -176,16 +176,19 @@ def route(probs_np, cfg, ctx, layer, bias=None):
             want[:, 1] = 2.0 * g2 > u  # GShard Algorithm 1 line 18: dispatch with prob. min(1, 2 g2)
     expert = np.full((N, k), -1, dtype=np.int64)
     slot = np.full((N, k), -1, dtype=np.int64)
+    literal = bool(getattr(cfg, "declined_takes_slot", 0))
     for g in range(N // S):
-        count = np.zeros(E, dtype=np.int64)
+        count = np.zeros(E, dtype=np.int64)  # position counters c_E of GShard Algorithm 1
         dropped = []
         for i in range(k):  # all first choices of the group, then all second choices, ...
             for s in range(S):
                 n = g * S + s
+                e = top[n, i]
                 if not want[n, i]:
                     expert[n, i] = -2
+                    if literal:
+                        count[e] += 1  # Algorithm 1 line 22: c_e2 <- c + 1 outside the if
                     continue
-                e = top[n, i]
                 if count[e] < C:
                     expert[n, i], slot[n, i] = e, count[e]
                     count[e] += 1
@@ -380,6 +383,12 @@ def check_case(path, case):
             unbiased = forward(P, cfg, inputs, targets, mask, segment, ctx, *enc_batch)[4]
         changed = sum(int(np.sum(a[0] != b[0])) for a, b in zip(routing, unbiased))
         rep.check("selection bias changes some choice", 0 if changed else 1, 0, f" ({changed} choices changed)")
+    if getattr(cfg, "declined_takes_slot", 0):  # the empty slots must cost some choice its place
+        with torch.no_grad():
+            compact = Cfg(vars(cfg) | {"declined_takes_slot": 0})
+            plain = forward(P, compact, inputs, targets, mask, segment, ctx, *enc_batch)[4]
+        changed = sum(int(np.sum(a[0] != b[0])) for a, b in zip(routing, plain))
+        rep.check("line 22 changes some choice", 0 if changed else 1, 0, f" ({changed} choices changed)")
     w_ce, w_aux, w_z = loss_weights(cfg, mask)
     loss = ce.double() * w_ce + aux * w_aux + z * w_z
     loss.backward()

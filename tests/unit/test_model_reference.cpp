@@ -184,6 +184,19 @@ std::vector<RefCase> ref_cases() {
     r.expect_rerouted = true;  // overflows, all placed again by NTLB
     v.push_back(r);
   }
+  {
+    // GShard Algorithm 1 line 22 literally: declined random second choices keep their slot, tight
+    // capacity so that the empty slots cost later second choices their place (the reference checks).
+    RefCase r{"gshard_line22", base_config(5000000009ull)};
+    Config& c = r.cfg;
+    c.moe.every = 2;
+    c.moe.router = RouterKind::Top2;
+    c.moe.second_expert = SecondExpertPolicy::Random;
+    c.moe.declined_takes_slot = true;
+    c.moe.capacity_factor_train = 0.75;
+    r.expect_drops = r.expect_declined = true;
+    v.push_back(r);
+  }
   return v;
 }
 
@@ -285,6 +298,7 @@ void write_config(h5::File& f, const Config& c, int vocab) {
   str("second_expert", std::string(option_name(c.moe.second_expert)));
   f64("second_expert_threshold", c.moe.second_expert_threshold);
   i64("no_token_left_behind", c.moe.no_token_left_behind);
+  i64("declined_takes_slot", c.moe.declined_takes_slot);
   f64("jitter_eps", c.moe.jitter_eps);
   f64("expert_dropout", c.moe.expert_dropout);
   i64("shared_experts", c.moe.shared_experts);

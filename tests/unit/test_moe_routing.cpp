@@ -246,6 +246,94 @@ TEST_CASE("moe top-2 slot order: first choices fill capacity first, in token ord
   }
 }
 
+TEST_CASE("moe declined_takes_slot (GShard Algorithm 1 line 22) on a hand-computed group", "[moe]") {
+  // E = 2, S = 4, C = 3 (k S cf / E = 2 * 4 * 0.75 / 2), threshold second expert 0.2. Router weights
+  // = identity and x = log p, so the probabilities are p. Second gates: 0.1 (declined), 0.4, 0.3,
+  // 0.45. First choices: t0, t1 -> e0 slots 0, 1; t2, t3 -> e1 slots 0, 1. Second choices in token
+  // order: t0's (e1) declined; t1's e1: slot 2, or with line 22 (t0's decline took slot 2) dropped;
+  // t2's e0: slot 2; t3's e0: dropped (e0 full).
+  const double p[4][2] = {{0.9, 0.1}, {0.6, 0.4}, {0.3, 0.7}, {0.45, 0.55}};
+  for (const bool literal : {false, true}) {
+    MoeOptions o = small_moe(RouterKind::Top2);
+    o.d_model = 2, o.num_experts = 2, o.group_size = 4, o.capacity_factor_train = 0.75;
+    o.second_expert = SecondExpertPolicy::Threshold;
+    o.second_expert_threshold = 0.2;
+    o.declined_takes_slot = literal;
+    RouterHarness h(o, 1);
+    const double eye[4] = {1, 0, 0, 1};
+    std::copy(eye, eye + 4, h.router.wg.w);
+    std::vector<double> x(8);
+    for (int n = 0; n < 4; ++n)
+      for (int e = 0; e < 2; ++e) x[size_t(n) * 2 + e] = std::log(p[n][e]);
+    StepContext ctx;
+    h.router.forward(ctx, x.data(), 4);
+    const Routing<double>& r = h.router.routing();
+    INFO("declined_takes_slot = " << literal);
+    REQUIRE(r.C == 3);
+    const int D = Routing<double>::kDeclined, X = Routing<double>::kDropped;
+    const std::vector<int> expert = {0, D, 0, literal ? X : 1, 1, 0, 1, X};
+    const std::vector<int> slot = {0, -1, 1, literal ? -1 : 2, 0, 2, 1, -1};
+    CHECK(std::vector<int>(r.expert.begin(), r.expert.end()) == expert);
+    CHECK(std::vector<int>(r.slot.begin(), r.slot.end()) == slot);
+    CHECK(r.load == std::vector<int64_t>{3, literal ? 2 : 3});  // filled slots, not positions
+    CHECK(r.declined == 1);
+    CHECK(r.dropped == (literal ? 2 : 1));
+  }
+}
+
+TEST_CASE("moe declined_takes_slot equals a literal transcription of GShard Algorithm 1", "[moe]") {
+  // Algorithm 1 as printed: first choices (lines 4-12), then second choices (lines 14-23); every
+  // choice advances its expert's counter c_e whether kept, dropped or declined (lines 11, 22). The
+  // declined set comes from the router itself (the same random stream decides it in both modes).
+  std::mt19937 gen(7);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
+  int64_t holes_cost = 0;  // choices dropped only because of the empty slots
+  for (int trial = 0; trial < 100; ++trial) {
+    MoeOptions o = small_moe(RouterKind::Top2);
+    o.num_experts = uni(2, 6);
+    o.group_size = uni(4, 16);
+    o.capacity_factor_train = std::uniform_real_distribution<double>(0.3, 1.5)(gen);
+    o.second_expert = uni(0, 1) ? SecondExpertPolicy::Random : SecondExpertPolicy::Threshold;
+    o.second_expert_threshold = 0.3;
+    o.layer_id = uint32_t(trial);
+    const int G = uni(1, 3), N = G * o.group_size, S = o.group_size, E = o.num_experts;
+    StepContext ctx;
+    ctx.seed = uint64_t(trial), ctx.training = true;
+    const std::vector<double> x = skewed_tokens(N, o.d_model, uint32_t(100 + trial), 1.0);
+    RouterHarness compact(o, trial);
+    compact.router.forward(ctx, x.data(), N);
+    MoeOptions ol = o;
+    ol.declined_takes_slot = true;
+    RouterHarness literal(ol, trial);
+    literal.router.forward(ctx, x.data(), N);
+    const Routing<double>& a = compact.router.routing();
+    const Routing<double>& r = literal.router.routing();
+    INFO("trial " << trial << " E=" << E << " S=" << S << " C=" << r.C);
+    const auto& p = literal.router.probs();
+    std::vector<int64_t> load(E, 0);
+    for (int g = 0; g < G; ++g) {
+      std::vector<int> c(E, 0);
+      for (int i = 0; i < 2; ++i)
+        for (int s = 0; s < S; ++s) {
+          const int n = g * S + s;
+          const size_t ch = size_t(n) * 2 + i;
+          std::vector<int> order(E);
+          for (int e = 0; e < E; ++e) order[e] = e;
+          std::stable_sort(order.begin(), order.end(), [&](int u, int v) { return p[size_t(n) * E + u] > p[size_t(n) * E + v]; });
+          const int e = order[i], pos = c[e]++;
+          CHECK((a.expert[ch] == Routing<double>::kDeclined) == (r.expert[ch] == Routing<double>::kDeclined));
+          if (r.expert[ch] == Routing<double>::kDeclined) continue;
+          CHECK(r.expert[ch] == (pos < r.C ? e : Routing<double>::kDropped));
+          CHECK(r.slot[ch] == (pos < r.C ? pos : -1));
+          if (pos < r.C) load[e] += 1;
+          holes_cost += pos >= r.C && a.expert[ch] >= 0;
+        }
+    }
+    CHECK(load == r.load);
+  }
+  CHECK(holes_cost > 20);  // the literal reading does change routing in these trials
+}
+
 TEST_CASE("moe random routing: second-expert dispatch rate is mean(min(1, 2 g2))", "[moe]") {
   MoeOptions o = small_moe(RouterKind::Top2);
   o.d_model = 4, o.num_experts = 8, o.group_size = 1024, o.dropless = true;

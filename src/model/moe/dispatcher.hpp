@@ -4,7 +4,8 @@
 // The buffer is expert-major (GShard's EGCM order, Algorithm 2 line 3), so that splitting it over the
 // expert dimension for an all-to-all is a contiguous split, and compact: only the filled slots have
 // a row, in (expert, group, slot) order, rows[e] rows per expert. Slots of an (expert, group) are
-// filled from 0 up (router.cpp), so a row is start(e, g) + slot. The full [E, G, C, M] form of
+// filled from 0 up (router.cpp), so a row is start(e, g) + slot; a slot left empty below the
+// highest filled one (moe.declined_takes_slot) is a zero row that no token reads. The full [E, G, C, M] form of
 // Algorithm 2 would add all-zero rows for the empty slots: under capacity routing at least a
 // fifth of the rows at capacity factor 1.25, under dropless routing (C = S) most of them. The expert
 // FFN has no biases, so an empty row's output is zero and leaving it out changes no result (only

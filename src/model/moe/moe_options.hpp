@@ -25,6 +25,7 @@ struct MoeOptions {
   bool dropless = false;
   SecondExpertPolicy second_expert = SecondExpertPolicy::Random;
   double second_expert_threshold = 0.2;
+  bool declined_takes_slot = false;  // GShard Algorithm 1 line 22 literally (router.cpp)
   bool no_token_left_behind = false;
   AuxLossForm aux_loss_form = AuxLossForm::Switch;
   double jitter_eps = 0.0;
@@ -89,6 +90,7 @@ inline MoeOptions moe_options(const Config& cfg, uint32_t layer_id) {
   o.dropless = cfg.moe.dropless;
   o.second_expert = cfg.moe.second_expert;
   o.second_expert_threshold = cfg.moe.second_expert_threshold;
+  o.declined_takes_slot = cfg.moe.declined_takes_slot;
   o.no_token_left_behind = cfg.moe.no_token_left_behind;
   o.aux_loss_form = cfg.moe.aux_loss_form;
   o.jitter_eps = cfg.moe.jitter_eps;

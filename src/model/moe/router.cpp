@@ -87,7 +87,10 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
   // order, then second choices, ... So a 2nd-choice token's position is the count of 1st-choice tokens
   // kept by that expert plus its rank among the 2nd choices (Algorithm 1 lines 8 and 18; as in
   // mesh-tensorflow, declined random-routing choices take no position). Choices over capacity are
-  // dropped: output 0, the residual carries the token.
+  // dropped: output 0, the residual carries the token. moe.declined_takes_slot reads Algorithm 1
+  // line 22 literally instead: "c_e2 <- c + 1" sits after the if, so a declined second choice
+  // advances its expert's position counter too and leaves its slot empty (a zero row of the expert
+  // buffer, dispatcher.hpp); the load counts the filled slots only.
   //
   // No-Token-Left-Behind (Switch appendix B, Figure 11). Rule: after the plain assignment, the
   // dropped choices of the group are visited in choice order, then token order (all dropped first
@@ -106,13 +109,14 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
   r_.gate.resize(size_t(N) * k);
   frac_.resize(size_t(G) * E);
   count_.resize(size_t(G) * E);
+  position_.resize(size_t(G) * E);
   dropped_.resize(size_t(N) * k);
   aux_term_.resize(size_t(G) * E);
   group_stats_.resize(size_t(G) * 4);
   for_each_index(G, RouterAssignGroup<T>{probs_.data(), top_.data(), norm_.data(), want_.data(), r_.expert.data(),
-                                         r_.slot.data(), r_.gate.data(), count_.data(), dropped_.data(), frac_.data(),
-                                         aux_term_.data(), group_stats_.data(), S, k, E, C, opt_.no_token_left_behind,
-                                         bias()});
+                                         r_.slot.data(), r_.gate.data(), count_.data(), position_.data(), dropped_.data(),
+                                         frac_.data(), aux_term_.data(), group_stats_.data(), S, k, E, C,
+                                         opt_.no_token_left_behind, opt_.declined_takes_slot, bias()});
 
   // Totals over the groups, in group order.
   r_.load.assign(E, 0);

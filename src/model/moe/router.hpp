@@ -103,10 +103,10 @@ class Router {
   Buffer<double> frac_;   // [G, E] Switch eq. 5: fraction of the group's tokens with top-1 = e
   Routing<T> r_;
   // Scratch, not saved state (members so that a step does not allocate them). Forward: want [N*k]
-  // (choice wants dispatch), and per group count [G, E], dropped [N*k], aux_term [G, E], stats
-  // [G, 4] (RouterAssignGroup). Backward: dxr [N, M] (jitter only).
+  // (choice wants dispatch), and per group count [G, E], position [G, E], dropped [N*k], aux_term
+  // [G, E], stats [G, 4] (RouterAssignGroup). Backward: dxr [N, M] (jitter only).
   Buffer<uint8_t> want_, dropped_;
-  Buffer<int> count_;
+  Buffer<int> count_, position_;
   Buffer<double> aux_term_;
   Buffer<int64_t> group_stats_;
   Buffer<T> dxr_;

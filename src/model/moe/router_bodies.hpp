@@ -107,8 +107,10 @@ struct RouterTopChoicesRow {
 // Group g (tokens g*S .. g*S+S-1): slot assignment in token order, first choices before second
 // choices, ... (router.cpp explains the rule), then No-Token-Left-Behind when ntlb, then the group's
 // Switch eq. 5 fractions and aux terms. Writes the group's (expert, slot, gate) triples, its expert
-// counts count [g, E] (= its load), frac [g, E], aux_term [g, E] = E f_e P_e, the flags dropped
-// [g, S, k] and stats [g, 4] = (wanted, declined, dropped, rerouted).
+// counts count [g, E] (the filled slots: its load), the position counters position [g, E] (the next
+// free slot: count plus the slots left empty by declined choices when declined_takes_slot), frac
+// [g, E], aux_term [g, E] = E f_e P_e, the flags dropped [g, S, k] and stats [g, 4] = (wanted,
+// declined, dropped, rerouted).
 template <typename T>
 struct RouterAssignGroup {
   const T* probs;
@@ -117,27 +119,29 @@ struct RouterAssignGroup {
   const uint8_t* want;
   int *expert, *slot;
   T* gate;
-  int* count;
+  int *count, *position;
   uint8_t* dropped;
   double *frac, *aux_term;
   int64_t* stats;
   int S, k, E, C;
-  bool ntlb;
+  bool ntlb, declined_takes_slot;
   const float* bias;  // [E] selection bias (NTLB ranks by it too), or null
   static constexpr int kDropped = -1, kDeclined = -2;  // = Routing<T>::kDropped, kDeclined
 
-  MESHMOE_HD void place(int* cnt, int n, int i, int e) const {
+  MESHMOE_HD void place(int* cnt, int* pos, int n, int i, int e) const {
     const int64_t c = int64_t(n) * k + i;
     expert[c] = e;
-    slot[c] = cnt[e]++;
+    slot[c] = pos[e]++;
+    cnt[e] += 1;
     gate[c] = T(double(probs[int64_t(n) * E + e]) / norm[n]);
   }
 
   MESHMOE_HD void operator()(int64_t g) const {
     int* cnt = count + g * E;
+    int* pos = position + g * E;
     uint8_t* drop = dropped + g * S * k;
     int64_t* st = stats + g * 4;
-    for (int e = 0; e < E; ++e) cnt[e] = 0;
+    for (int e = 0; e < E; ++e) cnt[e] = pos[e] = 0;
     for (int64_t j = 0; j < int64_t(S) * k; ++j) drop[j] = 0;
     for (int j = 0; j < 4; ++j) st[j] = 0;
     const int n0 = int(g) * S;
@@ -153,11 +157,12 @@ struct RouterAssignGroup {
         if (!want[c]) {
           expert[c] = kDeclined;
           st[1] += 1;
+          if (declined_takes_slot && pos[top[c]] < C) pos[top[c]] += 1;  // GShard Algorithm 1 line 22
           continue;
         }
         st[0] += 1;
         const int e = top[c];
-        if (cnt[e] < C) place(cnt, n, i, e);
+        if (pos[e] < C) place(cnt, pos, n, i, e);
         else drop[s * k + i] = 1;
       }
     // NTLB: the best-ranked expert outside the token's k choices that holds none of its rerouted
@@ -170,14 +175,14 @@ struct RouterAssignGroup {
           const T* p = probs + int64_t(n) * E;
           int best = -1;
           for (int e = 0; e < E; ++e) {
-            bool taken = cnt[e] >= C;
+            bool taken = pos[e] >= C;
             for (int i2 = 0; i2 < k; ++i2)
               taken = taken || top[int64_t(n) * k + i2] == e || expert[int64_t(n) * k + i2] == e;
             if (taken) continue;
             if (best < 0 || router_ranks_before(p, bias, e, best)) best = e;
           }
           if (best < 0) continue;
-          place(cnt, n, i, best);
+          place(cnt, pos, n, i, best);
           drop[s * k + i] = 0;
           st[3] += 1;
         }
