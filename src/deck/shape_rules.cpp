@@ -45,13 +45,14 @@ std::vector<ShapeRule> shape_rules(const Config& cfg, int64_t pipe, int64_t data
                      " (moe.expert_axis = \"" + std::string(option_name(e.expert_axis)) +
                      "\": every rank of that axis holds the same number of experts)"});
   }
-  // Not yet: the pipeline would have to carry the encoder output to every decoder stage.
-  r.push_back({{"model.arch", "mesh.pipe"}, m.arch != ModelArch::EncDec || pipe == 1,
-               "model.arch = \"encdec\" does not run with " + kv("mesh.pipe", pipe) +
-                   " yet (the encoder output would have to reach every decoder stage): use mesh.pipe = 1"});
-  r.push_back({{"model.num_layers", "mesh.pipe"}, m.num_layers % pipe == 0,
-               kv("model.num_layers", m.num_layers) + " is not divisible by " + kv("mesh.pipe", pipe) +
-                   " (every pipeline stage holds the same number of layers)"});
+  if (m.arch == ModelArch::EncDec)  // the pipeline stages split the 2 L blocks of both stacks
+    r.push_back({{"model.num_layers", "model.arch", "mesh.pipe"}, 2 * m.num_layers % pipe == 0,
+                 "2 x " + kv("model.num_layers", m.num_layers) + " (model.arch = \"encdec\": encoder and decoder blocks) is not divisible by " +
+                     kv("mesh.pipe", pipe) + " (every pipeline stage holds the same number of blocks)"});
+  else
+    r.push_back({{"model.num_layers", "mesh.pipe"}, m.num_layers % pipe == 0,
+                 kv("model.num_layers", m.num_layers) + " is not divisible by " + kv("mesh.pipe", pipe) +
+                     " (every pipeline stage holds the same number of layers)"});
   const int64_t shards = data * o.micro_batches;
   const bool batch_ok = o.batch_size % shards == 0;
   r.push_back({{"optim.batch_size", "mesh.data", "optim.micro_batches"}, batch_ok,

@@ -160,6 +160,9 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
           buf("encoder output", "[N, M]", {N, M}, f32, K::ForwardOnly);
           buf("encoder tokens, segment ids, positions", "3 x [N]", {3, N}, i32, K::ForwardOnly);
           buf("d encoder output", "[N, M]", {N, M}, f32, K::Scratch);
+          // on a pipeline: the stage's message out and the input gradient back (Transformer::stage_streams)
+          if (!s.last_stage) buf("stage message", "[2, N, M]", {2, N, M}, f32, K::ForwardOnly);
+          if (!s.first_stage) buf("d stage message", "[2, N, M]", {2, N, M}, f32, K::Scratch);
         }
         break;
       case LayerKind::Embedding:

@@ -75,7 +75,6 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& s
                          RankCoords{sharding_.pipe_rank, sharding_.data_rank, sharding_.tensor_rank});
   first_block_ = table.letters().first_block;
   if (first_stage()) emb_.declare(params_, "embed");
-  if (encdec() && sharding_.pipe_size != 1) throw InputError("model.arch = \"encdec\" needs mesh.pipe = 1");
   std::vector<BlockGrads> block_first_param;  // indices into the parameter table
   size_t ln_enc_first_param = 0;
   for (int i = first_block_; i < first_block_ + table.letters().num_blocks; ++i) {
@@ -226,20 +225,28 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
     enc_inputs_.assign(mb.enc_inputs, mb.enc_inputs + N_);
     enc_segment_.assign(mb.enc_segment, mb.enc_segment + N_);
     enc_position_.assign(mb.enc_position, mb.enc_position + N_);
-    encoder_pass(ctx, st, check_finite);
-    decoder_begin = size_t(shape_.encoder_layers);
+    encoder_stage(ctx, x_in, st, check_finite);
+    decoder_begin = decoder_begin_local();
+    if (!last_stage()) message_.resize(2 * NM);
+    if (!last_stage() && !encoder_output_here()) copy_from(message_.data(), x_.data(), NM);  // still a residual
   }
 
   if (first_stage()) {
     inputs_.assign(mb.inputs, mb.inputs + N_);  // the batch is host memory; a kernel reads the copy
     emb_.forward(ctx, inputs_.data(), x_.data(), N_, T_);
   } else {
-    copy_from(x_.data(), x_in, NM);
+    copy_from(x_.data(), x_in + (encdec() ? NM : 0), NM);
   }
   poison_if_asked();
   check_finite(x_, NM, first_stage() ? "embed" : "stage input");
   forward_blocks(ctx, decoder_begin, blocks_.size(), st, check_finite);
-  if (!last_stage()) return st;
+  if (!last_stage()) {
+    if (encdec()) {  // the message to the next stage: [encoder stream, decoder stream]
+      if (encoder_output_here()) copy_from(message_.data(), enc_out_.data(), NM);
+      copy_from(message_.data() + NM, x_.data(), NM);
+    }
+    return st;
+  }
   lnf_.forward(ctx, x_.data(), h_.data(), N_);
   ScopedPhase t(ctx.timers, "head_loss");
   logits_.resize(size_t(N_) * V);
@@ -260,19 +267,31 @@ void Transformer<T>::poison_if_asked() {  // debug.nan_step: the first activatio
   inject_nan_ = false;
 }
 
-// The encoder (docs/ARCHITECTURE.md "Encoder-decoder"): its tokens embedded, its blocks, ln_enc.
+// The encoder's part of this stage (docs/ARCHITECTURE.md "Encoder-decoder"): its tokens embedded
+// (first stage) or the encoder stream received (x_in's first half), its blocks here, ln_enc (the
+// stage of the first decoder block). After it, x_ holds the encoder residual (a stage that ends
+// inside the encoder) and enc_out_ the encoder output (a stage with decoder blocks).
 template <typename T>
-void Transformer<T>::encoder_pass(const StepContext& ctx, ForwardStats& st, const CheckFinite& check_finite) {
+void Transformer<T>::encoder_stage(const StepContext& ctx, const T* x_in, ForwardStats& st,
+                                   const CheckFinite& check_finite) {
   const size_t NM = size_t(N_) * shape_.d_model;
+  enc_out_.resize(NM);
+  if (!first_stage() && !encoder_residual_in()) {  // the encoder output, as a later stage received it
+    copy_from(enc_out_.data(), x_in, NM);
+    return;
+  }
   StepContext enc_ctx = ctx;
   enc_ctx.segment = enc_segment_.data();
   enc_ctx.position = enc_position_.data();
-  emb_enc_.forward(enc_ctx, enc_inputs_.data(), x_.data(), N_, T_);
-  poison_if_asked();
-  check_finite(x_, NM, "embed.encoder");
-  forward_blocks(enc_ctx, 0, size_t(shape_.encoder_layers), st, check_finite);
-  enc_out_.resize(NM);
-  lne_.forward(enc_ctx, x_.data(), enc_out_.data(), N_);
+  if (first_stage()) {
+    emb_enc_.forward(enc_ctx, enc_inputs_.data(), x_.data(), N_, T_);
+    poison_if_asked();
+    check_finite(x_, NM, "embed.encoder");
+  } else {
+    copy_from(x_.data(), x_in, NM);
+  }
+  forward_blocks(enc_ctx, 0, decoder_begin_local(), st, check_finite);
+  if (has_ln_enc()) lne_.forward(enc_ctx, x_.data(), enc_out_.data(), N_);
 }
 
 template <typename T>
@@ -289,8 +308,9 @@ void Transformer<T>::encode(const StepContext& ctx, int rows, int len, const int
   enc_inputs_.assign(tokens, tokens + N_);
   enc_segment_.assign(segment, segment + N_);
   enc_position_.assign(position, position + N_);
+  if (sharding_.pipe_size != 1) throw std::logic_error("Transformer::encode: decoding runs with mesh.pipe = 1");
   ForwardStats unused;
-  encoder_pass(ctx, unused, [](const Buffer<T>&, size_t, const std::string&) {});
+  encoder_stage(ctx, nullptr, unused, [](const Buffer<T>&, size_t, const std::string&) {});
 }
 
 template <typename T>
@@ -309,28 +329,47 @@ void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w, cons
     }
     lnf_.backward(ctx, dh_.data(), d_.data(), N_);
   } else {
-    copy_from(d_.data(), d_out, NM);
+    copy_from(d_.data(), d_out + (encdec() ? NM : 0), NM);
   }
   if (grads_final_from && tail_grads_begin_ > 0) grads_final_from(tail_grads_begin_);
   if (!encdec()) {
     backward_blocks(ctx, w, 0, blocks_.size());
     if (first_stage()) emb_.backward(ctx, d_.data(), N_);
   } else {
-    // The decoder also leaves the gradient of the encoder output (denc_), which then runs back
-    // through ln_enc and the encoder; embed's gradients get both passes.
-    const size_t decoder_begin = size_t(shape_.encoder_layers);
+    // The decoder also leaves the gradient of the encoder output (denc_: the later stages' part
+    // arrives in d_out's first half), which then runs back through ln_enc and the encoder; embed's
+    // gradients get both passes. The message to the previous stage: [d encoder stream, d decoder stream].
+    const size_t decoder_begin = decoder_begin_local();
     denc_.resize(NM);
-    fill_with(denc_.data(), NM, T(0));
+    if (last_stage() || encoder_residual_out())
+      fill_with(denc_.data(), NM, T(0));
+    else
+      copy_from(denc_.data(), d_out, NM);
     backward_blocks(ctx, w, decoder_begin, blocks_.size());
-    emb_.backward(ctx, d_.data(), N_);
-    StepContext enc_ctx = ctx;
-    enc_ctx.segment = enc_segment_.data();
-    enc_ctx.position = enc_position_.data();
-    fill_with(d_.data(), NM, T(0));
-    lne_.backward(enc_ctx, denc_.data(), d_.data(), N_);
-    if (grads_final_from) grads_final_from(ln_enc_grads_begin_);
-    backward_blocks(enc_ctx, w, 0, decoder_begin);
-    emb_enc_.backward(enc_ctx, d_.data(), N_);
+    if (first_stage()) emb_.backward(ctx, d_.data(), N_);
+    if (!first_stage()) {
+      dmessage_.resize(2 * NM);
+      copy_from(dmessage_.data() + NM, d_.data(), NM);
+    }
+    if (!first_stage() && !encoder_residual_in()) {  // no encoder part here: pass d(encoder output) on
+      copy_from(dmessage_.data(), denc_.data(), NM);
+    } else {
+      StepContext enc_ctx = ctx;
+      enc_ctx.segment = enc_segment_.data();
+      enc_ctx.position = enc_position_.data();
+      if (has_ln_enc()) {
+        fill_with(d_.data(), NM, T(0));
+        lne_.backward(enc_ctx, denc_.data(), d_.data(), N_);
+        if (grads_final_from) grads_final_from(ln_enc_grads_begin_);
+      } else {
+        copy_from(d_.data(), d_out, NM);  // d encoder residual from the next stage
+      }
+      backward_blocks(enc_ctx, w, 0, decoder_begin);
+      if (first_stage())
+        emb_enc_.backward(enc_ctx, d_.data(), N_);
+      else
+        copy_from(dmessage_.data(), d_.data(), NM);
+    }
   }
   if (grads_final_from) grads_final_from(0);
 }

@@ -10,6 +10,7 @@
 // The model is defined without the mesh (DESIGN.md principle 1): it sees only this rank's tokens
 // and the weights that make the losses of the whole step exact ("sum then scale").
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -98,12 +99,13 @@ class Transformer {
   void init(uint64_t seed, double init_scale);
 
   // Runs one micro-batch forward through this stage. The first stage embeds mb.inputs; a later
-  // stage starts from x_in [N, M] (the previous stage's output). The last stage computes the loss;
-  // an earlier one leaves its output in stage_output(). Keeps what backward needs.
+  // stage starts from x_in [N, M] (the previous stage's output; encdec: [2, N, M], the encoder's
+  // and the decoder's streams, see stage_streams()). The last stage computes the loss; an earlier
+  // one leaves its output in stage_output(). Keeps what backward needs.
   ForwardStats forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w, const T* x_in = nullptr);
   // Backward of the last forward: adds every parameter gradient. The last stage starts from the
-  // loss; an earlier one from d_out [N, M] (the next stage's input gradient). A later stage leaves
-  // the gradient of its input in input_grad().
+  // loss; an earlier one from d_out [stage_streams(), N, M] (the next stage's input gradient). A
+  // later stage leaves the gradient of its input in input_grad().
   void backward(const StepContext& ctx, const LossWeights& w, const T* d_out = nullptr);
   // What backward reads of the last forward, every layer's included (activation_stash.hpp): the
   // pipeline parks an in-flight micro-batch's state with it instead of recomputing the forward.
@@ -115,6 +117,8 @@ class Transformer {
     if (encdec()) {
       emb_enc_.saved_state(f);
       lne_.saved_state(f);
+      f(enc_segment_);
+      f(enc_position_);
     }
     for (Block& b : blocks_) {
       b.ln1.saved_state(f);
@@ -148,13 +152,19 @@ class Transformer {
   void encode(const StepContext& ctx, int rows, int len, const int32_t* tokens, const int32_t* segment,
               const int32_t* position);
   const Buffer<T>& encoder_output() const { return enc_out_; }
-  const Buffer<T>& stage_output() const { return x_; }
+  // What goes between pipeline stages per micro-batch: stage_streams() x [N, M]. Decoder-only: the
+  // residual stream. encdec: [encoder stream, decoder stream]; the encoder stream is the encoder's
+  // residual up to its last block and the encoder output (after ln_enc) from the stage of the first
+  // decoder block on; the decoder stream is its embedded input up to that stage, then its residual
+  // (docs/ARCHITECTURE.md "Encoder-decoder").
+  int stage_streams() const { return encdec() ? 2 : 1; }
+  const Buffer<T>& stage_output() const { return encdec() ? message_ : x_; }
   // The first part of this stage whose output held a NaN or Inf in the last forward ("embed",
   // "blocks.<i>", "head"), or "" when all were finite.
   const std::string& first_nonfinite() const { return first_nonfinite_; }
   // Testing aid (deck key debug.nan_step): the next forward poisons its first activation with NaN.
   void inject_nan_next_forward() { inject_nan_ = true; }
-  const Buffer<T>& input_grad() const { return d_; }
+  const Buffer<T>& input_grad() const { return encdec() ? dmessage_ : d_; }
   bool first_stage() const { return sharding_.pipe_rank == 0; }
   bool last_stage() const { return sharding_.pipe_rank == sharding_.pipe_size - 1; }
   int first_block() const { return first_block_; }  // global index of blocks()[0]
@@ -198,9 +208,19 @@ class Transformer {
   // Forward of blocks_[begin, end) on x_ (ctx: their tokens' segments); stats and finiteness as forward.
   void forward_blocks(const StepContext& ctx, size_t begin, size_t end, ForwardStats& st,
                       const CheckFinite& check_finite);
-  // encdec: the N_ tokens of enc_inputs_ (T_ a sequence, enc_segment_, enc_position_) through the
-  // embedding, the encoder blocks and ln_enc into enc_out_.
-  void encoder_pass(const StepContext& ctx, ForwardStats& st, const CheckFinite& check_finite);
+  // encdec: the N_ tokens of enc_inputs_ (T_ a sequence, enc_segment_, enc_position_) through this
+  // stage's part of the encoder (transformer.cpp).
+  void encoder_stage(const StepContext& ctx, const T* x_in, ForwardStats& st, const CheckFinite& check_finite);
+  // encdec on a pipeline: this stage holds blocks [b0, b1) of the 2L, the encoder's are [0, L), and
+  // ln_enc sits with block L.
+  int blocks_end() const { return first_block_ + int(blocks_.size()); }
+  bool encoder_residual_in() const { return first_block_ <= shape_.encoder_layers; }  // (or embedded here)
+  bool encoder_residual_out() const { return blocks_end() <= shape_.encoder_layers; }
+  bool has_ln_enc() const { return encoder_residual_in() && !encoder_residual_out(); }
+  bool encoder_output_here() const { return !encoder_residual_out(); }
+  size_t decoder_begin_local() const {
+    return size_t(std::clamp(shape_.encoder_layers - first_block_, 0, int(blocks_.size())));
+  }
   void poison_if_asked();  // debug.nan_step: NaN into the first activation, once
   // Backward of blocks_[begin, end), last first, on d_ (grads_final_from as backward).
   void backward_blocks(const StepContext& ctx, const LossWeights& w, size_t begin, size_t end);
@@ -217,6 +237,7 @@ class Transformer {
   Buffer<T> x_, h_, f_, logits_, d_, dh_;
   Buffer<int32_t> inputs_, targets_, segment_, position_;  // device-readable copies of the micro-batch
   Buffer<T> enc_out_, denc_;                                 // encdec: encoder output [N, M], its gradient
+  Buffer<T> message_, dmessage_;                             // encdec: stage_output(), input_grad() [2, N, M]
   Buffer<int32_t> enc_inputs_, enc_segment_, enc_position_;  // encdec: the encoder's tokens
   Buffer<T> mask_;
 };

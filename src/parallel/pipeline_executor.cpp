@@ -74,10 +74,12 @@ void PipelineExecutor::train(std::vector<Micro>& micros, const LossWeights& w,
   Comm& pipe = mesh_.axis(Axis::Pipe);
   const int stage = mesh_.coord(Axis::Pipe), stages = mesh_.extent(Axis::Pipe);
   const bool park_states = recompute_ == Recompute::None;
-  const size_t NM = size_t(micros[0].rows.rows) * micros[0].rows.seq_len * size_t(model_.shape().d_model);
+  // One micro-batch's message between stages: stage_streams() x [N, M].
+  const size_t message = size_t(micros[0].rows.rows) * micros[0].rows.seq_len * size_t(model_.shape().d_model) *
+                         size_t(model_.stage_streams());
   // Recompute::Block keeps every in-flight micro-batch's stage input; None needs one receive buffer.
   std::vector<Buffer<float>> x_in(park_states ? 1 : micros.size()), x_out(micros.size()), d_in(micros.size());
-  Buffer<float> d_out(NM);
+  Buffer<float> d_out(message);
   first_nonfinite_.clear();
   const size_t stashes = park_states ? size_t(std::max(0, stages - stage - 1)) : 0;
   stash_.resize(stashes);
@@ -92,8 +94,8 @@ void PipelineExecutor::train(std::vector<Micro>& micros, const LossWeights& w,
       Buffer<float>& in = x_in[park_states ? 0 : size_t(op.micro)];
       if (!model_.first_stage()) {
         PipeWait t(timers_, waited);
-        in.resize(NM);
-        pipe.recv(in.data(), NM, stage - 1, tag);
+        in.resize(message);
+        pipe.recv(in.data(), message, stage - 1, tag);
       }
       if (park_states && in_layers >= 0) park(in_layers);
       on_forward(model_.forward(mb.ctx, mb.view(), w, in.data()));
@@ -101,7 +103,7 @@ void PipelineExecutor::train(std::vector<Micro>& micros, const LossWeights& w,
       in_layers = op.micro;
       if (!model_.last_stage()) {
         x_out[op.micro] = model_.stage_output();
-        pipe.isend(x_out[op.micro].data(), NM, stage + 1, tag);
+        pipe.isend(x_out[op.micro].data(), message, stage + 1, tag);
       }
     } else {
       if (in_layers != op.micro) {
@@ -114,14 +116,14 @@ void PipelineExecutor::train(std::vector<Micro>& micros, const LossWeights& w,
       }
       if (!model_.last_stage()) {
         PipeWait t(timers_, waited);
-        pipe.recv(d_out.data(), NM, stage + 1, tag + 1);
+        pipe.recv(d_out.data(), message, stage + 1, tag + 1);
       }
       model_.backward(mb.ctx, w, d_out.data());
       in_layers = -1;
       if (!park_states) x_in[op.micro] = {};
       if (!model_.first_stage()) {
         d_in[op.micro] = model_.input_grad();
-        pipe.isend(d_in[op.micro].data(), NM, stage - 1, tag + 1);
+        pipe.isend(d_in[op.micro].data(), message, stage - 1, tag + 1);
       }
     }
   }
@@ -136,7 +138,7 @@ void PipelineExecutor::train(std::vector<Micro>& micros, const LossWeights& w,
 ForwardStats PipelineExecutor::forward_only(const Micro& mb, int index) {
   Comm& pipe = mesh_.axis(Axis::Pipe);
   const int stage = mesh_.coord(Axis::Pipe);
-  eval_x_.resize(size_t(mb.rows.rows) * mb.rows.seq_len * size_t(model_.shape().d_model));
+  eval_x_.resize(size_t(mb.rows.rows) * mb.rows.seq_len * size_t(model_.shape().d_model) * size_t(model_.stage_streams()));
   if (!model_.first_stage()) pipe.recv(eval_x_.data(), eval_x_.size(), stage - 1, index);
   const ForwardStats f = model_.forward(mb.ctx, mb.view(), LossWeights{}, eval_x_.data());
   if (!model_.last_stage()) pipe.send(model_.stage_output().data(), eval_x_.size(), stage + 1, index);

@@ -224,8 +224,10 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
     // sends back; an earlier one the outputs it sends and the gradient it receives (isend buffers
     // live until the end of the step)
     Checked pipe_bytes = 0;
-    if (!p.first_stage) pipe_bytes += ((park ? 1 : p.in_flight) + MB) * NM * kF;
-    if (!p.last_stage) pipe_bytes += (MB + 1) * NM * kF;
+    // (encdec: each message holds the encoder's and the decoder's streams, Transformer::stage_streams)
+    const Checked message = NM * (sl.encoder_layers > 0 ? 2 : 1);
+    if (!p.first_stage) pipe_bytes += ((park ? 1 : p.in_flight) + MB) * message * kF;
+    if (!p.last_stage) pipe_bytes += (MB + 1) * message * kF;
     p.pipeline_bytes = bytes(pipe_bytes);
     // recompute = none: the layers hold one in-flight micro-batch, the stashes the others
     if (park) p.stash_bytes = bytes((p.in_flight - 1) * (Checked(p.activation_bytes) - unparked));
@@ -252,8 +254,9 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   // pipe: activations forward, their gradients backward, once per micro-batch; the tied embedding's
   // gradient between the first and the last stage
   if (pipe > 1) {
-    if (!p.last_stage) p.sent_pipe += double(MB) * act_bytes;
-    if (!p.first_stage) p.sent_pipe += double(MB) * act_bytes;
+    const double streams = sl.encoder_layers > 0 ? 2 : 1;
+    if (!p.last_stage) p.sent_pipe += double(MB) * streams * act_bytes;
+    if (!p.first_stage) p.sent_pipe += double(MB) * streams * act_bytes;
     if (cfg.model.tied_embeddings && (p.first_stage || p.last_stage)) p.sent_pipe += double(V * M) * kF;
   }
   // total_bytes() sums these: the sum must fit too
@@ -313,7 +316,8 @@ MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mes
                               targets[n] = int32_t((104729u * unsigned(n) + 7u) % unsigned(vocab));
   std::vector<int32_t> segment(N, 0), position(N);  // one example per sequence
   for (int n = 0; n < N; ++n) position[n] = n % T;
-  std::vector<float> mask(N, 1.0f), x_in(size_t(N) * M), d_out(size_t(N) * M);
+  const size_t message = size_t(N) * M * size_t(model->stage_streams());  // between pipeline stages
+  std::vector<float> mask(N, 1.0f), x_in(message), d_out(message);
   for (size_t i = 0; i < x_in.size(); ++i) x_in[i] = float(std::sin(0.37 * double(i))), d_out[i] = 1e-3f * float(std::cos(0.11 * double(i)));
   MicroBatch mb{rows, T, inputs.data(), targets.data(), mask.data(), segment.data(), position.data()};
   if (cfg.model.arch == ModelArch::EncDec)  // the encoder reads the same dummy tokens

@@ -104,14 +104,17 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
     check_exact(c, V, MeshShape{2, 1, 1}, 1, 0, 0);
     check_exact(c, V, MeshShape{2, 2, 2}, 1, 1, 1);
   }
-  SECTION("encoder-decoder (model.arch = encdec): dense and MoE, one rank and tensor = 2") {
+  SECTION("encoder-decoder (model.arch = encdec): dense and MoE, one rank, tensor = 2, pipe = 2 and 4") {
     Config c = dense_config();
     c.model.arch = ModelArch::EncDec;
     check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
     check_exact(c, V, MeshShape{1, 1, 2}, 0, 0, 1);
+    for (int stage = 0; stage < 4; ++stage) check_exact(c, V, MeshShape{4, 1, 1}, stage, 0, 0);  // 2 of the 8 blocks each
     c = moe_config();
     c.model.arch = ModelArch::EncDec;
     check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
+    check_exact(c, V, MeshShape{2, 1, 1}, 0, 0, 0);  // the encoder
+    check_exact(c, V, MeshShape{2, 1, 1}, 1, 0, 0);  // ln_enc and the decoder
   }
   SECTION("MoE (top-2, jitter, expert dropout), one rank and two pipeline stages") {
     Config c = moe_config();
