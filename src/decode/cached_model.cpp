@@ -10,20 +10,52 @@
 
 namespace meshmoe {
 
+namespace {
+constexpr int kEncodeTag = 1, kStepTag = 2;  // pipe-axis messages of encode() and step()
+}  // namespace
+
 template <typename T>
-CachedModel<T>::CachedModel(Transformer<T>& model) : model_(model) {
-  if (!model.first_stage() || !model.last_stage())
-    throw InputError("decoding runs the whole model on every rank: a pipeline mesh (mesh.pipe > 1) is not supported");
-  first_decoder_block_ = size_t(model.shape().encoder_layers);
+CachedModel<T>::CachedModel(Transformer<T>& model, Comm* pipe) : model_(model), pipe_(pipe) {
+  if ((!model.first_stage() || !model.last_stage()) && !pipe)
+    throw std::logic_error("CachedModel: a pipeline stage needs the pipe axis");
+  const int first = model.first_block(), blocks = int(model.blocks().size());
+  first_decoder_block_ = size_t(std::clamp(model.shape().encoder_layers - first, 0, blocks));
   caches_.resize(model.blocks().size() - first_decoder_block_);
   if (model.encdec()) cross_.resize(caches_.size());
 }
 
 template <typename T>
 void CachedModel<T>::reset(int streams, int capacity) {
+  if (streams < 1 || capacity < 1) throw std::logic_error("CachedModel: no room");
   auto& blocks = model_.blocks();
   for (size_t b = 0; b < caches_.size(); ++b)
     caches_[b].reset(streams, capacity, model_.shape().d_model, blocks[first_decoder_block_ + b].attn);
+  capacity_ = capacity;
+  length_.assign(size_t(streams), 0);
+}
+
+template <typename T>
+void CachedModel<T>::append(const CachedTokens& tok) {
+  where_.resize(size_t(tok.n));
+  for (int i = 0; i < tok.n; ++i) {
+    const int s = tok.stream[i];
+    if (s < 0 || s >= int(length_.size())) throw std::logic_error("CachedModel::step: token of an unknown stream");
+    if (length_[size_t(s)] == capacity_)
+      throw Error("decoding: stream " + std::to_string(s) + " holds its " + std::to_string(capacity_) +
+                  " tokens already (the cache's capacity)");
+    where_[size_t(i)] = length_[size_t(s)]++;
+  }
+}
+
+template <typename T>
+void CachedModel<T>::receive(Buffer<T>& x, size_t n, int tag) {
+  x.resize(n);
+  if (!model_.first_stage()) pipe_->recv(x.data(), n, pipe_->rank() - 1, tag);
+}
+
+template <typename T>
+void CachedModel<T>::pass_on(const Buffer<T>& x, size_t n, int tag) {
+  if (!model_.last_stage()) pipe_->send(x.data(), n, pipe_->rank() + 1, tag);
 }
 
 template <typename T>
@@ -60,7 +92,12 @@ void CachedModel<T>::encode(const std::vector<std::vector<int32_t>>& sources) {
   StepContext ctx;
   ctx.training = false;
   ctx.moe_group_size = int(tokens.size());
-  model_.encode(ctx, rows, len, tokens.data(), segment.data(), position.data());
+  const size_t NM = tokens.size() * size_t(M);
+  receive(enc_in_, NM, kEncodeTag);
+  model_.encode(ctx, rows, len, tokens.data(), segment.data(), position.data(), enc_in_.data());
+  pass_on(model_.encoder_stream(), NM, kEncodeTag);
+  sources_ = rows;
+  if (cross_.empty()) return;  // no decoder block on this stage
   // The sources' rows of the encoder output, packed [begin.back(), M]
   enc_.resize(size_t(begin.back()) * M);
   for (int s = 0; s < rows; ++s)
@@ -81,7 +118,7 @@ const Buffer<T>& CachedModel<T>::step(const int32_t* tokens, const CachedTokens&
   positions_.assign(tok.position, tok.position + n);
   if (model_.encdec())
     for (int i = 0; i < n; ++i)
-      if (tok.stream[i] < 0 || tok.stream[i] >= sources())
+      if (tok.stream[i] < 0 || tok.stream[i] >= sources_)
         throw std::logic_error("CachedModel::step: stream " + std::to_string(tok.stream[i]) + " has no source (" +
                                std::to_string(sources()) + " encoded)");
   for (int i = 0; i < n; ++i) {
@@ -91,12 +128,15 @@ const Buffer<T>& CachedModel<T>::step(const int32_t* tokens, const CachedTokens&
       throw Error("decoding: position " + std::to_string(positions_[i]) + " beyond model.seq_len = " +
                   std::to_string(model_.shape().seq_len));
   }
-  x_.resize(nM);
+  append(tok);
+  receive(x_, nM, kStepTag);
   h_.resize(nM);
   f_.resize(nM);
-  // x [n, M] = wte[token] + wpe[position] (the embedding's forward, at the tokens' own positions)
-  const Embedding<T>& emb = model_.embedding();
-  for_each_index_2d(n, M, EmbeddingForwardElement<T>{emb.wte.w, emb.wpe.w, tokens_.data(), positions_.data(), x_.data(), M});
+  if (model_.first_stage()) {
+    // x [n, M] = wte[token] + wpe[position] (the embedding's forward, at the tokens' own positions)
+    const Embedding<T>& emb = model_.embedding();
+    for_each_index_2d(n, M, EmbeddingForwardElement<T>{emb.wte.w, emb.wpe.w, tokens_.data(), positions_.data(), x_.data(), M});
+  }
   for (size_t b = 0; b < caches_.size(); ++b) {
     auto& block = model_.blocks()[first_decoder_block_ + b];
     block.ln1.forward(ctx, x_.data(), h_.data(), n);
@@ -114,9 +154,13 @@ const Buffer<T>& CachedModel<T>::step(const int32_t* tokens, const CachedTokens&
       block.mlp->forward(ctx, h_.data(), f_.data(), n);
     add_into(x_.data(), f_.data(), nM);
   }
-  model_.final_norm().forward(ctx, x_.data(), h_.data(), n);
+  pass_on(x_, nM, kStepTag);
   logits_.resize(size_t(n) * V);
-  model_.output_head().forward(ctx, h_.data(), logits_.data(), n);
+  if (model_.last_stage()) {
+    model_.final_norm().forward(ctx, x_.data(), h_.data(), n);
+    model_.output_head().forward(ctx, h_.data(), logits_.data(), n);
+  }
+  if (pipe_ && pipe_->size() > 1) pipe_->broadcast(logits_.data(), logits_.size(), pipe_->size() - 1);
   if (agree_logits) agree_logits(logits_.data(), logits_.size());
   return logits_;
 }

@@ -21,6 +21,13 @@
 // On a mesh every rank of an MoE layer's group must call step() in lockstep with the same number
 // of tokens; `agree_logits`, when set, makes every rank's logits rank 0's (a broadcast), so that
 // all ranks take the same decisions from them.
+//
+// On a pipeline mesh (mesh.pipe > 1) every stage calls encode(), reset() and step() with the same
+// arguments: a stage runs its own blocks, receives the previous stage's stream [n, M] and sends its
+// own to the next (encode: the encoder's stream, as in training; step: the decoder's residual); the
+// last stage's logits are broadcast over the pipe axis, so every stage returns them. encdec: the
+// stages with decoder blocks keep their blocks' cross-attention caches; the encoder output reaches
+// them along the stages as in training.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -28,6 +35,7 @@
 
 #include "model/attention_cache.hpp"
 #include "model/cross_attention_cache.hpp"
+#include "mesh/comm.hpp"
 #include "model/transformer.hpp"
 #include "tensor/device.hpp"
 
@@ -36,8 +44,8 @@ namespace meshmoe {
 template <typename T>
 class CachedModel {
  public:
-  // The model must hold every block (one pipeline stage); throws InputError otherwise.
-  explicit CachedModel(Transformer<T>& model);
+  // `pipe`: the pipe axis when the model is one stage of a pipeline (null: the whole model).
+  explicit CachedModel(Transformer<T>& model, Comm* pipe = nullptr);
 
   // Room for `capacity` tokens in each of `streams` streams; empties them all.
   void reset(int streams, int capacity);
@@ -45,16 +53,16 @@ class CachedModel {
   // source`, as the Batcher gives the encoder); stream s decodes sources[s]. reset() keeps them.
   void encode(const std::vector<std::vector<int32_t>>& sources);
   bool encdec() const { return model_.encdec(); }
-  int sources() const { return cross_.empty() ? 0 : cross_.front().sources(); }
-  int length(int stream) const { return caches_.front().length(stream); }
-  int capacity() const { return caches_.front().capacity(); }
+  int sources() const { return sources_; }
+  int length(int stream) const { return length_[size_t(stream)]; }
+  int capacity() const { return capacity_; }
   int vocab() const { return model_.shape().vocab; }
   int max_positions() const { return model_.shape().seq_len; }
 
   // tokens [tok.n] appended as `tok` says -> their logits [tok.n, V]. Index of token i in its
   // stream: where()[i].
   const Buffer<T>& step(const int32_t* tokens, const CachedTokens& tok);
-  const std::vector<int32_t>& where() const { return caches_.front().where(); }
+  const std::vector<int32_t>& where() const { return where_; }
   // Each prompt (none empty) into its own stream b at positions 0, 1, ..., causal, in one step:
   // the logits of all their tokens; last_row[b] is the row of prompt b's last token. encdec: the
   // prompts are the decoder's starts (BOS ...), prompt b that of sources[b] (as many as encoded).
@@ -64,11 +72,21 @@ class CachedModel {
 
  private:
   Transformer<T>& model_;
+  Comm* pipe_ = nullptr;
   size_t first_decoder_block_ = 0;             // in model_.blocks(): encdec's encoder blocks come first
-  std::vector<AttentionCache<T>> caches_;      // one per decoder block
-  std::vector<CrossAttentionCache<T>> cross_;  // encdec: one per decoder block
+  std::vector<AttentionCache<T>> caches_;      // one per decoder block of this stage
+  std::vector<CrossAttentionCache<T>> cross_;  // encdec: one per decoder block of this stage
+  int sources_ = 0, capacity_ = 0;
+  std::vector<int> length_;                    // [streams] tokens held (every stage, with or without caches)
+  std::vector<int32_t> where_;                 // [n] index of each new token of the last step in its stream
+  // The new tokens' places in their streams (where_, length_); throws as the caches would.
+  void append(const CachedTokens& tok);
+  // Pipeline: the previous stage's stream into `x` / this stage's to the next (no-ops at the ends).
+  void receive(Buffer<T>& x, size_t n, int tag);
+  void pass_on(const Buffer<T>& x, size_t n, int tag);
   Buffer<T> x_, h_, f_, logits_;               // [n, M] and [n, V]
-  Buffer<T> enc_;                              // encdec: the sources' encoder output [source tokens, M]
+  Buffer<T> enc_, enc_in_;                     // encdec: the sources' encoder output [source tokens, M];
+                                               // the stream a later stage receives [rows * len, M]
   Buffer<int32_t> tokens_, positions_;         // [n]
 };
 

@@ -29,9 +29,6 @@ struct Decoder {
 
 Decoder load_decoder(const Deck& deck, Mesh& mesh, const std::string& checkpoint, const std::string& lang) {
   const Config& cfg = deck.cfg;
-  if (cfg.mesh.pipe > 1)
-    throw InputError("decoding does not run on a pipeline mesh (mesh.pipe = " + std::to_string(cfg.mesh.pipe) +
-                     "): decode with --set mesh.pipe=1 (a checkpoint loads on any mesh)");
   if (cfg.run.device != Device::Cpu) throw InputError("decoding runs on the host only: use --set run.device=cpu");
   const Dataset valid = open_split(cfg.data.path, "valid", mesh.world());
   Decoder d;
@@ -60,7 +57,7 @@ Decoder load_decoder(const Deck& deck, Mesh& mesh, const std::string& checkpoint
   // No optimizer state; the routers' selection biases (moe.balance = bias) route as in training.
   std::vector<StateTensor> model_state = selection_bias_state(*d.model);
   read_checkpoint(path, d.model->params(), model_state, mesh.world());
-  d.cached = std::make_unique<CachedModel<float>>(*d.model);
+  d.cached = std::make_unique<CachedModel<float>>(*d.model, &mesh.axis(Axis::Pipe));
   Comm& world = mesh.world_comm();
   d.cached->agree_logits = [&world](float* logits, size_t n) { world.broadcast(logits, n, 0); };
   return d;

@@ -4,8 +4,8 @@
 // Every rank decodes every input, in lockstep: the MoE layers' all-to-all and the tensor axis'
 // all-reduces need every rank of a group to run each step with the same tokens, and rank 0's
 // logits are broadcast at each step so that all ranks take the same decisions
-// (docs/ARCHITECTURE.md "Decoding"). Rank 0 prints. A pipeline mesh (mesh.pipe > 1) and
-// run.device = "cuda" are refused.
+// (docs/ARCHITECTURE.md "Decoding"). On a pipeline mesh each stage runs its blocks and passes
+// the stream on (src/decode/cached_model.hpp). Rank 0 prints. run.device = "cuda" is refused.
 //
 // translate with an encoder-decoder (model.arch = "encdec"): each source `<lang> line` goes to the
 // encoder (its end cut at model.seq_len, as the Batcher cuts it), the decoder starts from BOS.

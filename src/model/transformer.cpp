@@ -296,8 +296,9 @@ void Transformer<T>::encoder_stage(const StepContext& ctx, const T* x_in, Forwar
 
 template <typename T>
 void Transformer<T>::encode(const StepContext& ctx, int rows, int len, const int32_t* tokens, const int32_t* segment,
-                            const int32_t* position) {
+                            const int32_t* position, const T* x_in) {
   if (!encdec()) throw std::logic_error("Transformer::encode: the model has no encoder");
+  if (!first_stage() && !x_in) throw std::logic_error("Transformer::encode: a later stage needs the previous stage's stream");
   T_ = len;
   N_ = rows * len;
   timers_ = ctx.timers;
@@ -308,9 +309,8 @@ void Transformer<T>::encode(const StepContext& ctx, int rows, int len, const int
   enc_inputs_.assign(tokens, tokens + N_);
   enc_segment_.assign(segment, segment + N_);
   enc_position_.assign(position, position + N_);
-  if (sharding_.pipe_size != 1) throw std::logic_error("Transformer::encode: decoding runs with mesh.pipe = 1");
   ForwardStats unused;
-  encoder_stage(ctx, nullptr, unused, [](const Buffer<T>&, size_t, const std::string&) {});
+  encoder_stage(ctx, x_in, unused, [](const Buffer<T>&, size_t, const std::string&) {});
 }
 
 template <typename T>

@@ -149,9 +149,14 @@ class Transformer {
   // encdec, decoding's encoder pass (src/decode/cached_model.hpp): `rows` sequences of `len` tokens
   // (segment ids and positions as MicroBatch::enc_*) through the embedding, the encoder blocks and
   // ln_enc, as forward runs them -> encoder_output() [rows * len, M]. No backward may follow it.
+  // On a pipeline, this stage's part: a later stage starts from x_in [rows * len, M], the previous
+  // stage's encoder_stream(); encoder_output() is there on the stages with decoder blocks.
   void encode(const StepContext& ctx, int rows, int len, const int32_t* tokens, const int32_t* segment,
-              const int32_t* position);
+              const int32_t* position, const T* x_in = nullptr);
   const Buffer<T>& encoder_output() const { return enc_out_; }
+  // encdec: what the last encode() or forward() hands the next stage of the encoder's stream: the
+  // encoder residual from a stage that ends inside the encoder, else the encoder output.
+  const Buffer<T>& encoder_stream() const { return encoder_residual_out() ? x_ : enc_out_; }
   // What goes between pipeline stages per micro-batch: stage_streams() x [N, M]. Decoder-only: the
   // residual stream. encdec: [encoder stream, decoder stream]; the encoder stream is the encoder's
   // residual up to its last block and the encoder output (after ln_enc) from the stage of the first

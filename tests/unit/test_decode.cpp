@@ -4,8 +4,9 @@
 // the cached one each step's tokens as one group: capacity_factor_eval = E makes the capacity the
 // whole group, so no choice is dropped in either and the two must agree.
 // Tolerance (stated): |cached - full| <= tol * max(1, |full|), tol = 2e-5 (float), 1e-12 (double).
-// The [mpi] case: the cached decoding of a model sharded over data and tensor (experts over data or
-// over tensor) against the one-rank model's, within the same tolerance.
+// The [mpi] case: the cached decoding of a model sharded over pipe, data and tensor (experts over
+// data or over tensor; encdec stages of encoder blocks only and of decoder blocks only) against the
+// one-rank model's, within the same tolerance.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -225,28 +226,34 @@ TEST_CASE("decode: a full cache stream is an error, not an overwrite", "[decode]
   REQUIRE_THROWS_WITH(cached.step(tok, {3, str, pos}), Catch::Contains("capacity"));
 }
 
-TEST_CASE("decode: cached decoding on a data x tensor mesh equals the one-rank model's", "[decode][mpi]") {
+TEST_CASE("decode: cached decoding on a pipe x data x tensor mesh equals the one-rank model's", "[decode][mpi]") {
   const int W = test::world_size();
   struct Shape {
-    int data, tensor;
+    int pipe, data, tensor;
     const char* expert_axis;
   };
   std::vector<Shape> shapes;
-  if (W == 2) shapes = {{2, 1, "data"}, {1, 2, "data"}, {1, 2, "tensor"}};
-  if (W == 4) shapes = {{4, 1, "data"}, {2, 2, "data"}, {2, 2, "tensor"}};
+  if (W == 2) shapes = {{1, 2, 1, "data"}, {1, 1, 2, "data"}, {1, 1, 2, "tensor"}, {2, 1, 1, "data"}};
+  if (W == 4)
+    shapes = {{1, 4, 1, "data"}, {1, 2, 2, "data"}, {1, 2, 2, "tensor"}, {2, 2, 1, "data"}, {2, 1, 2, "tensor"},
+              {4, 1, 1, "data"}};
   if (shapes.empty()) SUCCEED("needs 2 or 4 ranks");
   for (const Shape& sh : shapes) {
     for (bool encdec : {false, true}) {
-      Mesh mesh(MPI_COMM_WORLD, 1, sh.data, sh.tensor);
-      INFO("mesh data=" << sh.data << " tensor=" << sh.tensor << " experts over " << sh.expert_axis
-                        << (encdec ? " encdec" : " decoder"));
       Config cfg = arch_config("top2", encdec);
+      // pipe = 4 puts one of the encdec model's 2 + 2 blocks on each stage; the decoder's 2 blocks do not split in 4
+      const int blocks = encdec ? 2 * cfg.model.num_layers : cfg.model.num_layers;
+      if (blocks % sh.pipe != 0) continue;
+      Mesh mesh(MPI_COMM_WORLD, sh.pipe, sh.data, sh.tensor);
+      INFO("mesh pipe=" << sh.pipe << " data=" << sh.data << " tensor=" << sh.tensor << " experts over "
+                        << sh.expert_axis << (encdec ? " encdec" : " decoder"));
+      cfg.mesh.pipe = sh.pipe;
       cfg.moe.expert_axis = test::option<ExpertAxis>(sh.expert_axis);
       const int V = 17, B = 3, T_seq = 7;
       Transformer<double> sharded(cfg, V, model_sharding(mesh)), whole(cfg, V);
       sharded.init(31, 1.0);
       whole.init(31, 1.0);
-      CachedModel<double> a(sharded), b(whole);
+      CachedModel<double> a(sharded, &mesh.axis(Axis::Pipe)), b(whole);
       std::mt19937 rng(13);  // the same tokens on every rank
       if (encdec) {
         const auto sources = random_sources(B, T_seq, V, rng);
