@@ -26,10 +26,10 @@ static int causal_block(int Tq) {
   return current_device() == Device::Cuda ? Tq : kHostBlock;
 }
 
-// Offset of pair bh = b * LH + h in an [N, L] buffer: row b*T, column h*D.
-static size_t pair_base(int64_t bh, int Tq, int L, int D) {
-  const int64_t lh = L / D;
-  return size_t(bh / lh) * Tq * L + size_t(bh % lh) * D;
+// Offset of pair bh = b * heads_l + h in an [N, A_l] buffer: row b*T, column h*D.
+static size_t pair_base(int64_t bh, int Tq, int A_l, int D) {
+  const int64_t lh = A_l / D;
+  return size_t(bh / lh) * Tq * A_l + size_t(bh % lh) * D;
 }
 
 template <typename T>
@@ -40,12 +40,12 @@ CausalSelfAttention<T>::CausalSelfAttention(int d_model, int num_heads, double d
 
 template <typename T>
 CausalSelfAttention<T>::CausalSelfAttention(const AttentionShape& s, double dropout, uint32_t layer_id, bool causal)
-    : M_(s.M), H_(s.heads), D_(s.D), h0_(s.head0), LH_(s.heads_l), L_(s.A_l), causal_(causal),
+    : M_(s.M), H_(s.heads), D_(s.D), h0_(s.head0), heads_l_(s.heads_l), A_l_(s.A_l), causal_(causal),
       dropout_(dropout, layer_id) {}
 
 template <typename T>
 void CausalSelfAttention<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  declare_params(store, attention_params(prefix, attention_shape(M_, H_, {h0_, LH_})), {&wq, &wk, &wv, &wo});
+  declare_params(store, attention_params(prefix, attention_shape(M_, H_, {h0_, heads_l_})), {&wq, &wk, &wv, &wo});
 }
 
 // x [N, M] -> y [N, M]
@@ -55,61 +55,61 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
     throw Error("CausalSelfAttention: " + std::to_string(N) + " tokens are not whole sequences of " +
                 std::to_string(T_seq));
   T_ = T_seq;
-  const int B = N / T_, Tq = T_, L = L_, D = D_;
-  const size_t NL = size_t(N) * L;
+  const int B = N / T_, Tq = T_, A_l = A_l_, D = D_;
+  const size_t N_A = size_t(N) * A_l;
   ensure(x_, size_t(N) * M_);
   copy_from(x_.data(), x, size_t(N) * M_);
-  ensure(qkv_, 3 * NL);
-  ensure(p_, size_t(B) * LH_ * Tq * Tq);
-  ensure(att_, NL);
+  ensure(qkv_, 3 * N_A);
+  ensure(p_, size_t(B) * heads_l_ * Tq * Tq);
+  ensure(att_, N_A);
   T* q = qkv_.data();
-  T* k = q + NL;
-  T* v = k + NL;
-  // q, k, v [N, L] = x [N, M] W [M, L]
-  matmul(false, false, N, L, M_, x, wq.w, q);
-  matmul(false, false, N, L, M_, x, wk.w, k);
-  matmul(false, false, N, L, M_, x, wv.w, v);
+  T* k = q + N_A;
+  T* v = k + N_A;
+  // q, k, v [N, A_l] = x [N, M] W [M, A_l]
+  matmul(false, false, N, A_l, M_, x, wq.w, q);
+  matmul(false, false, N, A_l, M_, x, wk.w, k);
+  matmul(false, false, N, A_l, M_, x, wv.w, v);
   if (!causal_) {
-    masked_attention_forward(AttentionPairs{B, LH_, D, Tq, Tq, ctx.segment, ctx.segment}, q, k, v, p_.data(),
+    masked_attention_forward(AttentionPairs{B, heads_l_, D, Tq, Tq, ctx.segment, ctx.segment}, q, k, v, p_.data(),
                              att_.data());
   } else {
     causal_attention_forward(ctx, q, k, v, B, Tq);
   }
-  // y [N, M] = att [N, L] wo [L, M]  (partial over heads when sharded)
-  matmul(false, false, N, M_, L, att_.data(), wo.w, y);
+  // y [N, M] = att [N, A_l] wo [A_l, M]  (partial over heads when sharded)
+  matmul(false, false, N, M_, A_l, att_.data(), wo.w, y);
   if (sharded() && tensor_allreduce) tensor_allreduce(y, size_t(N) * M_);
   dropout_.forward(ctx, y, N, M_);
 }
 
-// P and att of the causal mode from q, k, v [N, L] (forward's core)
+// P and att of the causal mode from q, k, v [N, A_l] (forward's core)
 template <typename T>
 void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, const T* q, const T* k, const T* v,
                                                       int B, int Tq) {
-  const int L = L_, D = D_;
+  const int A_l = A_l_, D = D_;
   const T scale = T(1) / std::sqrt(T(D));
   const int blk = causal_block(Tq);
   // S [T, T] = scale * Q_bh [T, D] K_bh^T for every (sequence b, local head h), then the causal
-  // softmax of all B * LH * T rows at once, then O_bh [T, D] = P [T, T] V_bh [T, D]. The (b, h)
+  // softmax of all B * heads_l * T rows at once, then O_bh [T, D] = P [T, T] V_bh [T, D]. The (b, h)
   // pairs are independent tasks; each GEMM stops at the causal edge of its row block. The softmax
   // masks the keys of other packed examples (ctx.segment), so their probabilities are exact zeros
   // that the backward carries through.
-  for_each_task(int64_t(B) * LH_, [&](int64_t bh) {
-    const size_t base = pair_base(bh, Tq, L, D);
+  for_each_task(int64_t(B) * heads_l_, [&](int64_t bh) {
+    const size_t base = pair_base(bh, Tq, A_l, D);
     T* P = p_.data() + size_t(bh) * Tq * Tq;
     for (int i0 = 0; i0 < Tq; i0 += blk) {
       const int rows = std::min(blk, Tq - i0);
-      gemm(false, true, rows, i0 + rows, D, scale, q + base + size_t(i0) * L, L, k + base, L, T(0),
+      gemm(false, true, rows, i0 + rows, D, scale, q + base + size_t(i0) * A_l, A_l, k + base, A_l, T(0),
            P + size_t(i0) * Tq, Tq);
     }
   });
-  for_each_index(int64_t(B) * LH_ * Tq, AttentionCausalSoftmaxRow<T>{p_.data(), ctx.segment, Tq, LH_}, Tq);
-  for_each_task(int64_t(B) * LH_, [&](int64_t bh) {
-    const size_t base = pair_base(bh, Tq, L, D);
+  for_each_index(int64_t(B) * heads_l_ * Tq, AttentionCausalSoftmaxRow<T>{p_.data(), ctx.segment, Tq, heads_l_}, Tq);
+  for_each_task(int64_t(B) * heads_l_, [&](int64_t bh) {
+    const size_t base = pair_base(bh, Tq, A_l, D);
     const T* P = p_.data() + size_t(bh) * Tq * Tq;
     for (int i0 = 0; i0 < Tq; i0 += blk) {
       const int rows = std::min(blk, Tq - i0);
-      gemm(false, false, rows, D, i0 + rows, T(1), P + size_t(i0) * Tq, Tq, v + base, L, T(0),
-           att_.data() + base + size_t(i0) * L, L);
+      gemm(false, false, rows, D, i0 + rows, T(1), P + size_t(i0) * Tq, Tq, v + base, A_l, T(0),
+           att_.data() + base + size_t(i0) * A_l, A_l);
     }
   });
 }
@@ -118,25 +118,25 @@ void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, co
 template <typename T>
 void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
   if (T_ == 0) throw std::logic_error("CausalSelfAttention::backward before forward");
-  const int B = N / T_, Tq = T_, L = L_, D = D_;
-  const size_t NL = size_t(N) * L;
+  const int B = N / T_, Tq = T_, A_l = A_l_, D = D_;
+  const size_t N_A = size_t(N) * A_l;
   ensure(dy_, size_t(N) * M_);
-  ensure(datt_, NL);
-  ensure(dqkv_, 3 * NL);
-  ensure(dp_, size_t(B) * LH_ * Tq * Tq);
+  ensure(datt_, N_A);
+  ensure(dqkv_, 3 * N_A);
+  ensure(dp_, size_t(B) * heads_l_ * Tq * Tq);
   copy_from(dy_.data(), dy, size_t(N) * M_);
   dropout_.backward(ctx, dy_.data(), N, M_);
-  // wo.g [L, M] += att^T dy; datt [N, L] = dy wo^T
-  matmul(true, false, L, M_, N, att_.data(), dy_.data(), wo.g, true);
-  matmul(false, true, N, L, M_, dy_.data(), wo.w, datt_.data());
+  // wo.g [A_l, M] += att^T dy; datt [N, A_l] = dy wo^T
+  matmul(true, false, A_l, M_, N, att_.data(), dy_.data(), wo.g, true);
+  matmul(false, true, N, A_l, M_, dy_.data(), wo.w, datt_.data());
   const T* q = qkv_.data();
-  const T* k = q + NL;
-  const T* v = k + NL;
+  const T* k = q + N_A;
+  const T* v = k + N_A;
   T* dq = dqkv_.data();
-  T* dk = dq + NL;
-  T* dv = dk + NL;
+  T* dk = dq + N_A;
+  T* dv = dk + N_A;
   if (!causal_) {
-    masked_attention_backward(AttentionPairs{B, LH_, D, Tq, Tq, ctx.segment, ctx.segment}, q, k, v, p_.data(),
+    masked_attention_backward(AttentionPairs{B, heads_l_, D, Tq, Tq, ctx.segment, ctx.segment}, q, k, v, p_.data(),
                               datt_.data(), dp_.data(), dq, dk, dv);
   } else {
     causal_attention_backward(q, k, v, dq, dk, dv, B, Tq);
@@ -144,47 +144,47 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   accumulate_input_grads(dq, dk, dv, dx, N);
 }
 
-// dq, dk, dv [N, L] of the causal mode from datt_ (backward's core)
+// dq, dk, dv [N, A_l] of the causal mode from datt_ (backward's core)
 template <typename T>
 void CausalSelfAttention<T>::causal_attention_backward(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv, int B,
                                                        int Tq) {
-  const int L = L_, D = D_;
+  const int A_l = A_l_, D = D_;
   const T scale = T(1) / std::sqrt(T(D));
   const int blk = causal_block(Tq);
   // Per (b, h) pair, in row blocks that stop at the causal edge: rows past a block's last row are
   // zero in P and dS (trailing zeros of dQ's and O's sums, leading zeros of dK's and dV's).
-  for_each_task(int64_t(B) * LH_, [&](int64_t bh) {
-    const size_t base = pair_base(bh, Tq, L, D);
+  for_each_task(int64_t(B) * heads_l_, [&](int64_t bh) {
+    const size_t base = pair_base(bh, Tq, A_l, D);
     const T* P = p_.data() + size_t(bh) * Tq * Tq;
     T* dP = dp_.data() + size_t(bh) * Tq * Tq;
     const T* dO = datt_.data() + base;
     for (int i0 = 0; i0 < Tq; i0 += blk) {
       const int rows = std::min(blk, Tq - i0);
-      const size_t r = size_t(i0) * L;
+      const size_t r = size_t(i0) * A_l;
       // dP [T, T] = dO V^T; dV [T, D] = P^T dO
-      gemm(false, true, rows, i0 + rows, D, T(1), dO + r, L, v + base, L, T(0), dP + size_t(i0) * Tq, Tq);
-      gemm(true, false, rows, D, Tq - i0, T(1), P + size_t(i0) * Tq + i0, Tq, dO + r, L, T(0), dv + base + r, L);
+      gemm(false, true, rows, i0 + rows, D, T(1), dO + r, A_l, v + base, A_l, T(0), dP + size_t(i0) * Tq, Tq);
+      gemm(true, false, rows, D, Tq - i0, T(1), P + size_t(i0) * Tq + i0, Tq, dO + r, A_l, T(0), dv + base + r, A_l);
     }
     // softmax backward: dS = P * (dP - sum_j P dP); zero above the diagonal since P is
     for_each_index(Tq, AttentionCausalSoftmaxBackwardRow<T>{P, dP, Tq}, Tq);
     for (int i0 = 0; i0 < Tq; i0 += blk) {
       const int rows = std::min(blk, Tq - i0);
-      const size_t r = size_t(i0) * L;
+      const size_t r = size_t(i0) * A_l;
       // dQ = scale dS K; dK = scale dS^T Q
-      gemm(false, false, rows, D, i0 + rows, scale, dP + size_t(i0) * Tq, Tq, k + base, L, T(0), dq + base + r, L);
-      gemm(true, false, rows, D, Tq - i0, scale, dP + size_t(i0) * Tq + i0, Tq, q + base + r, L, T(0), dk + base + r, L);
+      gemm(false, false, rows, D, i0 + rows, scale, dP + size_t(i0) * Tq, Tq, k + base, A_l, T(0), dq + base + r, A_l);
+      gemm(true, false, rows, D, Tq - i0, scale, dP + size_t(i0) * Tq + i0, Tq, q + base + r, A_l, T(0), dk + base + r, A_l);
     }
   });
 }
 
 template <typename T>
 void CausalSelfAttention<T>::accumulate_input_grads(const T* dq, const T* dk, const T* dv, T* dx, int N) {
-  const int L = L_;
-  // W.g [M, L] += x^T dW-input; dx [N, M] += dq wq^T + dk wk^T + dv wv^T
-  matmul(true, false, M_, L, N, x_.data(), dq, wq.g, true);
-  matmul(true, false, M_, L, N, x_.data(), dk, wk.g, true);
-  matmul(true, false, M_, L, N, x_.data(), dv, wv.g, true);
-  add_projection_input_grads<T>({{dq, wq.w}, {dk, wk.w}, {dv, wv.w}}, dx, N, M_, L, tensor_allreduce, sharded(), dxs_);
+  const int A_l = A_l_;
+  // W.g [M, A_l] += x^T dW-input; dx [N, M] += dq wq^T + dk wk^T + dv wv^T
+  matmul(true, false, M_, A_l, N, x_.data(), dq, wq.g, true);
+  matmul(true, false, M_, A_l, N, x_.data(), dk, wk.g, true);
+  matmul(true, false, M_, A_l, N, x_.data(), dv, wv.g, true);
+  add_projection_input_grads<T>({{dq, wq.w}, {dk, wk.w}, {dv, wv.w}}, dx, N, M_, A_l, tensor_allreduce, sharded(), dxs_);
 }
 
 template class CausalSelfAttention<float>;

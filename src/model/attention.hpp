@@ -5,7 +5,7 @@
 //
 // Tensor parallelism (Megatron): a rank may hold the contiguous block of heads
 // [head_offset, head_offset + local_heads): its wq/wk/wv block is [M, A_l] and its wo block [A_l, M]
-// with A_l = local_heads*D (logical shapes stay [M, M]; the bodies in attention.cpp call A_l `L`). The output projection then yields a partial
+// with A_l = local_heads*D (logical shapes stay [M, M]). The output projection then yields a partial
 // sum over heads, and the input gradient a partial sum too; both go through `tensor_allreduce`
 // (set by the parallel code to the tensor axis' all-reduce) before dropout / before being added
 // to dx. With all heads local the hook is never called.
@@ -57,9 +57,9 @@ class CausalSelfAttention {
   std::function<void(T*, size_t)> tensor_allreduce;  // sum over the tensor axis, in place
 
   int num_heads() const { return H_; }
-  int local_heads() const { return LH_; }
+  int local_heads() const { return heads_l_; }
   int head_offset() const { return h0_; }
-  bool sharded() const { return LH_ != H_; }
+  bool sharded() const { return heads_l_ != H_; }
   bool causal() const { return causal_; }
 
  private:
@@ -68,18 +68,18 @@ class CausalSelfAttention {
   // x^T d into wq/wk/wv .g, and dx += the input gradient (add_projection_input_grads)
   void accumulate_input_grads(const T* dq, const T* dk, const T* dv, T* dx, int N);
 
-  int M_, H_, D_, h0_, LH_, L_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
+  int M_, H_, D_, h0_, heads_l_, A_l_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
   int T_ = 0;
   bool causal_ = true;
   Dropout<T> dropout_;
   // saved by forward
   Buffer<T> x_;    // [N, M]
   Buffer<T> qkv_;  // q, k, v each [N, A_l]
-  Buffer<T> p_;    // softmax probabilities [B, LH, T, T] (zero above the diagonal when causal, zero across examples)
+  Buffer<T> p_;    // softmax probabilities [B, heads_l, T, T] (zero above the diagonal when causal, zero across examples)
   Buffer<T> att_;  // attention output before wo [N, A_l]
   // backward scratch
   Buffer<T> dy_, datt_, dqkv_, dxs_;
-  Buffer<T> dp_;  // dP, then dS, of every (b, h) pair [B, LH, T, T]
+  Buffer<T> dp_;  // dP, then dS, of every (b, h) pair [B, heads_l, T, T]
 };
 
 }  // namespace meshmoe

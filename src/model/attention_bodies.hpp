@@ -8,7 +8,7 @@
 
 namespace meshmoe {
 
-// Row r = (b * LH + h) * T + i of the scores [B, LH, T, T] (already scaled), in place: softmax over
+// Row r = (b * heads_l + h) * T + i of the scores [B, heads_l, T, T] (already scaled), in place: softmax over
 // the keys the query sees, j <= i in its own example (segment[b*T + j] == segment[b*T + i]; every
 // j <= i when segment is null), zero elsewhere (docs/ARCHITECTURE.md "Packed sequences"). The query
 // always sees itself, so the sum is never empty.
@@ -16,10 +16,10 @@ template <typename T>
 struct AttentionCausalSoftmaxRow {
   T* P;
   const int32_t* segment;  // [B, T] or null
-  int Tq, LH;
+  int Tq, heads_l;
   MESHMOE_HD void operator()(int64_t r) const {
     const int i = int(r % Tq);
-    const int32_t* seg = segment ? segment + (r / (int64_t(Tq) * LH)) * Tq : nullptr;
+    const int32_t* seg = segment ? segment + (r / (int64_t(Tq) * heads_l)) * Tq : nullptr;
     T* row = P + r * Tq;
     T mx = row[i];
     for (int j = 0; j < i; ++j)
@@ -52,7 +52,7 @@ struct AttentionCausalSoftmaxBackwardRow {
   }
 };
 
-// Row r = (b * LH + h) * Tq + i of the scores [B, LH, Tq, Tk] (already scaled), in place, without a
+// Row r = (b * heads_l + h) * Tq + i of the scores [B, heads_l, Tq, Tk] (already scaled), in place, without a
 // causal mask (bidirectional self-attention, cross-attention): softmax over the keys j of the
 // query's example (key_segment[b*Tk + j] == query_segment[b*Tq + i]; every key when both are null),
 // zero elsewhere. A query whose example has no key gets an all-zero row (so a zero output).
@@ -61,9 +61,9 @@ struct AttentionMaskedSoftmaxRow {
   T* P;
   const int32_t* query_segment;  // [B, Tq] or null
   const int32_t* key_segment;    // [B, Tk] or null
-  int Tq, Tk, LH;
+  int Tq, Tk, heads_l;
   MESHMOE_HD void operator()(int64_t r) const {
-    const int64_t b = r / (int64_t(Tq) * LH);
+    const int64_t b = r / (int64_t(Tq) * heads_l);
     const int i = int(r % Tq);
     const int32_t* kseg = key_segment ? key_segment + b * Tk : nullptr;
     const int32_t qs = query_segment ? query_segment[b * Tq + i] : 0;
@@ -82,7 +82,7 @@ struct AttentionMaskedSoftmaxRow {
   }
 };
 
-// Row r of dP [B, LH, Tq, Tk], in place: dS = P * (dP - sum_j P dP) over all Tk keys (zero where P is).
+// Row r of dP [B, heads_l, Tq, Tk], in place: dS = P * (dP - sum_j P dP) over all Tk keys (zero where P is).
 template <typename T>
 struct AttentionSoftmaxBackwardRow {
   const T* P;

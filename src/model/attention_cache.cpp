@@ -16,9 +16,9 @@ void AttentionCache<T>::reset(int streams, int capacity, int d_model, const Caus
   capacity_ = capacity;
   M_ = d_model;
   D_ = d_model / attn.num_heads();
-  L_ = attn.local_heads() * D_;
+  A_l_ = attn.local_heads() * D_;
   length_.assign(size_t(streams), 0);
-  const size_t n = size_t(streams) * size_t(capacity) * size_t(L_);
+  const size_t n = size_t(streams) * size_t(capacity) * size_t(A_l_);
   k_.resize(n);
   v_.resize(n);
 }
@@ -26,16 +26,16 @@ void AttentionCache<T>::reset(int streams, int capacity, int d_model, const Caus
 // x [n, M] -> y [n, M]
 template <typename T>
 void AttentionCache<T>::forward(CausalSelfAttention<T>& attn, const CachedTokens& tok, const T* x, T* y) {
-  const int n = tok.n, L = L_, D = D_, LH = attn.local_heads(), cap = capacity_;
-  const size_t nL = size_t(n) * L;
-  q_.resize(nL);
-  kn_.resize(nL);
-  vn_.resize(nL);
-  att_.resize(nL);
+  const int n = tok.n, A_l = A_l_, D = D_, heads_l = attn.local_heads(), cap = capacity_;
+  const size_t n_A = size_t(n) * A_l;
+  q_.resize(n_A);
+  kn_.resize(n_A);
+  vn_.resize(n_A);
+  att_.resize(n_A);
   // q, k, v [n, A_l] = x [n, M] W [M, A_l], as the full forward's projections
-  matmul(false, false, n, L, M_, x, attn.wq.w, q_.data());
-  matmul(false, false, n, L, M_, x, attn.wk.w, kn_.data());
-  matmul(false, false, n, L, M_, x, attn.wv.w, vn_.data());
+  matmul(false, false, n, A_l, M_, x, attn.wq.w, q_.data());
+  matmul(false, false, n, A_l, M_, x, attn.wk.w, kn_.data());
+  matmul(false, false, n, A_l, M_, x, attn.wv.w, vn_.data());
   where_.resize(size_t(n));
   for (int i = 0; i < n; ++i) {
     const int s = tok.stream[i];
@@ -45,25 +45,25 @@ void AttentionCache<T>::forward(CausalSelfAttention<T>& attn, const CachedTokens
                   " tokens already (the cache's capacity)");
     const int j = length_[size_t(s)]++;
     where_[size_t(i)] = j;
-    const size_t at = (size_t(s) * cap + size_t(j)) * L;
-    copy_from(k_.data() + at, kn_.data() + size_t(i) * L, size_t(L));
-    copy_from(v_.data() + at, vn_.data() + size_t(i) * L, size_t(L));
+    const size_t at = (size_t(s) * cap + size_t(j)) * A_l;
+    copy_from(k_.data() + at, kn_.data() + size_t(i) * A_l, size_t(A_l));
+    copy_from(v_.data() + at, vn_.data() + size_t(i) * A_l, size_t(A_l));
   }
   // Per (token, local head): the scaled scores over the keys it sees, the softmax in the full
   // forward's order (max, exp, sum, times 1/sum; attention_bodies.hpp), then the weighted values.
   const T scale = T(1) / std::sqrt(T(D));
-  for_each_task(int64_t(n) * LH, [&](int64_t ih) {
-    const int i = int(ih / LH), h = int(ih % LH), self = where_[size_t(i)];
-    const size_t stream_base = size_t(tok.stream[i]) * cap * L + size_t(h) * D;
+  for_each_task(int64_t(n) * heads_l, [&](int64_t ih) {
+    const int i = int(ih / heads_l), h = int(ih % heads_l), self = where_[size_t(i)];
+    const size_t stream_base = size_t(tok.stream[i]) * cap * A_l + size_t(h) * D;
     const uint8_t* vis = tok.visible ? tok.visible + size_t(i) * cap : nullptr;
     auto sees = [&](int j) { return j == self || !vis || vis[j] != 0; };
-    const T* q = q_.data() + size_t(i) * L + size_t(h) * D;
+    const T* q = q_.data() + size_t(i) * A_l + size_t(h) * D;
     std::vector<T> p(size_t(self) + 1, T(0));
     T mx = 0;
     bool any = false;
     for (int j = 0; j <= self; ++j) {
       if (!sees(j)) continue;
-      const T* k = k_.data() + stream_base + size_t(j) * L;
+      const T* k = k_.data() + stream_base + size_t(j) * A_l;
       T dot = 0;
       for (int d = 0; d < D; ++d) dot += q[d] * k[d];
       p[size_t(j)] = scale * dot;
@@ -76,17 +76,17 @@ void AttentionCache<T>::forward(CausalSelfAttention<T>& attn, const CachedTokens
       sum += p[size_t(j)];
     }
     const T inv = T(1) / sum;
-    T* o = att_.data() + size_t(i) * L + size_t(h) * D;
+    T* o = att_.data() + size_t(i) * A_l + size_t(h) * D;
     for (int d = 0; d < D; ++d) o[d] = 0;
     for (int j = 0; j <= self; ++j) {
       if (!sees(j)) continue;
       const T w = p[size_t(j)] * inv;
-      const T* v = v_.data() + stream_base + size_t(j) * L;
+      const T* v = v_.data() + stream_base + size_t(j) * A_l;
       for (int d = 0; d < D; ++d) o[d] += w * v[d];
     }
   });
   // y [n, M] = att [n, A_l] wo [A_l, M]  (partial over heads when sharded)
-  matmul(false, false, n, M_, L, att_.data(), attn.wo.w, y);
+  matmul(false, false, n, M_, A_l, att_.data(), attn.wo.w, y);
   if (attn.sharded() && attn.tensor_allreduce) attn.tensor_allreduce(y, size_t(n) * M_);
 }
 

@@ -46,7 +46,7 @@ class AttentionCache {
   const std::vector<int32_t>& where() const { return where_; }
 
  private:
-  int capacity_ = 0, M_ = 0, D_ = 0, L_ = 0;  // capacity, M, D, A_l
+  int capacity_ = 0, M_ = 0, D_ = 0, A_l_ = 0;  // capacity, M, D, A_l
   std::vector<int> length_;   // [streams] tokens held
   Buffer<T> k_, v_;           // [streams, capacity, A_l]
   Buffer<T> q_, kn_, vn_, att_;  // of the new tokens [n, A_l]

@@ -11,13 +11,13 @@
 namespace meshmoe {
 
 namespace {
-// Offsets of pair bh = b * LH + h in the query-side and key-side [., L] buffers.
+// Offsets of pair bh = b * heads_l + h in the query-side and key-side [., A_l] buffers.
 struct PairOffsets {
   size_t query, key, scores;
 };
 PairOffsets pair_offsets(const AttentionPairs& a, int64_t bh) {
-  const int64_t L = int64_t(a.LH) * a.D, b = bh / a.LH, h = bh % a.LH;
-  return {size_t(b * a.Tq * L + h * a.D), size_t(b * a.Tk * L + h * a.D), size_t(bh) * a.Tq * a.Tk};
+  const int64_t A_l = int64_t(a.heads_l) * a.D, b = bh / a.heads_l, h = bh % a.heads_l;
+  return {size_t(b * a.Tq * A_l + h * a.D), size_t(b * a.Tk * A_l + h * a.D), size_t(bh) * a.Tq * a.Tk};
 }
 void check_segments(const AttentionPairs& a) {
   if ((a.query_segment == nullptr) != (a.key_segment == nullptr))
@@ -28,19 +28,19 @@ void check_segments(const AttentionPairs& a) {
 template <typename T>
 void masked_attention_forward(const AttentionPairs& a, const T* q, const T* k, const T* v, T* P, T* O) {
   check_segments(a);
-  const int L = a.LH * a.D, Tq = a.Tq, Tk = a.Tk, D = a.D;
+  const int A_l = a.heads_l * a.D, Tq = a.Tq, Tk = a.Tk, D = a.D;
   const T scale = T(1) / std::sqrt(T(D));
   // S_bh [Tq, Tk] = scale Q_bh K_bh^T, one independent task per (sequence b, local head h)
-  for_each_task(int64_t(a.B) * a.LH, [&](int64_t bh) {
+  for_each_task(int64_t(a.B) * a.heads_l, [&](int64_t bh) {
     const PairOffsets o = pair_offsets(a, bh);
-    gemm(false, true, Tq, Tk, D, scale, q + o.query, L, k + o.key, L, T(0), P + o.scores, Tk);
+    gemm(false, true, Tq, Tk, D, scale, q + o.query, A_l, k + o.key, A_l, T(0), P + o.scores, Tk);
   });
-  for_each_index(int64_t(a.B) * a.LH * Tq,
-                 AttentionMaskedSoftmaxRow<T>{P, a.query_segment, a.key_segment, Tq, Tk, a.LH}, Tk);
+  for_each_index(int64_t(a.B) * a.heads_l * Tq,
+                 AttentionMaskedSoftmaxRow<T>{P, a.query_segment, a.key_segment, Tq, Tk, a.heads_l}, Tk);
   // O_bh [Tq, D] = P_bh [Tq, Tk] V_bh [Tk, D]
-  for_each_task(int64_t(a.B) * a.LH, [&](int64_t bh) {
+  for_each_task(int64_t(a.B) * a.heads_l, [&](int64_t bh) {
     const PairOffsets o = pair_offsets(a, bh);
-    gemm(false, false, Tq, D, Tk, T(1), P + o.scores, Tk, v + o.key, L, T(0), O + o.query, L);
+    gemm(false, false, Tq, D, Tk, T(1), P + o.scores, Tk, v + o.key, A_l, T(0), O + o.query, A_l);
   });
 }
 
@@ -48,37 +48,37 @@ template <typename T>
 void masked_attention_backward(const AttentionPairs& a, const T* q, const T* k, const T* v, const T* P, const T* dO,
                                T* dP, T* dq, T* dk, T* dv) {
   check_segments(a);
-  const int L = a.LH * a.D, Tq = a.Tq, Tk = a.Tk, D = a.D;
+  const int A_l = a.heads_l * a.D, Tq = a.Tq, Tk = a.Tk, D = a.D;
   const T scale = T(1) / std::sqrt(T(D));
-  for_each_task(int64_t(a.B) * a.LH, [&](int64_t bh) {
+  for_each_task(int64_t(a.B) * a.heads_l, [&](int64_t bh) {
     const PairOffsets o = pair_offsets(a, bh);
     T* dS = dP + o.scores;
     // dP [Tq, Tk] = dO V^T; dV [Tk, D] = P^T dO
-    gemm(false, true, Tq, Tk, D, T(1), dO + o.query, L, v + o.key, L, T(0), dS, Tk);
-    gemm(true, false, Tk, D, Tq, T(1), P + o.scores, Tk, dO + o.query, L, T(0), dv + o.key, L);
+    gemm(false, true, Tq, Tk, D, T(1), dO + o.query, A_l, v + o.key, A_l, T(0), dS, Tk);
+    gemm(true, false, Tk, D, Tq, T(1), P + o.scores, Tk, dO + o.query, A_l, T(0), dv + o.key, A_l);
     // softmax backward: dS = P * (dP - sum_j P dP), zero where P is (masked keys)
     for_each_index(Tq, AttentionSoftmaxBackwardRow<T>{P + o.scores, dS, Tk}, Tk);
     // dQ = scale dS K; dK = scale dS^T Q
-    gemm(false, false, Tq, D, Tk, scale, dS, Tk, k + o.key, L, T(0), dq + o.query, L);
-    gemm(true, false, Tk, D, Tq, scale, dS, Tk, q + o.query, L, T(0), dk + o.key, L);
+    gemm(false, false, Tq, D, Tk, scale, dS, Tk, k + o.key, A_l, T(0), dq + o.query, A_l);
+    gemm(true, false, Tk, D, Tq, scale, dS, Tk, q + o.query, A_l, T(0), dk + o.key, A_l);
   });
 }
 
 template <typename T>
 void add_projection_input_grads(std::initializer_list<std::pair<const T*, const T*>> d_and_w, T* dx, int N, int M,
-                                int L, const std::function<void(T*, size_t)>& tensor_allreduce, bool sharded,
+                                int A_l, const std::function<void(T*, size_t)>& tensor_allreduce, bool sharded,
                                 Buffer<T>& scratch) {
   if (sharded && tensor_allreduce) {
     if (scratch.size() < size_t(N) * M) scratch.resize(size_t(N) * M);
     bool first = true;
     for (const auto& [d, w] : d_and_w) {
-      matmul(false, true, N, M, L, d, w, scratch.data(), !first);
+      matmul(false, true, N, M, A_l, d, w, scratch.data(), !first);
       first = false;
     }
     tensor_allreduce(scratch.data(), size_t(N) * M);
     add_into(dx, scratch.data(), size_t(N) * M);
   } else {
-    for (const auto& [d, w] : d_and_w) matmul(false, true, N, M, L, d, w, dx, true);
+    for (const auto& [d, w] : d_and_w) matmul(false, true, N, M, A_l, d, w, dx, true);
   }
 }
 

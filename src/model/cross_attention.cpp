@@ -16,11 +16,11 @@ static void ensure(Buffer<T>& v, size_t n) {
 
 template <typename T>
 CrossAttention<T>::CrossAttention(const AttentionShape& s, double dropout, uint32_t layer_id)
-    : M_(s.M), H_(s.heads), D_(s.D), h0_(s.head0), LH_(s.heads_l), L_(s.A_l), dropout_(dropout, layer_id) {}
+    : M_(s.M), H_(s.heads), D_(s.D), h0_(s.head0), heads_l_(s.heads_l), A_l_(s.A_l), dropout_(dropout, layer_id) {}
 
 template <typename T>
 void CrossAttention<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  declare_params(store, attention_params(prefix, attention_shape(M_, H_, {h0_, LH_})), {&wq, &wk, &wv, &wo});
+  declare_params(store, attention_params(prefix, attention_shape(M_, H_, {h0_, heads_l_})), {&wq, &wk, &wv, &wo});
 }
 
 // x [N, M], enc [B*Tk, M] -> y [N, M]
@@ -30,26 +30,26 @@ void CrossAttention<T>::forward(const StepContext& ctx, const T* x, int Tq, cons
   if (Tq < 1 || Tk < 1 || N % Tq != 0)
     throw Error("CrossAttention: " + std::to_string(N) + " tokens are not whole sequences of " + std::to_string(Tq));
   Tq_ = Tq, Tk_ = Tk;
-  const int B = N / Tq, L = L_;
-  const size_t Nk = size_t(B) * Tk, NL = size_t(N) * L;
+  const int B = N / Tq, A_l = A_l_;
+  const size_t Nk = size_t(B) * Tk, N_A = size_t(N) * A_l;
   ensure(x_, size_t(N) * M_);
   ensure(enc_, Nk * M_);
   copy_from(x_.data(), x, size_t(N) * M_);
   copy_from(enc_.data(), enc, Nk * M_);
-  ensure(q_, NL);
-  ensure(kv_, 2 * Nk * L);
-  ensure(p_, size_t(B) * LH_ * Tq * Tk);
-  ensure(att_, NL);
+  ensure(q_, N_A);
+  ensure(kv_, 2 * Nk * A_l);
+  ensure(p_, size_t(B) * heads_l_ * Tq * Tk);
+  ensure(att_, N_A);
   T* k = kv_.data();
-  T* v = k + Nk * L;
-  // q [N, L] = x wq; k, v [B*Tk, L] = enc wk, enc wv
-  matmul(false, false, N, L, M_, x, wq.w, q_.data());
-  matmul(false, false, int(Nk), L, M_, enc, wk.w, k);
-  matmul(false, false, int(Nk), L, M_, enc, wv.w, v);
-  masked_attention_forward(AttentionPairs{B, LH_, D_, Tq, Tk, ctx.segment, enc_segment}, q_.data(), k, v,
+  T* v = k + Nk * A_l;
+  // q [N, A_l] = x wq; k, v [B*Tk, A_l] = enc wk, enc wv
+  matmul(false, false, N, A_l, M_, x, wq.w, q_.data());
+  matmul(false, false, int(Nk), A_l, M_, enc, wk.w, k);
+  matmul(false, false, int(Nk), A_l, M_, enc, wv.w, v);
+  masked_attention_forward(AttentionPairs{B, heads_l_, D_, Tq, Tk, ctx.segment, enc_segment}, q_.data(), k, v,
                            p_.data(), att_.data());
-  // y [N, M] = att [N, L] wo [L, M]  (partial over heads when sharded)
-  matmul(false, false, N, M_, L, att_.data(), wo.w, y);
+  // y [N, M] = att [N, A_l] wo [A_l, M]  (partial over heads when sharded)
+  matmul(false, false, N, M_, A_l, att_.data(), wo.w, y);
   if (sharded() && tensor_allreduce) tensor_allreduce(y, size_t(N) * M_);
   dropout_.forward(ctx, y, N, M_);
 }
@@ -58,32 +58,32 @@ void CrossAttention<T>::forward(const StepContext& ctx, const T* x, int Tq, cons
 template <typename T>
 void CrossAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx, T* denc, int N) {
   if (Tq_ == 0) throw std::logic_error("CrossAttention::backward before forward");
-  const int B = N / Tq_, L = L_, Nk = B * Tk_;
-  const size_t NL = size_t(N) * L;
+  const int B = N / Tq_, A_l = A_l_, Nk = B * Tk_;
+  const size_t N_A = size_t(N) * A_l;
   ensure(dy_, size_t(N) * M_);
-  ensure(datt_, NL);
-  ensure(dq_, NL);
-  ensure(dkv_, 2 * size_t(Nk) * L);
-  ensure(dp_, size_t(B) * LH_ * Tq_ * Tk_);
+  ensure(datt_, N_A);
+  ensure(dq_, N_A);
+  ensure(dkv_, 2 * size_t(Nk) * A_l);
+  ensure(dp_, size_t(B) * heads_l_ * Tq_ * Tk_);
   copy_from(dy_.data(), dy, size_t(N) * M_);
   dropout_.backward(ctx, dy_.data(), N, M_);
-  // wo.g [L, M] += att^T dy; datt [N, L] = dy wo^T
-  matmul(true, false, L, M_, N, att_.data(), dy_.data(), wo.g, true);
-  matmul(false, true, N, L, M_, dy_.data(), wo.w, datt_.data());
+  // wo.g [A_l, M] += att^T dy; datt [N, A_l] = dy wo^T
+  matmul(true, false, A_l, M_, N, att_.data(), dy_.data(), wo.g, true);
+  matmul(false, true, N, A_l, M_, dy_.data(), wo.w, datt_.data());
   const T* k = kv_.data();
-  const T* v = k + size_t(Nk) * L;
+  const T* v = k + size_t(Nk) * A_l;
   T* dk = dkv_.data();
-  T* dv = dk + size_t(Nk) * L;
+  T* dv = dk + size_t(Nk) * A_l;
   // The backward does not read the segment ids: P is already zero across examples.
-  masked_attention_backward(AttentionPairs{B, LH_, D_, Tq_, Tk_, nullptr, nullptr}, q_.data(), k, v, p_.data(),
+  masked_attention_backward(AttentionPairs{B, heads_l_, D_, Tq_, Tk_, nullptr, nullptr}, q_.data(), k, v, p_.data(),
                             datt_.data(), dp_.data(), dq_.data(), dk, dv);
   // wq.g += x^T dq; wk.g, wv.g += enc^T dk, enc^T dv
-  matmul(true, false, M_, L, N, x_.data(), dq_.data(), wq.g, true);
-  matmul(true, false, M_, L, Nk, enc_.data(), dk, wk.g, true);
-  matmul(true, false, M_, L, Nk, enc_.data(), dv, wv.g, true);
+  matmul(true, false, M_, A_l, N, x_.data(), dq_.data(), wq.g, true);
+  matmul(true, false, M_, A_l, Nk, enc_.data(), dk, wk.g, true);
+  matmul(true, false, M_, A_l, Nk, enc_.data(), dv, wv.g, true);
   // dx += dq wq^T; denc += dk wk^T + dv wv^T
-  add_projection_input_grads<T>({{dq_.data(), wq.w}}, dx, N, M_, L, tensor_allreduce, sharded(), dxs_);
-  add_projection_input_grads<T>({{dk, wk.w}, {dv, wv.w}}, denc, Nk, M_, L, tensor_allreduce, sharded(), dxs_);
+  add_projection_input_grads<T>({{dq_.data(), wq.w}}, dx, N, M_, A_l, tensor_allreduce, sharded(), dxs_);
+  add_projection_input_grads<T>({{dk, wk.w}, {dv, wv.w}}, denc, Nk, M_, A_l, tensor_allreduce, sharded(), dxs_);
 }
 
 template class CrossAttention<float>;

@@ -53,11 +53,11 @@ class CrossAttention {
   std::function<void(T*, size_t)> tensor_allreduce;  // sum over the tensor axis, in place
 
   int num_heads() const { return H_; }
-  int local_heads() const { return LH_; }
-  bool sharded() const { return LH_ != H_; }
+  int local_heads() const { return heads_l_; }
+  bool sharded() const { return heads_l_ != H_; }
 
  private:
-  int M_, H_, D_, h0_, LH_, L_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
+  int M_, H_, D_, h0_, heads_l_, A_l_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
   int Tq_ = 0, Tk_ = 0;
   Dropout<T> dropout_;
   // saved by forward
@@ -65,7 +65,7 @@ class CrossAttention {
   Buffer<T> enc_;  // [B*Tk, M]
   Buffer<T> q_;    // [N, A_l]
   Buffer<T> kv_;   // k, v each [B*Tk, A_l]
-  Buffer<T> p_;    // softmax probabilities [B, LH, Tq, Tk] (zero across examples)
+  Buffer<T> p_;    // softmax probabilities [B, heads_l, Tq, Tk] (zero across examples)
   Buffer<T> att_;  // attention output before wo [N, A_l]
   // backward scratch
   Buffer<T> dy_, datt_, dq_, dkv_, dp_, dxs_;

@@ -17,38 +17,38 @@ void CrossAttentionCache<T>::reset(const CrossAttention<T>& cross, int d_model, 
   begin_ = source_begin;
   M_ = d_model;
   D_ = d_model / cross.num_heads();
-  LH_ = cross.local_heads();
-  L_ = LH_ * D_;
+  heads_l_ = cross.local_heads();
+  A_l_ = heads_l_ * D_;
   const int rows = begin_.back();
-  k_.resize(size_t(rows) * L_);
-  v_.resize(size_t(rows) * L_);
+  k_.resize(size_t(rows) * A_l_);
+  v_.resize(size_t(rows) * A_l_);
   // k, v [rows, A_l] = enc [rows, M] W [M, A_l], as the full forward's projections
-  matmul(false, false, rows, L_, M_, enc, cross.wk.w, k_.data());
-  matmul(false, false, rows, L_, M_, enc, cross.wv.w, v_.data());
+  matmul(false, false, rows, A_l_, M_, enc, cross.wk.w, k_.data());
+  matmul(false, false, rows, A_l_, M_, enc, cross.wv.w, v_.data());
 }
 
 // x [n, M] -> y [n, M]
 template <typename T>
 void CrossAttentionCache<T>::forward(CrossAttention<T>& cross, int n, const int32_t* source, const T* x, T* y) {
-  const int L = L_;
-  const size_t nL = size_t(n) * L;
-  q_.resize(nL);
-  att_.resize(nL);
+  const int A_l = A_l_;
+  const size_t n_A = size_t(n) * A_l;
+  q_.resize(n_A);
+  att_.resize(n_A);
   int longest = 0;
   for (int s = 0; s < sources(); ++s) longest = std::max(longest, begin_[size_t(s) + 1] - begin_[size_t(s)]);
-  p_.resize(size_t(LH_) * longest);
+  p_.resize(size_t(heads_l_) * longest);
   // q [n, A_l] = x [n, M] wq [M, A_l]
-  matmul(false, false, n, L, M_, x, cross.wq.w, q_.data());
+  matmul(false, false, n, A_l, M_, x, cross.wq.w, q_.data());
   for (int i = 0; i < n; ++i) {
     const int s = source[i];
     if (s < 0 || s >= sources()) throw std::logic_error("CrossAttentionCache: a token of an unknown source");
-    const size_t first = size_t(begin_[size_t(s)]) * L;
+    const size_t first = size_t(begin_[size_t(s)]) * A_l;
     const int Tk = begin_[size_t(s) + 1] - begin_[size_t(s)];
-    masked_attention_forward(AttentionPairs{1, LH_, D_, 1, Tk, nullptr, nullptr}, q_.data() + size_t(i) * L,
-                             k_.data() + first, v_.data() + first, p_.data(), att_.data() + size_t(i) * L);
+    masked_attention_forward(AttentionPairs{1, heads_l_, D_, 1, Tk, nullptr, nullptr}, q_.data() + size_t(i) * A_l,
+                             k_.data() + first, v_.data() + first, p_.data(), att_.data() + size_t(i) * A_l);
   }
   // y [n, M] = att [n, A_l] wo [A_l, M]  (partial over heads when sharded)
-  matmul(false, false, n, M_, L, att_.data(), cross.wo.w, y);
+  matmul(false, false, n, M_, A_l, att_.data(), cross.wo.w, y);
   if (cross.sharded() && cross.tensor_allreduce) cross.tensor_allreduce(y, size_t(n) * M_);
 }
 

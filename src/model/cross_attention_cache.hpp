@@ -29,10 +29,10 @@ class CrossAttentionCache {
   void forward(CrossAttention<T>& cross, int n, const int32_t* source, const T* x, T* y);
 
  private:
-  int M_ = 0, D_ = 0, LH_ = 0, L_ = 0;  // M, D, heads_l, A_l
+  int M_ = 0, D_ = 0, heads_l_ = 0, A_l_ = 0;  // M, D, heads_l, A_l
   std::vector<int> begin_{0};           // [sources + 1]
   Buffer<T> k_, v_;                     // [rows, A_l]
-  Buffer<T> q_, p_, att_;               // [n, A_l], scores [LH, longest source], [n, A_l]
+  Buffer<T> q_, p_, att_;               // [n, A_l], scores [heads_l, longest source], [n, A_l]
 };
 
 }  // namespace meshmoe

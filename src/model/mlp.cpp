@@ -19,11 +19,11 @@ MLP<T>::MLP(int d_model, int d_ff, Activation act, double dropout, uint32_t laye
 
 template <typename T>
 MLP<T>::MLP(const FfnShape& s, double dropout, uint32_t layer_id)
-    : M_(s.M), H_(s.H), h0_(s.h0), LH_(s.H_l), W_(s.W_l), act_(s.act), dropout_(dropout, layer_id) {}
+    : M_(s.M), H_(s.H), h0_(s.h0), H_l_(s.H_l), W_(s.W_l), act_(s.act), dropout_(dropout, layer_id) {}
 
 template <typename T>
 void MLP<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  declare_params(store, mlp_params(prefix, ffn_shape(M_, H_, act_, {h0_, LH_})), {&w_in, &w_out});
+  declare_params(store, mlp_params(prefix, ffn_shape(M_, H_, act_, {h0_, H_l_})), {&w_in, &w_out});
 }
 
 // x [N, M] -> y [N, M]
@@ -32,11 +32,11 @@ void MLP<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
   ensure(x_, size_t(N) * M_);
   copy_from(x_.data(), x, size_t(N) * M_);
   ensure(pre_, size_t(N) * W_);
-  ensure(h_, size_t(N) * LH_);
-  // pre [N, W] = x [N, M] w_in [M, W]; h [N, LH] = act(pre); y [N, M] = h w_out [LH, M]
+  ensure(h_, size_t(N) * H_l_);
+  // pre [N, W] = x [N, M] w_in [M, W]; h [N, H_l] = act(pre); y [N, M] = h w_out [H_l, M]
   matmul(false, false, N, W_, M_, x, w_in.w, pre_.data());
-  activation_forward(act_, pre_.data(), h_.data(), N, LH_);
-  matmul(false, false, N, M_, LH_, h_.data(), w_out.w, y);
+  activation_forward(act_, pre_.data(), h_.data(), N, H_l_);
+  matmul(false, false, N, M_, H_l_, h_.data(), w_out.w, y);
   if (sharded() && tensor_allreduce) tensor_allreduce(y, size_t(N) * M_);
   dropout_.forward(ctx, y, N, M_);
 }
@@ -45,14 +45,14 @@ void MLP<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
 template <typename T>
 void MLP<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
   ensure(dy_, size_t(N) * M_);
-  ensure(dh_, size_t(N) * LH_);
+  ensure(dh_, size_t(N) * H_l_);
   ensure(dpre_, size_t(N) * W_);
   copy_from(dy_.data(), dy, size_t(N) * M_);
   dropout_.backward(ctx, dy_.data(), N, M_);
-  // w_out.g [LH, M] += h^T dy; dh [N, LH] = dy w_out^T
-  matmul(true, false, LH_, M_, N, h_.data(), dy_.data(), w_out.g, true);
-  matmul(false, true, N, LH_, M_, dy_.data(), w_out.w, dh_.data());
-  activation_backward(act_, pre_.data(), dh_.data(), dpre_.data(), N, LH_);
+  // w_out.g [H_l, M] += h^T dy; dh [N, H_l] = dy w_out^T
+  matmul(true, false, H_l_, M_, N, h_.data(), dy_.data(), w_out.g, true);
+  matmul(false, true, N, H_l_, M_, dy_.data(), w_out.w, dh_.data());
+  activation_backward(act_, pre_.data(), dh_.data(), dpre_.data(), N, H_l_);
   // w_in.g [M, W] += x^T dpre; dx [N, M] += dpre w_in^T
   matmul(true, false, M_, W_, N, x_.data(), dpre_.data(), w_in.g, true);
   if (sharded() && tensor_allreduce) {

@@ -1,7 +1,7 @@
 // Dense feed-forward: y = dropout(act(x W_in) W_out), no biases (T5/Switch).
 // w_in [M, H] for relu/gelu; for geglu its logical shape is [M, 2, H] (the same row-major bytes as
 // [M, 2H]: columns [0, H) go through gelu, [H, 2H) are the linear gate, see activation.hpp), so that
-// a tensor-parallel block of hidden units [h0, h0+LH) is one contiguous block [M, 2, LH].
+// a tensor-parallel block of hidden units [h0, h0+H_l) is one contiguous block [M, 2, H_l].
 // w_out [H, M].
 //
 // Tensor parallelism (Megatron): a rank may hold hidden units [hidden_offset, hidden_offset +
@@ -51,15 +51,15 @@ class MLP {
   std::function<void(T*, size_t)> tensor_allreduce;  // sum over the tensor axis, in place
 
   Activation activation() const { return act_; }
-  bool sharded() const { return LH_ != H_; }
+  bool sharded() const { return H_l_ != H_; }
 
  private:
-  int M_, H_, h0_, LH_, W_;  // W_ = local input-projection width (LH or 2 LH)
+  int M_, H_, h0_, H_l_, W_;  // W_ = local input-projection width (H_l or 2 H_l)
   Activation act_;
   Dropout<T> dropout_;
   Buffer<T> x_;    // [N, M]
   Buffer<T> pre_;  // [N, W]
-  Buffer<T> h_;    // [N, LH]
+  Buffer<T> h_;    // [N, H_l]
   Buffer<T> dy_, dh_, dpre_, dxs_;
 };
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The encoder-decoder learns a task only cross-attention can solve (issue 12): a tiny model.arch =
-# "encdec" model (2 + 2 blocks, top-2 MoE in each stack) trains 600 steps (cosine schedule) on the
+# The encoder-decoder learns a task only cross-attention can solve: a tiny model.arch =
+# "encdec" model (2 + 2 blocks, top-2 MoE in each stack) trains 800 steps (cosine schedule) on the
 # reverse task of tiny_pairs (2000 generated words of 3-6 letters, their reversal as the source)
 # and must reach a validation loss below 0.1 nats per target token on held-out words (about 3e-4
 # when written; without the source the letters of a word are random: about log 26 = 3.3 nats per
 # letter). Then `meshmoe translate` (greedy and beam 4) must translate every held-out word exactly,
 # and `meshmoe score` must give chrF 100 and BLEU 100 (BLEU on the letters: a one-word line has no
 # word 2-grams).
+# (At 600 steps one seed of five, the seed here, still missed 3 of 193 words: the held-out loss had
+# not settled; 800 steps got every word right for seeds 1-5.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -17,7 +19,7 @@ tiny_pairs "$T" 2000
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "reverse"
-steps = 600
+steps = 800
 log_every = 50
 seed = 3
 [model]
@@ -51,8 +53,8 @@ $PYTHON - "$T/run/metrics.h5" <<'PY'
 import sys, h5py, numpy as np
 ev = h5py.File(sys.argv[1], "r")["eval/loss"][()]
 ev = ev[np.isfinite(ev)]
-print(f"validation loss after 600 steps: {ev[-1]:.4f} (limit 0.1)")
-sys.exit(0 if len(ev) == 6 and ev[-1] < 0.1 else 1)
+print(f"validation loss after 800 steps: {ev[-1]:.4f} (limit 0.1)")
+sys.exit(0 if len(ev) == 8 and ev[-1] < 0.1 else 1)
 PY
 # Exact translation of every held-out pair (src: the reversed word, ref: the word).
 $PYTHON postprocess/valid_pairs.py "$T/data.h5" rv "$T/src.txt" "$T/ref.txt" >/dev/null

@@ -18,7 +18,7 @@ source tests/env.sh
 source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir shard_state
-tiny_data "$T" src/model/*.cpp
+tiny_data "$T"
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "zero"

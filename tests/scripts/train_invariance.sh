@@ -11,7 +11,7 @@ source tests/env.sh
 source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir invariance
-tiny_data "$T" src/model/*.cpp src/model/moe/*.cpp
+tiny_data "$T"
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "inv"

@@ -14,7 +14,7 @@ namespace meshmoe {
 template <typename T>
 Experts<T>::Experts(const MoeOptions& opt, const ExpertShape& shape, Comm* tensor)
     : opt_(opt), shape_(shape.E > 0 ? shape : all_experts(opt)), e0_(shape_.e0), e_local_(shape_.E_l),
-      h0_(shape_.ffn.h0), LH_(shape_.ffn.H_l), W_(shape_.ffn.W_l), tensor_(tensor) {
+      h0_(shape_.ffn.h0), H_l_(shape_.ffn.H_l), W_(shape_.ffn.W_l), tensor_(tensor) {
   const FfnShape& f = shape_.ffn;
   if (shape_.E != opt.num_experts || e0_ < 0 || e_local_ < 1 || e0_ + e_local_ > opt.num_experts || f.M != opt.d_model ||
       f.H != opt.d_ff || f.act != opt.activation)
@@ -35,20 +35,20 @@ void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, int R, const 
 
 template <typename T>
 void Experts<T>::reserve(size_t rows, size_t expert_rows) {
-  const size_t M = size_t(opt_.d_model), LH = size_t(LH_), W = size_t(W_);
+  const size_t M = size_t(opt_.d_model), H_l = size_t(H_l_), W = size_t(W_);
   x_.reserve(rows * M);
   pre_.reserve(rows * W);
-  h_.reserve(rows * LH);
-  if (opt_.expert_dropout > 0) mask_.reserve(rows * LH);
+  h_.reserve(rows * H_l);
+  if (opt_.expert_dropout > 0) mask_.reserve(rows * H_l);
   reserve_rows_ = rows;
   reserve_expert_rows_ = expert_rows;
 }
 
-// x [rows, M] -> pre [rows, W] -> h [rows, LH] -> y [rows, M] (all-reduced over tensor when split)
+// x [rows, M] -> pre [rows, W] -> h [rows, H_l] -> y [rows, M] (all-reduced over tensor when split)
 template <typename T>
 void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, std::span<const int> rows,
                          const int64_t* row_token) {
-  const int M = opt_.d_model, H = opt_.d_ff, LH = LH_, W = W_;
+  const int M = opt_.d_model, H = opt_.d_ff, H_l = H_l_, W = W_;
   if (rows.size() != size_t(e_local_)) throw std::logic_error("Experts::forward: one row count per local expert");
   start_.assign(size_t(e_local_) + 1, 0);
   for (int el = 0; el < e_local_; ++el) start_[el + 1] = start_[el] + size_t(rows[el]);
@@ -56,9 +56,9 @@ void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, std::span<con
   x_.resize(total * M);
   copy_from(x_.data(), x, total * M);
   pre_.resize(total * W);
-  h_.resize(total * LH);
+  h_.resize(total * H_l);
   const double p = ctx.training ? opt_.expert_dropout : 0.0;
-  if (p > 0) mask_.resize(total * LH);
+  if (p > 0) mask_.resize(total * H_l);
   else mask_.clear();
   const Rng rng{ctx.seed, ctx.step, opt_.layer_id, RngPurpose::ExpertDropout};
   const T scale = T(1.0 / (1.0 - p));
@@ -67,12 +67,12 @@ void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, std::span<con
     const int R = rows[el];
     if (R == 0) continue;
     matmul(false, false, R, W, M, &x_[r0 * M], w_in.w + size_t(el) * M * W, &pre_[r0 * W]);
-    activation_forward(opt_.activation, &pre_[r0 * W], &h_[r0 * LH], R, LH);
+    activation_forward(opt_.activation, &pre_[r0 * W], &h_[r0 * H_l], R, H_l);
     if (p > 0)
-      for_each_index_2d(R, LH,
-                     ExpertDropoutForward<T>{rng, row_token + r0, &mask_[r0 * LH], &h_[r0 * LH], LH, h0_,
+      for_each_index_2d(R, H_l,
+                     ExpertDropoutForward<T>{rng, row_token + r0, &mask_[r0 * H_l], &h_[r0 * H_l], H_l, h0_,
                                              uint64_t(opt_.num_experts), uint64_t(H), uint64_t(e0_ + el), p, scale});
-    matmul(false, false, R, M, LH, &h_[r0 * LH], w_out.w + size_t(el) * LH * M, y + r0 * M);
+    matmul(false, false, R, M, H_l, &h_[r0 * H_l], w_out.w + size_t(el) * H_l * M, y + r0 * M);
   }
   if (hidden_split() && total > 0) {
     ScopedPhase t(ctx.timers, "moe_allreduce");
@@ -80,13 +80,13 @@ void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, std::span<con
   }
 }
 
-// dy [rows, M] -> dh [R, LH] -> dpre [R, W] -> dx [rows, M] (added; all-reduced over tensor when split)
+// dy [rows, M] -> dh [R, H_l] -> dpre [R, W] -> dx [rows, M] (added; all-reduced over tensor when split)
 template <typename T>
 void Experts<T>::backward(const StepContext& ctx, const T* dy, T* dx) {
-  const int M = opt_.d_model, LH = LH_, W = W_;
+  const int M = opt_.d_model, H_l = H_l_, W = W_;
   const size_t total = start_.back();
   if (hidden_split()) dxs_.reserve(reserve_rows_ * M);
-  dh_.reserve(reserve_expert_rows_ * LH);
+  dh_.reserve(reserve_expert_rows_ * H_l);
   dpre_.reserve(reserve_expert_rows_ * W);
   T* dxo = dx;  // where dpre W_in^T goes
   if (hidden_split()) {
@@ -98,16 +98,16 @@ void Experts<T>::backward(const StepContext& ctx, const T* dy, T* dx) {
     const size_t r0 = start_[el];
     const int R = int(start_[el + 1] - r0);
     if (R == 0) continue;
-    dh_.resize(size_t(R) * LH);
+    dh_.resize(size_t(R) * H_l);
     dpre_.resize(size_t(R) * W);
     T *dh = dh_.data(), *dpre = dpre_.data();
     const T* win = w_in.w + size_t(el) * M * W;
-    const T* wout = w_out.w + size_t(el) * LH * M;
+    const T* wout = w_out.w + size_t(el) * H_l * M;
     // y = h W_out: dW_out += h^T dy, dh = dy W_out^T
-    matmul(true, false, LH, M, R, &h_[r0 * LH], dy + r0 * M, w_out.g + size_t(el) * LH * M, true);
-    matmul(false, true, R, LH, M, dy + r0 * M, wout, dh);
-    if (!mask_.empty()) for_each_index(int64_t(R) * LH, ExpertDropoutBackward<T>{&mask_[r0 * LH], dh});
-    activation_backward(opt_.activation, &pre_[r0 * W], dh, dpre, R, LH);
+    matmul(true, false, H_l, M, R, &h_[r0 * H_l], dy + r0 * M, w_out.g + size_t(el) * H_l * M, true);
+    matmul(false, true, R, H_l, M, dy + r0 * M, wout, dh);
+    if (!mask_.empty()) for_each_index(int64_t(R) * H_l, ExpertDropoutBackward<T>{&mask_[r0 * H_l], dh});
+    activation_backward(opt_.activation, &pre_[r0 * W], dh, dpre, R, H_l);
     // pre = x W_in: dW_in += x^T dpre, dx += dpre W_in^T
     matmul(true, false, M, W, R, &x_[r0 * M], dpre, w_in.g + size_t(el) * M * W, true);
     matmul(false, true, R, M, W, dpre, win, dxo + r0 * M, true);

@@ -69,22 +69,22 @@ class Experts {
   int e0() const { return e0_; }
   int e_local() const { return e_local_; }
   int h0() const { return h0_; }
-  int h_local() const { return LH_; }
-  bool hidden_split() const { return LH_ != opt_.d_ff; }
+  int h_local() const { return H_l_; }
+  bool hidden_split() const { return H_l_ != opt_.d_ff; }
   ParamView<T> w_in, w_out;
 
  private:
   MoeOptions opt_;
   ExpertShape shape_;
-  int e0_, e_local_, h0_, LH_, W_;  // shape_'s e0, E_l, h0, H_l, W_l (LH or 2 LH)
+  int e0_, e_local_, h0_, H_l_, W_;  // shape_'s e0, E_l, h0, H_l, W_l (H_l or 2 H_l)
   Comm* tensor_;
   std::vector<size_t> start_;  // [E_local + 1] first row of each local expert
   Buffer<T> x_;     // [rows, M] input
   Buffer<T> pre_;   // [rows, W] pre-activation
-  Buffer<T> h_;     // [rows, LH] activation after dropout
-  Buffer<T> mask_;  // [rows, LH] dropout scale: 0 or 1/(1-p) (empty without dropout)
+  Buffer<T> h_;     // [rows, H_l] activation after dropout
+  Buffer<T> mask_;  // [rows, H_l] dropout scale: 0 or 1/(1-p) (empty without dropout)
   Buffer<T> dxs_;   // [rows, M] partial input gradient (hidden split only)
-  Buffer<T> dh_, dpre_;  // backward scratch of one expert: [R, LH], [R, W]
+  Buffer<T> dh_, dpre_;  // backward scratch of one expert: [R, H_l], [R, W]
   size_t reserve_rows_ = 0, reserve_expert_rows_ = 0;
 };
 
