@@ -322,6 +322,19 @@ void Parser::cross_checks() {
     rule({"moe.router", "moe.num_experts"}, e.num_experts >= 2,
          "moe.router = \"top2\" needs moe.num_experts >= 2, got " + kv("moe.num_experts", e.num_experts) +
              " (use moe.router = \"top1\" for a 1-expert MoE)");
+  if (moe_layers && e.router == RouterKind::ExpertChoice) {
+    // Each expert takes its top-C tokens of the group (README "Expert-choice routing"): C = S would
+    // send every token to every expert, no choice overflows, and the loads are equal by construction.
+    const std::string ec = "moe.router = \"expert_choice\" ";
+    rule({"moe.router", "moe.dropless"}, !e.dropless,
+         ec + "does not combine with moe.dropless = true (every expert would take every token): set moe.dropless = false "
+              "and size the experts' share with moe.capacity_factor_train");
+    rule({"moe.router", "moe.no_token_left_behind"}, !e.no_token_left_behind,
+         ec + "does not combine with moe.no_token_left_behind = true (no choice overflows an expert): set it false");
+    rule({"moe.router", "moe.balance"}, e.balance != BalanceKind::Bias,
+         ec + "does not combine with moe.balance = \"bias\" (every expert takes the same number of tokens): use "
+              "moe.balance = \"aux_loss\" (expert choice adds no aux loss)");
+  }
   if (mesh.pipe > 1)
     rule({"mesh.pipe", "optim.micro_batches"}, o.micro_batches >= mesh.pipe,
          kv("mesh.pipe", mesh.pipe) + " needs optim.micro_batches >= " + std::to_string(mesh.pipe) + ", got " +

@@ -19,7 +19,7 @@ enum class Recompute {                                      // model.recompute
   None,   // every in-flight micro-batch's saved activations (parked in an ActivationStash)
   Block,  // only its stage input; the forward runs again before the backward
 };
-enum class RouterKind { Top1, Top2, TopK };                 // moe.router
+enum class RouterKind { Top1, Top2, TopK, ExpertChoice };   // moe.router
 enum class SecondExpertPolicy { Random, Always, Threshold };  // moe.second_expert
 enum class AuxLossForm { Switch, Gshard };                  // moe.aux_loss_form
 enum class ExpertAxis { Data, Tensor };                     // moe.expert_axis (model/moe/moe_placement.hpp)
@@ -40,7 +40,8 @@ MESHMOE_OPTION_NAMES(Device, {Device::Cpu, "cpu"}, {Device::Cuda, "cuda"})
 MESHMOE_OPTION_NAMES(ModelArch, {ModelArch::Decoder, "decoder"}, {ModelArch::EncDec, "encdec"})
 MESHMOE_OPTION_NAMES(Activation, {Activation::Relu, "relu"}, {Activation::Gelu, "gelu"}, {Activation::Geglu, "geglu"})
 MESHMOE_OPTION_NAMES(Recompute, {Recompute::None, "none"}, {Recompute::Block, "block"})
-MESHMOE_OPTION_NAMES(RouterKind, {RouterKind::Top1, "top1"}, {RouterKind::Top2, "top2"}, {RouterKind::TopK, "topk"})
+MESHMOE_OPTION_NAMES(RouterKind, {RouterKind::Top1, "top1"}, {RouterKind::Top2, "top2"}, {RouterKind::TopK, "topk"},
+                     {RouterKind::ExpertChoice, "expert_choice"})
 MESHMOE_OPTION_NAMES(SecondExpertPolicy, {SecondExpertPolicy::Random, "random"}, {SecondExpertPolicy::Always, "always"},
                      {SecondExpertPolicy::Threshold, "threshold"})
 MESHMOE_OPTION_NAMES(AuxLossForm, {AuxLossForm::Switch, "switch"}, {AuxLossForm::Gshard, "gshard"})

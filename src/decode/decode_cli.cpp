@@ -30,6 +30,12 @@ struct Decoder {
 Decoder load_decoder(const Deck& deck, Mesh& mesh, const std::string& checkpoint, const std::string& lang) {
   const Config& cfg = deck.cfg;
   if (cfg.run.device != Device::Cpu) throw InputError("decoding runs on the host only: use --set run.device=cpu");
+  // A cached step routes its new tokens as a group of their own (README "KV cache and MoE layers"):
+  // expert choice would pick among other sequences' tokens of that step, not as training did.
+  if (cfg.moe.every > 0 && cfg.moe.router == RouterKind::ExpertChoice)
+    throw InputError("decoding does not support moe.router = \"expert_choice\": each expert chooses among the "
+                     "tokens of a whole group, which a step-by-step decoder does not have (README, Expert-choice "
+                     "routing); decode a model trained with a token-choice router (top1, top2, topk)");
   const Dataset valid = open_split(cfg.data.path, "valid", mesh.world());
   Decoder d;
   d.tokenizer = valid.info().tokenizer_object();

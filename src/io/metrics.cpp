@@ -56,6 +56,7 @@ const std::vector<Known>& known_metrics() {
       {"time/*", {"s", "wall time of this phase during the step (max over ranks)"}},
       {"moe/*/dropped_fraction", {"1", "fraction of token-to-expert assignments dropped for lack of capacity"}},
       {"moe/*/expert_load", {"1", "fraction of the tokens routed to each expert; row per step, column per expert"}},
+      {"moe/*/experts_per_token", {"1", "fraction of the routed tokens dispatched to 0, 1, 2 and >= 3 experts; row per step, 4 columns (expert-choice routing gives a token 0..E experts)"}},
       {"moe/*/rerouted_fraction", {"1", "fraction of token-to-expert assignments placed by No-Token-Left-Behind"}},
       {"moe/*/declined_fraction", {"1", "fraction of second choices that random or threshold routing did not dispatch (0 for top-1)"}},
       {"moe/*/router_entropy", {"nats", "mean over tokens of the entropy of the router's softmax over experts (ln E when uniform)"}},

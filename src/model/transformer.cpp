@@ -22,7 +22,9 @@ double train_flops_per_token(const Config& cfg, const ModelShape& s) {
     if (s.has_cross_attention(i)) fwd += 8.0 * M * M + 4.0 * T * M;  // the same for the cross-attention
     if (s.is_moe_block(i)) {
       const MoeOptions o = moe_options(cfg, 0);
-      fwd += 2.0 * M * o.num_experts + o.k() * ffn(o.d_ff) + o.shared_experts * ffn(o.d_ff);  // router, routed, shared
+      // expert choice: E C slots per group of S tokens, E C / S experts per token on average
+      const double visits = o.expert_choice() ? double(o.num_experts) * o.capacity(true) / o.group_size : o.k();
+      fwd += 2.0 * M * o.num_experts + visits * ffn(o.d_ff) + o.shared_experts * ffn(o.d_ff);  // router, routed, shared
     } else {
       fwd += ffn(s.d_ff);
     }

@@ -163,14 +163,15 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   }
 
   // Whole-model counts: the table of a one-rank mesh (the tied embedding once); a token visits k
-  // of each MoE layer's E experts.
+  // of each MoE layer's E experts (expert choice: E C / S on average, rounded up).
   const ShapeTable whole_model(cfg, vocab, MeshShape{1, 1, 1}, RankCoords{});
+  const int visits = sl.moe && sl.moe_opt.expert_choice() ? (sl.experts.E * sl.C + sl.S - 1) / sl.S : sl.k;
   Checked params_total = 0, experts_skipped = 0;
   for (const LayerShapes& l : whole_model.layers())
     for (const ParamInfo& e : l.params) {
       params_total += Checked(e.size);
       if (l.kind == LayerKind::Experts)
-        experts_skipped += Checked(e.size) / sl.experts.E * std::max(sl.experts.E - sl.k, 0);
+        experts_skipped += Checked(e.size) / sl.experts.E * std::max(sl.experts.E - visits, 0);
     }
   p.params_total = params_total.value();
   p.params_activated = (params_total - experts_skipped).value();

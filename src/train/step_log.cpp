@@ -172,6 +172,8 @@ void StepLog::write_step_row(int64_t step, const StepStats& s, double tokens_per
   }
   metrics_->append(step, row);
   for (size_t l = 0; l < s.load.size(); ++l) metrics_->append_row(moe_name(l) + "/expert_load", s.load[l]);
+  for (size_t l = 0; l < s.moe.size(); ++l)
+    metrics_->append_row(moe_name(l) + "/experts_per_token", s.moe[l].experts_per_token);
   metrics_->append_row("data/lang_tokens", std::vector<double>(lang_tokens.begin(), lang_tokens.end()));
 }
 

@@ -24,6 +24,7 @@ void StepSums::add(const ForwardStats& f, const std::vector<const MoeLayer<float
     o.entropy += ms.entropy_sum;
     o.capacity += double(ms.capacity);
     o.bias_max_abs += ms.bias_max_abs;
+    for (size_t j = 0; j < ms.experts_per_token.size(); ++j) o.experts_per_token[j] += double(ms.experts_per_token[j]);
     o.forwards += 1;
   }
 }
@@ -32,6 +33,7 @@ void StepSums::all_reduce(Comm& pipe, Comm& data) {
   std::vector<double*> fields{&ce_, &mask_, &aux_, &z_};
   for (MoeLayerSums& l : layers_) {
     for (double& x : l.load) fields.push_back(&x);
+    for (double& x : l.experts_per_token) fields.push_back(&x);
     for (double* x : {&l.wanted, &l.dropped, &l.rerouted, &l.declined, &l.second_choices, &l.tokens, &l.entropy,
                       &l.capacity, &l.forwards, &l.bias_max_abs})
       fields.push_back(x);
@@ -62,6 +64,7 @@ StepStats StepSums::stats(double tokens, double groups) const {
     m.entropy = o.tokens > 0 ? o.entropy / o.tokens : 0;
     m.capacity = o.forwards > 0 ? o.capacity / o.forwards : 0;
     m.bias_max_abs = o.forwards > 0 ? o.bias_max_abs / o.forwards : 0;
+    for (const double t : o.experts_per_token) m.experts_per_token.push_back(o.tokens > 0 ? t / o.tokens : 0);
     s.moe.push_back(m);
   }
   return s;

@@ -18,6 +18,7 @@ struct MoeLayerStats {
   double entropy = 0;   // mean over tokens of the router softmax's entropy (nats; ln E when uniform)
   double capacity = 0;  // C, slots per expert and routing group
   double bias_max_abs = 0;  // moe.balance = bias: max |selection bias| in the step's forwards
+  std::vector<double> experts_per_token;  // [4] fraction of the routed tokens with 0, 1, 2, >= 3 experts
 };
 
 struct StepStats {
@@ -56,6 +57,7 @@ class StepSums {
     double tokens = 0, entropy = 0;  // routed tokens, sum of their router entropies
     double capacity = 0, forwards = 0;  // sum of C over the forwards that ran the layer, their count
     double bias_max_abs = 0;            // its sum over those forwards
+    std::vector<double> experts_per_token = std::vector<double>(MoeStats::kExpertCountBins, 0.0);  // token counts
   };
   double ce_ = 0, mask_ = 0, aux_ = 0, z_ = 0;  // cross-entropy, target tokens, aux and z losses
   std::vector<MoeLayerSums> layers_;          // every MoE layer of the model

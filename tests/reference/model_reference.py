@@ -47,7 +47,7 @@ from optim_reference import PaperAdafactor, schedule  # noqa: E402
 from philox import DROPOUT, EXPERT_DROPOUT, JITTER, SECOND_EXPERT, Rng  # noqa: E402
 
 CASES = ["dense_relu", "switch_top1", "gshard_top2", "geglu_untied", "encdec_top2", "top2_ntlb", "shared_experts",
-         "bias_ntlb", "gshard_line22"]
+         "bias_ntlb", "gshard_line22", "expert_choice", "encdec_expert_choice"]
 CLIP_COUNTS = []  # fraction of clipped steps of every training run
 TOL_LOGITS, TOL_SCALAR, TOL_GRAD_REL, TOL_GRAD_ABS, TOL_CURVE, TOL_LR = 1e-5, 1e-5, 1e-4, 1e-7, 1e-4, 1e-12
 
@@ -62,7 +62,8 @@ class Cfg:
             setattr(self, k, v)
 
     def k(self):
-        return {"top1": 1, "top2": 2}.get(self.router, self.top_k)
+        """Choices per token; expert choice: one per expert (taken or not)."""
+        return {"top1": 1, "top2": 2, "expert_choice": self.num_experts}.get(self.router, self.top_k)
 
     def encoder_layers(self):
         return self.num_layers if self.arch == "encdec" else 0
@@ -80,7 +81,8 @@ class Cfg:
         S = self.group_size
         if self.dropless:
             return S
-        v = self.k() * S * self.capacity_factor_train / self.num_experts
+        per_token = 1 if self.router == "expert_choice" else self.k()  # Zhou et al. 3.1: k = n c / E
+        v = per_token * S * self.capacity_factor_train / self.num_experts
         r = round(v)
         c = r if abs(v - r) <= 1e-9 * max(1.0, v) else math.ceil(v)
         return int(min(max(c, 1), S))
@@ -207,6 +209,26 @@ def route(probs_np, cfg, ctx, layer, bias=None):
     return expert, slot, top, Z
 
 
+def route_expert_choice(probs, cfg):
+    """Expert choice (Zhou et al. 2022, section 3.1) in the paper's own terms: per group, S^T [E, S]
+    and I = TopK(S^T, C) over the tokens (torch.topk, ties resolved to the lower token index by a
+    stable descending sort); the gating G [E, C] is S[I[e, j], e]. Returned as the per-choice arrays
+    of route(): choice (n, e) is expert e's take of token n, slot j where I[e, j] = n, -1 when not
+    taken."""
+    N, E = probs.shape
+    S, C = cfg.group_size, cfg.capacity()
+    expert = np.full((N, E), -1, dtype=np.int64)
+    slot = np.full((N, E), -1, dtype=np.int64)
+    p = torch.from_numpy(probs)
+    for g in range(N // S):
+        st = p[g * S:(g + 1) * S].t()  # [E, S]
+        I = torch.sort(st, dim=1, descending=True, stable=True).indices[:, :C]  # [E, C]
+        for e in range(E):
+            for j, s in enumerate(I[e].tolist()):
+                expert[g * S + s, e], slot[g * S + s, e] = e, j
+    return expert, slot
+
+
 def moe(x, P, pre, cfg, ctx, layer, routing_out, bias=None):
     N, M = x.shape
     E, S, C, k = cfg.num_experts, cfg.group_size, cfg.capacity(), cfg.k()
@@ -221,12 +243,16 @@ def moe(x, P, pre, cfg, ctx, layer, routing_out, bias=None):
     probs = torch.softmax(logits64, dim=-1).float()  # [N, E]
     z_sum = (lse * lse).sum()
 
-    expert, slot, top, Z = route(probs.detach().numpy(), cfg, ctx, layer, bias)
+    if cfg.router == "expert_choice":
+        expert, slot = route_expert_choice(probs.detach().numpy(), cfg)
+        top = None
+    else:
+        expert, slot, top, Z = route(probs.detach().numpy(), cfg, ctx, layer, bias)
     routing_out.append((expert, slot))
 
     # Switch eq. 4-6 per group: f_e from the top-1 choice before capacity, P_e the mean probability.
-    frac = np.zeros((G, E))
-    for n in range(N):
+    frac = np.zeros((G, E))  # expert choice: no aux loss (the paper needs none)
+    for n in range(N if top is not None else 0):
         frac[n // S, top[n, 0]] += 1.0 / S
     aux_sum = (E * torch.from_numpy(frac) * probs.double().view(G, S, E).sum(1) / S).sum()
 
@@ -239,8 +265,8 @@ def moe(x, P, pre, cfg, ctx, layer, routing_out, bias=None):
                 disp[n // S, n % S, expert[n, i], slot[n, i]] = 1
                 slot_token[expert[n, i], n // S, slot[n, i]] = ctx.token_offset + n
     dispatch = torch.from_numpy(disp)
-    if cfg.router == "top1":
-        gates = probs  # Switch eq. 2: not renormalised
+    if cfg.router in ("top1", "expert_choice"):
+        gates = probs  # Switch eq. 2, and expert choice's G[e, j] = S[I[e, j], e]: not renormalised
     else:
         topmask = torch.zeros(N, E, dtype=torch.float64)
         topmask[torch.arange(N).unsqueeze(1), torch.from_numpy(top)] = 1
@@ -394,7 +420,7 @@ def check_case(path, case):
     loss.backward()
 
     moe_blocks = [i for i in range(cfg.blocks()) if cfg.is_moe(i)]
-    bad = 0
+    bad = ec_zero = ec_several = 0
     if sorted(cpp_routing) != moe_blocks:
         bad = 1
     for b, (e, s) in zip(moe_blocks, routing):
@@ -405,8 +431,17 @@ def check_case(path, case):
         # C++ marks declined choices -2 and dropped -1; slot -1 for both
         bad += int(np.sum(ce_ != e.reshape(-1)) + np.sum(cs_ != s.reshape(-1)))
         nd, nr = int(np.sum(e == -1)), int(np.sum(e == -2))
-        print(f"    block {b}: {nd} dropped, {nr} declined of {e.size} choices")
+        if cfg.router == "expert_choice":  # a token gets 0..E experts
+            got = np.sum(e >= 0, axis=1)
+            ec_zero, ec_several = ec_zero + int(np.sum(got == 0)), ec_several + int(np.sum(got >= 2))
+            print(f"    block {b}: tokens with 0, 1, 2, >=3 experts: {[int(np.sum(got == j)) for j in (0, 1, 2)]}"
+                  f" {int(np.sum(got >= 3))}")
+        else:
+            print(f"    block {b}: {nd} dropped, {nr} declined of {e.size} choices")
     rep.check("routing decisions (mismatches)", bad, 0)
+    if cfg.router == "expert_choice":  # the case must show both ends
+        rep.check("tokens with 0 and with >= 2 experts", 0 if ec_zero and ec_several else 1, 0,
+                  f" ({ec_zero} and {ec_several})")
 
     ref_logits = logits.detach().numpy()
     rep.check("logits max-rel", np.abs(cpp_logits - ref_logits).max() / np.abs(ref_logits).max(), TOL_LOGITS)

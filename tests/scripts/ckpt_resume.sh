@@ -8,7 +8,8 @@
 #   a corrupted newest checkpoint: reported, the previous one used, and the run still finishes;
 #   SIGUSR1 to one rank mid-run: exit 75 with a checkpoint, and the resumed run ends equal to the
 #     uninterrupted one;
-#   model.arch = "encdec": exact resume on data=2, and resharded onto tensor=2 within 1e-5.
+#   model.arch = "encdec": exact resume on data=2, and resharded onto tensor=2 within 1e-5;
+#   moe.router = "expert_choice": the same, experts over data.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -185,6 +186,19 @@ with h5py.File(f"{T}/sb-straight/ckpt/step_00000020.h5", "r") as f:
     assert "params/blocks.1.moe.shared.w_in" in f and "params/blocks.1.moe.shared.w_out" in f
 print("  selection biases: resumed exactly and resharded ok")
 PY
+echo "== expert-choice routing"
+# Written on data=2 (experts over data: the all-to-all) resumes bitwise there, and on tensor=2
+# within 1e-5.
+ec=(--set moe.router=expert_choice --set moe.capacity_factor_train=1.5)
+train 2 ec-straight --set mesh.data=2 "${ec[@]}"
+train 2 ec-split --set mesh.data=2 --set run.steps=10 "${ec[@]}"
+cp -r "$T/ec-split" "$T/ec-to-t2"; : > "$T/ec-to-t2.log"
+train 2 ec-split --set mesh.data=2 "${ec[@]}"
+grep -q "resuming from .*step_00000010.h5: step 10" "$T/ec-split.log" || fail "the expert-choice run did not resume from step 10"
+compare ec-straight ec-split 0 || fail "expert-choice exact resume differs"
+train 2 ec-to-t2 --set mesh.tensor=2 "${ec[@]}"
+grep -q "resuming from .*step 10 (written on mesh pipe=1 x data=2 x tensor=1" "$T/ec-to-t2.log" || fail "ec-to-t2 did not resume"
+compare ec-straight ec-to-t2 1e-5 || fail "expert-choice resharded resume differs"
 cp -r "$T/straight" "$T/to-bias"; : > "$T/to-bias.log"
 set +e; train 2 to-bias --set mesh.data=2 --set run.steps=22 --set moe.balance=bias; rc=$?; set -e
 [ "$rc" = 2 ] && grep -q "selection_bias' \[4\] is not in the checkpoint" "$T/to-bias.log" &&

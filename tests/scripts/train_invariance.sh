@@ -3,8 +3,8 @@
 # aux loss and gradient norm within 1e-5 relative of the single-rank run, and identical per-expert
 # loads (DESIGN.md principle 1; the central test of issue 4, here for the data axis, gradient
 # accumulation, the tensor axis, pipeline stages on the 1F1B schedule, tied and untied
-# embeddings, both optimizers, and the encoder-decoder model). Also checks that a run writes deck.toml
-# and a complete metrics.h5.
+# embeddings, both optimizers, the encoder-decoder model, and expert-choice routing). Also checks
+# that a run writes deck.toml and a complete metrics.h5.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -154,6 +154,26 @@ train_or_fail encdec-pmoe-1 1 $encdec ${model[pmoe]}
 # shellcheck disable=SC2086
 train_or_fail encdec-pmoe-t2 2 --set mesh.tensor=2 $encdec ${model[pmoe]}
 pairs+="encdec-pmoe-1:encdec-pmoe-t2 "
+# Expert-choice routing (README "Expert-choice routing"): C = ceil(16 * 1.5 / 4) = 6 tokens per
+# expert and group, on data, tensor (Switch 5.5), data x tensor, pipe meshes and experts over tensor
+# (index-select); also as an encoder-decoder.
+echoice="--set moe.router=expert_choice --set moe.capacity_factor_train=1.5 --set optim.micro_batches=2"
+for k in 1 d2 t2 d2t2 p2; do
+  # shellcheck disable=SC2086
+  train_or_fail "echoice-$k" ${mesh[$k]} $echoice
+  [ "$k" = 1 ] || pairs+="echoice-1:echoice-$k "
+done
+# shellcheck disable=SC2086
+train_or_fail echoice-x-1 1 $echoice --set moe.expert_axis=tensor
+# shellcheck disable=SC2086
+train_or_fail echoice-x-t2 2 $echoice --set moe.expert_axis=tensor --set mesh.tensor=2
+# shellcheck disable=SC2086
+train_or_fail echoice-x-d2t2 4 $echoice --set moe.expert_axis=tensor --set mesh.tensor=2 --set mesh.data=2
+# shellcheck disable=SC2086
+train_or_fail encdec-echoice-1 1 $encdec $echoice
+# shellcheck disable=SC2086
+train_or_fail encdec-echoice-d2t2 4 $encdec $echoice --set mesh.data=2 --set mesh.tensor=2
+pairs+="echoice-x-1:echoice-x-t2 echoice-x-1:echoice-x-d2t2 encdec-echoice-1:encdec-echoice-d2t2 "
 export PAIRS=$pairs EXACT=$exact
 for r in ref gshard-d2 pmoe-p2t2; do [ -s "$T/$r/deck.toml" ] || fail "no deck.toml in $r"; done
 $PYTHON - "$T" <<'PY'
@@ -182,7 +202,7 @@ for ref_name, run in pairs:
         bad += status != "ok"
         print(f"{run:24s} moe/{layer}/expert_load exact {status}")
         # routing counts are sums of integers over the ranks: exact; the entropy within 1e-5
-        for key in ["dropped_fraction", "rerouted_fraction", "declined_fraction", "capacity"]:
+        for key in ["dropped_fraction", "rerouted_fraction", "declined_fraction", "capacity", "experts_per_token"]:
             same = np.array_equal(ref[f"moe/{layer}/{key}"][()], f[f"moe/{layer}/{key}"][()])
             bad += not same
             if not same: print(f"{run:24s} moe/{layer}/{key} exact MISMATCH")
@@ -243,6 +263,20 @@ rel = np.abs(auxg["aux_loss"][()] * 16 - ref["aux_loss"][()]) / ref["aux_loss"][
 assert np.all(rel <= 1e-5), f"gshard aux form * E^2 vs switch form: {rel}"
 rel = np.abs(auxg["loss"][()] - ref["loss"][()]) / ref["loss"][()]
 assert np.all(rel <= 1e-5), f"gshard aux form with E^2 the coefficient trains differently: {rel}"
+# Expert choice: no aux loss, C = 6, and tokens with no expert beside tokens with several; top-2
+# gives every token 1 or 2 experts (2 when its second choice was kept).
+for r in ["echoice-1", "encdec-echoice-1"]:
+    ec = h5py.File(f"{T}/{r}/metrics.h5", "r")
+    assert np.all(ec["aux_loss"][()] == 0), ec["aux_loss"][()]
+    for layer in ec["moe"]:
+        m = ec[f"moe/{layer}"]
+        assert np.all(m["capacity"][()] == 6), m["capacity"][()]
+        assert np.all(m["dropped_fraction"][()] == 0), m["dropped_fraction"][()]
+        per = m["experts_per_token"][()]
+        assert per.shape[1] == 4 and np.allclose(per.sum(axis=1), 1), per
+        assert np.all(per[:, 0] > 0) and np.all(per[:, 2:].sum(axis=1) > 0), per
+per = moe["experts_per_token"][()]
+assert np.allclose(per.sum(axis=1), 1) and np.all(per[:, 3] == 0) and np.all(per[:, 2] > 0), per
 ntlb = h5py.File(f"{T}/ntlb/metrics.h5", "r")["moe/layer1"]
 assert np.any(ntlb["rerouted_fraction"][()] > 0), ntlb["rerouted_fraction"][()]
 sys.exit(1 if bad else 0)

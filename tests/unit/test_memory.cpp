@@ -142,6 +142,14 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
     c.moe.expert_axis = ExpertAxis::Tensor;
     check_exact(c, V, MeshShape{1, 1, 2}, 0, 0, 1);
   }
+  SECTION("expert choice (moe.router = expert_choice): one rank, tensor = 2 on either expert axis") {
+    Config c = moe_config();
+    c.moe.router = RouterKind::ExpertChoice;
+    check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
+    check_exact(c, V, MeshShape{1, 1, 2}, 0, 0, 1);
+    c.moe.expert_axis = ExpertAxis::Tensor;
+    check_exact(c, V, MeshShape{1, 1, 2}, 0, 0, 1);
+  }
   SECTION("optim.shard_state: each data rank's owned state (whole parameters), every data rank") {
     // Dense with tensor and pipe (tied embedding on both stages), MoE with experts over data (kept
     // by their rank) and over tensor; AdamW and Adafactor. The data ranks' state adds up to the
@@ -191,6 +199,16 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
     CHECK(q.params_activated == p.params_activated + 2 * 3 * (2 * 32 * 64));
     // per token and MoE layer, forward 2 x 2 x 32 x 64 FLOPs per shared expert, x 3 for the training step
     CHECK(q.flops_per_token == Approx(p.flops_per_token + 3.0 * 2 * 3 * (2.0 * 2 * 32 * 64)).epsilon(1e-12));
+    // expert choice at factor 1.25: C = ceil(16 * 1.25 / 4) = 5 tokens per expert and group of 16,
+    // E C / S = 1.25 experts per token: 1.25 expert FFNs in the FLOPs (top-2: 2), 2 activated
+    // (rounded up) of the E = 4 experts
+    c = moe_config();
+    c.moe.router = RouterKind::ExpertChoice;
+    c.moe.capacity_factor_train = 1.25;
+    const MemoryPlan ec = plan_memory(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
+    CHECK(ec.params_total == p.params_total);
+    CHECK(ec.params_activated == p.params_activated);
+    CHECK(ec.flops_per_token == Approx(p.flops_per_token - 3.0 * 2 * 0.75 * (2.0 * 2 * 32 * 64)).epsilon(1e-12));
   }
 }
 

@@ -41,6 +41,8 @@ struct RefCase {
   Config cfg;
   // What the configuration must exercise in its single forward (checked, see the file comment).
   bool expect_drops = false, expect_declined = false, expect_rerouted = false;
+  // Expert choice: some token taken by no expert and some by several.
+  bool expect_uneven_tokens = false;
 };
 
 Config base_config(uint64_t seed) {
@@ -195,6 +197,34 @@ std::vector<RefCase> ref_cases() {
     c.moe.declined_takes_slot = true;
     c.moe.capacity_factor_train = 0.75;
     r.expect_drops = r.expect_declined = true;
+    v.push_back(r);
+  }
+  {
+    // Expert choice (Zhou et al. 2022, section 3.1): each expert takes its C = 8 * 1.25 / 4 -> 3
+    // best tokens of each group of 8; jitter, dropout, expert dropout, z-loss; every block MoE.
+    RefCase r{"expert_choice", base_config(5000000010ull)};
+    Config& c = r.cfg;
+    c.moe.every = 1;
+    c.moe.router = RouterKind::ExpertChoice;
+    c.moe.capacity_factor_train = 1.25;
+    c.moe.jitter_eps = 0.01;
+    c.model.dropout = 0.1;
+    c.moe.expert_dropout = 0.1;
+    c.moe.z_loss_coef = 1e-2;
+    r.expect_uneven_tokens = true;
+    v.push_back(r);
+  }
+  {
+    // Expert choice in an encoder-decoder (the encoder's routing is bidirectional anyway), geglu,
+    // C = 2 of 8 tokens per expert.
+    RefCase r{"encdec_expert_choice", base_config(5000000011ull)};
+    Config& c = r.cfg;
+    c.model.arch = ModelArch::EncDec;
+    c.model.activation = Activation::Geglu;
+    c.moe.every = 2;
+    c.moe.router = RouterKind::ExpertChoice;
+    c.moe.z_loss_coef = 1e-3;
+    r.expect_uneven_tokens = true;
     v.push_back(r);
   }
   return v;
@@ -433,7 +463,7 @@ void run_case(const RefCase& rc, int index) {
   const Buffer<float> logits = model.logits();  // copy: backward overwrites them
   REQUIRE(logits.size() == size_t(kB) * kT * kV);
 
-  int64_t drops = 0, declined = 0, rerouted = 0;
+  int64_t drops = 0, declined = 0, rerouted = 0, unrouted = 0, several = 0;
   for (size_t i = 0; i < model.blocks().size(); ++i) {
     const auto& blk = model.blocks()[i];
     if (!blk.moe) continue;
@@ -446,6 +476,9 @@ void run_case(const RefCase& rc, int index) {
     drops += r.dropped;
     declined += r.declined;
     rerouted += r.rerouted;
+    const std::vector<int64_t>& per_token = blk.moe->stats().experts_per_token;
+    unrouted += per_token[0];
+    several += per_token[2] + per_token[3];
   }
   model.backward(ctx, w);
 
@@ -465,7 +498,9 @@ void run_case(const RefCase& rc, int index) {
 
   INFO(rc.name << ": dropped " << drops << ", declined " << declined << ", rerouted " << rerouted);
   CHECK(std::isfinite(total_loss(fs, w)));
-  if (cfg.moe.every > 0) CHECK(fs.aux_sum > 0);
+  if (cfg.moe.every > 0 && cfg.moe.router != RouterKind::ExpertChoice) CHECK(fs.aux_sum > 0);
+  if (cfg.moe.router == RouterKind::ExpertChoice) CHECK(fs.aux_sum == 0);  // the paper adds none
+  if (rc.expect_uneven_tokens) CHECK((unrouted > 0 && several > 0));
   if (rc.expect_drops) CHECK(drops > 0);
   if (rc.expect_declined) CHECK(declined > 0);
   if (rc.expect_rerouted) CHECK(rerouted > 0);

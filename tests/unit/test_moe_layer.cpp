@@ -58,7 +58,10 @@ void check_fd(const FdCase& c) {
   const std::vector<double> grads(hs.store.grads(), hs.store.grads() + hs.store.size());
 
   // The case must exercise what it claims to (a test that can fail).
-  if (c.opt.capacity_factor_train <= 1.0 && !c.opt.dropless && c.training) CHECK(st.dropped + st.rerouted > 0);
+  if (c.opt.capacity_factor_train <= 1.0 && !c.opt.dropless && c.training && !c.opt.expert_choice())
+    CHECK(st.dropped + st.rerouted > 0);
+  if (c.opt.expert_choice())  // tokens no expert took, and tokens several experts took
+    CHECK((st.experts_per_token[0] > 0 && st.experts_per_token[2] + st.experts_per_token[3] > 0));
   if (c.opt.no_token_left_behind) CHECK(st.rerouted > 0);
   if (c.opt.router == RouterKind::Top2 && c.opt.second_expert != SecondExpertPolicy::Always && c.training)
     CHECK(st.declined > 0);
@@ -141,6 +144,22 @@ TEST_CASE("moe layer: finite differences, No-Token-Left-Behind (top-1 and top-2 
   b.opt.second_expert_threshold = 0.3;
   b.opt.capacity_factor_train = 0.75;
   check_fd(b);
+}
+
+TEST_CASE("moe layer: finite differences, expert choice (jitter, expert dropout, z-loss; eval; shared)", "[moe]") {
+  FdCase a{"expert-choice", small_moe(RouterKind::ExpertChoice, Activation::Gelu)};
+  a.opt.jitter_eps = 0.1;
+  a.opt.expert_dropout = 0.2;
+  check_fd(a);
+  FdCase b{"expert-choice-eval-geglu", small_moe(RouterKind::ExpertChoice, Activation::Geglu)};
+  b.opt.capacity_factor_eval = 0.75;  // C = ceil(8 * 0.75 / 4) = 2
+  b.opt.capacity_factor_train = 4.0;  // C = S if it were used: evaluation must take the eval factor
+  b.training = false;
+  check_fd(b);
+  FdCase c{"expert-choice-shared", small_moe(RouterKind::ExpertChoice, Activation::Relu)};
+  c.opt.shared_experts = 2;
+  c.opt.capacity_factor_train = 0.5;  // C = 1
+  check_fd(c);
 }
 
 TEST_CASE("moe layer: finite differences, evaluation mode (no randomness, eval capacity)", "[moe]") {

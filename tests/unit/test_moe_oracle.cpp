@@ -109,6 +109,17 @@ TEST_CASE("moe index dispatch equals the einsum oracle: top-2", "[moe]") {
   }
 }
 
+TEST_CASE("moe index dispatch equals the einsum oracle: expert choice", "[moe]") {
+  MoeOptions opt = small_moe(RouterKind::ExpertChoice, Activation::Gelu);
+  opt.jitter_eps = 0.05;
+  SECTION("C = S / E") { compare_with_oracle(opt, false); }
+  SECTION("C = 3 S / (2 E), geglu") {
+    opt.activation = Activation::Geglu;
+    opt.capacity_factor_train = 1.5;
+    compare_with_oracle(opt, false);
+  }
+}
+
 TEST_CASE("moe float layer matches the double layer", "[moe]") {
   // Same parameters (init is computed in double then rounded) and inputs; routing must be identical
   // and y agree within 1e-4 relative (float rounding of O(1) sums of a few dozen terms).

@@ -68,6 +68,13 @@ std::vector<Case> cases() {
   sh.opt.shared_experts = 2;
   sh.opt.second_expert = SecondExpertPolicy::Random;
   c.push_back(sh);
+  // Expert choice: C = ceil(16 * 1.5 / 8) = 3 tokens per expert and group; a token gets 0..E experts.
+  Case ec{"expert-choice-gelu", par_moe(RouterKind::ExpertChoice, Activation::Gelu)};
+  ec.opt.capacity_factor_train = 1.5;
+  c.push_back(ec);
+  Case ecs{"expert-choice-shared-geglu", par_moe(RouterKind::ExpertChoice, Activation::Geglu)};
+  ecs.opt.shared_experts = 2;
+  c.push_back(ecs);
   return c;
 }
 
@@ -120,7 +127,8 @@ void check_mode(const Case& c, ExpertAxis axis, int D, int Tn) {
   Reference ref(opt, ctx, x, dy, N, aux_w, z_w);
   const MoeStats& rs = ref.hs.layer->stats();
   // The case exercises what it claims to (a test that can fail).
-  if (!opt.dropless && opt.capacity_factor_train <= 1.0) CHECK(rs.dropped + rs.rerouted > 0);
+  if (!opt.dropless && opt.capacity_factor_train <= 1.0 && !opt.expert_choice()) CHECK(rs.dropped + rs.rerouted > 0);
+  if (opt.expert_choice()) CHECK((rs.experts_per_token[0] > 0 && rs.experts_per_token[2] + rs.experts_per_token[3] > 0));
   if (opt.dropless) CHECK(rs.dropped == 0);
   if (opt.no_token_left_behind) CHECK(rs.rerouted > 0);
 
@@ -194,9 +202,12 @@ void check_mode(const Case& c, ExpertAxis axis, int D, int Tn) {
   std::vector<int64_t> load = st.load;
   REQUIRE(int(load.size()) == E);
   int64_t counts[3] = {st.dropped, st.rerouted, st.wanted};
+  std::vector<int64_t> per_token = st.experts_per_token;
   mesh.axis(Axis::Data).all_reduce(load.data(), load.size());
   mesh.axis(Axis::Data).all_reduce(counts, 3);
+  mesh.axis(Axis::Data).all_reduce(per_token.data(), per_token.size());
   CHECK(load == rs.load);
+  CHECK(per_token == rs.experts_per_token);
   CHECK(counts[0] == rs.dropped);
   CHECK(counts[1] == rs.rerouted);
   CHECK(counts[2] == rs.wanted);

@@ -2,6 +2,7 @@
 // dropless) and the load-balancing / z losses on hand-computed cases.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -31,6 +32,17 @@ std::vector<double> skewed_tokens(int N, int M, uint32_t seed, double skew) {
   for (int n = 0; n < N; ++n)
     for (int m = 0; m < M; ++m) x[size_t(n) * M + m] += base[m];
   return x;
+}
+
+// Routes N tokens of width M = E = 2 whose router probabilities are p: router weights = identity
+// and x = log p.
+void route_probabilities(RouterHarness& h, const double (*p)[2], int N, const StepContext& ctx) {
+  const double eye[4] = {1, 0, 0, 1};
+  std::copy(eye, eye + 4, h.router.wg.w);
+  std::vector<double> x(size_t(N) * 2);
+  for (int n = 0; n < N; ++n)
+    for (int e = 0; e < 2; ++e) x[size_t(n) * 2 + e] = std::log(p[n][e]);
+  h.router.forward(ctx, x.data(), N);
 }
 
 }  // namespace
@@ -260,13 +272,7 @@ TEST_CASE("moe declined_takes_slot (GShard Algorithm 1 line 22) on a hand-comput
     o.second_expert_threshold = 0.2;
     o.declined_takes_slot = literal;
     RouterHarness h(o, 1);
-    const double eye[4] = {1, 0, 0, 1};
-    std::copy(eye, eye + 4, h.router.wg.w);
-    std::vector<double> x(8);
-    for (int n = 0; n < 4; ++n)
-      for (int e = 0; e < 2; ++e) x[size_t(n) * 2 + e] = std::log(p[n][e]);
-    StepContext ctx;
-    h.router.forward(ctx, x.data(), 4);
+    route_probabilities(h, p, 4, StepContext{});
     const Routing<double>& r = h.router.routing();
     INFO("declined_takes_slot = " << literal);
     REQUIRE(r.C == 3);
@@ -332,6 +338,108 @@ TEST_CASE("moe declined_takes_slot equals a literal transcription of GShard Algo
     CHECK(load == r.load);
   }
   CHECK(holes_cost > 20);  // the literal reading does change routing in these trials
+}
+
+TEST_CASE("moe expert choice: capacity C = ceil(S cf / E), the paper's k = n c / E", "[moe]") {
+  MoeOptions o = small_moe(RouterKind::ExpertChoice);
+  o.num_experts = 8, o.group_size = 256, o.capacity_factor_train = 2.0, o.capacity_factor_eval = 1.25;
+  CHECK(o.k() == 8);               // one choice per expert
+  CHECK(o.capacity(true) == 64);   // 256 * 2 / 8
+  CHECK(o.capacity(false) == 40);  // 256 * 1.25 / 8
+  o.group_size = 10, o.num_experts = 3, o.capacity_factor_train = 1.0;
+  CHECK(o.capacity(true) == 4);    // ceil(10 / 3)
+  o.capacity_factor_train = 100;
+  CHECK(o.capacity(true) == 10);   // at most S: every expert takes every token
+  o.capacity_factor_train = 0.01;
+  CHECK(o.capacity(true) == 1);
+  for (auto bad : {&MoeOptions::dropless, &MoeOptions::no_token_left_behind}) {
+    MoeOptions b = o;
+    b.*bad = true;
+    CHECK_THROWS_AS(b.validate(), InputError);
+  }
+  o.balance = BalanceKind::Bias;
+  CHECK_THROWS_AS(o.validate(), InputError);
+}
+
+TEST_CASE("moe expert choice on a hand-computed group", "[moe]") {
+  // E = 2, S = 4, C = 2 (S cf / E = 4 * 0.75 / 2 = 1.5, rounded up). route_probabilities: the
+  // probabilities are p. Expert 0's column 0.9, 0.6, 0.3, 0.6: t0, then t1 (tie
+  // with t3 at 0.6: the lower token index). Expert 1's column 0.1, 0.4, 0.7, 0.4: t2, then t1 (tie
+  // with t3). So t1 gets both experts, t0 and t2 one, t3 none.
+  const double p[4][2] = {{0.9, 0.1}, {0.6, 0.4}, {0.3, 0.7}, {0.6, 0.4}};
+  MoeOptions o = small_moe(RouterKind::ExpertChoice);
+  o.d_model = 2, o.num_experts = 2, o.group_size = 4, o.capacity_factor_train = 0.75;
+  RouterHarness h(o, 1);
+  StepContext ctx;
+  ctx.training = true;
+  route_probabilities(h, p, 4, ctx);
+  const Routing<double>& r = h.router.routing();
+  REQUIRE(r.C == 2);
+  REQUIRE(r.k == 2);
+  const int X = Routing<double>::kDropped;
+  // choice n * E + e: expert e's take of token n
+  CHECK(std::vector<int>(r.expert.begin(), r.expert.end()) == std::vector<int>{0, X, 0, 1, X, 1, X, X});
+  CHECK(std::vector<int>(r.slot.begin(), r.slot.end()) == std::vector<int>{0, -1, 1, 1, -1, 0, -1, -1});
+  const std::vector<double> gate = {0.9, 0, 0.6, 0.4, 0, 0.7, 0, 0};
+  for (size_t c = 0; c < gate.size(); ++c) CHECK(r.gate[c] == Approx(gate[c]).epsilon(1e-14));
+  CHECK(r.load == std::vector<int64_t>{2, 2});
+  CHECK(r.wanted == 4);
+  CHECK(r.dropped == 0);
+  CHECK(r.declined == 0);
+  CHECK(h.router.aux_sum == 0);
+}
+
+TEST_CASE("moe expert choice equals sorting each expert's column, over random settings", "[moe]") {
+  // Oracle: per group and expert, a stable sort of the tokens by descending probability (stable:
+  // ties to the lower token index); the first C are the expert's, slot = rank. Quantised inputs
+  // make ties common.
+  std::mt19937 gen(11);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
+  int64_t ties = 0, zero = 0, several = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    MoeOptions o = small_moe(RouterKind::ExpertChoice);
+    o.num_experts = uni(1, 6);
+    o.group_size = uni(1, 12);
+    o.capacity_factor_train = std::uniform_real_distribution<double>(0.2, 3.0)(gen);
+    const int G = uni(1, 3), S = o.group_size, E = o.num_experts, N = G * S;
+    std::vector<double> x = skewed_tokens(N, o.d_model, uint32_t(300 + trial), 0.5);
+    if (trial % 2)
+      for (double& v : x) v = std::round(v);  // equal tokens: equal probabilities
+    RouterHarness h(o, uint64_t(trial));
+    StepContext ctx;
+    ctx.training = true;
+    h.router.forward(ctx, x.data(), N);
+    const Routing<double>& r = h.router.routing();
+    const auto& p = h.router.probs();
+    INFO("trial " << trial << " E=" << E << " S=" << S << " C=" << r.C);
+    REQUIRE(r.C == o.capacity(true));
+    std::vector<int> expert(size_t(N) * E, Routing<double>::kDropped), slot(size_t(N) * E, -1);
+    for (int g = 0; g < G; ++g)
+      for (int e = 0; e < E; ++e) {
+        std::vector<int> order(S);
+        for (int s = 0; s < S; ++s) order[s] = g * S + s;
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int a, int b) { return p[size_t(a) * E + e] > p[size_t(b) * E + e]; });
+        for (int j = 0; j + 1 < S; ++j) ties += p[size_t(order[j]) * E + e] == p[size_t(order[j + 1]) * E + e];
+        for (int j = 0; j < std::min(r.C, S); ++j) {
+          expert[size_t(order[j]) * E + e] = e;
+          slot[size_t(order[j]) * E + e] = j;
+        }
+      }
+    CHECK(std::vector<int>(r.expert.begin(), r.expert.end()) == expert);
+    CHECK(std::vector<int>(r.slot.begin(), r.slot.end()) == slot);
+    for (size_t c = 0; c < expert.size(); ++c)
+      CHECK(r.gate[c] == (expert[c] >= 0 ? p[c] : 0.0));  // choice n * E + e: p[n, e] itself
+    for (int n = 0; n < N; ++n) {
+      int got = 0;
+      for (int e = 0; e < E; ++e) got += expert[size_t(n) * E + e] >= 0;
+      zero += got == 0;
+      several += got >= 2;
+    }
+  }
+  CHECK(ties > 20);
+  CHECK(zero > 20);
+  CHECK(several > 20);
 }
 
 TEST_CASE("moe random routing: second-expert dispatch rate is mean(min(1, 2 g2))", "[moe]") {

@@ -1,5 +1,7 @@
 #include "model/moe/moe_layer.hpp"
 
+#include <algorithm>
+
 #include "tensor/elementwise.hpp"
 
 namespace meshmoe {
@@ -60,6 +62,13 @@ void MoeLayer<T>::route(const StepContext& ctx, const T* x, int N) {
   stats_.capacity = r.C;
   stats_.entropy_sum = router.entropy_sum;
   stats_.bias_max_abs = router.bias_max_abs();
+  const int bins = MoeStats::kExpertCountBins;
+  stats_.experts_per_token.assign(bins, 0);
+  for (int n = 0; n < N; ++n) {
+    int got = 0;
+    for (int i = 0; i < r.k; ++i) got += r.expert[size_t(n) * r.k + i] >= 0;
+    stats_.experts_per_token[size_t(std::min(got, bins - 1))] += 1;
+  }
 }
 
 // Capacity routing: the row buffers get the room of the full [E, G, C, M] layout once, what the

@@ -57,6 +57,9 @@ struct MoeStats {
   int64_t capacity = 0;        // C, slots per expert and group
   double entropy_sum = 0;      // sum over tokens of the router softmax's entropy (nats)
   double bias_max_abs = 0;     // moe.balance = bias: max |selection bias| the forward ranked with
+  // [kExpertCountBins] tokens dispatched to 0, 1, 2, >= 3 experts (expert choice: 0..E per token)
+  std::vector<int64_t> experts_per_token;
+  static constexpr int kExpertCountBins = 4;
 };
 
 template <typename T>

@@ -38,11 +38,25 @@ struct MoeOptions {
   // Hidden width of the shared experts as one feed-forward: n x H (moe_layer.hpp).
   int shared_hidden() const { return shared_experts * d_ff; }
 
-  // Choices per token: 1, 2 or top_k.
-  int k() const { return router == RouterKind::Top1 ? 1 : router == RouterKind::Top2 ? 2 : top_k; }
+  // Choices per token: 1, 2 or top_k; expert choice: E, choice e of a token being expert e's (taken
+  // or not: router.hpp).
+  int k() const {
+    switch (router) {
+      case RouterKind::Top1: return 1;
+      case RouterKind::Top2: return 2;
+      case RouterKind::TopK: return top_k;
+      case RouterKind::ExpertChoice: return num_experts;
+    }
+    return top_k;
+  }
+  bool expert_choice() const { return router == RouterKind::ExpertChoice; }
+  // Gates renormalised over the token's chosen experts (top-2, top-k); top-1 (Switch eq. 2) and
+  // expert choice (Zhou et al. section 3.1) gate with the router probability itself.
+  bool renormalised() const { return router == RouterKind::Top2 || router == RouterKind::TopK; }
 
   // Capacity per group per expert (DESIGN.md): C = ceil(k * S * factor / E), the factor chosen by
-  // training/eval; dropless -> C = S. C is also capped at S: one expert can receive at most S tokens of
+  // training/eval; expert choice: the paper's k = n c / E (Zhou et al. section 3.1), C = ceil(S *
+  // factor / E), the tokens each expert takes; dropless -> C = S. C is also capped at S: one expert can receive at most S tokens of
   // a group (a token goes to an expert at most once), so the cap changes no routing decision, only
   // the buffer size. The ceil forgives 1e-9 relative rounding (0.7 * 10 must give 7, not 8).
   // S: the tokens per group of this forward when not moe.group_size (StepContext::moe_group_size).
@@ -50,7 +64,7 @@ struct MoeOptions {
     const int group_size = S > 0 ? S : this->group_size;
     if (dropless) return group_size;
     const double cf = training ? capacity_factor_train : capacity_factor_eval;
-    const double v = double(k()) * group_size * cf / num_experts;
+    const double v = double(expert_choice() ? 1 : k()) * group_size * cf / num_experts;
     // Clamped in double first: a huge factor (1e300) would overflow the integer conversion.
     if (!(v < double(group_size))) return group_size;
     const double r = std::round(v);
@@ -72,6 +86,9 @@ struct MoeOptions {
     if (expert_dropout < 0 || expert_dropout >= 1) bad("moe.expert_dropout must be in [0, 1)");
     if (shared_experts < 0) bad("moe.shared_experts must be >= 0");
     if (bias_update_rate < 0) bad("moe.bias_update_rate must be >= 0");
+    if (expert_choice() && (dropless || no_token_left_behind || balance == BalanceKind::Bias))
+      bad("moe.router = \"expert_choice\" does not combine with moe.dropless, moe.no_token_left_behind or "
+          "moe.balance = \"bias\" (each expert takes its top-C tokens: nothing to drop, reroute or balance)");
   }
 };
 

@@ -16,7 +16,8 @@
 namespace meshmoe {
 
 static_assert(RouterAssignGroup<float>::kDropped == Routing<float>::kDropped &&
-              RouterAssignGroup<float>::kDeclined == Routing<float>::kDeclined);
+              RouterAssignGroup<float>::kDeclined == Routing<float>::kDeclined &&
+              RouterExpertChoiceColumn<float>::kDropped == Routing<float>::kDropped);
 
 template <typename T>
 void Router<T>::declare(ParamStore<T>& store, const std::string& prefix) {
@@ -65,6 +66,11 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
     entropy_sum += lse_[n] - p_logit;
   }
 
+  if (opt_.expert_choice()) {
+    route_expert_choice(N, S, G, C);
+    return;
+  }
+
   // Top-k experts per token, best first; ties go to the lower expert index. Top-1 (Switch eq. 2):
   // gate = p_top1, not renormalised. Top-2 (GShard Algorithm 1 lines 6, 16) and top-k: gates
   // renormalised over the k chosen experts. Which choices want dispatch: all, except the top-2
@@ -79,7 +85,7 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
     const bool threshold_second = top2 && opt_.second_expert == SecondExpertPolicy::Threshold;
     const Rng rng{ctx.seed, ctx.step, opt_.layer_id, RngPurpose::SecondExpert};
     for_each_index(N, RouterTopChoicesRow<T>{rng, ctx.token_offset, probs_.data(), top_.data(), norm_.data(),
-                                             want_.data(), E, k, opt_.router != RouterKind::Top1, random_second,
+                                             want_.data(), E, k, opt_.renormalised(), random_second,
                                              threshold_second, opt_.second_expert_threshold, bias()});
   }
 
@@ -133,11 +139,40 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
   aux_sum *= aux_form_scale();
 }
 
+// Expert choice (Zhou et al. 2022, section 3.1): probs [N, E] -> triples [N*E], choice n * E + e
+// expert e's take of token n. Each expert takes its top-C tokens of each group (C = ceil(S cf / E),
+// MoeOptions::capacity; ties to the lower token index), gate = p[n, e] not renormalised, so a token
+// gets 0..E experts; no aux loss (the paper needs none: every expert takes C tokens) and nothing
+// dropped, declined or rerouted: the tokens no expert took show in the layer's experts-per-token
+// counts. The gate's gradient flows into the router as top-1's (RouterBackwardRow, Z = 1).
+template <typename T>
+void Router<T>::route_expert_choice(int N, int S, int G, int C) {
+  const int E = opt_.num_experts;
+  r_.N = N, r_.k = E, r_.S = S, r_.G = G, r_.C = C, r_.E = E;
+  r_.expert.resize(size_t(N) * E);
+  r_.slot.resize(size_t(N) * E);
+  r_.gate.resize(size_t(N) * E);
+  count_.resize(size_t(G) * E);
+  for_each_index(int64_t(G) * E, RouterExpertChoiceColumn<T>{probs_.data(), r_.expert.data(), r_.slot.data(),
+                                                             r_.gate.data(), count_.data(), S, E, C});
+  // What the backward reads of the top-k path: Z = 1 and f = 0 (no aux term).
+  norm_.assign(size_t(N), 1.0);
+  frac_.assign(size_t(G) * E, 0.0);
+  top_.resize(0);
+  r_.load.assign(E, 0);
+  for (int g = 0; g < G; ++g)
+    for (int e = 0; e < E; ++e) r_.load[e] += count_[size_t(g) * E + e];
+  r_.wanted = 0;
+  for (const int64_t l : r_.load) r_.wanted += l;
+  r_.dropped = r_.rerouted = r_.declined = 0;
+  aux_sum = 0;
+}
+
 // dgate [N*k] -> dprobs -> dlogits [N, E] -> dwg [M, E] (added), dx [N, M] (added)
 template <typename T>
 void Router<T>::backward(const StepContext& ctx, const T* dgate, T* dx, int N, double aux_weight, double z_weight) {
   const int M = opt_.d_model, E = opt_.num_experts, S = r_.S, k = opt_.k();  // the forward's groups
-  const bool renorm = opt_.router != RouterKind::Top1;
+  const bool renorm = opt_.renormalised();
   // dlogits and dprobs [N, E] are allocated per call: small, and as members they would make the
   // memory held between steps grow with E (GShard section 5.1 wants it flat as experts grow with ranks).
   Buffer<T> dlogits(size_t(N) * E);

@@ -1,6 +1,7 @@
 // The MoE router: softmax gating, top-k choice with per-group expert capacity, random routing of the
 // second expert, No-Token-Left-Behind, load-balancing and z losses (GShard section 2.2 / Algorithm 1,
-// Switch sections 2.1-2.4 and appendices B, C, F).
+// Switch sections 2.1-2.4 and appendices B, C, F); or expert choice, each expert taking its top-C
+// tokens of the group (Zhou et al. 2022, section 3.1).
 //
 // Its output is a list of (expert, slot, gate) triples, one per (token, choice): the index form that
 // the dispatchers consume. The einsum oracle builds GShard's dense dispatch/combine tensors from the
@@ -20,7 +21,8 @@ namespace meshmoe {
 
 // Routing decisions for N = G * S local tokens, k choices each. Choice c = n * k + i is the i-th
 // choice of token n (i = 0 the best expert); its slot is a position in the buffer of expert
-// expert[c] for group n / S.
+// expert[c] for group n / S. Expert choice (moe.router = expert_choice): k = E and choice
+// c = n * E + e is expert e's, kDropped when e did not take token n.
 template <typename T>
 struct Routing {
   int N = 0, k = 0, S = 0, G = 0, C = 0, E = 0;
@@ -87,6 +89,7 @@ class Router {
 
  private:
   MoeOptions opt_;
+  void route_expert_choice(int N, int S, int G, int C);  // forward's routing for moe.router = expert_choice
   const float* bias() const { return selection_bias.empty() ? nullptr : selection_bias.data(); }
   // The bodies compute the Switch form E * sum_e f_e P_e; GShard's mean_e f_e P_e is 1/E^2 of it.
   double aux_form_scale() const {

@@ -201,6 +201,53 @@ struct RouterAssignGroup {
   }
 };
 
+// Expert-choice routing (Zhou et al. 2022, section 3.1), one body per (group g, expert e), index
+// i = g * E + e: expert e takes the C tokens of group g with the highest probability p[n, e], ties to
+// the lower token index; slot j holds its j-th best (the paper's I[e, j]), gate = p[n, e]. Choice
+// c = n * E + e of every token n of the group is written: e when taken, kDropped when not. count
+// [g, E] = C (at most S). The body owns column e of the group's choices, so the bodies never share
+// a write.
+template <typename T>
+struct RouterExpertChoiceColumn {
+  const T* probs;
+  int *expert, *slot;
+  T* gate;
+  int* count;
+  int S, E, C;
+  static constexpr int kDropped = -1;  // = Routing<T>::kDropped
+
+  // token a before token b for expert e: the strict total order of the choice
+  MESHMOE_HD bool before(int e, int a, int b) const {
+    const T pa = probs[int64_t(a) * E + e], pb = probs[int64_t(b) * E + e];
+    return pa > pb || (pa == pb && a < b);
+  }
+
+  MESHMOE_HD void operator()(int64_t i) const {
+    const int g = int(i / E), e = int(i % E), n0 = g * S;
+    for (int s = 0; s < S; ++s) {
+      const int64_t c = int64_t(n0 + s) * E + e;
+      expert[c] = kDropped;
+      slot[c] = -1;
+      gate[c] = T(0);
+    }
+    int prev = -1;
+    for (int j = 0; j < C && j < S; ++j) {
+      // the j-th best: the best of the tokens ranked after the (j-1)-th
+      int best = -1;
+      for (int n = n0; n < n0 + S; ++n) {
+        if (prev >= 0 && !before(e, prev, n)) continue;
+        if (best < 0 || before(e, n, best)) best = n;
+      }
+      const int64_t c = int64_t(best) * E + e;
+      expert[c] = e;
+      slot[c] = j;
+      gate[c] = probs[int64_t(best) * E + e];
+      prev = best;
+    }
+    count[i] = C < S ? C : S;
+  }
+};
+
 // Token n: d loss / d logits [E] from dgate (through gate = p_e / Z), the aux term (f constant) and
 // the z term d(lse^2)/dlogit_e = 2 lse p_e; dprobs [n, E] is its scratch row.
 template <typename T>
