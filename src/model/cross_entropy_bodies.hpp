@@ -52,4 +52,89 @@ struct CrossEntropyBackwardElement {
   }
 };
 
+// Distillation (Switch section 4.2, Hinton et al. 2015): row n of logits [N, V] against the ground
+// truth and the teacher's probabilities p = soft [N, V]:
+//   loss[n] = (1 - alpha) (lse - row[target]) + alpha (lse sum_v p_v - sum_v p_v row[v]),
+// the second term being -sum_v p_v log softmax(row)_v, the cross-entropy of the teacher's
+// distribution (sum_v p_v = 1 for probabilities; psum[n] keeps the sum so that the backward is
+// exact for any p). hard[n] = lse - row[target], soft_loss[n] the second term alone (0 where masked).
+template <typename T>
+struct SoftTargetForwardRow {
+  const T *logits, *mask, *soft;
+  const int32_t* targets;
+  T *lse, *psum;
+  double *loss, *hard, *soft_loss;
+  T alpha;
+  int V;
+  MESHMOE_HD void operator()(int64_t n) const {
+    const T* row = logits + n * V;
+    const T* p = soft + n * V;
+    T mx = row[0];
+    for (int v = 1; v < V; ++v)
+      if (mx < row[v]) mx = row[v];
+    T sum = 0, ps = 0, pl = 0;
+    for (int v = 0; v < V; ++v) {
+      sum += std::exp(row[v] - mx);
+      ps += p[v];
+      pl += p[v] * row[v];
+    }
+    lse[n] = mx + std::log(sum);
+    psum[n] = ps;
+    if (mask[n] == T(0)) {
+      loss[n] = hard[n] = soft_loss[n] = 0.0;
+      return;
+    }
+    const T h = lse[n] - row[targets[n]];
+    const T s = lse[n] * ps - pl;
+    hard[n] = double(h);
+    soft_loss[n] = double(s);
+    loss[n] = double((T(1) - alpha) * h + alpha * s);
+  }
+};
+
+// Element i = n * V + v of the gradient of SoftTargetForwardRow's loss, times weight * mask[n]:
+//   dlogits = weight mask[n] (softmax(row n)[v] ((1 - alpha) + alpha psum[n]) - alpha p_v
+//             - (1 - alpha) [v == target[n]]).
+// With alpha = 0 this is bitwise CrossEntropyBackwardElement. Reads logits[i] before writing
+// dlogits[i], so the two may alias.
+template <typename T>
+struct SoftTargetBackwardElement {
+  const T *logits, *lse, *mask, *soft, *psum;
+  const int32_t* targets;
+  T* dlogits;
+  T weight, alpha;
+  int V;
+  MESHMOE_HD void operator()(int64_t n, int64_t v_) const {
+    const int64_t i = n * V + v_;
+    const int v = int(v_);
+    const T scale = weight * mask[n];
+    if (scale == T(0)) {
+      dlogits[i] = T(0);
+      return;
+    }
+    T d = scale * (std::exp(logits[i] - lse[n]) * ((T(1) - alpha) + alpha * psum[n]) - alpha * soft[i]);
+    if (v == targets[n]) d -= scale * (T(1) - alpha);
+    dlogits[i] = d;
+  }
+};
+
+// Row n of logits [N, V] -> probs [N, V] = softmax(row) (the teacher's distribution).
+template <typename T>
+struct SoftmaxRow {
+  const T* logits;
+  T* probs;
+  int V;
+  MESHMOE_HD void operator()(int64_t n) const {
+    const T* row = logits + n * V;
+    T* out = probs + n * V;
+    T mx = row[0];
+    for (int v = 1; v < V; ++v)
+      if (mx < row[v]) mx = row[v];
+    T sum = 0;
+    for (int v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
+    const T lse = mx + std::log(sum);
+    for (int v = 0; v < V; ++v) out[v] = std::exp(row[v] - lse);
+  }
+};
+
 }  // namespace meshmoe
