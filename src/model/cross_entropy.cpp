@@ -55,13 +55,10 @@ double CrossEntropy<T>::forward(const StepContext& ctx, const T* logits, const i
 // -> dlogits [N, V]
 template <typename T>
 void CrossEntropy<T>::backward(const StepContext& ctx, const T* logits, T* dlogits, int N) {
-  if (!soft_.empty()) {
-    for_each_index_2d(N, V_, SoftTargetBackwardElement<T>{logits, lse_.data(), mask_.data(), soft_.data(), psum_.data(),
-                                                          targets_.data(), dlogits, T(weight_), T(alpha_), V_});
-    return;
-  }
-  for_each_index_2d(N, V_, CrossEntropyBackwardElement<T>{logits, lse_.data(), mask_.data(), targets_.data(),
-                                                                  dlogits, T(weight_), V_});
+  const bool soft = !soft_.empty();
+  for_each_index_2d(N, V_, CrossEntropyBackwardElement<T>{logits, lse_.data(), mask_.data(), targets_.data(), dlogits,
+                                                          T(weight_), V_, soft ? soft_.data() : nullptr,
+                                                          soft ? psum_.data() : nullptr, T(alpha_)});
 }
 
 template class CrossEntropy<float>;

@@ -5,5 +5,4 @@
 MESHMOE_CUDA_BODY_FD(meshmoe::CrossEntropyForwardRow)
 MESHMOE_CUDA_BODY_FD(meshmoe::CrossEntropyBackwardElement)
 MESHMOE_CUDA_BODY_FD(meshmoe::SoftTargetForwardRow)
-MESHMOE_CUDA_BODY_FD(meshmoe::SoftTargetBackwardElement)
 MESHMOE_CUDA_BODY_FD(meshmoe::SoftmaxRow)
