@@ -44,7 +44,7 @@ NESTED_PHASES = {
     "pipeline_recompute": "a stage's forward again, its attention/FFN/MoE phases counted there too",
 }
 # The trainer's order of phases (roughly the order within a step); others go last.
-PHASE_ORDER = ["attention", "dense_ffn", "gate", "dispatch", "expert", "combine", "moe_alltoall", "moe_allreduce",
+PHASE_ORDER = ["teacher_forward", "attention", "dense_ffn", "gate", "dispatch", "expert", "combine", "moe_alltoall", "moe_allreduce",
                "head_loss", "tensor_allreduce", "pipeline_wait", "pipeline_recompute", "grad_allreduce", "optimizer",
                "eval"]
 DPI = 100

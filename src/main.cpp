@@ -1,4 +1,4 @@
-// meshmoe: command line and wiring. Subcommands: train, plan, prep, deck-doc, bench-comm, bench-gemm,
+// meshmoe: command line and wiring. Subcommands: train, distill, plan, prep, deck-doc, bench-comm, bench-gemm,
 // ckpt, score, generate, translate; --version.
 #include <mpi.h>
 
@@ -20,6 +20,7 @@
 #include "tensor/gemm_rate.hpp"
 #include "tensor/device.hpp"
 #include "train/checkpoint_cli.hpp"
+#include "train/distill.hpp"
 #include "train/memory.hpp"
 #include "train/signals.hpp"
 #include "train/trainer.hpp"
@@ -61,11 +62,14 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& overrides)
   return kExitOk;
 }
 
-int cmd_train(const std::string& path, const std::vector<std::string>& overrides) {
+// train, or with a teacher, distill (src/train/distill.hpp).
+int cmd_train(const std::string& path, const std::vector<std::string>& overrides, const TrainOptions& opt,
+              const DistillOptions* distill = nullptr) {
   Setup s = setup(path, overrides);
   check_memory_plan(s.deck.cfg, s.mesh.shape(), s.mesh.world());  // exit 2 before allocating (train/memory_limit.hpp)
   if (world_rank() == 0) std::cout << "# effective deck (" << s.deck.path << ")\n" << s.deck.effective_toml << std::flush;
-  return train_main(s.deck, s.mesh, MESHMOE_VERSION);
+  if (distill) return distill_main(s.deck, s.mesh, MESHMOE_VERSION, *distill);
+  return train_main(s.deck, s.mesh, MESHMOE_VERSION, opt);
 }
 
 int run(int argc, char** argv) {
@@ -80,6 +84,19 @@ int run(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "Train the model described by an input deck");
   train->add_option("deck", deck_path, "Input deck (TOML)")->required();
   train->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  TrainOptions train_opt;
+  train->add_option("--init-from", train_opt.init_from,
+                    "Fresh start only: copy every parameter whose name and shape match from this checkpoint (of any "
+                    "model, any mesh); the others keep their initialisation");
+  DistillOptions distill_opt;
+  auto* distill = app.add_subcommand("distill", "Train the deck's model with a trained teacher (Switch 4.2): init from its "
+                                                "non-expert weights, loss mixing its probabilities (distill.alpha)");
+  distill->add_option("deck", deck_path, "Input deck (TOML) of the student")->required();
+  distill->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  distill->add_option("--teacher", distill_opt.teacher, "Teacher checkpoint file, or a ckpt / run directory (its LATEST)")
+      ->required();
+  distill->add_option("--baseline", distill_opt.baseline,
+                      "Checkpoint of a model trained without the teacher: report the share of the teacher's gain kept");
   auto* plan = app.add_subcommand("plan", "Print the device mesh and the plan of a deck without training");
   plan->add_option("deck", deck_path, "Input deck (TOML)")->required();
   plan->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
@@ -234,7 +251,8 @@ int run(int argc, char** argv) {
     return kExitOk;
   }
   if (*plan) return cmd_plan(deck_path, overrides);
-  if (*train) return cmd_train(deck_path, overrides);
+  if (*train) return cmd_train(deck_path, overrides, train_opt);
+  if (*distill) return cmd_train(deck_path, overrides, {}, &distill_opt);
   if (*gen) {
     Setup s = setup(deck_path, overrides);
     return generate_main(s.deck, s.mesh, gen_opt);
@@ -253,7 +271,8 @@ int main(int argc, char** argv) {
   // A stop request (Slurm's USR1 before the time limit, scancel's TERM, ^C, a lost terminal) can
   // come at any moment, also while MPI starts and the data loads: the handlers only set a flag that
   // the training loop reads, so they go in first (src/train/signals.hpp).
-  if (argc > 1 && std::string(argv[1]) == "train") meshmoe::install_stop_signal_handlers();
+  if (argc > 1 && (std::string(argv[1]) == "train" || std::string(argv[1]) == "distill"))
+    meshmoe::install_stop_signal_handlers();
   MPI_Init(&argc, &argv);
   int rc = meshmoe::kExitFailure;
   try {

@@ -63,6 +63,11 @@ const std::vector<Known>& known_metrics() {
       {"moe/*/capacity", {"slots", "expert capacity C per routing group"}},
       {"moe/*/bias_max_abs", {"1", "moe.balance = bias: largest |selection bias| of the layer's experts in the step's forwards (before the step's update)"}},
       {"eval/loss", {"nats/token", "evaluation cross-entropy, mean over the evaluation tokens"}},
+      {"distill/soft_loss", {"nats/token", "distillation: training cross-entropy against the teacher's probabilities, mean over the tokens of the step"}},
+      {"distill/teacher_loss", {"nats/token", "distillation report: the teacher's validation cross-entropy"}},
+      {"distill/student_loss", {"nats/token", "distillation report: the student's validation cross-entropy"}},
+      {"distill/baseline_loss", {"nats/token", "distillation report: the baseline's (--baseline) validation cross-entropy"}},
+      {"distill/preserved", {"1", "distillation report: fraction of the teacher's gain over the baseline the student keeps, (baseline - student) / (baseline - teacher) in validation loss (Switch Table 6)"}},
   };
   return table;
 }

@@ -4,3 +4,5 @@
 
 MESHMOE_CUDA_BODY_FD(meshmoe::CrossEntropyForwardRow)
 MESHMOE_CUDA_BODY_FD(meshmoe::CrossEntropyBackwardElement)
+MESHMOE_CUDA_BODY_FD(meshmoe::SoftTargetForwardRow)
+MESHMOE_CUDA_BODY_FD(meshmoe::SoftmaxRow)

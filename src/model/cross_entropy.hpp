@@ -2,6 +2,8 @@
 //   weight * sum_n mask_n * (logsumexp(logits_n) - logits_n[target_n])
 // over this rank's tokens, the trainer passing weight = 1 / (masked tokens of the whole step), so
 // sharded runs add up to exactly the single-rank loss.
+// With soft targets (distillation, Switch section 4.2) each token's loss is the mixture
+//   (1 - alpha) CE(ground truth) + alpha CE(teacher probabilities)   (cross_entropy_bodies.hpp).
 #pragma once
 #include <cstdint>
 
@@ -15,10 +17,13 @@ class CrossEntropy {
  public:
   // logits [N, V], targets [N], mask [N] (0/1; nullptr = all ones) -> weighted loss sum (accumulated
   // in double). Targets of masked tokens are ignored (may be -1); others must lie in [0, V).
+  // With `soft` [N, V] (device-readable, copied), the teacher's probabilities of every token, the
+  // loss per token is (1 - alpha) CE(target) + alpha CE(soft); the sum returned is that mixture's.
   double forward(const StepContext& ctx, const T* logits, const int32_t* targets, const T* mask, int N, int V,
-                 double weight);
-  // dlogits [N, V] = weight * mask * (softmax(logits) - onehot(target)), OVERWRITTEN. `logits` must be
-  // what forward saw; dlogits may alias logits (in-place, saves an [N, V] buffer).
+                 double weight, const T* soft = nullptr, double alpha = 0);
+  // dlogits [N, V] = weight * mask * (softmax(logits) - onehot(target)), OVERWRITTEN; with soft
+  // targets the mixture's gradient. `logits` must be what forward saw; dlogits may alias logits
+  // (in-place, saves an [N, V] buffer).
   void backward(const StepContext& ctx, const T* logits, T* dlogits, int N);
 
   // What backward reads of the last forward (activation_stash.hpp).
@@ -29,17 +34,24 @@ class CrossEntropy {
     f(lse_);
     f(mask_);
     f(targets_);
+    f(alpha_);
+    f(soft_);
+    f(psum_);
   }
 
-  // From the last forward: unweighted per-token loss [N] (0 where masked), the masked-token count.
+  // From the last forward: unweighted per-token loss [N] against the ground truth (0 where
+  // masked), the masked-token count; with soft targets, the unweighted per-token cross-entropy
+  // against them (else empty).
   const Buffer<double>& per_token_loss() const { return loss_; }
+  const Buffer<double>& per_token_soft_loss() const { return soft_loss_; }
   double count() const { return count_; }
 
  private:
   int V_ = 0;
-  double weight_ = 0, count_ = 0;
-  Buffer<double> loss_;   // [N]
+  double weight_ = 0, count_ = 0, alpha_ = 0;
+  Buffer<double> loss_, soft_loss_, mixed_;  // [N]
   Buffer<T> lse_, mask_;  // [N]
+  Buffer<T> soft_, psum_;  // soft targets [N, V] (empty without), their row sums [N]
   Buffer<int32_t> targets_;
 };
 

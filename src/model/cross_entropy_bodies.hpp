@@ -7,6 +7,17 @@
 
 namespace meshmoe {
 
+// logsumexp of row[0..V), shifted by the row maximum: stable for any logit scale.
+template <typename T>
+MESHMOE_HD T row_logsumexp(const T* row, int V) {
+  T mx = row[0];
+  for (int v = 1; v < V; ++v)
+    if (mx < row[v]) mx = row[v];
+  T sum = 0;
+  for (int v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
+  return mx + std::log(sum);
+}
+
 // Row n of logits [N, V]: lse[n] = logsumexp(row), loss[n] = lse[n] - row[target[n]] (0 where
 // masked; the caller has checked the unmasked targets lie in [0, V)).
 template <typename T>
@@ -18,19 +29,17 @@ struct CrossEntropyForwardRow {
   int V;
   MESHMOE_HD void operator()(int64_t n) const {
     const T* row = logits + n * V;
-    // logsumexp shifted by the row maximum: stable for any logit scale
-    T mx = row[0];
-    for (int v = 1; v < V; ++v)
-      if (mx < row[v]) mx = row[v];
-    T sum = 0;
-    for (int v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
-    lse[n] = mx + std::log(sum);
+    lse[n] = row_logsumexp(row, V);
     loss[n] = mask[n] == T(0) ? 0.0 : double(lse[n] - row[targets[n]]);
   }
 };
 
 // Element i = n * V + v: dlogits = weight * mask[n] * (softmax(row n)[v] - [v == target[n]]).
-// Reads logits[i] before writing dlogits[i], so the two may alias.
+// With soft targets (SoftTargetForwardRow's loss; psum its row sums of p):
+//   dlogits = weight mask[n] (softmax(row n)[v] ((1 - alpha) + alpha psum[n]) - alpha p_v
+//             - (1 - alpha) [v == target[n]]),
+// bitwise the plain gradient when alpha = 0. Reads logits[i] before writing dlogits[i], so the
+// two may alias.
 template <typename T>
 struct CrossEntropyBackwardElement {
   const T *logits, *lse, *mask;
@@ -38,6 +47,8 @@ struct CrossEntropyBackwardElement {
   T* dlogits;
   T weight;
   int V;
+  const T *soft = nullptr, *psum = nullptr;  // [N, V], [N]: distillation's soft targets
+  T alpha = 0;
   MESHMOE_HD void operator()(int64_t n, int64_t v_) const {
     const int64_t i = n * V + v_;
     const int v = int(v_);
@@ -46,9 +57,65 @@ struct CrossEntropyBackwardElement {
       dlogits[i] = T(0);
       return;
     }
-    T d = scale * std::exp(logits[i] - lse[n]);
-    if (v == targets[n]) d -= scale;
+    if (!soft) {
+      T d = scale * std::exp(logits[i] - lse[n]);
+      if (v == targets[n]) d -= scale;
+      dlogits[i] = d;
+      return;
+    }
+    T d = scale * (std::exp(logits[i] - lse[n]) * ((T(1) - alpha) + alpha * psum[n]) - alpha * soft[i]);
+    if (v == targets[n]) d -= scale * (T(1) - alpha);
     dlogits[i] = d;
+  }
+};
+
+// Distillation (Switch section 4.2, Hinton et al. 2015): row n of logits [N, V] against the ground
+// truth and the teacher's probabilities p = soft [N, V]:
+//   loss[n] = (1 - alpha) (lse - row[target]) + alpha (lse sum_v p_v - sum_v p_v row[v]),
+// the second term being -sum_v p_v log softmax(row)_v, the cross-entropy of the teacher's
+// distribution (sum_v p_v = 1 for probabilities; psum[n] keeps the sum so that the backward is
+// exact for any p). hard[n] = lse - row[target], soft_loss[n] the second term alone (0 where masked).
+template <typename T>
+struct SoftTargetForwardRow {
+  const T *logits, *mask, *soft;
+  const int32_t* targets;
+  T *lse, *psum;
+  double *loss, *hard, *soft_loss;
+  T alpha;
+  int V;
+  MESHMOE_HD void operator()(int64_t n) const {
+    const T* row = logits + n * V;
+    const T* p = soft + n * V;
+    lse[n] = row_logsumexp(row, V);
+    T ps = 0, pl = 0;
+    for (int v = 0; v < V; ++v) {
+      ps += p[v];
+      pl += p[v] * row[v];
+    }
+    psum[n] = ps;
+    if (mask[n] == T(0)) {
+      loss[n] = hard[n] = soft_loss[n] = 0.0;
+      return;
+    }
+    const T h = lse[n] - row[targets[n]];
+    const T s = lse[n] * ps - pl;
+    hard[n] = double(h);
+    soft_loss[n] = double(s);
+    loss[n] = double((T(1) - alpha) * h + alpha * s);
+  }
+};
+
+// Row n of logits [N, V] -> probs [N, V] = softmax(row) (the teacher's distribution).
+template <typename T>
+struct SoftmaxRow {
+  const T* logits;
+  T* probs;
+  int V;
+  MESHMOE_HD void operator()(int64_t n) const {
+    const T* row = logits + n * V;
+    T* out = probs + n * V;
+    const T lse = row_logsumexp(row, V);
+    for (int v = 0; v < V; ++v) out[v] = std::exp(row[v] - lse);
   }
 };
 

@@ -1,5 +1,7 @@
 #include "model/transformer.hpp"
 
+#include <type_traits>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -256,8 +258,18 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   check_finite(logits_, logits_.size(), "head");
   targets_.assign(mb.targets, mb.targets + N_);
   mask_.assign(mb.mask, mb.mask + N_);
-  ce_.forward(ctx, logits_.data(), targets_.data(), mask_.data(), N_, V, w.ce);
+  const T* soft = nullptr;
+  if (mb.soft_targets) {
+    if constexpr (std::is_same_v<T, float>) {
+      soft = mb.soft_targets;
+    } else {
+      soft_.assign(mb.soft_targets, mb.soft_targets + logits_.size());
+      soft = soft_.data();
+    }
+  }
+  ce_.forward(ctx, logits_.data(), targets_.data(), mask_.data(), N_, V, w.ce, soft, w.distill_alpha);
   for (double l : ce_.per_token_loss()) st.ce_sum += l;
+  for (double l : ce_.per_token_soft_loss()) st.soft_sum += l;
   st.mask_sum = ce_.count();
   return st;
 }

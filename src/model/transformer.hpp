@@ -64,6 +64,9 @@ struct MicroBatch {
   const int32_t* enc_inputs = nullptr;
   const int32_t* enc_segment = nullptr;
   const int32_t* enc_position = nullptr;
+  // Distillation (src/train/distill.hpp): the teacher's probabilities of every token [B, T, V]
+  // (device-readable); null: the ground truth alone.
+  const float* soft_targets = nullptr;
 };
 
 // Weights that turn this rank's sums into the step's means (sum then scale), the same on every rank.
@@ -71,6 +74,7 @@ struct LossWeights {
   double ce = 0;   // 1 / masked target tokens of the step (all ranks, all micro-batches)
   double aux = 0;  // moe.aux_loss_coef / routing groups of the step (per MoE layer)
   double z = 0;    // moe.z_loss_coef / tokens of the step (per MoE layer)
+  double distill_alpha = 0;  // with MicroBatch::soft_targets: the teacher's share of each token's loss
 };
 
 // What one forward produced (sums over this rank's tokens, before the weights).
@@ -79,6 +83,7 @@ struct ForwardStats {
   double mask_sum = 0;    // masked target tokens
   double aux_sum = 0;     // sum over MoE layers and local groups of the load-balancing loss
   double z_sum = 0;       // sum over MoE layers and local tokens of the z-loss
+  double soft_sum = 0;    // with soft targets: sum of masked per-token cross-entropy against them
 };
 
 template <typename T>
@@ -245,6 +250,7 @@ class Transformer {
   Buffer<T> message_, dmessage_;                             // encdec: stage_output(), input_grad() [2, N, M]
   Buffer<int32_t> enc_inputs_, enc_segment_, enc_position_;  // encdec: the encoder's tokens
   Buffer<T> mask_;
+  Buffer<T> soft_;  // MicroBatch::soft_targets as T (T = double: the tests' models)
 };
 
 }  // namespace meshmoe

@@ -21,6 +21,7 @@ namespace meshmoe {
 struct Micro {
   Batch rows;
   StepContext ctx;
+  const float* soft_targets = nullptr;  // distillation: MicroBatch::soft_targets (TrainHooks::before_loss)
   MicroBatch view() const {
     const bool packed = !rows.segment.empty();
     MicroBatch mb{rows.rows,        rows.seq_len,
@@ -30,6 +31,7 @@ struct Micro {
     if (rows.enc_len > 0)
       mb.enc_len = rows.enc_len, mb.enc_inputs = rows.enc_inputs.data(), mb.enc_segment = rows.enc_segment.data(),
       mb.enc_position = rows.enc_position.data();
+    mb.soft_targets = soft_targets;
     return mb;
   }
 };

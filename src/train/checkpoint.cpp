@@ -704,6 +704,43 @@ CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store
   return meta;
 }
 
+InitFromResult init_from_checkpoint(const std::string& path, ParamStore<float>& store, MPI_Comm comm) {
+  Out mine;  // per parameter of this rank: copied (1) or kept (0), then its name
+  std::string err;
+  try {
+    if (!fs::is_regular_file(path)) throw InputError("--init-from " + path + " does not exist or is not a file");
+    h5::File f = h5::File::open(path);
+    read_meta_attrs(f);  // a meshmoe checkpoint, not any HDF5 file
+    for (const auto& p : store.infos()) {
+      const std::string dpath = "/params/" + p.name;
+      const bool match = f.is_dataset(dpath) && f.dataset(dpath).shape() == p.logical_shape;
+      if (match) {
+        float* block = store.weights() + p.flat_offset;
+        f.dataset(dpath).read_block(p.offset, p.local_shape, block);
+        if (const int64_t i = first_bad_value(block, product(p.local_shape), false); i >= 0)
+          throw InputError("--init-from " + path + " is bad: non-finite value: " +
+                           bad_value_str(dpath, p.offset, p.local_shape, i, block[size_t(i)]));
+      }
+      mine.i64(match ? 1 : 0);
+      mine.str(p.name);
+    }
+  } catch (const InputError& e) {
+    err = e.what();
+  } catch (const std::exception& e) {
+    err = "cannot read --init-from checkpoint " + path + " (corrupt or truncated?): " + e.what();
+  }
+  if (auto e = first_error(err, comm); !e.empty()) throw InputError(e);
+  std::set<std::string> copied, kept;
+  for (const auto& s : allgather_strings(mine.buf, comm)) {
+    In in{s.data(), s.data() + s.size()};
+    while (!in.done()) {
+      const bool c = in.i64() != 0;
+      (c ? copied : kept).insert(in.str());
+    }
+  }
+  return {{copied.begin(), copied.end()}, {kept.begin(), kept.end()}};
+}
+
 VerifyResult verify_checkpoint(const std::string& path) {
   VerifyResult r;
   try {

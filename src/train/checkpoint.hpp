@@ -107,6 +107,18 @@ inline constexpr const char* kIncompatibleModel = "checkpoint from an incompatib
 CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store, std::vector<StateTensor>& state,
                                MPI_Comm comm);
 
+// `train --init-from` (README "Distillation"): collective over `comm`. Every parameter of `store`
+// whose name and logical shape the checkpoint's /params holds gets its block from the file; the
+// others keep their values. The checkpoint may come from another model (a Switch teacher for a
+// dense student: the non-expert weights match, Switch section 4.2) and any mesh. Returns, on every
+// rank, the logical parameters of all ranks (each once, sorted) copied and kept. Throws
+// InputError on every rank alike when the file is missing, unreadable or holds a non-finite
+// value in a block it copies.
+struct InitFromResult {
+  std::vector<std::string> copied, kept;
+};
+InitFromResult init_from_checkpoint(const std::string& path, ParamStore<float>& store, MPI_Comm comm);
+
 // Reads only the attributes (serial, this process). Throws InputError when unreadable.
 CheckpointMeta read_checkpoint_meta(const std::string& path);
 

@@ -22,7 +22,7 @@ namespace {
 constexpr const char* kPhases[] = {"attention", "dense_ffn", "gate", "dispatch", "expert", "combine",
                                    "moe_alltoall", "moe_allreduce",
                                    "head_loss", "tensor_allreduce", "pipeline_wait", "pipeline_recompute",
-                                   "grad_overlap", "grad_allreduce", "optimizer"};
+                                   "grad_overlap", "grad_allreduce", "optimizer", "teacher_forward"};
 
 }  // namespace
 
@@ -155,6 +155,7 @@ void StepLog::write_step_row(int64_t step, const StepStats& s, double tokens_per
                                     {"lr", s.lr},           {"grad_norm", s.grad_norm},   {"tokens_per_s", tokens_per_s},
                                     {"mfu", mfu},           {"skipped", s.skipped ? 1.0 : 0.0},
                                     {"empty", s.empty ? 1.0 : 0.0}};
+  if (s.distill) row["distill/soft_loss"] = s.soft_loss;
   if (bubble >= 0) {
     row["pipeline_bubble"] = bubble;
     row["pipeline_bubble_ideal"] = ideal;
@@ -183,6 +184,10 @@ std::string StepLog::moe_name(size_t l) const {
   for (int i = 0; i < shape_.num_layers; ++i)
     if (shape_.is_moe_block(i) && seen++ == l) return "moe/layer" + std::to_string(i);
   return "moe/unknown";
+}
+
+void StepLog::record(int64_t step, const std::map<std::string, double>& scalars) {
+  on_rank0_agreed([&] { metrics_->append(step, scalars); });
 }
 
 void StepLog::eval(int64_t step, const Evaluation& e, double start) {

@@ -5,6 +5,7 @@
 // rank calls (the per-phase times and the bubble are reduced over the mesh).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -53,6 +54,9 @@ class StepLog {
 
   // Collective: the evaluation of `step` (begun at wall_seconds() `start`): its line and rows.
   void eval(int64_t step, const Evaluation& e, double start);
+
+  // Collective: `scalars` into the row of `step` (the last logged step or a later one).
+  void record(int64_t step, const std::map<std::string, double>& scalars);
 
   // Rank 0: the closing line of a finished run.
   void done(double seconds) const;

@@ -11,6 +11,7 @@ void StepSums::add(const ForwardStats& f, const std::vector<const MoeLayer<float
   mask_ += f.mask_sum;
   aux_ += f.aux_sum;
   z_ += f.z_sum;
+  soft_ += f.soft_sum;
   for (size_t l = 0; l < moe.size(); ++l) {
     MoeLayerSums& o = layers_[first_moe_layer + l];
     const MoeStats& ms = moe[l]->stats();
@@ -30,7 +31,7 @@ void StepSums::add(const ForwardStats& f, const std::vector<const MoeLayer<float
 }
 
 void StepSums::all_reduce(Comm& pipe, Comm& data) {
-  std::vector<double*> fields{&ce_, &mask_, &aux_, &z_};
+  std::vector<double*> fields{&ce_, &mask_, &aux_, &z_, &soft_};
   for (MoeLayerSums& l : layers_) {
     for (double& x : l.load) fields.push_back(&x);
     for (double& x : l.experts_per_token) fields.push_back(&x);
@@ -48,6 +49,7 @@ void StepSums::all_reduce(Comm& pipe, Comm& data) {
 StepStats StepSums::stats(double tokens, double groups) const {
   StepStats s;
   s.loss = mask_ > 0 ? ce_ / mask_ : std::nan("");
+  s.soft_loss = mask_ > 0 ? soft_ / mask_ : std::nan("");
   s.aux = layers_.empty() ? 0 : aux_ / groups;
   s.z = layers_.empty() ? 0 : z_ / tokens;
   for (const MoeLayerSums& o : layers_) {

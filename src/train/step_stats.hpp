@@ -23,6 +23,9 @@ struct MoeLayerStats {
 
 struct StepStats {
   double loss = 0, aux = 0, z = 0, grad_norm = 0, lr = 0;
+  // Distillation: cross-entropy per target token against the teacher's probabilities; NaN without.
+  double soft_loss = 0;
+  bool distill = false;
   std::vector<std::vector<double>> load;  // [moe layer][E] fraction of the step's dispatched choices
   std::vector<std::vector<double>> load_count;  // [moe layer][E] the step's dispatched choices (counts)
   std::vector<MoeLayerStats> moe;         // [moe layer]
@@ -60,6 +63,7 @@ class StepSums {
     std::vector<double> experts_per_token = std::vector<double>(MoeStats::kExpertCountBins, 0.0);  // token counts
   };
   double ce_ = 0, mask_ = 0, aux_ = 0, z_ = 0;  // cross-entropy, target tokens, aux and z losses
+  double soft_ = 0;                             // distillation: cross-entropy against the soft targets
   std::vector<MoeLayerSums> layers_;          // every MoE layer of the model
 };
 

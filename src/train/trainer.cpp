@@ -16,6 +16,7 @@
 #include "parallel/pipeline_executor.hpp"
 #include "tensor/gemm_rate.hpp"
 #include "tensor/host_threads.hpp"
+#include "train/checkpoint.hpp"
 #include "train/evaluate.hpp"
 #include "train/grad_clip.hpp"
 #include "tensor/device.hpp"
@@ -36,8 +37,9 @@ namespace {
 
 class Trainer {
  public:
-  Trainer(const Deck& deck, Mesh& mesh, std::string version)
+  Trainer(const Deck& deck, Mesh& mesh, std::string version, const TrainOptions& opt)
       : version_(std::move(version)),
+        hooks_(opt.hooks),
         cfg_(deck.cfg),
         mesh_(mesh),
         data_comm_(mesh.axis(Axis::Data)),
@@ -95,6 +97,7 @@ class Trainer {
     const std::string memory = memory_report_collective(cfg_, mesh.shape(), mesh.world());
     if (mesh.rank() == 0) std::fputs(memory.c_str(), stdout);
     checkpoints_->resume();
+    if (!opt.init_from.empty() && progress_.start_step == 0) init_from(opt.init_from);
     write_deck_file(deck, dir_, mesh.world());
     log_ = std::make_unique<StepLog>(deck, dir_, mesh, model_->shape(), timers_, *pipeline_, flops_per_token_, peak_);
     if (mesh.rank() == 0) log_->open(progress_.start_step, join_languages(train_.info().languages), version_, train_too_long_,
@@ -154,11 +157,30 @@ class Trainer {
       checkpoints_->save_before_failure(done);
       throw;
     }
+    if (hooks_)
+      hooks_->after_run(
+          [&] {
+            return meshmoe::evaluate(eval_set_, train_.info().languages.size(), cfg_, steps, *model_, *pipeline_, mesh_,
+                                     [] { return 0; });
+          },
+          [&](const std::map<std::string, double>& scalars) { log_->record(steps, scalars); });
     log_->done(wall_seconds() - run_start_);
     return kExitOk;
   }
 
  private:
+  // `train --init-from` on a fresh start (TrainOptions::init_from): the checkpoint's parameters of
+  // the same name and shape replace the initialisation.
+  void init_from(const std::string& path) {
+    const InitFromResult r = init_from_checkpoint(path, model_->params(), mesh_.world());
+    if (mesh_.rank() != 0) return;
+    std::printf("init from %s: %zu parameters copied, %zu kept at their initialisation", path.c_str(), r.copied.size(),
+                r.kept.size());
+    for (size_t i = 0; i < r.kept.size(); ++i) std::printf("%s%s", i == 0 ? " (" : ", ", r.kept[i].c_str());
+    std::printf("%s\n", r.kept.empty() ? "" : ")");
+    std::fflush(stdout);
+  }
+
   // At a step boundary all ranks agree whether to stop: a signal on any rank (1) or the wall-time
   // limit run.max_walltime (2).
   int stop_requested() {
@@ -182,7 +204,7 @@ class Trainer {
     double mask_total = 0;
     for (float m : batch.mask) mask_total += m;
     if (mask_total == 0) return empty_step(step);
-    const LossWeights w = loss_weights(mask_total, double(B) * T);
+    LossWeights w = loss_weights(mask_total, double(B) * T);
 
     auto& P = model_->params();
     P.zero_grad();
@@ -193,6 +215,7 @@ class Trainer {
       model_->inject_nan_next_forward();
     const auto moe = model_->moe_layers();
     const size_t last_micro_tokens = size_t(B / cfg_.optim.micro_batches) * T;  // all data ranks' rows
+    if (hooks_) hooks_->before_loss(micros, w, timers_);
     grad_sync_->begin_step(int(micros.size()), std::span(batch.inputs).last(last_micro_tokens));
     pipeline_->train(micros, w, [&](const ForwardStats& f) { sums.add(f, moe, first_moe_layer_); });
     {
@@ -202,6 +225,7 @@ class Trainer {
       sums.all_reduce(mesh_.axis(Axis::Pipe), data_comm_);
     }
     StepStats s = sums.stats(double(B) * T, double(B) * T / double(cfg_.moe.group_size));
+    s.distill = hooks_ != nullptr;
     ScopedPhase t(&timers_, "optimizer");
     s.grad_norm = grad_sync_->global_norm();
     s.lr = schedule_(step);
@@ -292,6 +316,7 @@ class Trainer {
   }
 
   std::string version_;
+  TrainHooks* hooks_ = nullptr;
   const Config& cfg_;
   Mesh& mesh_;
   Comm& data_comm_;
@@ -319,8 +344,8 @@ class Trainer {
 
 }  // namespace
 
-int train_main(const Deck& deck, Mesh& mesh, const std::string& version) {
-  Trainer trainer(deck, mesh, version);
+int train_main(const Deck& deck, Mesh& mesh, const std::string& version, const TrainOptions& opt) {
+  Trainer trainer(deck, mesh, version, opt);
   return trainer.run();
 }
 

@@ -2,14 +2,45 @@
 // the mesh, trains run.steps optimizer steps, evaluates, and writes runs/<name>/ (DESIGN.md
 // "Files a run writes").
 #pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/timers.hpp"
 #include "deck/deck.hpp"
 #include "mesh/mesh.hpp"
+#include "parallel/pipeline_executor.hpp"
+#include "train/evaluate.hpp"
 
 namespace meshmoe {
+
+// What a command built on the training loop adds to it (`meshmoe distill`: src/train/distill.hpp).
+class TrainHooks {
+ public:
+  virtual ~TrainHooks() = default;
+  // Collective, every step, after the step's micro-batches are cut and before the student's
+  // forward: may give each micro-batch soft targets (Micro::soft_targets, valid until the step
+  // ends) and set the loss weights' distill_alpha. `timers`: the step's phase timers.
+  virtual void before_loss(std::vector<Micro>& micros, LossWeights& w, PhaseTimers& timers) = 0;
+  // Collective, once the run has finished all its steps (not after a stop or a failure): `student`
+  // evaluates the trained model on the validation sample; `record` adds scalars to metrics.h5 at
+  // the last step (rank 0 writes).
+  virtual void after_run(const std::function<Evaluation()>& student,
+                         const std::function<void(const std::map<std::string, double>&)>& record) = 0;
+};
+
+struct TrainOptions {
+  // `train --init-from CKPT`: a fresh run's parameters whose name and logical shape match one of
+  // the checkpoint's are copied from it, the others keep their initialisation.
+  std::string init_from;
+  TrainHooks* hooks = nullptr;
+};
 
 // Returns the process exit code: kExitOk when the run finished, kExitCheckpointed when a signal or
 // run.max_walltime stopped it with a checkpoint, kExitFailure after run.max_bad_steps non-finite steps
 // or when a checkpoint is due and the parameters or optimizer state are not finite (none written).
-int train_main(const Deck& deck, Mesh& mesh, const std::string& version);
+int train_main(const Deck& deck, Mesh& mesh, const std::string& version, const TrainOptions& opt = {});
 
 }  // namespace meshmoe

@@ -70,7 +70,7 @@ expect_rc deck_doc 0
 for s in run mesh model moe optim data eval checkpoint debug; do
   grep -qxF "### [$s]" "$tmp/deck_doc.out" || fail "deck_doc: no section [$s]"
 done
-[ "$(grep -c '^| key | type | default | allowed | meaning |$' "$tmp/deck_doc.out")" = 9 ] || fail "deck_doc: expected 9 tables (one per section)"
+[ "$(grep -c '^| key | type | default | allowed | meaning |$' "$tmp/deck_doc.out")" = 10 ] || fail "deck_doc: expected 10 tables (one per section)"
 
 echo "deck_cli: $fails failure(s)"
 [ "$fails" = 0 ]

@@ -88,7 +88,7 @@ TEST_CASE("deck: every schema default satisfies its own constraint and the cross
     CHECK(k.constraint.check(k.default_value()).empty());
     CHECK(!k.doc.empty());
   }
-  CHECK(deck::sections() == std::vector<std::string>{"run", "mesh", "model", "moe", "optim", "data", "eval", "checkpoint", "debug"});
+  CHECK(deck::sections() == std::vector<std::string>{"run", "mesh", "model", "moe", "optim", "data", "eval", "checkpoint", "distill", "debug"});
 }
 
 TEST_CASE("deck: values of every type", "[deck]") {

@@ -17,10 +17,12 @@
 #include "model/attention.hpp"
 #include "model/cross_attention.hpp"
 #include "model/cross_entropy.hpp"
+#include "model/cross_entropy_bodies.hpp"
 #include "model/dropout.hpp"
 #include "model/embedding.hpp"
 #include "model/layernorm.hpp"
 #include "model/mlp.hpp"
+#include "train/distill.hpp"
 
 using namespace meshmoe;
 
@@ -787,4 +789,120 @@ TEST_CASE("cross entropy: masked, weighted, finite differences, stable", "[layer
   CHECK(std::abs(ls - ref) <= kFloatTol * ref);  // float vs double forward
   targets[0] = V;
   CHECK_THROWS_AS(ce.forward(ctx, logits.data(), targets.data(), mask.data(), N, V, weight), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Distillation's soft-target cross-entropy (Switch section 4.2): per token
+// (1 - alpha) CE(target) + alpha CE(p), CE(p) = -sum_v p_v log softmax(logits)_v. The oracle writes
+// CE(p) through log-softmax (not the layer's lse * sum p - sum p l form). Tolerances: 1e-12 for
+// the double forward, kFdTol for finite differences, kFloatTol for float vs double, and bitwise
+// where alpha = 0 must be the plain cross-entropy.
+TEST_CASE("soft-target cross entropy: oracle, finite differences, alpha = 0 is the plain loss", "[layers][distill]") {
+  std::mt19937 gen(12);
+  const int N = 9, V = 7;
+  auto logits = random_vec(size_t(N) * V, gen, -3, 3);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) targets[n] = (2 * n + 3) % V;
+  std::vector<double> mask(N, 1.0);
+  mask[1] = mask[6] = 0.0;
+  targets[6] = -1;  // ignored where masked
+  const double weight = 1.0 / 11.0;
+  // The teacher's probabilities (rows of a softmax), and rows that do not sum to 1 (the layer's
+  // gradient is exact for any p).
+  auto teacher = random_vec(size_t(N) * V, gen, -2, 2);
+  std::vector<double> probs(teacher.size()), loose(teacher.size());
+  for (int n = 0; n < N; ++n) {
+    double z = 0;
+    for (int v = 0; v < V; ++v) z += std::exp(teacher[n * V + v]);
+    for (int v = 0; v < V; ++v) probs[n * V + v] = std::exp(teacher[n * V + v]) / z;
+    for (int v = 0; v < V; ++v) loose[n * V + v] = 0.3 * std::exp(teacher[n * V + v]) / z + 0.1 * (v % 3);
+  }
+  StepContext ctx = train_ctx();
+  for (const bool normalised : {true, false}) {
+    const std::vector<double>& p = normalised ? probs : loose;
+    for (const double alpha : {0.0, 0.25, 1.0}) {
+      INFO("alpha " << alpha << (normalised ? " probabilities" : " rows not summing to 1"));
+      CrossEntropy<double> ce;
+      const double loss = ce.forward(ctx, logits.data(), targets.data(), mask.data(), N, V, weight, p.data(), alpha);
+      double ref = 0;
+      for (int n = 0; n < N; ++n) {
+        if (mask[n] == 0) {
+          CHECK(ce.per_token_loss()[n] == 0.0);
+          CHECK(ce.per_token_soft_loss()[n] == 0.0);
+          continue;
+        }
+        double z = 0;
+        for (int v = 0; v < V; ++v) z += std::exp(logits[n * V + v]);
+        const double hard = std::log(z) - logits[n * V + targets[n]];
+        double soft = 0;
+        for (int v = 0; v < V; ++v) soft -= p[n * V + v] * std::log(std::exp(logits[n * V + v]) / z);
+        CHECK(std::abs(ce.per_token_loss()[n] - hard) <= 1e-12);
+        CHECK(std::abs(ce.per_token_soft_loss()[n] - soft) <= 1e-12);
+        ref += (1 - alpha) * hard + alpha * soft;
+      }
+      CHECK(std::abs(loss - weight * ref) <= 1e-12 * std::max(1.0, std::abs(weight * ref)));
+      std::vector<double> dlogits(logits.size());
+      ce.backward(ctx, logits.data(), dlogits.data(), N);
+      for (int v = 0; v < V; ++v) CHECK(dlogits[1 * V + v] == 0.0);
+      std::vector<FdTensor> t{{"logits", logits.data(), dlogits}};
+      CrossEntropy<double> ce2;
+      check_fd([&] { return ce2.forward(ctx, logits.data(), targets.data(), mask.data(), N, V, weight, p.data(), alpha); },
+               t, gen, 1000);
+      // in place, as the Transformer calls it
+      auto inplace = logits;
+      ce.forward(ctx, inplace.data(), targets.data(), mask.data(), N, V, weight, p.data(), alpha);
+      ce.backward(ctx, inplace.data(), inplace.data(), N);
+      for (size_t i = 0; i < inplace.size(); ++i) CHECK(inplace[i] == dlogits[i]);
+      // float vs double
+      CrossEntropy<float> cf;
+      const auto lf = to_float(logits), pf = to_float(p), mf = to_float(mask);
+      const double lossf = cf.forward(ctx, lf.data(), targets.data(), mf.data(), N, V, weight, pf.data(), alpha);
+      CHECK(std::abs(lossf - loss) <= kFloatTol * std::abs(loss));
+      std::vector<float> df(lf.size());
+      cf.backward(ctx, lf.data(), df.data(), N);
+      check_close_float(df, dlogits, "soft-target dlogits");
+    }
+  }
+  // alpha = 0 with soft targets is bitwise the plain cross-entropy (float, the training type):
+  // `distill` with distill.alpha = 0 trains exactly as `train --init-from` does.
+  const auto lf = to_float(logits), pf = to_float(probs), mf = to_float(mask);
+  CrossEntropy<float> plain, mixed;
+  const double l0 = plain.forward(ctx, lf.data(), targets.data(), mf.data(), N, V, weight);
+  const double l1 = mixed.forward(ctx, lf.data(), targets.data(), mf.data(), N, V, weight, pf.data(), 0.0);
+  CHECK(l0 == l1);
+  std::vector<float> d0(lf.size()), d1(lf.size());
+  plain.backward(ctx, lf.data(), d0.data(), N);
+  mixed.backward(ctx, lf.data(), d1.data(), N);
+  CHECK(d0 == d1);
+  CHECK(plain.per_token_soft_loss().empty());
+}
+
+TEST_CASE("softmax rows: the teacher's probabilities", "[layers][distill]") {
+  std::mt19937 gen(13);
+  const int N = 5, V = 11;
+  auto logits = random_vec(size_t(N) * V, gen, -4, 4);
+  logits[3] += 800;  // a huge logit: still finite, and that row one-hot to rounding
+  std::vector<double> probs(logits.size());
+  for (int64_t n = 0; n < N; ++n) SoftmaxRow<double>{logits.data(), probs.data(), V}(n);
+  for (int n = 0; n < N; ++n) {
+    double z = 0, mx = logits[n * V];
+    for (int v = 0; v < V; ++v) mx = std::max(mx, logits[n * V + v]);
+    for (int v = 0; v < V; ++v) z += std::exp(logits[n * V + v] - mx);
+    double sum = 0;
+    for (int v = 0; v < V; ++v) {
+      CHECK(std::abs(probs[n * V + v] - std::exp(logits[n * V + v] - mx) / z) <= 1e-15);
+      sum += probs[n * V + v];
+    }
+    CHECK(std::abs(sum - 1) <= 1e-14);
+  }
+  CHECK(probs[3] == 1.0);
+}
+
+TEST_CASE("distill: the share of the teacher's gain the student keeps", "[distill]") {
+  // Switch Table 6: T5-Base -1.636, Switch-Base -1.444, distilled -1.580 (neg. log perplexity) -> 29%
+  CHECK(std::abs(preserved_fraction(1.444, 1.580, 1.636) - (1.636 - 1.580) / (1.636 - 1.444)) <= 1e-15);
+  CHECK(std::abs(preserved_fraction(1.444, 1.580, 1.636) - 0.2917) <= 1e-4);
+  CHECK(preserved_fraction(1.0, 2.0, 2.0) == 0.0);  // the baseline's loss: nothing kept
+  CHECK(preserved_fraction(1.0, 1.0, 2.0) == 1.0);  // the teacher's loss: all of it
+  CHECK(preserved_fraction(1.0, 1.0, 1.0) != preserved_fraction(1.0, 1.0, 1.0));  // no gain: NaN
 }

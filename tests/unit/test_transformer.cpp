@@ -55,14 +55,18 @@ Case random_case(int B, int T, int V, uint32_t seed) {
   return c;
 }
 
+// With soft targets (distillation) the cross-entropy term is the mixture of the two sums.
 double total_loss(Transformer<double>& m, const StepContext& ctx, const MicroBatch& mb, const LossWeights& w,
                   ForwardStats* out = nullptr) {
   const ForwardStats f = m.forward(ctx, mb, w);
   if (out) *out = f;
-  return w.ce * f.ce_sum + w.aux * f.aux_sum + w.z * f.z_sum;
+  const double a = mb.soft_targets ? w.distill_alpha : 0.0;
+  return w.ce * ((1 - a) * f.ce_sum + a * f.soft_sum) + w.aux * f.aux_sum + w.z * f.z_sum;
 }
 
-void check_model(const std::string& router, bool tied, bool encdec = false) {
+// distill_alpha >= 0: the micro-batch carries soft targets (random rows of probabilities) mixed in
+// with that weight.
+void check_model(const std::string& router, bool tied, bool encdec = false, double distill_alpha = -1) {
   const int B = 2, T = 8, V = 11;
   Config cfg = tiny_config(router, tied);
   if (encdec) cfg.model.arch = ModelArch::EncDec;
@@ -92,13 +96,27 @@ void check_model(const std::string& router, bool tied, bool encdec = false) {
   const StepContext ctx{42, 5, true, 16, nullptr};
   double masked = 0;
   for (float m : c.mask) masked += m;
-  const LossWeights w{1.0 / masked, cfg.moe.aux_loss_coef / 2.0, cfg.moe.z_loss_coef / (B * T)};
+  LossWeights w{1.0 / masked, cfg.moe.aux_loss_coef / 2.0, cfg.moe.z_loss_coef / (B * T)};
+  std::vector<float> soft;
+  if (distill_alpha >= 0) {
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    soft.resize(size_t(B) * T * V);
+    for (int n = 0; n < B * T; ++n) {
+      float z = 0;
+      for (int v = 0; v < V; ++v) z += soft[size_t(n * V + v)] = u(rng) * u(rng);
+      for (int v = 0; v < V; ++v) soft[size_t(n * V + v)] /= z;
+    }
+    mb.soft_targets = soft.data();
+    w.distill_alpha = distill_alpha;
+  }
 
   auto& P = model.params();
   P.zero_grad();
   ForwardStats f;
   total_loss(model, ctx, mb, w, &f);
   REQUIRE(f.aux_sum > 0);
+  if (distill_alpha >= 0) REQUIRE(f.soft_sum > f.ce_sum / 4);
   model.backward(ctx, w);
   const std::vector<double> analytic(P.grads(), P.grads() + P.size());
 
@@ -137,6 +155,11 @@ TEST_CASE("transformer: whole-model gradients match finite differences (top-1, u
 
 TEST_CASE("transformer: encoder-decoder gradients match finite differences (top-2, untied)", "[model]") {
   check_model("top2", false, true);
+}
+
+TEST_CASE("transformer: distillation's soft-target loss, whole-model gradients match finite differences", "[model][distill]") {
+  check_model("top1", true, false, 0.25);
+  check_model("top2", false, true, 0.7);
 }
 
 TEST_CASE("transformer: model FLOPs per token follow the formula", "[model]") {

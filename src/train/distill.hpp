@@ -1,0 +1,31 @@
+// `meshmoe distill DECK --teacher CKPT [--baseline CKPT]` (Switch section 4.2, README
+// "Distillation"): trains the deck's model (the student, usually dense) with a trained teacher
+// (usually a Switch MoE): the student starts from the teacher's non-expert weights (`train
+// --init-from`), and each target token's loss mixes the ground truth and the teacher's
+// probabilities, (1 - distill.alpha) CE(target) + distill.alpha CE(teacher). At the end it reports
+// the validation loss of the teacher, the student and (--baseline, a dense model trained without
+// the teacher) the share of the teacher's gain over the baseline that the student keeps (Switch
+// Table 6's "percent of teacher performance preserved").
+#pragma once
+#include <string>
+
+#include "deck/deck.hpp"
+#include "mesh/mesh.hpp"
+
+namespace meshmoe {
+
+struct DistillOptions {
+  std::string teacher;   // checkpoint file, or a ckpt / run directory (its LATEST)
+  std::string baseline;  // optional, the same
+};
+
+// The share of the teacher's gain the student keeps: (baseline - student) / (baseline - teacher)
+// in validation loss (Switch Table 6: the quality gain, in negative log perplexity, of the student
+// over the baseline as a fraction of the teacher's). NaN when the teacher is not better.
+double preserved_fraction(double teacher_loss, double student_loss, double baseline_loss);
+
+// Returns the process exit code as train_main does. The teacher and the baseline run on the
+// deck's mesh with their own decks (from their checkpoints), forward only; mesh.pipe must be 1.
+int distill_main(const Deck& deck, Mesh& mesh, const std::string& version, const DistillOptions& opt);
+
+}  // namespace meshmoe
