@@ -11,6 +11,7 @@
 #include "core/timers.hpp"
 #include "data/batcher.hpp"
 #include "data/dataset.hpp"
+#include "decode/translation_eval.hpp"
 #include "deck/deck.hpp"
 #include "io/metrics.hpp"
 #include "mesh/mesh.hpp"
@@ -53,6 +54,10 @@ class StepLog {
 
   // Collective: the evaluation of `step` (begun at wall_seconds() `start`): its line and rows.
   void eval(int64_t step, const Evaluation& e, double start);
+
+  // Collective: the translation scores of `step` (begun at wall_seconds() `start`), one per
+  // language of the dataset's table (sentences = 0: not translated): its line and rows.
+  void bleu(int64_t step, const std::vector<TranslationScore>& scores, double start);
 
   // Rank 0: the closing line of a finished run.
   void done(double seconds) const;
