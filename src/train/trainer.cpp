@@ -342,11 +342,11 @@ class Trainer {
   RunDirectory run_dir_;  // locked for this run; checked to be the same directory on every rank
   Dataset train_, valid_;
   Dataset eval_set_;  // valid_, or its first eval.examples_per_language examples of every language
-  Tokenizer tokenizer_;                          // eval.bleu_every: the dataset's
-  std::vector<TextPairs> bleu_pairs_;            // eval.bleu_every: the pairs translated, per language
-  std::unique_ptr<CachedModel<float>> cached_;   // eval.bleu_every: decodes with model_
+  Tokenizer tokenizer_;                // eval.bleu_every: the dataset's
+  std::vector<TextPairs> bleu_pairs_;  // eval.bleu_every: the pairs translated, per language
   int vocab_ = 0;
   std::unique_ptr<Transformer<float>> model_;
+  std::unique_ptr<CachedModel<float>> cached_;  // eval.bleu_every: decodes with model_
   std::unique_ptr<PipelineExecutor> pipeline_;
   std::unique_ptr<GradientSync> grad_sync_;
   std::unique_ptr<Optimizer> optimizer_;

@@ -9,7 +9,7 @@
 #     references equal postprocess/valid_pairs.py's;
 #   - with --beam 1 --max-examples 8, the BLEU and chrF the training logged (/eval/bleu, /eval/chrf);
 #   - on data=2, tensor=2 and 2x2 meshes the one-rank translations and scores, losses to 1e-5;
-# and the training's scores on a data=2 mesh equal one rank's. Refusals (exit 2): an unknown
+# and the training's scores on data=2 and on tensor=2 with experts over tensor equal one rank's. Refusals (exit 2): an unknown
 # --langs, a pipeline mesh, an unwritable -o, eval.bleu_every without a count or on a pipeline mesh.
 # Needs $MESHMOE (default build/meshmoe), msgfmt, /usr/bin/python3 with h5py.
 set -euo pipefail
@@ -54,11 +54,13 @@ DECK
 train_or_fail on 1 --set eval.bleu_every=40
 train_or_fail off 1
 train_or_fail on2 2 --set eval.bleu_every=40 --set mesh.data=2
+train_or_fail on_isel 2 --set eval.bleu_every=40 --set mesh.tensor=2 --set moe.expert_axis=tensor
 grep "bleu step" "$T/on.log" || fail "no translation scores in the log"
-$PYTHON - "$T/on/metrics.h5" "$T/off/metrics.h5" "$T/on2/metrics.h5" "$T/data.h5" <<'PY'
+$PYTHON - "$T/on/metrics.h5" "$T/off/metrics.h5" "$T/on2/metrics.h5" "$T/data.h5" "$T/on_isel/metrics.h5" <<'PY'
 import sys, h5py, numpy as np
 on, off, on2 = (h5py.File(p, "r") for p in sys.argv[1:4])
 valid_pairs = h5py.File(sys.argv[4], "r")["languages/valid_pairs"][()]
+isel = h5py.File(sys.argv[5], "r")
 for name in ("loss", "aux_loss", "grad_norm", "eval/loss", "eval/lang_loss"):
     a, b = on[name][()], off[name][()]
     assert a.shape == b.shape and np.array_equal(a, b, equal_nan=True), f"{name}: bleu_every on and off differ"
@@ -70,10 +72,12 @@ assert bleu.shape[1] == 2 and np.all(sent[rows] == np.minimum(8, valid_pairs)), 
 assert np.all(bleu[rows[-1]] > 0), bleu[rows[-1]]
 assert on["eval/bleu"].attrs["units"] and on["eval/chrf"].attrs["description"]
 assert "eval/bleu" not in off
-# data=2 trains to float tolerance of one rank; the greedy translations (rank 0's logits) agree
-assert np.allclose(on2["loss"][()], on["loss"][()], rtol=1e-4, atol=1e-5)
-assert np.array_equal(on2["eval/bleu"][()][rows], bleu[rows]) and np.array_equal(on2["eval/chrf"][()][rows], chrf[rows]), \
-    (on2["eval/bleu"][()][rows], bleu[rows])
+# data=2 and tensor=2 with experts over tensor train to float tolerance of one rank; the greedy
+# translations (rank 0's logits) agree
+for other in (on2, isel):
+    assert np.allclose(other["loss"][()], on["loss"][()], rtol=1e-4, atol=1e-5)
+    assert np.array_equal(other["eval/bleu"][()][rows], bleu[rows]) and np.array_equal(other["eval/chrf"][()][rows], chrf[rows]), \
+        (other["eval/bleu"][()][rows], bleu[rows])
 print("bleu_every on/off: losses bitwise equal; BLEU per language at 120:", bleu[rows[-1]], "chrF", chrf[rows[-1]])
 PY
 
