@@ -104,7 +104,8 @@ def main():
         print(f"{k + 1:>4}  {n:<10} {moe[n][1]:>11d} {moe[n][0]:>9.2f} {dense[n][0]:>10.2f} {delta[k]:>+8.2f}")
     print(f"mean delta {delta.mean():+.2f} BLEU over {len(both)} languages")
     if left:
-        print(f"left out (not scored on both sides): {', '.join(left)}")
+        more = f" and {len(left) - 20} more" if len(left) > 20 else ""
+        print(f"left out, not scored on both sides ({len(left)}): {', '.join(left[:20])}{more}")
 
     fig, ax = plt.subplots(figsize=(max(7, 0.22 * len(both) + 3), 4.5))
     x = np.arange(len(both))
