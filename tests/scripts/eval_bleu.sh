@@ -9,8 +9,10 @@
 #     references equal postprocess/valid_pairs.py's;
 #   - with --beam 1 --max-examples 8, the BLEU and chrF the training logged (/eval/bleu, /eval/chrf);
 #   - on data=2, tensor=2 and 2x2 meshes the one-rank translations and scores, losses to 1e-5;
-# and the training's scores on data=2 and on tensor=2 with experts over tensor equal one rank's. Refusals (exit 2): an unknown
-# --langs, a pipeline mesh, an unwritable -o, eval.bleu_every without a count or on a pipeline mesh.
+# and the training's scores on data=2 and on tensor=2 with experts over tensor equal one rank's; the
+# same on and off, and 2x2 against one rank, for an encoder-decoder (model.arch = "encdec").
+# Refusals (exit 2): an unknown --langs, a pipeline mesh, an unwritable -o, eval.bleu_every without
+# a count or on a pipeline mesh.
 # Needs $MESHMOE (default build/meshmoe), msgfmt, /usr/bin/python3 with h5py.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -56,6 +58,22 @@ train_or_fail off 1
 train_or_fail on2 2 --set eval.bleu_every=40 --set mesh.data=2
 train_or_fail on_isel 2 --set eval.bleu_every=40 --set mesh.tensor=2 --set moe.expert_axis=tensor
 grep "bleu step" "$T/on.log" || fail "no translation scores in the log"
+# The encoder-decoder of the same data: scores on and off, one rank and data=2 x tensor=2.
+encdec="--set model.arch=encdec --set run.steps=40 --set checkpoint.every=40"
+train_or_fail encdec_on 1 $encdec --set eval.bleu_every=20
+train_or_fail encdec_off 1 $encdec
+train_or_fail encdec_on4 4 $encdec --set eval.bleu_every=20 --set mesh.data=2 --set mesh.tensor=2
+$PYTHON - "$T/encdec_on/metrics.h5" "$T/encdec_off/metrics.h5" "$T/encdec_on4/metrics.h5" <<'PY'
+import sys, h5py, numpy as np
+on, off, on4 = (h5py.File(p, "r") for p in sys.argv[1:4])
+for name in ("loss", "aux_loss", "grad_norm", "eval/loss", "eval/lang_loss"):
+    assert np.array_equal(on[name][()], off[name][()], equal_nan=True), f"encdec {name}: bleu_every on and off differ"
+rows = np.flatnonzero(np.isfinite(on["eval/bleu_all"][()]))
+assert list(on["step"][()][rows]) == [20, 40]
+assert np.array_equal(on4["eval/bleu"][()][rows], on["eval/bleu"][()][rows]) and \
+    np.array_equal(on4["eval/chrf"][()][rows], on["eval/chrf"][()][rows]), (on4["eval/chrf"][()][rows], on["eval/chrf"][()][rows])
+print("encdec bleu_every on/off: losses bitwise equal; 2x2 scores = one rank's:", on["eval/chrf"][()][rows[-1]])
+PY
 $PYTHON - "$T/on/metrics.h5" "$T/off/metrics.h5" "$T/on2/metrics.h5" "$T/data.h5" "$T/on_isel/metrics.h5" <<'PY'
 import sys, h5py, numpy as np
 on, off, on2 = (h5py.File(p, "r") for p in sys.argv[1:4])
