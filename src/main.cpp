@@ -1,5 +1,5 @@
 // meshmoe: command line and wiring. Subcommands: train, distill, plan, prep, deck-doc, bench-comm, bench-gemm,
-// ckpt, score, generate, translate; --version.
+// ckpt, score, generate, translate, eval; --version.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "data/prep.hpp"
 #include "decode/decode_cli.hpp"
+#include "decode/eval_cli.hpp"
 #include "data/prep_cli.hpp"
 #include "deck/deck.hpp"
 #include "mesh/mesh.hpp"
@@ -199,6 +200,21 @@ int run(int argc, char** argv) {
   tr->add_option("--max-len", tr_opt.beam.max_len, "Output tokens at most, EOS included")->capture_default_str();
   tr->add_option("--batch", tr_opt.batch, "Sources decoded together")->capture_default_str();
 
+  EvalCliOptions ev_opt;
+  auto* ev = app.add_subcommand("eval", "Validation loss, BLEU and chrF per language of a checkpoint, into an HDF5 file");
+  ev->add_option("deck", deck_path, "Input deck (TOML) of the model")->required();
+  ev->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  ev->add_option("--checkpoint", ev_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
+  ev->add_option("--beam", ev_opt.beam.beam, "Beam width; 1: greedy")->capture_default_str();
+  ev->add_option("--alpha", ev_opt.beam.alpha, "Length normalisation ((5+|Y|)/6)^alpha")->capture_default_str();
+  ev->add_option("--max-len", ev_opt.beam.max_len, "Output tokens at most, EOS included")->capture_default_str();
+  ev->add_option("--batch", ev_opt.batch, "Sources decoded together")->capture_default_str();
+  ev->add_option("--max-examples", ev_opt.max_examples, "Validation pairs translated per language (the first ones); 0: all")
+      ->capture_default_str();
+  ev->add_option("--langs", ev_opt.langs, "Languages to translate, comma-separated (default: all)")->delimiter(',');
+  ev->add_option("-o,--output", ev_opt.output, "HDF5 file to write (default: eval-<step>.h5 in the checkpoint's run directory)");
+  ev->add_option("--write-text", ev_opt.write_text, "Directory for each language's <lang>.src, .ref and .hyp lines");
+
   // A mistyped subcommand gets a suggestion rather than CLI11's "A subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
     const std::string given = argv[1];
@@ -260,6 +276,10 @@ int run(int argc, char** argv) {
   if (*tr) {
     Setup s = setup(deck_path, overrides);
     return translate_main(s.deck, s.mesh, tr_opt);
+  }
+  if (*ev) {
+    Setup s = setup(deck_path, overrides);
+    return eval_main(s.deck, s.mesh, ev_opt, MESHMOE_VERSION);
   }
   return kExitInputError;
 }

@@ -100,7 +100,7 @@ void RunCheckpoints::resume() {
     // A checkpoint from before the per-language counts (or of another language table) restarts them.
     if (m.lang_tokens.size() == progress_.lang_tokens.size()) progress_.lang_tokens = m.lang_tokens;
     if (auto it = m.counters.find("eval_pending"); it != m.counters.end())
-      progress_.eval_pending = it->second != 0 && cfg_.eval.every > 0;
+      progress_.eval_pending = it->second != 0 && (cfg_.eval.every > 0 || cfg_.eval.bleu_every > 0);
     if (continues) lineage_ = m.lineage;
     else forked_from_ = path + " (step " + std::to_string(m.step) + ")";
     if (mesh_.rank() == 0) {

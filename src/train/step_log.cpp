@@ -96,6 +96,14 @@ void StepLog::open(int64_t start_step, const std::string& languages, const std::
                      "target tokens (loss mask 1) trained per language (root attribute languages) from step 1 to this "
                      "row's step, counting the steps whose update was applied");
   metrics_->describe("eval/lang_loss", "nats/token", "validation cross-entropy per language (root attribute languages)");
+  metrics_->describe("eval/bleu", "BLEU (0-100)",
+                     "corpus BLEU (SacreBLEU 13a) per language (root attribute languages) of the greedy translations "
+                     "of its first eval.bleu_examples validation pairs (eval.bleu_every); NaN: no pair");
+  metrics_->describe("eval/chrf", "chrF (0-100)", "corpus chrF2 per language of the same translations");
+  metrics_->describe("eval/bleu_sentences", "sentences", "validation pairs translated per language");
+  metrics_->describe("eval/bleu_all", "BLEU (0-100)", "corpus BLEU of every language's translations together");
+  metrics_->describe("eval/chrf_all", "chrF (0-100)", "corpus chrF2 of every language's translations together");
+  metrics_->describe("eval/bleu_time", "s", "wall time of the translations and their scores");
 }
 
 void StepLog::header(int blas_threads, const Dataset& train, const Dataset& valid, int vocab, size_t params,
@@ -203,6 +211,27 @@ void StepLog::eval(int64_t step, const Evaluation& e, double start) {
                             {"eval/time", wall_seconds() - start}});
     metrics_->append_row("eval/lang_loss", e.lang_loss());
     metrics_->append_row("eval/lang_tokens", e.lang_tokens);
+  });
+}
+
+void StepLog::bleu(int64_t step, const std::vector<TranslationScore>& scores, double start) {
+  on_rank0_agreed([&] {
+    TranslationScore all;
+    std::vector<double> bleu, chrf, sentences;
+    for (const TranslationScore& s : scores) {
+      all += s;
+      bleu.push_back(s.bleu_score());
+      chrf.push_back(s.chrf_score());
+      sentences.push_back(double(s.sentences));
+    }
+    const double seconds = wall_seconds() - start;
+    std::printf("bleu step %lld | BLEU %.2f | chrF %.2f | %lld sentences, greedy | %.1f s\n", (long long)step,
+                all.bleu_score(), all.chrf_score(), (long long)all.sentences, seconds);
+    std::fflush(stdout);
+    metrics_->append(step, {{"eval/bleu_all", all.bleu_score()}, {"eval/chrf_all", all.chrf_score()}, {"eval/bleu_time", seconds}});
+    metrics_->append_row("eval/bleu", bleu);
+    metrics_->append_row("eval/chrf", chrf);
+    metrics_->append_row("eval/bleu_sentences", sentences);
   });
 }
 

@@ -12,6 +12,7 @@
 #include "core/timers.hpp"
 #include "data/batcher.hpp"
 #include "data/dataset.hpp"
+#include "decode/translation_eval.hpp"
 #include "deck/deck.hpp"
 #include "io/metrics.hpp"
 #include "mesh/mesh.hpp"
@@ -57,6 +58,10 @@ class StepLog {
 
   // Collective: `scalars` into the row of `step` (the last logged step or a later one).
   void record(int64_t step, const std::map<std::string, double>& scalars);
+
+  // Collective: the translation scores of `step` (begun at wall_seconds() `start`), one per
+  // language of the dataset's table (sentences = 0: not translated): its line and rows.
+  void bleu(int64_t step, const std::vector<TranslationScore>& scores, double start);
 
   // Rank 0: the closing line of a finished run.
   void done(double seconds) const;

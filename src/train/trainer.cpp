@@ -10,6 +10,8 @@
 #include "data/batcher.hpp"
 #include "data/dataset.hpp"
 #include "data/dataset_identity.hpp"
+#include "decode/decoder.hpp"
+#include "decode/translation_eval.hpp"
 #include "mesh/comm.hpp"
 #include "model/transformer.hpp"
 #include "parallel/gradient_sync.hpp"
@@ -65,7 +67,13 @@ class Trainer {
       reserve_buffer_memory(plan_memory(cfg_, vocab_, mesh.shape(), mesh.coord(Axis::Pipe), mesh.coord(Axis::Data),
                                         mesh.coord(Axis::Tensor))
                                 .total_bytes());
+    if (cfg_.eval.bleu_every > 0) {  // every rank holds the same pairs (a data error throws on all alike)
+      tokenizer_ = valid_.info().tokenizer_object();
+      const int64_t n = cfg_.eval.bleu_examples > 0 ? cfg_.eval.bleu_examples : cfg_.eval.examples_per_language;
+      bleu_pairs_ = validation_pairs(valid_, tokenizer_, n);
+    }
     model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, model_sharding(mesh));
+    if (cfg_.eval.bleu_every > 0) cached_ = agreed_cached_model(*model_, mesh);
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
     pipeline_ = std::make_unique<PipelineExecutor>(*model_, mesh, timers_, cfg_.model.recompute);
@@ -142,7 +150,7 @@ class Trainer {
           checkpoints_->save(step - progress_.bad_steps, &progress_.good_cursor);
           return kExitFailure;
         }
-        if (cfg_.eval.every > 0 && (step % cfg_.eval.every == 0 || step == steps))
+        if (due(cfg_.eval.every, step) || due(cfg_.eval.bleu_every, step))
           if (const int why = evaluate(step)) {
             progress_.eval_pending = true;  // recorded in the checkpoint: the resumed run evaluates this step first
             return checkpoints_->stop(step, why);
@@ -299,9 +307,21 @@ class Trainer {
     return w;
   }
 
-  // Validation (src/train/evaluate.hpp). A stop request during it (signal, run.max_walltime)
-  // returns its reason at once, and nothing of the evaluation is logged; 0 when done.
+  // Whether something done every `every` steps (0: never) is due at `step`: its multiples and the last step.
+  bool due(int64_t every, int64_t step) const { return every > 0 && (step % every == 0 || step == cfg_.run.steps); }
+
+  // What is due at `step`: validation (eval.every) and translation scores (eval.bleu_every). A stop
+  // request during either (signal, run.max_walltime) returns its reason at once, and nothing of
+  // the unfinished part is logged; 0 when done.
   int evaluate(int64_t step) {
+    if (due(cfg_.eval.every, step))
+      if (const int why = evaluate_loss(step)) return why;
+    if (due(cfg_.eval.bleu_every, step)) return evaluate_bleu(step);
+    return 0;
+  }
+
+  // Validation (src/train/evaluate.hpp).
+  int evaluate_loss(int64_t step) {
     const double start = wall_seconds();
     const Evaluation e = meshmoe::evaluate(eval_set_, train_.info().languages.size(), cfg_, step, *model_, *pipeline_, mesh_,
                                            [this] { return stop_requested(); });
@@ -315,6 +335,29 @@ class Trainer {
     return 0;
   }
 
+  // Greedy translations of the first eval.bleu_examples validation pairs of every language, scored
+  // (src/decode/translation_eval.hpp). Decoding runs the model in evaluation mode and keeps no
+  // state that a training step reads, so the training is the same with it and without.
+  int evaluate_bleu(int64_t step) {
+    const double start = wall_seconds();
+    std::vector<size_t> which;
+    for (size_t l = 0; l < bleu_pairs_.size(); ++l)
+      if (!bleu_pairs_[l].sources.empty()) which.push_back(l);
+    BeamOptions greedy;
+    greedy.beam = 1;
+    int stopped = 0;
+    const std::vector<TranslationScore> scores = translate_and_score(
+        *cached_, tokenizer_, bleu_pairs_, which, greedy, kBleuBatch, [this] { return stop_requested(); }, {}, &stopped);
+    if (stopped) {
+      if (mesh_.rank() == 0)
+        std::fprintf(stderr, "meshmoe: translation scores of step %lld interrupted (not recorded)\n", (long long)step);
+      return stopped;
+    }
+    log_->bleu(step, scores, start);
+    return 0;
+  }
+  static constexpr int kBleuBatch = 16;  // sources decoded together (the scores do not depend on it)
+
   std::string version_;
   TrainHooks* hooks_ = nullptr;
   const Config& cfg_;
@@ -324,8 +367,11 @@ class Trainer {
   RunDirectory run_dir_;  // locked for this run; checked to be the same directory on every rank
   Dataset train_, valid_;
   Dataset eval_set_;  // valid_, or its first eval.examples_per_language examples of every language
+  Tokenizer tokenizer_;                // eval.bleu_every: the dataset's
+  std::vector<TextPairs> bleu_pairs_;  // eval.bleu_every: the pairs translated, per language
   int vocab_ = 0;
   std::unique_ptr<Transformer<float>> model_;
+  std::unique_ptr<CachedModel<float>> cached_;  // eval.bleu_every: decodes with model_
   std::unique_ptr<PipelineExecutor> pipeline_;
   std::unique_ptr<GradientSync> grad_sync_;
   std::unique_ptr<Optimizer> optimizer_;

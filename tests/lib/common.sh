@@ -42,6 +42,34 @@ tiny_pairs() {
   "$M" prep gettext -q --root "$dir/locale" --valid-percent 10 -o "$dir/data.h5" >/dev/null
 }
 
+# demo_pairs DIR [long]: DIR/data.h5, a small two-language data set made with `meshmoe prep gettext`
+# (20% held out) from generated catalogs: German "Datei N kopiert" / "Ordner N entfernt" and French
+# "fichier N copié" for English "copied file N" / "deleted folder N", N = 1..30 (needs msgfmt).
+# With `long`, sentences of four and five words ("copied file N to disk" / "Datei N auf Disk
+# kopiert", "deleted folder N now" / "Ordner N jetzt entfernt"), so that BLEU has 4-grams to count.
+demo_pairs() {
+  local dir=$1 de="" fr="" n lang en1="copied file %s" en2="deleted folder %s" de1="Datei %s kopiert"
+  local de2="Ordner %s entfernt" fr1="fichier %s copié"
+  if [ "${2:-}" = long ]; then
+    en1="copied file %s to disk" en2="deleted folder %s now" de1="Datei %s auf Disk kopiert"
+    de2="Ordner %s jetzt entfernt" fr1="fichier %s copié sur disque"
+  fi
+  for n in $(seq 1 30); do
+    # shellcheck disable=SC2059
+    de+=$(printf "msgid \"$en1\"\nmsgstr \"$de1\"\n\nmsgid \"$en2\"\nmsgstr \"$de2\"" $n $n $n $n)$'\n\n'
+    # shellcheck disable=SC2059
+    fr+=$(printf "msgid \"$en1\"\nmsgstr \"$fr1\"" $n $n)$'\n\n'
+  done
+  for lang in de fr; do
+    mkdir -p "$dir/locale/$lang/LC_MESSAGES"
+    local body=$de
+    [ $lang = fr ] && body=$fr
+    printf 'msgid ""\nmsgstr "Content-Type: text/plain; charset=UTF-8\\n"\n\n%s' "$body" >"$dir/$lang.po"
+    msgfmt -o "$dir/locale/$lang/LC_MESSAGES/demo.mo" "$dir/$lang.po"
+  done
+  "$M" prep gettext -q --root "$dir/locale" --valid-percent 20 -o "$dir/data.h5" >/dev/null
+}
+
 # fail MESSAGE...: prints "FAIL: MESSAGE" and ends the test with exit code 1.
 fail() { echo "FAIL: $*"; exit 1; }
 

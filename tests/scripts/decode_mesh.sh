@@ -16,29 +16,7 @@ source tests/env.sh
 source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir decode-mesh
-root=$T/locale
-mo() {  # mo <lang> <po entries>
-  mkdir -p "$root/$1/LC_MESSAGES"
-  printf 'msgid ""\nmsgstr "Content-Type: text/plain; charset=UTF-8\\n"\n\n%s' "$2" >"$T/x.po"
-  msgfmt -o "$root/$1/LC_MESSAGES/demo.mo" "$T/x.po"
-}
-de="" fr=""
-for n in $(seq 1 30); do
-  de+="msgid \"copied file $n\"
-msgstr \"Datei $n kopiert\"
-
-msgid \"deleted folder $n\"
-msgstr \"Ordner $n entfernt\"
-
-"
-  fr+="msgid \"copied file $n\"
-msgstr \"fichier $n copié\"
-
-"
-done
-mo de "$de"
-mo fr "$fr"
-"$M" prep gettext -q --root "$root" --valid-percent 20 -o "$T/data.h5" >/dev/null
+demo_pairs "$T"
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "decode"

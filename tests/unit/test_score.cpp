@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "core/error.hpp"
+#include "data/dataset.hpp"
+#include "decode/translation_eval.hpp"
 #include "score/bleu.hpp"
 #include "score/chrf.hpp"
 #include "score/text.hpp"
@@ -144,4 +147,75 @@ TEST_CASE("UTF-8 decoding keeps stray bytes", "[score]") {
   CHECK(utf8_to_code_points("a\u00e9\u4e2d\U0001F600") == U"a\u00e9\u4e2d\U0001F600");
   CHECK(utf8_to_code_points(std::string("a\xff" "b\xc3", 4) ) == std::u32string{U'a', 0xFF, U'b', 0xC3});
   CHECK(code_points_to_utf8(U"a\u00e9\u4e2d\U0001F600") == "a\u00e9\u4e2d\U0001F600");
+}
+
+namespace {
+
+// One example `<tag> source SEP target [EOS]` of language `lang` (byte tokens), or without a SEP.
+void add_pair(DataSplit& s, int32_t lang, const std::string& source, const std::string& target, bool sep = true,
+              bool eos = true) {
+  std::vector<int32_t> ids{Tokenizer::kFirstLang + lang};
+  for (unsigned char c : source) ids.push_back(c);
+  if (sep) ids.push_back(Tokenizer::kSep);
+  for (unsigned char c : target) ids.push_back(c);
+  if (eos) ids.push_back(Tokenizer::kEos);
+  s.add_example(ids, std::vector<uint8_t>(ids.size(), 1), lang);
+}
+
+Dataset pairs_dataset(const DataSplit& s) {
+  DatasetInfo info;
+  info.languages = {"de", "fr", "sv"};
+  info.vocab_size = 263;
+  info.train_pairs = {0, 0, 0};
+  info.valid_pairs = {0, 0, 0};
+  return Dataset::from_memory(info, s);
+}
+
+}  // namespace
+
+TEST_CASE("validation pairs as text: source between tag and SEP, reference after it", "[score][decode]") {
+  DataSplit s;
+  add_pair(s, 0, "Datei 1 kopiert", "copied file 1");
+  add_pair(s, 1, "fichier\n2", "copied\rfile 2");  // newlines become spaces, as valid_pairs.py writes them
+  add_pair(s, 0, "kein Paar", "", false);           // no SEP: left out
+  add_pair(s, 0, "Ordner 3", "folder 3", true, false);  // no EOS: the reference runs to the end
+  add_pair(s, 0, "Datei 4", "file 4");
+  const Dataset d = pairs_dataset(s);
+  const Tokenizer tok = d.info().tokenizer_object();
+  const std::vector<TextPairs> all = validation_pairs(d, tok, 0);
+  REQUIRE(all.size() == 3);
+  CHECK(all[0].sources == std::vector<std::string>{"Datei 1 kopiert", "Ordner 3", "Datei 4"});
+  CHECK(all[0].references == std::vector<std::string>{"copied file 1", "folder 3", "file 4"});
+  CHECK(all[1].sources == std::vector<std::string>{"fichier 2"});
+  CHECK(all[1].references == std::vector<std::string>{"copied file 2"});
+  CHECK(all[2].sources.empty());
+  const std::vector<TextPairs> two = validation_pairs(d, tok, 2);  // the first two of each language
+  CHECK(two[0].sources == std::vector<std::string>{"Datei 1 kopiert", "Ordner 3"});
+  CHECK(two[1].sources.size() == 1);
+
+  DataSplit text;  // `prep text` data: no pair at all
+  add_pair(text, 0, "some text", "", false);
+  CHECK_THROWS_AS(validation_pairs(pairs_dataset(text), tok, 0), InputError);
+}
+
+TEST_CASE("translation scores add over languages like one corpus", "[score][decode]") {
+  const std::vector<std::pair<std::string, std::string>> de{{"the cat sat on the mat", "the cat sat on a mat"},
+                                                            {"a dog", "the dog barks"}},
+      fr{{"hello world again", "hello world"}};
+  TranslationScore a, b, none;
+  for (const auto& [h, r] : de) a.bleu.add(h, r), a.chrf.add(h, r);
+  for (const auto& [h, r] : fr) b.bleu.add(h, r), b.chrf.add(h, r);
+  a.sentences = 2, b.sentences = 1;
+  CHECK(std::isnan(none.bleu_score()));
+  CHECK(std::isnan(none.chrf_score()));
+  TranslationScore sum = a;
+  sum += b;
+  BleuStats corpus;
+  ChrfStats chrf;
+  for (const auto* part : {&de, &fr})
+    for (const auto& [h, r] : *part) corpus.add(h, r), chrf.add(h, r);
+  CHECK(sum.sentences == 3);
+  CHECK(sum.bleu_score() == bleu_score(corpus).score);
+  CHECK(sum.chrf_score() == chrf_score(chrf));
+  CHECK(a.bleu_score() == bleu_of(de).score);
 }

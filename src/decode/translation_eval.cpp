@@ -1,0 +1,78 @@
+#include "decode/translation_eval.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/timers.hpp"
+#include "decode/decoder.hpp"
+
+namespace meshmoe {
+
+std::vector<TextPairs> validation_pairs(const Dataset& valid, const Tokenizer& tokenizer, int64_t per_language) {
+  const DataSplit& s = valid.split();
+  const int32_t sep = int32_t(valid.info().sep_id), eos = int32_t(valid.info().eos_id);
+  std::vector<TextPairs> out(valid.info().languages.size());
+  bool any = false;
+  for (size_t e = 0; e < s.num_examples(); ++e) {
+    const int32_t lang = s.lang[e];
+    if (lang < 0 || size_t(lang) >= out.size()) continue;
+    TextPairs& p = out[size_t(lang)];
+    if (per_language > 0 && int64_t(p.sources.size()) >= per_language) continue;
+    std::vector<int32_t> ids(s.example_size(e));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(s.token(s.example_begin(e) + i));
+    const auto at = std::find(ids.begin(), ids.end(), sep);
+    if (ids.empty() || at == ids.end()) continue;
+    auto end = ids.end();
+    if (end - 1 > at && *(end - 1) == eos) --end;
+    p.sources.push_back(one_line(tokenizer, std::vector<int32_t>(ids.begin() + 1, at)));
+    p.references.push_back(one_line(tokenizer, std::vector<int32_t>(at + 1, end)));
+    any = true;
+  }
+  if (!any)
+    throw InputError(valid.path() + ": no validation example holds a SEP token, so there is no (source, reference) pair "
+                     "to translate (a dataset of `meshmoe prep text`?): translation scores need `meshmoe prep gettext` data");
+  return out;
+}
+
+TranslationScore& TranslationScore::operator+=(const TranslationScore& o) {
+  bleu += o.bleu;
+  chrf += o.chrf;
+  sentences += o.sentences;
+  too_long += o.too_long;
+  seconds += o.seconds;
+  return *this;
+}
+
+double TranslationScore::bleu_score() const { return sentences > 0 ? meshmoe::bleu_score(bleu).score : std::nan(""); }
+double TranslationScore::chrf_score() const { return sentences > 0 ? meshmoe::chrf_score(chrf) : std::nan(""); }
+
+std::vector<TranslationScore> translate_and_score(
+    CachedModel<float>& cached, const Tokenizer& tokenizer, const std::vector<TextPairs>& pairs,
+    const std::vector<size_t>& which, const BeamOptions& beam, int batch, const std::function<int()>& stop,
+    const std::function<void(size_t, const TranslationScore&, const std::vector<std::string>&)>& done, int* stopped) {
+  std::vector<TranslationScore> out(pairs.size());
+  for (size_t l : which) {
+    if (stop)
+      if (const int why = stop()) {
+        if (stopped) *stopped = why;
+        return out;
+      }
+    const TextPairs& p = pairs[l];
+    TranslationScore& s = out[l];
+    const double start = wall_seconds();
+    const int32_t tag = tokenizer.lang_token(tokenizer.languages()[l]);
+    const std::vector<std::string> hyp =
+        translate_lines(cached, tokenizer, tag, p.sources, beam, batch, [&s](size_t, size_t) { ++s.too_long; });
+    for (size_t i = 0; i < hyp.size(); ++i) {
+      s.bleu.add(hyp[i], p.references[i]);
+      s.chrf.add(hyp[i], p.references[i]);
+    }
+    s.sentences = int64_t(hyp.size());
+    s.seconds = wall_seconds() - start;
+    if (done) done(l, s, hyp);
+  }
+  return out;
+}
+
+}  // namespace meshmoe

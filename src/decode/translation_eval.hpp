@@ -1,0 +1,53 @@
+// Translation quality per language (README "Translation", `meshmoe eval` and eval.bleu_every): the
+// validation pairs of each language as text, translated with a CachedModel, scored with corpus
+// BLEU and chrF (src/score) per language and over all of them.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "data/dataset.hpp"
+#include "data/tokenizer.hpp"
+#include "decode/beam_search.hpp"
+#include "decode/cached_model.hpp"
+#include "score/bleu.hpp"
+#include "score/chrf.hpp"
+
+namespace meshmoe {
+
+// One language's validation pairs, line i of both lists being example i.
+struct TextPairs {
+  std::vector<std::string> sources, references;
+};
+
+// Per language of the dataset's table, its first `per_language` validation examples (all when 0)
+// as text, the way postprocess/valid_pairs.py writes them: the source is what lies between the
+// language tag and the first SEP, the reference what follows the SEP (EOS dropped), each decoded
+// with the tokenizer on one line (newlines become spaces). Examples without a SEP are left out;
+// throws InputError when no example has one (data from `prep text` has no translation pairs).
+std::vector<TextPairs> validation_pairs(const Dataset& valid, const Tokenizer& tokenizer, int64_t per_language);
+
+struct TranslationScore {
+  BleuStats bleu;
+  ChrfStats chrf;
+  int64_t sentences = 0;  // pairs translated and scored
+  int64_t too_long = 0;   // of them, sources the model could not read whole (README "Translation")
+  double seconds = 0;     // wall time of the translation
+  TranslationScore& operator+=(const TranslationScore& o);
+  double bleu_score() const;  // 0..100; NaN without a sentence
+  double chrf_score() const;  // 0..100; NaN without a sentence
+};
+
+// Collective (every rank decodes every pair, README "Translation"): the languages `which` (indices
+// into `pairs`) translated with the beam (1: greedy) and scored. Before each language, `stop()`
+// (collective; 0 = go on) may end the work: its reason goes to *stopped and the languages not done
+// keep sentences = 0. `done(l, score, translations)` is called after language l (progress lines,
+// the translations' text).
+std::vector<TranslationScore> translate_and_score(CachedModel<float>& cached, const Tokenizer& tokenizer,
+                                                  const std::vector<TextPairs>& pairs, const std::vector<size_t>& which,
+                                                  const BeamOptions& beam, int batch, const std::function<int()>& stop,
+                                                  const std::function<void(size_t, const TranslationScore&, const std::vector<std::string>&)>& done,
+                                                  int* stopped = nullptr);
+
+}  // namespace meshmoe
