@@ -3,7 +3,7 @@
 # does nothing when everything is present. Off Debian, or not root, it says what to install instead.
 set -euo pipefail
 PKGS=(build-essential pkg-config libopenmpi-dev openmpi-bin libhdf5-openmpi-dev libopenblas-dev catch2
-      libtomlplusplus-dev libcli11-dev libsentencepiece-dev gettext python3-numpy python3-h5py python3-matplotlib python3-torch
+      libtomlplusplus-dev libcli11-dev libsentencepiece-dev sentencepiece gettext python3-numpy python3-h5py python3-matplotlib python3-torch
       python3-nltk)
 [ "${1:-}" = "--slurm" ] && PKGS+=(slurm-wlm munge)
 [ "${1:-}" = "--fuzz" ] && PKGS+=(clang libclang-rt-14-dev)  # make fuzz: libFuzzer, sanitizers

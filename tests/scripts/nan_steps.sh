@@ -28,6 +28,9 @@ d_model = 16
 num_layers = 2
 num_heads = 2
 d_ff = 32
+# gelu, not relu: rounding differences between np=1 and np=2 can flip the derivative of a relu whose
+# input is ~0 (a jump in the gradient no tolerance bounds, which Adam then carries into the loss).
+activation = "gelu"
 dropout = 0.1
 [moe]
 num_experts = 4

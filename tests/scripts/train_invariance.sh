@@ -263,8 +263,9 @@ rel = np.abs(auxg["aux_loss"][()] * 16 - ref["aux_loss"][()]) / ref["aux_loss"][
 assert np.all(rel <= 1e-5), f"gshard aux form * E^2 vs switch form: {rel}"
 rel = np.abs(auxg["loss"][()] - ref["loss"][()]) / ref["loss"][()]
 assert np.all(rel <= 1e-5), f"gshard aux form with E^2 the coefficient trains differently: {rel}"
-# Expert choice: no aux loss, C = 6, and tokens with no expert beside tokens with several; top-2
-# gives every token 1 or 2 experts (2 when its second choice was kept).
+# Expert choice: no aux loss, C = 6, tokens with several experts at every step and, over the run,
+# tokens with none (a step may happen to cover every token); top-2 gives every token 1 or 2
+# experts (2 when its second choice was kept).
 for r in ["echoice-1", "encdec-echoice-1"]:
     ec = h5py.File(f"{T}/{r}/metrics.h5", "r")
     assert np.all(ec["aux_loss"][()] == 0), ec["aux_loss"][()]
@@ -274,7 +275,7 @@ for r in ["echoice-1", "encdec-echoice-1"]:
         assert np.all(m["dropped_fraction"][()] == 0), m["dropped_fraction"][()]
         per = m["experts_per_token"][()]
         assert per.shape[1] == 4 and np.allclose(per.sum(axis=1), 1), per
-        assert np.all(per[:, 0] > 0) and np.all(per[:, 2:].sum(axis=1) > 0), per
+        assert per[:, 0].max() > 0 and np.all(per[:, 2:].sum(axis=1) > 0), per
 per = moe["experts_per_token"][()]
 assert np.allclose(per.sum(axis=1), 1) and np.all(per[:, 3] == 0) and np.all(per[:, 2] > 0), per
 ntlb = h5py.File(f"{T}/ntlb/metrics.h5", "r")["moe/layer1"]
