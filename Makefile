@@ -37,7 +37,7 @@ TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
 $(TEST_OBJ): ALL_CXXFLAGS += -Itests
 VERSION  := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 
-.PHONY: all tests run check check-slurm bench clean deps features readme
+.PHONY: all tests run check check-slurm bench bench-gpu clean deps features readme
 all: features $(BUILD)/meshmoe
 
 features:
@@ -91,6 +91,10 @@ bench: deps
 	@$(MAKE) --no-print-directory tests
 	BUILD=$(BUILD) bench/speed.sh
 	BUILD=$(BUILD) bench/run.sh
+
+# On a GPU machine (README "GPU"): the CUDA path against the GPU's ceilings and PyTorch eager.
+bench-gpu: deps
+	BUILD=$(BUILD) bench/gpu.sh
 
 # Regenerates the deck reference between the markers in README.md from `meshmoe deck-doc`.
 readme: $(BUILD)/meshmoe

@@ -13,7 +13,11 @@ expert (GShard 2.2) as meshmoe's default. Only speed is compared here: correctne
 against PyTorch is tests/reference/model_reference.py.
 
 Best settings (DESIGN.md, environment facts): OPENBLAS_NUM_THREADS=1 and torch.set_num_threads(T).
+On a GPU (`--device cuda`, the peer of `make bench-gpu`): eager mode, fp32 without TF32 (meshmoe's
+fp32 path) or `--precision bf16` (autocast to bf16 with fp32 master weights, PyTorch's usual mixed
+precision); steps are timed with a device synchronisation at each end.
 Usage: OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/torch_peer.py DECK.toml [--threads 2] [--steps 12]
+                                  [--device cpu|cuda] [--precision fp32|bf16]
 Prints one line: `torch_peer <name> step_s <median seconds> tokens <per step>`.
 """
 import argparse
@@ -58,7 +62,7 @@ class Attention(nn.Module):
         B, T, M = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.H, M // self.H).permute(2, 0, 3, 1, 4)
         s = (q @ k.transpose(-1, -2)) / math.sqrt(M // self.H)
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         p = s.masked_fill(mask, float("-inf")).softmax(-1)
         return self.o((p @ v).transpose(1, 2).reshape(B, T, M))
 
@@ -88,7 +92,8 @@ class Moe(nn.Module):
         shape, M = x.shape, x.shape[-1]
         x = x.reshape(-1, self.S, M)  # [G, S, M]
         G, S, E, C = x.shape[0], self.S, self.E, self.C
-        gates = (x.float() @ self.wg).softmax(-1)  # [G, S, E], float32 router
+        with torch.autocast(x.device.type, enabled=False):  # float32 router (Switch 2.4)
+            gates = (x.float() @ self.wg).softmax(-1)  # [G, S, E]
         g1, e1 = gates.max(-1)
         choices = [(e1, g1)]
         if self.k == 2:
@@ -100,7 +105,7 @@ class Moe(nn.Module):
         f = F.one_hot(e1, E).float().mean(1)
         aux = (E * (f * gates.mean(1)).sum(-1)).mean()
         # Slots by cumulative sum over the group, first choices before second ones (GShard Alg. 2).
-        filled = torch.zeros(G, E, dtype=torch.long)
+        filled = torch.zeros(G, E, dtype=torch.long, device=x.device)
         buf = x.new_zeros(G * E * C + 1, M)  # the last row takes dropped choices
         rows = []
         for e, g in choices:
@@ -109,7 +114,7 @@ class Moe(nn.Module):
             filled = filled + oh.sum(1)
             slot = slot.sum(-1)
             ok = (e >= 0) & (slot < C)
-            row = torch.where(ok, (torch.arange(G).unsqueeze(1) * E + e.clamp(min=0)) * C + slot, G * E * C)
+            row = torch.where(ok, (torch.arange(G, device=x.device).unsqueeze(1) * E + e.clamp(min=0)) * C + slot, G * E * C)
             rows.append((row.reshape(-1), (g * ok).reshape(-1, 1)))
         flat = x.reshape(-1, M)
         for row, _ in rows:
@@ -151,26 +156,37 @@ def main():
     ap.add_argument("deck")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
+    dev = torch.device(a.device)
+    if a.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 is fp32, as meshmoe's cuBLAS path
+        torch.backends.cudnn.allow_tf32 = False
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     c = deck_config(a.deck)
-    model = Model(c)
+    model = Model(c).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
-    tokens = torch.randint(0, c["vocab"], (c["B"], c["T"]))
-    targets = torch.randint(0, c["vocab"], (c["B"], c["T"]))
+    tokens = torch.randint(0, c["vocab"], (c["B"], c["T"]), device=dev)
+    targets = torch.randint(0, c["vocab"], (c["B"], c["T"]), device=dev)
     times = []
     for step in range(a.steps):
+        sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(tokens, targets)
+        with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = model(tokens, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync()
         times.append(time.perf_counter() - t0)
     steady = sorted(times[2:]) if len(times) > 4 else sorted(times)
+    mem = f" peak_mem_gib {torch.cuda.max_memory_allocated() / 2**30:.1f}" if a.device == "cuda" else ""
     print(f"torch_peer {c['name']} step_s {steady[len(steady) // 2]:.4f} tokens {c['B'] * c['T']} "
-          f"loss {loss.item():.4f}")
+          f"loss {loss.item():.4f} device {a.device} precision {a.precision}{mem}")
 
 
 if __name__ == "__main__":

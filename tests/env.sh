@@ -5,4 +5,5 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_mpi_yield_when_idle=1
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-export PYTHON=/usr/bin/python3
+# The Python with h5py, numpy and torch: Debian's here; MESHMOE_PYTHON elsewhere (the GPU machine's).
+export PYTHON=${MESHMOE_PYTHON:-/usr/bin/python3}

@@ -19,17 +19,11 @@ static void ensure(Buffer<T>& v, size_t n) {
 }
 
 // Rows of the causal [T, T] matrices per GEMM. A block's GEMMs stop at its last row's causal
-// edge, skipping most of the zero upper triangle; on the GPU one GEMM per (b, h) pair is cheaper
-// than more, smaller launches.
+// edge, skipping most of the zero upper triangle; on the GPU one batched GEMM over all rows is
+// cheaper than more, smaller calls.
 static int causal_block(int Tq) {
   constexpr int kHostBlock = 64;
   return current_device() == Device::Cuda ? Tq : kHostBlock;
-}
-
-// Offset of pair bh = b * heads_l + h in an [N, A_l] buffer: row b*T, column h*D.
-static size_t pair_base(int64_t bh, int Tq, int A_l, int D) {
-  const int64_t lh = A_l / D;
-  return size_t(bh / lh) * Tq * A_l + size_t(bh % lh) * D;
 }
 
 template <typename T>
@@ -85,33 +79,25 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
 template <typename T>
 void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, const T* q, const T* k, const T* v,
                                                       int B, int Tq) {
-  const int A_l = A_l_, D = D_;
-  const T scale = T(1) / std::sqrt(T(D));
+  const AttentionPairs a{B, heads_l_, D_, Tq, Tq};
+  const T scale = T(1) / std::sqrt(T(D_));
   const int blk = causal_block(Tq);
-  // S [T, T] = scale * Q_bh [T, D] K_bh^T for every (sequence b, local head h), then the causal
-  // softmax of all B * heads_l * T rows at once, then O_bh [T, D] = P [T, T] V_bh [T, D]. The (b, h)
-  // pairs are independent tasks; each GEMM stops at the causal edge of its row block. The softmax
-  // masks the keys of other packed examples (ctx.segment), so their probabilities are exact zeros
-  // that the backward carries through.
-  for_each_task(int64_t(B) * heads_l_, [&](int64_t bh) {
-    const size_t base = pair_base(bh, Tq, A_l, D);
-    T* P = p_.data() + size_t(bh) * Tq * Tq;
-    for (int i0 = 0; i0 < Tq; i0 += blk) {
-      const int rows = std::min(blk, Tq - i0);
-      gemm(false, true, rows, i0 + rows, D, scale, q + base + size_t(i0) * A_l, A_l, k + base, A_l, T(0),
-           P + size_t(i0) * Tq, Tq);
-    }
-  });
+  const int64_t A_l = A_l_;
+  // S [T, T] = scale * Q_bh [T, D] K_bh^T for every (sequence b, local head h) pair at once, then
+  // the causal softmax of all B * heads_l * T rows, then O_bh [T, D] = P [T, T] V_bh [T, D]. Each
+  // GEMM stops at the causal edge of its row block. The softmax masks the keys of other packed
+  // examples (ctx.segment), so their probabilities are exact zeros that the backward carries through.
+  for (int i0 = 0; i0 < Tq; i0 += blk) {
+    const int rows = std::min(blk, Tq - i0);
+    gemm_batched(false, true, rows, i0 + rows, D_, scale, heads_of(q + i0 * A_l, a, Tq), heads_of(k, a, Tq), T(0),
+                 scores_of(p_.data() + size_t(i0) * Tq, a), B, heads_l_);
+  }
   for_each_index(int64_t(B) * heads_l_ * Tq, AttentionCausalSoftmaxRow<T>{p_.data(), ctx.segment, Tq, heads_l_}, Tq);
-  for_each_task(int64_t(B) * heads_l_, [&](int64_t bh) {
-    const size_t base = pair_base(bh, Tq, A_l, D);
-    const T* P = p_.data() + size_t(bh) * Tq * Tq;
-    for (int i0 = 0; i0 < Tq; i0 += blk) {
-      const int rows = std::min(blk, Tq - i0);
-      gemm(false, false, rows, D, i0 + rows, T(1), P + size_t(i0) * Tq, Tq, v + base, A_l, T(0),
-           att_.data() + base + size_t(i0) * A_l, A_l);
-    }
-  });
+  for (int i0 = 0; i0 < Tq; i0 += blk) {
+    const int rows = std::min(blk, Tq - i0);
+    gemm_batched(false, false, rows, D_, i0 + rows, T(1), scores_of<const T>(p_.data() + size_t(i0) * Tq, a),
+                 heads_of(v, a, Tq), T(0), heads_of(att_.data() + i0 * A_l, a, Tq), B, heads_l_);
+  }
 }
 
 // dy [N, M] -> dx [N, M] (+=)
@@ -148,33 +134,35 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
 template <typename T>
 void CausalSelfAttention<T>::causal_attention_backward(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv, int B,
                                                        int Tq) {
-  const int A_l = A_l_, D = D_;
-  const T scale = T(1) / std::sqrt(T(D));
+  const AttentionPairs a{B, heads_l_, D_, Tq, Tq};
+  const T scale = T(1) / std::sqrt(T(D_));
   const int blk = causal_block(Tq);
-  // Per (b, h) pair, in row blocks that stop at the causal edge: rows past a block's last row are
-  // zero in P and dS (trailing zeros of dQ's and O's sums, leading zeros of dK's and dV's).
-  for_each_task(int64_t(B) * heads_l_, [&](int64_t bh) {
-    const size_t base = pair_base(bh, Tq, A_l, D);
-    const T* P = p_.data() + size_t(bh) * Tq * Tq;
-    T* dP = dp_.data() + size_t(bh) * Tq * Tq;
-    const T* dO = datt_.data() + base;
-    for (int i0 = 0; i0 < Tq; i0 += blk) {
-      const int rows = std::min(blk, Tq - i0);
-      const size_t r = size_t(i0) * A_l;
-      // dP [T, T] = dO V^T; dV [T, D] = P^T dO
-      gemm(false, true, rows, i0 + rows, D, T(1), dO + r, A_l, v + base, A_l, T(0), dP + size_t(i0) * Tq, Tq);
-      gemm(true, false, rows, D, Tq - i0, T(1), P + size_t(i0) * Tq + i0, Tq, dO + r, A_l, T(0), dv + base + r, A_l);
-    }
-    // softmax backward: dS = P * (dP - sum_j P dP); zero above the diagonal since P is
-    for_each_index(Tq, AttentionCausalSoftmaxBackwardRow<T>{P, dP, Tq}, Tq);
-    for (int i0 = 0; i0 < Tq; i0 += blk) {
-      const int rows = std::min(blk, Tq - i0);
-      const size_t r = size_t(i0) * A_l;
-      // dQ = scale dS K; dK = scale dS^T Q
-      gemm(false, false, rows, D, i0 + rows, scale, dP + size_t(i0) * Tq, Tq, k + base, A_l, T(0), dq + base + r, A_l);
-      gemm(true, false, rows, D, Tq - i0, scale, dP + size_t(i0) * Tq + i0, Tq, q + base + r, A_l, T(0), dk + base + r, A_l);
-    }
-  });
+  const int64_t A_l = A_l_;
+  const T* P = p_.data();
+  T* dP = dp_.data();
+  const T* dO = datt_.data();
+  // Every (b, h) pair at once, in row blocks that stop at the causal edge: rows past a block's last
+  // row are zero in P and dS (trailing zeros of dQ's and O's sums, leading zeros of dK's and dV's).
+  for (int i0 = 0; i0 < Tq; i0 += blk) {
+    const int rows = std::min(blk, Tq - i0);
+    const size_t r = size_t(i0) * A_l, d = size_t(i0) * Tq;
+    // dP [T, T] = dO V^T; dV [T, D] = P^T dO
+    gemm_batched(false, true, rows, i0 + rows, D_, T(1), heads_of(dO + r, a, Tq), heads_of(v, a, Tq), T(0),
+                 scores_of(dP + d, a), B, heads_l_);
+    gemm_batched(true, false, rows, D_, Tq - i0, T(1), scores_of(P + d + i0, a), heads_of(dO + r, a, Tq), T(0),
+                 heads_of(dv + r, a, Tq), B, heads_l_);
+  }
+  // softmax backward of every row: dS = P * (dP - sum_j P dP); zero above the diagonal since P is
+  for_each_index(int64_t(B) * heads_l_ * Tq, AttentionCausalSoftmaxBackwardRow<T>{P, dP, Tq}, Tq);
+  for (int i0 = 0; i0 < Tq; i0 += blk) {
+    const int rows = std::min(blk, Tq - i0);
+    const size_t r = size_t(i0) * A_l, d = size_t(i0) * Tq;
+    // dQ = scale dS K; dK = scale dS^T Q
+    gemm_batched(false, false, rows, D_, i0 + rows, scale, scores_of<const T>(dP + d, a), heads_of(k, a, Tq), T(0),
+                 heads_of(dq + r, a, Tq), B, heads_l_);
+    gemm_batched(true, false, rows, D_, Tq - i0, scale, scores_of<const T>(dP + d + i0, a), heads_of(q + r, a, Tq),
+                 T(0), heads_of(dk + r, a, Tq), B, heads_l_);
+  }
 }
 
 template <typename T>

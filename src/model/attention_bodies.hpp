@@ -35,16 +35,17 @@ struct AttentionCausalSoftmaxRow {
   }
 };
 
-// Row i of one head's dP [T, T], in place: dS = P * (dP - sum_j P dP) over j <= i, zero above the
-// diagonal and outside the query's example (P is).
+// Row r = (b * heads_l + h) * T + i of dP [B, heads_l, T, T], in place: dS = P * (dP - sum_j P dP)
+// over j <= i, zero above the diagonal and outside the query's example (P is).
 template <typename T>
 struct AttentionCausalSoftmaxBackwardRow {
   const T* P;
   T* dP;
   int Tq;
-  MESHMOE_HD void operator()(int64_t i) const {
-    const T* pr = P + i * Tq;
-    T* dr = dP + i * Tq;
+  MESHMOE_HD void operator()(int64_t r) const {
+    const int64_t i = r % Tq;
+    const T* pr = P + r * Tq;
+    T* dr = dP + r * Tq;
     T dot = 0;
     for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
     for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);

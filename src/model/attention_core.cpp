@@ -11,57 +11,43 @@
 namespace meshmoe {
 
 namespace {
-// Offsets of pair bh = b * heads_l + h in the query-side and key-side [., A_l] buffers.
-struct PairOffsets {
-  size_t query, key, scores;
-};
-PairOffsets pair_offsets(const AttentionPairs& a, int64_t bh) {
-  const int64_t A_l = int64_t(a.heads_l) * a.D, b = bh / a.heads_l, h = bh % a.heads_l;
-  return {size_t(b * a.Tq * A_l + h * a.D), size_t(b * a.Tk * A_l + h * a.D), size_t(bh) * a.Tq * a.Tk};
-}
 void check_segments(const AttentionPairs& a) {
   if ((a.query_segment == nullptr) != (a.key_segment == nullptr))
     throw std::logic_error("masked attention: segment ids on one side only");
 }
 }  // namespace
 
+// Every (sequence b, local head h) pair at once: S_bh [Tq, Tk] = scale Q_bh K_bh^T, the masked
+// softmax of all B * heads_l * Tq rows, O_bh [Tq, D] = P_bh V_bh.
 template <typename T>
 void masked_attention_forward(const AttentionPairs& a, const T* q, const T* k, const T* v, T* P, T* O) {
   check_segments(a);
-  const int A_l = a.heads_l * a.D, Tq = a.Tq, Tk = a.Tk, D = a.D;
-  const T scale = T(1) / std::sqrt(T(D));
-  // S_bh [Tq, Tk] = scale Q_bh K_bh^T, one independent task per (sequence b, local head h)
-  for_each_task(int64_t(a.B) * a.heads_l, [&](int64_t bh) {
-    const PairOffsets o = pair_offsets(a, bh);
-    gemm(false, true, Tq, Tk, D, scale, q + o.query, A_l, k + o.key, A_l, T(0), P + o.scores, Tk);
-  });
-  for_each_index(int64_t(a.B) * a.heads_l * Tq,
-                 AttentionMaskedSoftmaxRow<T>{P, a.query_segment, a.key_segment, Tq, Tk, a.heads_l}, Tk);
-  // O_bh [Tq, D] = P_bh [Tq, Tk] V_bh [Tk, D]
-  for_each_task(int64_t(a.B) * a.heads_l, [&](int64_t bh) {
-    const PairOffsets o = pair_offsets(a, bh);
-    gemm(false, false, Tq, D, Tk, T(1), P + o.scores, Tk, v + o.key, A_l, T(0), O + o.query, A_l);
-  });
+  const T scale = T(1) / std::sqrt(T(a.D));
+  gemm_batched(false, true, a.Tq, a.Tk, a.D, scale, heads_of(q, a, a.Tq), heads_of(k, a, a.Tk), T(0), scores_of(P, a),
+               a.B, a.heads_l);
+  for_each_index(int64_t(a.B) * a.heads_l * a.Tq,
+                 AttentionMaskedSoftmaxRow<T>{P, a.query_segment, a.key_segment, a.Tq, a.Tk, a.heads_l}, a.Tk);
+  gemm_batched(false, false, a.Tq, a.D, a.Tk, T(1), scores_of<const T>(P, a), heads_of(v, a, a.Tk), T(0),
+               heads_of(O, a, a.Tq), a.B, a.heads_l);
 }
 
 template <typename T>
 void masked_attention_backward(const AttentionPairs& a, const T* q, const T* k, const T* v, const T* P, const T* dO,
                                T* dP, T* dq, T* dk, T* dv) {
   check_segments(a);
-  const int A_l = a.heads_l * a.D, Tq = a.Tq, Tk = a.Tk, D = a.D;
-  const T scale = T(1) / std::sqrt(T(D));
-  for_each_task(int64_t(a.B) * a.heads_l, [&](int64_t bh) {
-    const PairOffsets o = pair_offsets(a, bh);
-    T* dS = dP + o.scores;
-    // dP [Tq, Tk] = dO V^T; dV [Tk, D] = P^T dO
-    gemm(false, true, Tq, Tk, D, T(1), dO + o.query, A_l, v + o.key, A_l, T(0), dS, Tk);
-    gemm(true, false, Tk, D, Tq, T(1), P + o.scores, Tk, dO + o.query, A_l, T(0), dv + o.key, A_l);
-    // softmax backward: dS = P * (dP - sum_j P dP), zero where P is (masked keys)
-    for_each_index(Tq, AttentionSoftmaxBackwardRow<T>{P + o.scores, dS, Tk}, Tk);
-    // dQ = scale dS K; dK = scale dS^T Q
-    gemm(false, false, Tq, D, Tk, scale, dS, Tk, k + o.key, A_l, T(0), dq + o.query, A_l);
-    gemm(true, false, Tk, D, Tq, scale, dS, Tk, q + o.query, A_l, T(0), dk + o.key, A_l);
-  });
+  const T scale = T(1) / std::sqrt(T(a.D));
+  // dP [Tq, Tk] = dO V^T; dV [Tk, D] = P^T dO
+  gemm_batched(false, true, a.Tq, a.Tk, a.D, T(1), heads_of(dO, a, a.Tq), heads_of(v, a, a.Tk), T(0), scores_of(dP, a),
+               a.B, a.heads_l);
+  gemm_batched(true, false, a.Tk, a.D, a.Tq, T(1), scores_of(P, a), heads_of(dO, a, a.Tq), T(0), heads_of(dv, a, a.Tk),
+               a.B, a.heads_l);
+  // softmax backward of every row: dS = P * (dP - sum_j P dP), zero where P is (masked keys)
+  for_each_index(int64_t(a.B) * a.heads_l * a.Tq, AttentionSoftmaxBackwardRow<T>{P, dP, a.Tk}, a.Tk);
+  // dQ = scale dS K; dK = scale dS^T Q
+  gemm_batched(false, false, a.Tq, a.D, a.Tk, scale, scores_of<const T>(dP, a), heads_of(k, a, a.Tk), T(0),
+               heads_of(dq, a, a.Tq), a.B, a.heads_l);
+  gemm_batched(true, false, a.Tk, a.D, a.Tq, scale, scores_of<const T>(dP, a), heads_of(q, a, a.Tq), T(0),
+               heads_of(dk, a, a.Tk), a.B, a.heads_l);
 }
 
 template <typename T>

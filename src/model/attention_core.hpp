@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "tensor/blas.hpp"
 #include "tensor/device.hpp"
 
 namespace meshmoe {
@@ -18,6 +19,19 @@ struct AttentionPairs {
   const int32_t* query_segment = nullptr;  // [B*Tq] or null
   const int32_t* key_segment = nullptr;    // [B*Tk] or null (both null or both set)
 };
+
+// The (b, h) pairs' matrices for gemm_batched (tensor/blas.hpp): head h of sequence b in a
+// token-major [B * rows, A_l] buffer (rows = Tq on the query side, Tk on the key side), and pair
+// bh's [Tq, Tk] scores in [B, heads_l, Tq, Tk].
+template <typename T>
+BatchedOperand<T> heads_of(T* p, const AttentionPairs& a, int rows) {
+  const int A_l = a.heads_l * a.D;
+  return {p, A_l, int64_t(rows) * A_l, a.D};
+}
+template <typename T>
+BatchedOperand<T> scores_of(T* p, const AttentionPairs& a) {
+  return {p, a.Tk, int64_t(a.heads_l) * a.Tq * a.Tk, int64_t(a.Tq) * a.Tk};
+}
 
 // P [B, heads_l, Tq, Tk] = masked softmax(q k^T / sqrt(D)); O [B*Tq, A_l] = P v (overwritten)
 template <typename T>

@@ -23,9 +23,12 @@ void LayerNorm<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
 template <typename T>
 void LayerNorm<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
   for_each_index(N, LayerNormBackwardRow<T>{dy, xhat_.data(), rstd_.data(), gain.w, dx, M_}, M_);
-  constexpr int kColumns = LayerNormParamGradColumns<T>::kColumns;
-  for_each_index((M_ + kColumns - 1) / kColumns, LayerNormParamGradColumns<T>{dy, xhat_.data(), gain.g, bias.g, N, M_},
-                 int64_t(N) * kColumns);
+  const int chunks = (N + LayerNormParamGradPartials<T>::kRows - 1) / LayerNormParamGradPartials<T>::kRows;
+  if (partials_.size() < 2 * size_t(chunks) * M_) partials_.resize(2 * size_t(chunks) * M_);
+  T* partial_gain = partials_.data();
+  T* partial_bias = partial_gain + size_t(chunks) * M_;
+  for_each_index_2d(chunks, M_, LayerNormParamGradPartials<T>{dy, xhat_.data(), partial_gain, partial_bias, N, M_});
+  for_each_index(M_, LayerNormParamGradSum<T>{partial_gain, partial_bias, gain.g, bias.g, chunks, M_}, chunks);
 }
 
 template class LayerNorm<float>;

@@ -4,4 +4,5 @@
 
 MESHMOE_CUDA_BODY_FD(meshmoe::LayerNormForwardRow)
 MESHMOE_CUDA_BODY_FD(meshmoe::LayerNormBackwardRow)
-MESHMOE_CUDA_BODY_FD(meshmoe::LayerNormParamGradColumns)
+MESHMOE_CUDA_BODY_FD(meshmoe::LayerNormParamGradPartials)
+MESHMOE_CUDA_BODY_FD(meshmoe::LayerNormParamGradSum)

@@ -35,6 +35,7 @@ class LayerNorm {
   double eps_;
   Buffer<T> xhat_;  // [N, M]
   Buffer<T> rstd_;  // [N]
+  Buffer<T> partials_;  // the parameter gradients' partial sums per row chunk [2, chunks, M]
 };
 
 }  // namespace meshmoe

@@ -56,28 +56,41 @@ struct LayerNormBackwardRow {
   }
 };
 
-// Columns [kColumns * b, kColumns * (b + 1)) of the parameter gradients (+=), each summed over the
-// N rows in order. A block of adjacent columns per index reads whole cache lines of dy and xhat on
-// the host; the parameter gradients are small, so few GPU threads suffice.
+// The parameter gradients in two passes with a fixed summation order (no atomics): first the
+// partial sums of column m over the rows of chunk c (kRows rows each), one index per (c, m), so
+// that adjacent GPU threads read adjacent columns of a row; then each column's partials added in
+// chunk order into gain.g and bias.g.
 template <typename T>
-struct LayerNormParamGradColumns {
-  static constexpr int kColumns = 16;
+struct LayerNormParamGradPartials {
+  static constexpr int kRows = 64;
   const T *dy, *xhat;
-  T *dgain, *dbias;
+  T *partial_gain, *partial_bias;  // [chunks, M]
   int N, M;
-  MESHMOE_HD void operator()(int64_t b) const {
-    const int m0 = int(b) * kColumns, m1 = m0 + kColumns < M ? m0 + kColumns : M;
-    T dg[kColumns], db[kColumns];
-    for (int m = m0; m < m1; ++m) dg[m - m0] = dgain[m], db[m - m0] = dbias[m];
-    for (int n = 0; n < N; ++n) {
-      const T* d = dy + int64_t(n) * M;
-      const T* xh = xhat + int64_t(n) * M;
-      for (int m = m0; m < m1; ++m) {
-        dg[m - m0] += d[m] * xh[m];
-        db[m - m0] += d[m];
-      }
+  MESHMOE_HD void operator()(int64_t c, int64_t m) const {
+    const int64_t n1 = (c + 1) * kRows < N ? (c + 1) * kRows : N;
+    T g = 0, b = 0;
+    for (int64_t n = c * kRows; n < n1; ++n) {
+      g += dy[n * M + m] * xhat[n * M + m];
+      b += dy[n * M + m];
     }
-    for (int m = m0; m < m1; ++m) dgain[m] = dg[m - m0], dbias[m] = db[m - m0];
+    partial_gain[c * M + m] = g;
+    partial_bias[c * M + m] = b;
+  }
+};
+
+template <typename T>
+struct LayerNormParamGradSum {
+  const T *partial_gain, *partial_bias;
+  T *dgain, *dbias;
+  int chunks, M;
+  MESHMOE_HD void operator()(int64_t m) const {
+    T g = dgain[m], b = dbias[m];
+    for (int c = 0; c < chunks; ++c) {
+      g += partial_gain[int64_t(c) * M + m];
+      b += partial_bias[int64_t(c) * M + m];
+    }
+    dgain[m] = g;
+    dbias[m] = b;
   }
 };
 

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "model/layernorm_bodies.hpp"
 #include "model/moe/moe_placement.hpp"
 
 namespace meshmoe {
@@ -171,6 +172,9 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
       case LayerKind::LayerNorm:
         buf("xhat", "[N, M]", {N, M}, f32);
         buf("rstd", "[N]", {N}, f32);
+        buf("parameter gradient partials", "2 x [N / 64, M]",
+            {2, (N + LayerNormParamGradPartials<float>::kRows - 1) / LayerNormParamGradPartials<float>::kRows, M}, f32,
+            K::Scratch);
         break;
       case LayerKind::Attention:
         buf("x", "[N, M]", {N, M}, f32);

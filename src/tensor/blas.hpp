@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include "tensor/device.hpp"
+#include "tensor/launch.hpp"
 
 namespace meshmoe {
 
@@ -25,6 +26,37 @@ inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, 
 template <typename T>
 void matmul(bool trans_a, bool trans_b, int M, int N, int K, const T* A, const T* B, T* C, bool accumulate = false) {
   gemm(trans_a, trans_b, M, N, K, T(1), A, trans_a ? M : K, B, trans_b ? K : N, accumulate ? T(1) : T(0), C, N);
+}
+
+// A batch of GEMMs over pairs (b, h), b < outer, h < inner (attention: sequence b, head h): operand
+// X of pair (b, h) starts at p + b * outer_stride + h * inner_stride.
+template <typename T>
+struct BatchedOperand {
+  T* p;
+  int ld;
+  int64_t outer_stride, inner_stride;
+  T* at(int64_t b, int64_t h) const { return p + b * outer_stride + h * inner_stride; }
+};
+
+// C_bh = alpha op(A_bh) op(B_bh) + beta C_bh for every pair: on the host one task per pair
+// (for_each_task: threads), on the GPU one strided-batched cuBLAS call per b over its `inner` pairs
+// (or one call for all when the strides make the pairs one progression), instead of a launch per pair.
+template <typename T>
+void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, T alpha, BatchedOperand<const T> A,
+                  BatchedOperand<const T> B, T beta, BatchedOperand<T> C, int outer, int inner) {
+  if (current_device() == Device::Cuda) {
+    const bool one_progression = A.outer_stride == inner * A.inner_stride && B.outer_stride == inner * B.inner_stride &&
+                                 C.outer_stride == inner * C.inner_stride;
+    const int calls = one_progression ? 1 : outer, count = one_progression ? outer * inner : inner;
+    for (int b = 0; b < calls; ++b)
+      cuda_gemm_strided_batched(trans_a, trans_b, M, N, K, alpha, A.at(b, 0), A.ld, A.inner_stride, B.at(b, 0), B.ld,
+                                B.inner_stride, beta, C.at(b, 0), C.ld, C.inner_stride, count);
+    return;
+  }
+  for_each_task(int64_t(outer) * inner, [&](int64_t bh) {
+    const int64_t b = bh / inner, h = bh % inner;
+    gemm(trans_a, trans_b, M, N, K, alpha, A.at(b, h), A.ld, B.at(b, h), B.ld, beta, C.at(b, h), C.ld);
+  });
 }
 
 }  // namespace meshmoe

@@ -102,4 +102,24 @@ void cuda_gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, co
   device_synchronize();
 }
 
+// As cuda_gemm, over `count` matrices per operand (B before A, as above).
+void cuda_gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                               int64_t stride_a, const float* B, int ldb, int64_t stride_b, float beta, float* C,
+                               int ldc, int64_t stride_c, int count) {
+  if (M == 0 || N == 0 || count == 0) return;
+  check_cublas(cublasSgemmStridedBatched(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, stride_b, A, lda,
+                                         stride_a, &beta, C, ldc, stride_c, count),
+               "sgemm strided batched");
+  device_synchronize();
+}
+void cuda_gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A,
+                               int lda, int64_t stride_a, const double* B, int ldb, int64_t stride_b, double beta,
+                               double* C, int ldc, int64_t stride_c, int count) {
+  if (M == 0 || N == 0 || count == 0) return;
+  check_cublas(cublasDgemmStridedBatched(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, stride_b, A, lda,
+                                         stride_a, &beta, C, ldc, stride_c, count),
+               "dgemm strided batched");
+  device_synchronize();
+}
+
 }  // namespace meshmoe

@@ -108,6 +108,14 @@ void cuda_gemm(bool, bool, int, int, int, float, const float*, int, const float*
 void cuda_gemm(bool, bool, int, int, int, double, const double*, int, const double*, int, double, double*, int) {
   throw Error("cuda_gemm: built without CUDA");
 }
+void cuda_gemm_strided_batched(bool, bool, int, int, int, float, const float*, int, int64_t, const float*, int, int64_t,
+                               float, float*, int, int64_t, int) {
+  throw Error("cuda_gemm_strided_batched: built without CUDA");
+}
+void cuda_gemm_strided_batched(bool, bool, int, int, int, double, const double*, int, int64_t, const double*, int,
+                               int64_t, double, double*, int, int64_t, int) {
+  throw Error("cuda_gemm_strided_batched: built without CUDA");
+}
 #endif
 
 bool host_loop_reversed() { return g_reversed; }

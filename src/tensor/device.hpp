@@ -7,6 +7,7 @@
 // so host code that reads a Buffer afterwards sees the result.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,5 +65,12 @@ void cuda_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
                const float* B, int ldb, float beta, float* C, int ldc);
 void cuda_gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
                const double* B, int ldb, double beta, double* C, int ldc);
+// `count` such GEMMs, matrix i of each operand `stride` elements after matrix i - 1 (one cuBLAS call).
+void cuda_gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                               int64_t stride_a, const float* B, int ldb, int64_t stride_b, float beta, float* C,
+                               int ldc, int64_t stride_c, int count);
+void cuda_gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A,
+                               int lda, int64_t stride_a, const double* B, int ldb, int64_t stride_b, double beta,
+                               double* C, int ldc, int64_t stride_c, int count);
 
 }  // namespace meshmoe

@@ -155,7 +155,8 @@ class Trainer {
             progress_.eval_pending = true;  // recorded in the checkpoint: the resumed run evaluates this step first
             return checkpoints_->stop(step, why);
           }
-        if (((cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0) || step == steps) && !checkpoints_->save(step))
+        if (((cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0) || (step == steps && cfg_.checkpoint.at_end)) &&
+            !checkpoints_->save(step))
           return kExitFailure;
       }
     } catch (const InputError&) {

@@ -9,7 +9,8 @@
 #   SIGUSR1 to one rank mid-run: exit 75 with a checkpoint, and the resumed run ends equal to the
 #     uninterrupted one;
 #   model.arch = "encdec": exact resume on data=2, and resharded onto tensor=2 within 1e-5;
-#   moe.router = "expert_choice": the same, experts over data.
+#   moe.router = "expert_choice": the same, experts over data;
+#   checkpoint.at_end = false: no checkpoint after the last step, the periodic ones kept.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -82,6 +83,11 @@ grep -q "resuming from .*step_00000010.h5: step 10" "$T/split.log" || fail "spli
 compare straight split 0 || fail "exact resume differs"
 ls "$T/straight/ckpt" | grep -q step_00000020.h5 || fail "no final checkpoint"
 [ "$(ls "$T/straight/ckpt" | grep -c '^step_.*\.h5$')" = 2 ] || fail "checkpoint.keep_last = 2 not applied: $(ls "$T/straight/ckpt")"
+
+echo "== checkpoint.at_end = false: the periodic checkpoints only"
+train 1 no-end --set run.steps=12 --set checkpoint.at_end=false
+[ "$(ls "$T/no-end/ckpt" | grep '^step_.*\.h5$' | tr '\n' ' ')" = "step_00000005.h5 step_00000010.h5 " ] ||
+  fail "checkpoint.at_end = false: expected steps 5 and 10 only, got $(ls "$T/no-end/ckpt")"
 
 echo "== resharded resume"
 train 4 reshard-d2t2 --set mesh.data=2 --set mesh.tensor=2 --set run.steps=10
