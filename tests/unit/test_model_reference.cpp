@@ -26,6 +26,7 @@
 #include "../test_util.hpp"
 #include "io/h5.hpp"
 #include "model/transformer.hpp"
+#include "tensor/blas.hpp"
 #include "train/grad_clip.hpp"
 #include "train/optimizer.hpp"
 #include "train/schedule.hpp"
@@ -227,6 +228,16 @@ std::vector<RefCase> ref_cases() {
     r.expect_uneven_tokens = true;
     v.push_back(r);
   }
+  // model.precision = bf16 (docs/ARCHITECTURE.md "Precision"): the model's GEMM operands rounded
+  // to bf16, the router in fp32; a dense model, GShard top-2 with gelu and random routing, Switch
+  // top-1 with dropout and jitter, and the encoder-decoder (cross-attention GEMMs).
+  const std::vector<RefCase> fp32 = v;
+  for (const std::string name : {"dense_relu", "gshard_top2", "switch_top1", "encdec_top2"}) {
+    RefCase b = *std::find_if(fp32.begin(), fp32.end(), [&](const RefCase& r) { return r.name == name; });
+    b.name += "_bf16";
+    b.cfg.model.precision = Precision::Bf16;
+    v.push_back(b);
+  }
   return v;
 }
 
@@ -314,6 +325,7 @@ void write_config(h5::File& f, const Config& c, int vocab) {
   i64("num_heads", c.model.num_heads);
   i64("d_ff", c.model.d_ff);
   str("activation", std::string(option_name(c.model.activation)));
+  str("precision", std::string(option_name(c.model.precision)));
   i64("tied_embeddings", c.model.tied_embeddings);
   f64("dropout", c.model.dropout);
   f64("layernorm_eps", c.model.layernorm_eps);
@@ -384,6 +396,7 @@ void train_run(h5::File& f, const RefCase& rc, const std::string& opt_name,
     cfg.optim.lr = 3e-3;
     cfg.optim.schedule = ScheduleKind::Cosine;
   }
+  const GemmPrecisionScope precision(cfg.model.precision);
   Transformer<float> model(cfg, kV);
   model.init(uint64_t(cfg.run.seed), cfg.model.init_scale);
   auto& P = model.params();
@@ -425,6 +438,7 @@ void run_case(const RefCase& rc, int index) {
   h5::File f = h5::File::create(path);
   write_config(f, cfg, kV);
 
+  const GemmPrecisionScope precision(cfg.model.precision);
   Transformer<float> model(cfg, kV);
   model.init(uint64_t(cfg.run.seed), cfg.model.init_scale);
   auto& P = model.params();
