@@ -11,6 +11,7 @@
 //   /routing/block<i>/{expert,slot} [N*k]   the router's decisions (the reference recomputes its own)
 //   /train/batches/{inputs,targets,mask,segment} [steps, B, T] (encdec also enc_inputs, enc_segment)
 //   /train/<adamw|adafactor>/{loss,grad_norm,lr} [steps]   total loss before each update, as the trainer
+//   /train/<adamw|adafactor>/params_<t>/<name>   bf16 cases: the weights step t starts from
 // The comparison (tolerances stated there) is done by the Python script, which exits non-zero on
 // any mismatch. The checks here only make sure each configuration exercises what it is meant to
 // (capacity drops, declined second choices, NTLB reroutes, dropout), so the reference cannot pass
@@ -404,6 +405,9 @@ void train_run(h5::File& f, const RefCase& rc, const std::string& opt_name,
   const Schedule sched = Schedule::from_config(cfg);
   std::vector<double> loss, norm, lr;
   for (int t = 1; t <= kSteps; ++t) {
+    // bf16: the weights each step starts from, for the reference's step-by-step comparison.
+    if (cfg.model.precision == Precision::Bf16)
+      write_params(f, "train/" + opt_name + "/params_" + std::to_string(t), P, false);
     const HostBatch& b = batches[size_t(t - 1)];
     const LossWeights w = loss_weights(cfg, b);
     const StepContext ctx{uint64_t(cfg.run.seed), uint32_t(t), true, 0, nullptr};
