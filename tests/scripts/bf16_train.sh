@@ -17,7 +17,10 @@
 #      identical.
 #   2. bf16 against fp32 over 40 steps of the same deck: the loss curves stay close (tolerance
 #      below, with its reason) and do differ (the operands really are rounded);
-#   3. the start-up line names the precision.
+#   3. the start-up line names the precision;
+#   4. decoding uses the checkpoint deck's precision: `meshmoe eval` of a bf16 run's checkpoint
+#      gives bitwise the validation loss the training logged at that step, and with
+#      --set model.precision=fp32 another one.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -83,6 +86,14 @@ train_or_fail long-bf16 1 $long
 # shellcheck disable=SC2086
 train_or_fail long-fp32 1 $long --set model.precision=fp32
 grep -q "OpenBLAS, fp32" "$T/long-fp32.log" || { cat "$T/long-fp32.log"; fail "the fp32 run's log does not say fp32"; }
+mkdir -p "$T/pairs"
+tiny_pairs "$T/pairs"
+train_or_fail pairs-bf16 1 --set data.path="$T/pairs/data.h5" --set run.steps=20 --set eval.every=20
+for p in bf16 fp32; do
+  mpirun -np 1 "$M" eval "$T/deck.toml" --set data.path="$T/pairs/data.h5" --set model.precision=$p \
+    --checkpoint "$T/pairs-bf16" --beam 1 --max-examples 2 -o "$T/eval-$p.h5" >"$T/eval-$p.log" 2>&1 ||
+    { cat "$T/eval-$p.log"; fail "meshmoe eval ($p) failed"; }
+done
 PAIRS="$pairs gshard-1:gshard-d2-rows2" $PYTHON - "$T" <<'PY'
 import os, sys
 import h5py, numpy as np
@@ -119,5 +130,12 @@ print(f"bf16 vs fp32 loss, 40 steps: fp32 {a[0]:.4f} -> {a[-1]:.4f}, bf16 {b[0]:
 ok = rel.max() <= 1e-2 and rel.mean() <= 3e-3 and rel.max() > 1e-4 and a[-1] < a[0] and b[-1] < b[0]
 bad += not ok
 print("bf16 vs fp32", "ok" if ok else "MISMATCH")
+m = h5py.File(f"{T}/pairs-bf16/metrics.h5", "r")
+logged = m["eval/loss"][()][list(m["step"][()]).index(20)]
+ev = {p: float(h5py.File(f"{T}/eval-{p}.h5", "r").attrs["valid_loss"]) for p in ("bf16", "fp32")}
+ok = ev["bf16"] == logged and ev["fp32"] != logged
+bad += not ok
+print(f"meshmoe eval of the bf16 checkpoint: valid loss {ev['bf16']!r} (training logged {logged!r}), "
+      f"with model.precision = fp32 {ev['fp32']!r}", "ok" if ok else "MISMATCH")
 sys.exit(1 if bad else 0)
 PY
