@@ -19,6 +19,7 @@ using Device_t = Device;
 using ModelArch_t = ModelArch;
 using Activation_t = Activation;
 using Recompute_t = Recompute;
+using Precision_t = Precision;
 using RouterKind_t = RouterKind;
 using SecondExpertPolicy_t = SecondExpertPolicy;
 using AuxLossForm_t = AuxLossForm;

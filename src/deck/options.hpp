@@ -15,6 +15,7 @@ namespace meshmoe {
 enum class Device { Cpu, Cuda };                            // run.device (tensor/device.hpp)
 enum class ModelArch { Decoder, EncDec };                   // model.arch (model/transformer.hpp)
 enum class Activation { Relu, Gelu, Geglu };                // model.activation (model/activation.hpp)
+enum class Precision { Fp32, Bf16 };                        // model.precision (tensor/blas.hpp)
 enum class Recompute {                                      // model.recompute
   None,   // every in-flight micro-batch's saved activations (parked in an ActivationStash)
   Block,  // only its stage input; the forward runs again before the backward
@@ -39,6 +40,7 @@ struct OptionNames;  // table: {value, name} for every value, in the order deck-
 MESHMOE_OPTION_NAMES(Device, {Device::Cpu, "cpu"}, {Device::Cuda, "cuda"})
 MESHMOE_OPTION_NAMES(ModelArch, {ModelArch::Decoder, "decoder"}, {ModelArch::EncDec, "encdec"})
 MESHMOE_OPTION_NAMES(Activation, {Activation::Relu, "relu"}, {Activation::Gelu, "gelu"}, {Activation::Geglu, "geglu"})
+MESHMOE_OPTION_NAMES(Precision, {Precision::Fp32, "fp32"}, {Precision::Bf16, "bf16"})
 MESHMOE_OPTION_NAMES(Recompute, {Recompute::None, "none"}, {Recompute::Block, "block"})
 MESHMOE_OPTION_NAMES(RouterKind, {RouterKind::Top1, "top1"}, {RouterKind::Top2, "top2"}, {RouterKind::TopK, "topk"},
                      {RouterKind::ExpertChoice, "expert_choice"})

@@ -5,6 +5,7 @@
 #include "core/error.hpp"
 #include "mesh/agree.hpp"
 #include "parallel/pipeline_executor.hpp"
+#include "tensor/blas.hpp"
 #include "train/checkpoint_cli.hpp"
 #include "train/run_checkpoints.hpp"
 #include "train/run_data.hpp"
@@ -41,6 +42,7 @@ Decoder load_decoder(const Deck& deck, Mesh& mesh, const std::string& checkpoint
       throw InputError(std::string("--checkpoint ") + e.what());
     }
   });
+  set_gemm_precision(cfg.model.precision);  // decode in the arithmetic the model was trained in
   d.model = std::make_unique<Transformer<float>>(cfg, model_vocab(cfg, d.valid), model_sharding(mesh));
   // No optimizer state; the routers' selection biases (moe.balance = bias) route as in training.
   std::vector<StateTensor> model_state = selection_bias_state(*d.model);

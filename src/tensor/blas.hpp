@@ -1,31 +1,78 @@
 // Row-major GEMM for float and double (double is used by the finite-difference tests, float by
 // training): OpenBLAS on the host, cuBLAS when run.device = "cuda" (tensor/device.hpp).
 // C[M,N] = alpha * op(A) op(B) + beta * C.
+//
+// Precision of the float GEMMs (model.precision, Switch Transformer section 2.4: selective
+// precision; docs/ARCHITECTURE.md "Precision"): `gemm` and `matmul` are the model's GEMMs, whose
+// operands are rounded to bf16 when the process's GEMM precision is Bf16 (products summed in fp32,
+// fp32 result); `gemm_fp32` and `matmul_fp32` always take the operands as they are (the router).
+// The double GEMMs never round.
 #pragma once
 #include <cblas.h>
 
+#include "deck/options.hpp"  // enum class Precision (model.precision)
 #include "tensor/device.hpp"
 #include "tensor/launch.hpp"
 
 namespace meshmoe {
 
-inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                 const float* B, int ldb, float beta, float* C, int ldc) {
+// The process's precision of the model's float GEMMs; Fp32 until set (by the trainer and the
+// decoders from model.precision, before the first forward).
+Precision gemm_precision();
+void set_gemm_precision(Precision p);
+
+// Sets the GEMM precision for a scope (tests), restoring the previous one after.
+class GemmPrecisionScope {
+ public:
+  explicit GemmPrecisionScope(Precision p) : saved_(gemm_precision()) { set_gemm_precision(p); }
+  ~GemmPrecisionScope() { set_gemm_precision(saved_); }
+  GemmPrecisionScope(const GemmPrecisionScope&) = delete;
+  GemmPrecisionScope& operator=(const GemmPrecisionScope&) = delete;
+
+ private:
+  Precision saved_;
+};
+
+// C = alpha op(bf16(A)) op(bf16(B)) + beta C with fp32 sums and result: on the host, copies of the
+// operands rounded by round_bf16 (tensor/bf16.hpp) into per-thread scratch, then sgemm; on the GPU
+// cuBLAS with bf16 operands (tensor/cuda_gemm_bf16.hpp).
+void gemm_bf16_operands(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                        const float* B, int ldb, float beta, float* C, int ldc);
+
+inline void gemm_fp32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                      const float* B, int ldb, float beta, float* C, int ldc) {
   if (current_device() == Device::Cuda) return cuda_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
               alpha, A, lda, B, ldb, beta, C, ldc);
 }
-inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
-                 const double* B, int ldb, double beta, double* C, int ldc) {
+inline void gemm_fp32(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
+                      const double* B, int ldb, double beta, double* C, int ldc) {
   if (current_device() == Device::Cuda) return cuda_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
               alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                 const float* B, int ldb, float beta, float* C, int ldc) {
+  if (gemm_precision() == Precision::Bf16)
+    return gemm_bf16_operands(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_fp32(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
+                 const double* B, int ldb, double beta, double* C, int ldc) {
+  gemm_fp32(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // Dense row-major shorthand: C[M,N] (+)= op(A) op(B), leading dimensions from the shapes.
 template <typename T>
 void matmul(bool trans_a, bool trans_b, int M, int N, int K, const T* A, const T* B, T* C, bool accumulate = false) {
   gemm(trans_a, trans_b, M, N, K, T(1), A, trans_a ? M : K, B, trans_b ? K : N, accumulate ? T(1) : T(0), C, N);
+}
+// The same with the operands as they are, whatever model.precision says.
+template <typename T>
+void matmul_fp32(bool trans_a, bool trans_b, int M, int N, int K, const T* A, const T* B, T* C,
+                 bool accumulate = false) {
+  gemm_fp32(trans_a, trans_b, M, N, K, T(1), A, trans_a ? M : K, B, trans_b ? K : N, accumulate ? T(1) : T(0), C, N);
 }
 
 // A batch of GEMMs over pairs (b, h), b < outer, h < inner (attention: sequence b, head h): operand

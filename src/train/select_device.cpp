@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "mesh/agree.hpp"
+#include "tensor/blas.hpp"
 #include "tensor/device.hpp"
 
 namespace meshmoe {
@@ -35,10 +36,12 @@ void warn_threads_over_cores(int threads, MPI_Comm world) {
                  threads, cores, cores == 1 ? "" : "s", cores == 1 ? "it" : "them", threads, threads);
 }
 
-std::string select_device(Device device, MPI_Comm world) {
+std::string select_device(Device device, Precision precision, MPI_Comm world) {
+  set_gemm_precision(precision);
+  const bool bf16 = precision == Precision::Bf16;
   if (device != Device::Cuda) {
     set_device(Device::Cpu);
-    return "device: cpu (OpenBLAS, fp32)";
+    return bf16 ? "device: cpu (OpenBLAS; GEMM operands rounded to bf16, fp32 sums)" : "device: cpu (OpenBLAS, fp32)";
   }
   int rank = 0, size = 1;
   MPI_Comm_rank(world, &rank);
@@ -69,7 +72,8 @@ std::string select_device(Device device, MPI_Comm world) {
     set_device(Device::Cpu);
     throw InputError(msg);
   }
-  return "device: cuda, " + cuda_device_name() + " on rank 0; cuBLAS fp32, managed memory";
+  return "device: cuda, " + cuda_device_name() + " on rank 0; cuBLAS " +
+         (bf16 ? "bf16 GEMM operands, fp32 accumulation" : "fp32") + ", managed memory";
 }
 
 }  // namespace meshmoe

@@ -11,8 +11,9 @@ namespace meshmoe {
 // Puts this process on run.device (cpu or cuda). With "cuda" each rank binds to a GPU of its
 // node (node-local rank modulo the GPUs it sees) before the model allocates anything. Collective
 // over `world`: when any rank cannot, every rank throws InputError with the first failing rank's
-// reason and host, so no rank is left waiting in a later collective. Returns a line for the log.
-std::string select_device(Device device, MPI_Comm world);
+// reason and host, so no rank is left waiting in a later collective. Sets the precision of the
+// model's GEMMs (model.precision, tensor/blas.hpp) too. Returns a line for the log.
+std::string select_device(Device device, Precision precision, MPI_Comm world);
 
 // More threads than allowed cores share them: the run is as slow as with fewer threads, and the
 // sgemm peak MFU is measured against is too (every rank checks; rank 0 says it once). Collective.

@@ -53,7 +53,7 @@ class Trainer {
     blas_threads_ = apply_run_threads(cfg_.run.threads);  // before the sgemm peak is measured
     warn_threads_over_cores(blas_threads_, mesh.world());
     // Before anything the model allocates: its Buffers live where run.device says.
-    const std::string device_line = select_device(cfg_.run.device, mesh.world());
+    const std::string device_line = select_device(cfg_.run.device, cfg_.model.precision, mesh.world());
     if (mesh.rank() == 0) std::printf("%s\n", device_line.c_str());
     check_dataset_tokenizer(cfg_.data.path, train_.info(), cfg_.data.tokenizer, cfg_.data.spm_pieces);
     vocab_ = model_vocab(cfg_, train_);

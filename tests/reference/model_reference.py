@@ -30,6 +30,22 @@ Tolerances (fp32 on both sides; "max-rel" = max |cpp - ref| / max |ref| over the
   loss curves (AdamW, Adafactor; 10 steps each)     |cpp - ref| <= 1e-4 |ref| per step
   gradient-norm curves                              |cpp - ref| <= 1e-4 |ref| per step
   learning rates                                    |cpp - ref| <= 1e-12 |ref|
+
+Precision "bf16" (the *_bf16 cases): every GEMM of the model (not the router's) takes its operands
+rounded to bf16 by PyTorch's own conversion (to nearest, ties to even), in the forward and in both
+GEMMs of its backward (Bf16Gemm), products summed in fp32. The tolerances are the fp32 ones above,
+and they hold: a product of two bf16 values is exact in fp32 and the sums of these small GEMMs are
+mostly exact too, so the rounded operands snap the two sides' last-bit differences back together
+(the logits come out bitwise equal). What can differ is a value within an fp32 ulp or two of a bf16
+rounding boundary, rounded the other way on one side: one operand element then moves by 2^-8 of
+itself, rare (about 2^-15 per rounded value) and seen in the gradient norms only (up to 4e-5).
+Two checks make sure the cases test bf16: the fp32 model's logits and gradients are at least 10x
+further from the C++ ones than the bf16 reference's. The curves: a trajectory run freely on
+both sides drifts apart (a master weight a last bit apart rounds to another bf16 value a few steps
+on, and the 2^-8 jump feeds back: 1e-2 after 10 steps in encdec_top2_bf16), so for bf16 cases
+each step starts from the C++ side's weights at that step (/train/<opt>/params_<t>): the loss and
+gradient-norm curves then compare ten forward/backward passes along the C++ trajectory, to 1e-4.
+The optimizers, fp32 in both precisions, are compared free-running by the fp32 cases.
 Prints the worst error per quantity; exits 1 on any mismatch or a missing case file.
 Usage: /usr/bin/python3 tests/reference/model_reference.py DIR
 """
@@ -47,7 +63,8 @@ from optim_reference import PaperAdafactor, schedule  # noqa: E402
 from philox import DROPOUT, EXPERT_DROPOUT, JITTER, SECOND_EXPERT, Rng  # noqa: E402
 
 CASES = ["dense_relu", "switch_top1", "gshard_top2", "geglu_untied", "encdec_top2", "top2_ntlb", "shared_experts",
-         "bias_ntlb", "gshard_line22", "expert_choice", "encdec_expert_choice"]
+         "bias_ntlb", "gshard_line22", "expert_choice", "encdec_expert_choice",
+         "dense_relu_bf16", "gshard_top2_bf16", "switch_top1_bf16", "encdec_top2_bf16"]
 CLIP_COUNTS = []  # fraction of clipped steps of every training run
 TOL_LOGITS, TOL_SCALAR, TOL_GRAD_REL, TOL_GRAD_ABS, TOL_CURVE, TOL_LR = 1e-5, 1e-5, 1e-4, 1e-7, 1e-4, 1e-12
 
@@ -114,6 +131,45 @@ def dropout(x, ctx, layer, rate):
 
 
 # ---------------------------------------------------------------------------------------------
+# The model's GEMMs (precision "bf16": Switch Transformer section 2.4, selective precision)
+
+def to_bf16(t):
+    """t rounded to bfloat16 (PyTorch's own conversion: to nearest, ties to even), back in fp32."""
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+class Bf16Gemm(torch.autograd.Function):
+    """alpha (bf16(a) @ bf16(b)): operands rounded to bf16, exact products summed in fp32 (the
+    rounding passes the gradient straight through). The backward's two GEMMs round their operands
+    too: da = alpha bf16(g) bf16(b)^T, db = alpha bf16(a)^T bf16(g)."""
+
+    @staticmethod
+    def forward(ctx, a, b, alpha):
+        ctx.save_for_backward(a, b)
+        ctx.alpha = alpha
+        return scaled(to_bf16(a) @ to_bf16(b), alpha)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        g = to_bf16(g)
+        da = scaled(g @ to_bf16(b).transpose(-1, -2), ctx.alpha)
+        db = scaled(to_bf16(a).transpose(-1, -2) @ g, ctx.alpha)
+        return da, db, None
+
+
+def scaled(t, alpha):
+    return t if alpha == 1.0 else t * np.float32(alpha)
+
+
+def gemm(a, b, cfg, alpha=1.0):
+    """A GEMM of the model (not the router's): alpha a @ b, in the case's precision."""
+    if getattr(cfg, "precision", "fp32") == "bf16":
+        return Bf16Gemm.apply(a, b, alpha)
+    return scaled(a @ b, alpha)
+
+
+# ---------------------------------------------------------------------------------------------
 # Layers
 
 def activation(name, pre, H):
@@ -135,10 +191,10 @@ def attention(x, P, pre, cfg, B, T, segment, causal=True, kv=None, kv_segment=No
     Tk = kv_segment.shape[1]
 
     def heads(src, w, n):
-        return (src @ P[pre + w]).view(B, n, Hh, D).transpose(1, 2)  # [B, H, n, D]
+        return gemm(src, P[pre + w], cfg).view(B, n, Hh, D).transpose(1, 2)  # [B, H, n, D]
 
     q, k, v = heads(x, ".wq", T), heads(kv, ".wk", Tk), heads(kv, ".wv", Tk)
-    s = (q @ k.transpose(-1, -2)) * np.float32(1.0 / math.sqrt(D))
+    s = gemm(q, k.transpose(-1, -2), cfg, 1.0 / math.sqrt(D))
     seg = torch.from_numpy(segment.astype(np.int64))
     kseg = torch.from_numpy(kv_segment.astype(np.int64))
     seen = seg[:, :, None] == kseg[:, None, :]  # [B, T, Tk]
@@ -146,14 +202,14 @@ def attention(x, P, pre, cfg, B, T, segment, causal=True, kv=None, kv_segment=No
         seen = seen & torch.ones(T, Tk, dtype=torch.bool).tril()
     p = torch.softmax(s.masked_fill(~seen[:, None], float("-inf")), dim=-1)
     p = torch.where(seen[:, None].any(-1, keepdim=True), p, torch.zeros_like(p))
-    o = (p @ v).transpose(1, 2).reshape(B * T, M)
-    return o @ P[pre + ".wo"]
+    o = gemm(p, v, cfg).transpose(1, 2).reshape(B * T, M)
+    return gemm(o, P[pre + ".wo"], cfg)
 
 
 def mlp(x, P, pre, cfg):
     H = cfg.d_ff
     w_in = P[pre + ".w_in"].reshape(cfg.d_model, -1)  # [M, H] or [M, 2, H] -> [M, 2H]
-    return activation(cfg.activation, x @ w_in, H) @ P[pre + ".w_out"]
+    return gemm(activation(cfg.activation, gemm(x, w_in, cfg), H), P[pre + ".w_out"], cfg)
 
 
 def route(probs_np, cfg, ctx, layer, bias=None):
@@ -273,7 +329,8 @@ def moe(x, P, pre, cfg, ctx, layer, routing_out, bias=None):
         gates = (probs.double() / (probs.double() * topmask).sum(-1, keepdim=True)).float()
     combine = gates.view(G, S, E, 1) * dispatch  # [G, S, E, C]
     xin = torch.einsum("gsec,gsm->egcm", dispatch, x.view(G, S, M))
-    h = activation(cfg.activation, torch.einsum("egcm,emh->egch", xin, P[pre + ".experts.w_in"].reshape(E, M, -1)), H)
+    w_in = P[pre + ".experts.w_in"].reshape(E, M, -1)
+    h = activation(cfg.activation, gemm(xin.reshape(E, G * C, M), w_in, cfg).view(E, G, C, -1), H)  # egcm,emh->egch
     p = cfg.expert_dropout if ctx.training else 0.0
     if p > 0:  # Switch 2.4 expert dropout, keyed by (global token, expert, hidden unit)
         tok = np.maximum(slot_token, 0).astype(np.uint64)
@@ -282,7 +339,7 @@ def moe(x, P, pre, cfg, ctx, layer, routing_out, bias=None):
         u = Rng(ctx.seed, ctx.step, layer, EXPERT_DROPOUT).uniform_double(idx)
         drop = (slot_token >= 0)[..., None] & (u < p)
         h = h * torch.from_numpy(np.where(drop, np.float32(0), np.float32(1.0 / (1.0 - p))).astype(np.float32))
-    out = torch.einsum("egch,ehm->egcm", h, P[pre + ".experts.w_out"])
+    out = gemm(h.reshape(E, G * C, H), P[pre + ".experts.w_out"], cfg).view(E, G, C, M)  # egch,ehm->egcm
     y = torch.einsum("gsec,egcm->gsm", combine, out).reshape(N, M)
     # Shared experts (DeepSeekMoE eq. 3): each of the n experts on its own slice [i H, (i+1) H) of
     # the hidden units, summed (an independent form of the C++ one-feed-forward-of-width-n-H).
@@ -292,7 +349,7 @@ def moe(x, P, pre, cfg, ctx, layer, routing_out, bias=None):
         w_out = P[pre + ".shared.w_out"]  # [nH, M]
         for i in range(n):
             cols = w_in[:, :, i * H:(i + 1) * H].reshape(M, -1)  # expert i's [M, H] or [M, 2H]
-            y = y + activation(cfg.activation, x @ cols, H) @ w_out[i * H:(i + 1) * H]
+            y = y + gemm(activation(cfg.activation, gemm(x, cols, cfg), H), w_out[i * H:(i + 1) * H], cfg)
     return y, aux_sum, z_sum
 
 
@@ -347,7 +404,7 @@ def forward(P, cfg, inputs, targets, mask, segment, ctx, enc_inputs=None, enc_se
     for i in range(L_enc, cfg.blocks()):
         x = block(x, i, segment, True, enc)
     W = P["embed.wte"] if cfg.tied_embeddings else P["head.wout"]
-    logits = ln(x, "ln_f") @ W.t()
+    logits = gemm(ln(x, "ln_f"), W.t(), cfg)
     m = torch.from_numpy(mask.reshape(-1).astype(np.float32))
     t = torch.from_numpy(np.maximum(targets.reshape(-1), 0).astype(np.int64))
     nll = torch.logsumexp(logits, -1) - logits.gather(1, t.unsqueeze(1)).squeeze(1)
@@ -394,6 +451,9 @@ def check_case(path, case):
             batches += [f["train/batches"][k][()] for k in ("enc_inputs", "enc_segment")]
         curves = {o: {k: f["train"][o][k][()] for k in ("loss", "grad_norm", "lr")} for o in ("adamw", "adafactor")}
         peaks = {o: (float(f["train"][o].attrs["lr_peak"]), f["train"][o].attrs["schedule"]) for o in curves}
+        # bf16: the C++ weights at the start of every step (see the curves below)
+        forced = {o: [{n: g[f"params_{t}"][n][()] for n in g[f"params_{t}"]} for t in range(1, len(curves[o]["loss"]) + 1)]
+                  for o in curves if "params_1" in (g := f["train"][o])}
     moe_desc = (f"moe every {cfg.moe_every}: E={cfg.num_experts} router={cfg.router} k={cfg.k()} C={cfg.capacity()} "
                 f"second={cfg.second_expert} expert_dropout={cfg.expert_dropout} jitter={cfg.jitter_eps} "
                 f"ntlb={cfg.no_token_left_behind} shared={getattr(cfg, 'shared_experts', 0)}" if cfg.moe_every > 0 else "dense")
@@ -401,6 +461,7 @@ def check_case(path, case):
           f"{moe_desc}")
 
     # --- one forward/backward
+    precision = getattr(cfg, "precision", "fp32")
     P = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
     logits, ce, aux, z, routing = forward(P, cfg, inputs, targets, mask, segment, ctx, *enc_batch,
                                           bias=given_bias or None)
@@ -444,7 +505,8 @@ def check_case(path, case):
                   f" ({ec_zero} and {ec_several})")
 
     ref_logits = logits.detach().numpy()
-    rep.check("logits max-rel", np.abs(cpp_logits - ref_logits).max() / np.abs(ref_logits).max(), TOL_LOGITS)
+    logits_err = np.abs(cpp_logits - ref_logits).max() / np.abs(ref_logits).max()
+    rep.check("logits max-rel", logits_err, TOL_LOGITS)
     for name, ref in (("ce_sum", ce.item()), ("aux_sum", aux.item()), ("z_sum", z.item()), ("loss", loss.item())):
         err = abs(float(out[name]) - ref)
         rep.check(f"{name} ({ref:.6g})", err, TOL_SCALAR * abs(ref) + 1e-12)
@@ -469,6 +531,18 @@ def check_case(path, case):
         if err > lim:
             rep.check(f"grad {n}", err, lim)
     rep.check(f"grads: worst err/limit ({worst_name})", worst, 1.0)
+    if precision == "bf16":
+        # The test must tell bf16 from fp32: the fp32 model is far further from the C++ bf16 logits
+        # and gradients than the bf16 reference is.
+        P32 = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
+        lg32, ce32, aux32, z32, _ = forward(P32, Cfg(vars(cfg) | {"precision": "fp32"}), inputs, targets, mask, segment,
+                                            ctx, *enc_batch, bias=given_bias or None)
+        (ce32.double() * w_ce + aux32 * w_aux + z32 * w_z).backward()
+        fp32_err = np.abs(cpp_logits - lg32.detach().numpy()).max() / np.abs(ref_logits).max()
+        rep.check("fp32 model: logits max-rel >= 10x", 10 * logits_err, fp32_err, f" (fp32 model {fp32_err:.3e})")
+        g_bf16 = max(float(np.abs(cpp_grads[n] - P[n].grad.numpy()).max()) for n in P if P[n].grad is not None)
+        g_fp32 = max(float(np.abs(cpp_grads[n] - P32[n].grad.numpy()).max()) for n in P32 if P32[n].grad is not None)
+        rep.check("fp32 model: grads max-abs >= 10x", 10 * g_bf16, g_fp32, f" (fp32 model {g_fp32:.3e})")
 
     # --- 10 AdamW and 10 Adafactor steps from the same init, as the trainer
     c = dict(lr=0.0, warmup_steps=int(cfg.warmup_steps), run_steps=int(cfg.run_steps),
@@ -495,6 +569,10 @@ def check_case(path, case):
         bias = {i: np.zeros(cfg.num_experts, dtype=np.float32) for i in range(cfg.blocks()) if cfg.is_moe(i)}
         for t in range(1, steps + 1):
             bi, bt, bm, bs, *benc = (a[t - 1] for a in batches)
+            if o in forced:
+                with torch.no_grad():
+                    for n, p in P.items():
+                        p.copy_(torch.from_numpy(forced[o][t - 1][n]))
             for p in plist:
                 p.grad = None
             lg, ce, aux, z, step_routing = forward(P, cfg, bi, bt, bm, bs, Ctx(cfg.seed, t, 0), *benc,

@@ -269,7 +269,7 @@ TEST_CASE("deck: option keys hold their enum; the deck, --set and the effective 
     CHECK_THAT(deck_errors("[" + k.section + "]\n" + k.key + " = \"no-such-name\"\n"),
                Catch::Contains(k.name() + ": must be one of " + k.constraint.describe(false)));
   }
-  CHECK(option_keys == 12);
+  CHECK(option_keys == 13);
   // The enums themselves, and the names that used to be checked where each was used.
   const Deck d = parse_deck(R"(
 [run]
@@ -277,6 +277,7 @@ device = "cuda"
 [model]
 activation = "geglu"
 recompute = "block"
+precision = "bf16"
 [moe]
 router = "topk"
 second_expert = "threshold"
@@ -290,6 +291,8 @@ tokenizer = "spm"
   CHECK(d.cfg.run.device == Device::Cuda);
   CHECK(d.cfg.model.activation == Activation::Geglu);
   CHECK(d.cfg.model.recompute == Recompute::Block);
+  CHECK(d.cfg.model.precision == Precision::Bf16);
+  CHECK(Config{}.model.precision == Precision::Fp32);
   CHECK(d.cfg.moe.router == RouterKind::TopK);
   CHECK(d.cfg.moe.second_expert == SecondExpertPolicy::Threshold);
   CHECK(d.cfg.moe.expert_axis == ExpertAxis::Tensor);
@@ -297,6 +300,7 @@ tokenizer = "spm"
   CHECK(d.cfg.optim.schedule == ScheduleKind::Cosine);
   CHECK(d.cfg.data.tokenizer == TokenizerKind::Spm);
   CHECK_THAT(deck_errors("[model]\nrecompute = \"all\""), Catch::Contains("model.recompute: must be one of none, block"));
+  CHECK_THAT(deck_errors("[model]\nprecision = \"fp16\""), Catch::Contains("model.precision: must be one of fp32, bf16"));
   CHECK_THAT(deck_errors("[model]\nactivation = \"swish\""), Catch::Contains("model.activation: must be one of relu, gelu, geglu"));
   CHECK_THAT(deck_errors("[moe]\nexpert_axis = \"pipe\""), Catch::Contains("moe.expert_axis: must be one of data, tensor"));
   CHECK_THAT(deck_errors("[optim]\nname = \"sgd\""), Catch::Contains("optim.name: must be one of adamw, adafactor"));

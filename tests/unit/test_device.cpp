@@ -5,7 +5,8 @@
 //  - Buffers are freed the way they were allocated; host Buffers routed through an arena
 //    (tensor/arena.hpp) give the same step bitwise and the memory plan's bytes hold it in one chunk;
 //  - [cuda] with a GPU: cuBLAS GEMMs against OpenBLAS, and the whole model on the GPU against the
-//    host model (fp32: relative 1e-5 on losses, 1e-4 on the gradient norm-wise; fp64: 1e-12).
+//    host model (fp32: relative 1e-5 on losses, 1e-4 on the gradient norm-wise; fp64: 1e-12), and
+//    the same with model.precision = bf16 on both sides (cuBLAS bf16 GEMM against the host emulation).
 //    Without a GPU these cases WARN "skipped" and check nothing.
 #include <catch2/catch.hpp>
 
@@ -198,6 +199,65 @@ TEST_CASE("device: the whole model on the GPU matches the host model", "[device]
     CHECK(std::abs(gpu32.stats.z_sum - host32.stats.z_sum) <= 1e-5 * std::max(1.0, host32.stats.z_sum));
     CHECK(rel_norm_diff(gpu32.logits, host32.logits) < 1e-5);
     CHECK(rel_norm_diff(gpu32.grads, host32.grads) < 1e-4);
+  }
+}
+
+TEST_CASE("device: cuBLAS bf16 GEMM equals the host emulation for every transpose", "[device][cuda][bf16]") {
+  if (!gpu_available()) {
+    WARN("skipped: no GPU");
+    return;
+  }
+  // Both sides multiply the same bf16-rounded operands (tensor/bf16.hpp) exactly and sum in fp32:
+  // only the summation order differs.
+  const GemmPrecisionScope bf16(Precision::Bf16);
+  const int M = 37, N = 29, K = 41;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      std::vector<float> A(M * K), B(K * N), C0(M * N);
+      for (auto& x : A) x = u(rng);
+      for (auto& x : B) x = u(rng);
+      for (auto& x : C0) x = u(rng);
+      std::vector<float> host = C0, unrounded = C0;
+      gemm(ta, tb, M, N, K, 0.7f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.3f, host.data(), N);
+      gemm_fp32(ta, tb, M, N, K, 0.7f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.3f, unrounded.data(), N);
+      std::vector<float> dev;
+      {
+        OnGpu gpu;
+        Buffer<float> dA(A.begin(), A.end()), dB(B.begin(), B.end()), dC(C0.begin(), C0.end());
+        gemm(ta, tb, M, N, K, 0.7f, dA.data(), ta ? M : K, dB.data(), tb ? K : N, 0.3f, dC.data(), N);
+        dev.assign(dC.begin(), dC.end());
+      }
+      INFO("trans_a " << ta << " trans_b " << tb);
+      CHECK(rel_norm_diff(dev, host) < 1e-6);
+      CHECK(rel_norm_diff(dev, unrounded) > 1e-4);  // the GPU rounded the operands
+    }
+}
+
+TEST_CASE("device: the whole model in bf16 on the GPU matches the host bf16 model", "[device][cuda][bf16]") {
+  if (!gpu_available()) {
+    WARN("skipped: no GPU");
+    return;
+  }
+  // model.precision = bf16 on both sides: the same rounded operands, sums in another order. The
+  // fp32 tolerances hold (the host emulation matches PyTorch's bf16 model to them,
+  // tests/reference/model_reference.py), unless a value next to a bf16 rounding boundary rounds
+  // the other way on one side; the gradients' 1e-4 norm-wise bound leaves room for a few such.
+  const GemmPrecisionScope bf16(Precision::Bf16);
+  for (const std::string router : {"dense", "top1", "top2"}) {
+    INFO("router " << router);
+    const Config cfg = device_test_config(router);
+    const StepResult<float> host = run_step<float>(cfg, 13);
+    StepResult<float> gpu;
+    {
+      OnGpu on_gpu;
+      gpu = run_step<float>(cfg, 13);
+    }
+    CHECK(std::abs(gpu.stats.ce_sum - host.stats.ce_sum) <= 1e-5 * std::abs(host.stats.ce_sum));
+    CHECK(std::abs(gpu.stats.z_sum - host.stats.z_sum) <= 1e-5 * std::max(1.0, host.stats.z_sum));
+    CHECK(rel_norm_diff(gpu.logits, host.logits) < 1e-5);
+    CHECK(rel_norm_diff(gpu.grads, host.grads) < 1e-4);
   }
 }
 

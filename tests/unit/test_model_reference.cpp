@@ -11,6 +11,7 @@
 //   /routing/block<i>/{expert,slot} [N*k]   the router's decisions (the reference recomputes its own)
 //   /train/batches/{inputs,targets,mask,segment} [steps, B, T] (encdec also enc_inputs, enc_segment)
 //   /train/<adamw|adafactor>/{loss,grad_norm,lr} [steps]   total loss before each update, as the trainer
+//   /train/<adamw|adafactor>/params_<t>/<name>   bf16 cases: the weights step t starts from
 // The comparison (tolerances stated there) is done by the Python script, which exits non-zero on
 // any mismatch. The checks here only make sure each configuration exercises what it is meant to
 // (capacity drops, declined second choices, NTLB reroutes, dropout), so the reference cannot pass
@@ -26,6 +27,7 @@
 #include "../test_util.hpp"
 #include "io/h5.hpp"
 #include "model/transformer.hpp"
+#include "tensor/blas.hpp"
 #include "train/grad_clip.hpp"
 #include "train/optimizer.hpp"
 #include "train/schedule.hpp"
@@ -227,6 +229,16 @@ std::vector<RefCase> ref_cases() {
     r.expect_uneven_tokens = true;
     v.push_back(r);
   }
+  // model.precision = bf16 (docs/ARCHITECTURE.md "Precision"): the model's GEMM operands rounded
+  // to bf16, the router in fp32; a dense model, GShard top-2 with gelu and random routing, Switch
+  // top-1 with dropout and jitter, and the encoder-decoder (cross-attention GEMMs).
+  const std::vector<RefCase> fp32 = v;
+  for (const std::string name : {"dense_relu", "gshard_top2", "switch_top1", "encdec_top2"}) {
+    RefCase b = *std::find_if(fp32.begin(), fp32.end(), [&](const RefCase& r) { return r.name == name; });
+    b.name += "_bf16";
+    b.cfg.model.precision = Precision::Bf16;
+    v.push_back(b);
+  }
   return v;
 }
 
@@ -314,6 +326,7 @@ void write_config(h5::File& f, const Config& c, int vocab) {
   i64("num_heads", c.model.num_heads);
   i64("d_ff", c.model.d_ff);
   str("activation", std::string(option_name(c.model.activation)));
+  str("precision", std::string(option_name(c.model.precision)));
   i64("tied_embeddings", c.model.tied_embeddings);
   f64("dropout", c.model.dropout);
   f64("layernorm_eps", c.model.layernorm_eps);
@@ -384,6 +397,7 @@ void train_run(h5::File& f, const RefCase& rc, const std::string& opt_name,
     cfg.optim.lr = 3e-3;
     cfg.optim.schedule = ScheduleKind::Cosine;
   }
+  const GemmPrecisionScope precision(cfg.model.precision);
   Transformer<float> model(cfg, kV);
   model.init(uint64_t(cfg.run.seed), cfg.model.init_scale);
   auto& P = model.params();
@@ -391,6 +405,9 @@ void train_run(h5::File& f, const RefCase& rc, const std::string& opt_name,
   const Schedule sched = Schedule::from_config(cfg);
   std::vector<double> loss, norm, lr;
   for (int t = 1; t <= kSteps; ++t) {
+    // bf16: the weights each step starts from, for the reference's step-by-step comparison.
+    if (cfg.model.precision == Precision::Bf16)
+      write_params(f, "train/" + opt_name + "/params_" + std::to_string(t), P, false);
     const HostBatch& b = batches[size_t(t - 1)];
     const LossWeights w = loss_weights(cfg, b);
     const StepContext ctx{uint64_t(cfg.run.seed), uint32_t(t), true, 0, nullptr};
@@ -425,6 +442,7 @@ void run_case(const RefCase& rc, int index) {
   h5::File f = h5::File::create(path);
   write_config(f, cfg, kV);
 
+  const GemmPrecisionScope precision(cfg.model.precision);
   Transformer<float> model(cfg, kV);
   model.init(uint64_t(cfg.run.seed), cfg.model.init_scale);
   auto& P = model.params();

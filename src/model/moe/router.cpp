@@ -50,11 +50,12 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
   }
 
   // GShard Algorithm 2 line 1: gates = softmax(einsum(GSM,ME->GSE)). Softmax accumulated in double
-  // (Switch section 2.4: the router in float32 at least).
+  // (Switch section 2.4: the router in float32 at least; its GEMMs keep fp32 operands with
+  // model.precision = bf16 too).
   logits_.resize(size_t(N) * E);
   probs_.resize(size_t(N) * E);
   lse_.resize(N);
-  matmul(false, false, N, E, M, xr, wg.w, logits_.data());
+  matmul_fp32(false, false, N, E, M, xr, wg.w, logits_.data());
   for_each_index(N, RouterSoftmaxRow<T>{logits_.data(), probs_.data(), lse_.data(), E});
   z_sum = 0;
   entropy_sum = 0;
@@ -181,13 +182,13 @@ void Router<T>::backward(const StepContext& ctx, const T* dgate, T* dx, int N, d
                                          top_.data(), dgate, dprobs.data(), dlogits.data(), E, k, S, renorm,
                                          aux_weight * aux_form_scale(), z_weight});
   // logits = xr wg: dwg += xr^T dlogits, dxr = dlogits wg^T, dx += dxr * jitter
-  matmul(true, false, M, E, N, xj_.data(), dlogits.data(), wg.g, true);
+  matmul_fp32(true, false, M, E, N, xj_.data(), dlogits.data(), wg.g, true);
   if (!jittered_) {
-    matmul(false, true, N, M, E, dlogits.data(), wg.w, dx, true);
+    matmul_fp32(false, true, N, M, E, dlogits.data(), wg.w, dx, true);
     return;
   }
   dxr_.resize(size_t(N) * M);
-  matmul(false, true, N, M, E, dlogits.data(), wg.w, dxr_.data());
+  matmul_fp32(false, true, N, M, E, dlogits.data(), wg.w, dxr_.data());
   for_each_index(int64_t(N) * M, RouterJitterBackwardElement<T>{dxr_.data(), jitter_.data(), dx});
 }
 

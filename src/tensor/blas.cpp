@@ -1,0 +1,53 @@
+#include "tensor/blas.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#include "core/error.hpp"
+#include "tensor/bf16.hpp"
+#include "tensor/cuda_gemm_bf16.hpp"
+
+namespace meshmoe {
+
+namespace {
+std::atomic<Precision> g_precision{Precision::Fp32};
+
+// The rows x cols operand at `src` (leading dimension ld) rounded to bf16 into `dst`, compact
+// (leading dimension cols). The attention's (sequence, head) tasks call GEMMs from several threads
+// at once: each thread has its own scratch.
+const float* rounded_copy(const float* src, int rows, int cols, int ld, std::vector<float>& dst) {
+  dst.resize(size_t(rows) * size_t(cols));
+  for (int r = 0; r < rows; ++r) {
+    const float* s = src + size_t(r) * size_t(ld);
+    float* d = dst.data() + size_t(r) * size_t(cols);
+    for (int c = 0; c < cols; ++c) d[c] = round_bf16(s[c]);
+  }
+  return dst.data();
+}
+}  // namespace
+
+Precision gemm_precision() { return g_precision.load(std::memory_order_relaxed); }
+void set_gemm_precision(Precision p) { g_precision.store(p, std::memory_order_relaxed); }
+
+void gemm_bf16_operands(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                        const float* B, int ldb, float beta, float* C, int ldc) {
+  if (current_device() == Device::Cuda)
+    return cuda_gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  thread_local std::vector<float> a_bf16, b_bf16;
+  // op(A) is [M, K]: A is stored [K, M] when transposed; op(B) is [K, N] alike.
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  const float* a = rounded_copy(A, a_rows, a_cols, lda, a_bf16);
+  const float* b = rounded_copy(B, b_rows, b_cols, ldb, b_bf16);
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
+              alpha, a, std::max(1, a_cols), b, std::max(1, b_cols), beta, C, ldc);
+}
+
+#ifndef MESHMOE_CUDA
+void cuda_gemm_bf16(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
+  throw Error("cuda_gemm_bf16: built without CUDA");
+}
+#endif
+
+}  // namespace meshmoe

@@ -1,0 +1,91 @@
+// The GPU's bf16 GEMM (tensor/cuda_gemm_bf16.hpp): a kernel rounds each fp32 operand into bf16
+// scratch with tensor/bf16.hpp's round_bf16 (bitwise the host emulation's operands), then
+// cublasGemmEx multiplies them with fp32 accumulation into the fp32 C. Kept apart from
+// tensor/cuda_device.cu: its own cuBLAS handle and scratch, on the default stream like cuda_gemm,
+// synchronised before returning.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/error.hpp"
+#include "tensor/bf16.hpp"
+#include "tensor/cuda_gemm_bf16.hpp"
+
+namespace meshmoe {
+
+namespace {
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+// dst [rows, cols] compact = bf16 bits of src [rows, cols] with leading dimension ld.
+__global__ void round_to_bf16_kernel(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst) {
+  const int64_t n = rows * cols;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = bf16_bits(src[(i / cols) * ld + i % cols]);
+}
+
+// Grow-only device scratch for the two rounded operands (plain cudaMalloc, never managed memory).
+struct Scratch {
+  uint16_t* data = nullptr;
+  size_t elems = 0;
+  uint16_t* get(size_t n) {
+    if (n <= elems) return data;
+    if (data) {
+      cuda_check(cudaDeviceSynchronize(), "bf16 scratch: wait before freeing");
+      cuda_check(cudaFree(data), "bf16 scratch: cudaFree");
+      data = nullptr, elems = 0;
+    }
+    cuda_check(cudaMalloc(reinterpret_cast<void**>(&data), n * sizeof(uint16_t)),
+               ("bf16 scratch: cudaMalloc of " + std::to_string(n * sizeof(uint16_t)) + " bytes").c_str());
+    elems = n;
+    return data;
+  }
+};
+Scratch g_a, g_b;
+cublasHandle_t g_handle = nullptr;
+
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cuBLAS ") + what + ": status " + std::to_string(int(s)));
+}
+
+// Created on first use, after cuda_bind chose this process's GPU.
+cublasHandle_t handle() {
+  if (!g_handle) check(cublasCreate(&g_handle), "cublasCreate (bf16 GEMM)");
+  return g_handle;
+}
+
+const uint16_t* rounded(const float* src, int rows, int cols, int ld, Scratch& s) {
+  const size_t n = size_t(rows) * size_t(cols);
+  uint16_t* dst = s.get(n);
+  if (n == 0) return dst;
+  constexpr int kThreads = 256;
+  const int blocks = int((n + kThreads - 1) / kThreads < 65535 ? (n + kThreads - 1) / kThreads : 65535);
+  round_to_bf16_kernel<<<blocks, kThreads>>>(src, rows, cols, ld, dst);
+  cuda_check(cudaGetLastError(), "bf16 rounding kernel launch");
+  return dst;
+}
+
+}  // namespace
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B first, as cuda_gemm does.
+void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                    const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  const uint16_t* a = rounded(A, a_rows, a_cols, lda, g_a);
+  const uint16_t* b = rounded(B, b_rows, b_cols, ldb, g_b);
+  const auto op = [](bool t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; };
+  check(cublasGemmEx(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, b, CUDA_R_16BF, b_cols > 0 ? b_cols : 1, a,
+                     CUDA_R_16BF, a_cols > 0 ? a_cols : 1, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT),
+        "GemmEx (bf16 operands, fp32 accumulation)");
+  cuda_check(cudaDeviceSynchronize(), "bf16 GEMM");
+}
+
+}  // namespace meshmoe
