@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Report of bench/gpu.sh: reads OUT/peak.txt, OUT/<deck>/metrics.h5 and OUT/torch-<deck>-<prec>.txt,
-prints one markdown table: per deck, meshmoe's tokens/s (median over the steps after the first
-three), its model TFLOP/s (the deck's train FLOPs per token, as MFU counts them) and MFU against
-the bf16 and fp32 GEMM ceilings, PyTorch eager's tokens/s in fp32 and bf16, and meshmoe over each.
+"""Report of bench/gpu.sh: reads OUT/peak.txt, OUT/<deck>-<prec>/metrics.h5 and OUT/torch-<deck>-<prec>.txt,
+prints one markdown table: per deck and precision (fp32, bf16), meshmoe's tokens/s (median over
+the steps after the first three), its model TFLOP/s (the deck's train FLOPs per token, as MFU
+counts them) and MFU against the bf16 and fp32 GEMM ceilings, PyTorch eager's tokens/s at the same
+precision (fp32 without TF32; bf16 autocast), and meshmoe over PyTorch.
 Usage: bench/gpu_report.py OUT"""
 import os
 import re
@@ -28,8 +29,8 @@ def meshmoe(out, deck):
         return tps, float(f.attrs["train_flops_per_token"])
 
 
-def torch_tps(out, deck, prec):
-    path = os.path.join(out, f"torch-{deck}-{prec}.txt")
+def torch_tps(out, run):
+    path = os.path.join(out, f"torch-{run}.txt")
     m = re.search(r"step_s ([0-9.]+) tokens ([0-9]+)", open(path).read()) if os.path.exists(path) else None
     return int(m.group(2)) / float(m.group(1)) if m else None
 
@@ -38,18 +39,21 @@ def main():
     out = sys.argv[1]
     bf16, fp32 = ceilings(out)
     print(f"ceilings: cuBLAS bf16 {bf16:.0f} TFLOP/s, fp32 {fp32:.1f} TFLOP/s")
-    print("| deck | meshmoe tok/s | model TFLOP/s | MFU (bf16 ceiling) | MFU (fp32 ceiling) | torch fp32 tok/s | torch bf16 tok/s | meshmoe / torch fp32 | meshmoe / torch bf16 |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    decks = sorted(d for d in os.listdir(out) if os.path.isdir(os.path.join(out, d)))
-    decks += sorted({m.group(1) for f in os.listdir(out) if (m := re.match(r"torch-(.+)-fp32\.txt$", f))} - set(decks))
+    print("| deck | precision | meshmoe tok/s | model TFLOP/s | MFU (bf16 ceiling) | MFU (fp32 ceiling) | PyTorch eager tok/s | meshmoe / PyTorch |")
+    print("|---|---|---|---|---|---|---|---|")
+    runs = sorted({m.group(1) for f in os.listdir(out) if (m := re.match(r"(.+)-(fp32|bf16)\.log$", f))} |
+                  {m.group(1) for f in os.listdir(out) if (m := re.match(r"torch-(.+)-(fp32|bf16)\.txt$", f))})
     fmt = lambda v, f: "-" if v is None else f.format(v)
-    for d in decks:
-        tps, fpt = meshmoe(out, d)
-        t32, t16 = torch_tps(out, d, "fp32"), torch_tps(out, d, "bf16")
-        tf = tps * fpt / 1e12 if tps else None
-        print(f"| {d} | {fmt(tps, '{:.0f}')} | {fmt(tf, '{:.1f}')} | {fmt(tf and tf / bf16, '{:.1%}')} | "
-              f"{fmt(tf and tf / fp32, '{:.1%}')} | {fmt(t32, '{:.0f}')} | {fmt(t16, '{:.0f}')} | "
-              f"{fmt(tps and t32 and tps / t32, '{:.2f}x')} | {fmt(tps and t16 and tps / t16, '{:.2f}x')} |")
+    for d in runs:
+        for prec in ("fp32", "bf16"):
+            run = f"{d}-{prec}"
+            tps, fpt = meshmoe(out, run)
+            peer = torch_tps(out, run)
+            if tps is None and peer is None:
+                continue
+            tf = tps * fpt / 1e12 if tps else None
+            print(f"| {d} | {prec} | {fmt(tps, '{:.0f}')} | {fmt(tf, '{:.1f}')} | {fmt(tf and tf / bf16, '{:.1%}')} | "
+                  f"{fmt(tf and tf / fp32, '{:.1%}')} | {fmt(peer, '{:.0f}')} | {fmt(tps and peer and tps / peer, '{:.2f}x')} |")
 
 
 if __name__ == "__main__":
