@@ -1,5 +1,7 @@
 #include "deck/shape_rules.hpp"
 
+#include <numeric>
+
 #include "core/error.hpp"
 
 namespace meshmoe {
@@ -36,14 +38,25 @@ std::vector<ShapeRule> shape_rules(const Config& cfg, int64_t pipe, int64_t data
                  "moe.shared_experts x expert d_ff = " + std::to_string(shared_H) + " is not divisible by " +
                      kv("mesh.tensor", tensor) + " (the shared experts' hidden units are split over the tensor axis)"});
   }
-  if (moe_layers) {
-    const bool on_data = e.expert_axis == ExpertAxis::Data;
-    const int64_t axis = on_data ? data : tensor;
-    const char* axis_key = on_data ? "mesh.data" : "mesh.tensor";
-    r.push_back({{"moe.num_experts", axis_key, "moe.expert_axis", "moe.every"}, e.num_experts % axis == 0,
-                 kv("moe.num_experts", e.num_experts) + " is not divisible by " + kv(axis_key, axis) +
-                     " (moe.expert_axis = \"" + std::string(option_name(e.expert_axis)) +
-                     "\": every rank of that axis holds the same number of experts)"});
+  if (moe_layers && e.expert_axis == ExpertAxis::Tensor) {
+    r.push_back({{"moe.num_experts", "mesh.tensor", "moe.expert_axis", "moe.every"}, e.num_experts % tensor == 0,
+                 kv("moe.num_experts", e.num_experts) + " is not divisible by " + kv("mesh.tensor", tensor) +
+                     " (moe.expert_axis = \"tensor\": every rank of that axis holds the same number of experts)"});
+    r.push_back({{"mesh.expert_parallel", "moe.expert_axis", "moe.every"}, cfg.mesh.expert_parallel == 0,
+                 kv("mesh.expert_parallel", cfg.mesh.expert_parallel) +
+                     " needs moe.expert_axis = \"data\" (experts over tensor are whole on every data rank); set it to 0"});
+  }
+  if (moe_layers && e.expert_axis == ExpertAxis::Data) {
+    // Expert groups of P consecutive data ranks, each holding every expert (expert replicas).
+    const int64_t P = expert_parallel(cfg, data);
+    r.push_back({{"mesh.expert_parallel", "mesh.data", "moe.expert_axis", "moe.every"}, data % P == 0,
+                 kv("mesh.expert_parallel", P) + " does not divide " + kv("mesh.data", data) +
+                     " (the data axis splits into expert groups of mesh.expert_parallel ranks)"});
+    r.push_back({{"moe.num_experts", "mesh.expert_parallel", "mesh.data", "moe.expert_axis", "moe.every"},
+                 e.num_experts % P == 0,
+                 kv("moe.num_experts", e.num_experts) + " is not divisible by " + kv("mesh.expert_parallel", P) +
+                     " (every rank of an expert group holds the same number of experts; 0 picks the largest that divides "
+                     "both moe.num_experts and mesh.data)"});
   }
   if (m.arch == ModelArch::EncDec)  // the pipeline stages split the 2 L blocks of both stacks
     r.push_back({{"model.num_layers", "model.arch", "mesh.pipe"}, 2 * m.num_layers % pipe == 0,
@@ -71,6 +84,12 @@ std::vector<ShapeRule> shape_rules(const Config& cfg, int64_t pipe, int64_t data
                  true});
   }
   return r;
+}
+
+int64_t expert_parallel(const Config& cfg, int64_t data) {
+  if (cfg.moe.every <= 0 || cfg.moe.expert_axis != ExpertAxis::Data) return 1;
+  if (cfg.mesh.expert_parallel > 0) return cfg.mesh.expert_parallel;
+  return std::gcd(cfg.moe.num_experts, data);
 }
 
 void require_rules(const std::vector<ShapeRule>& rules, bool with_batch) {

@@ -25,6 +25,13 @@ struct ShapeRule {
 // model's (heads, hidden units, experts, layers over the mesh axes) first, then the batch's.
 std::vector<ShapeRule> shape_rules(const Config& cfg, int64_t pipe, int64_t data, int64_t tensor);
 
+// P of mesh.expert_parallel resolved on a data axis of `data` ranks: the data ranks of an expert
+// group, which hold every expert between them (E / P each) and run the MoE all-to-all; the data / P
+// groups are each other's replicas (docs/ARCHITECTURE.md "Expert replicas"). The deck's value, or
+// when 0 the largest P dividing both data and moe.num_experts. 1 when the experts are not split over
+// data (moe.expert_axis = tensor, or no MoE layer).
+int64_t expert_parallel(const Config& cfg, int64_t data);
+
 // Throws InputError with the message of the first failing rule of `rules` (with_batch: the batch's
 // rules too).
 void require_rules(const std::vector<ShapeRule>& rules, bool with_batch);

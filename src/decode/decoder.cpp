@@ -43,7 +43,7 @@ Decoder load_decoder(const Deck& deck, Mesh& mesh, const std::string& checkpoint
     }
   });
   set_gemm_precision(cfg.model.precision);  // decode in the arithmetic the model was trained in
-  d.model = std::make_unique<Transformer<float>>(cfg, model_vocab(cfg, d.valid), model_sharding(mesh));
+  d.model = std::make_unique<Transformer<float>>(cfg, model_vocab(cfg, d.valid), model_sharding(mesh, cfg));
   // No optimizer state; the routers' selection biases (moe.balance = bias) route as in training.
   std::vector<StateTensor> model_state = selection_bias_state(*d.model);
   d.meta = read_checkpoint(d.checkpoint, d.model->params(), model_state, mesh.world());

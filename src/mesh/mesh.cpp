@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <stdexcept>
 #include <sstream>
 
 #ifdef MESHMOE_CUDA
@@ -54,6 +56,29 @@ std::vector<std::vector<int>> MeshShape::groups(Axis a) const {
   return gs;
 }
 
+namespace {
+// The data groups cut into pieces: member d of a data group joins piece `piece(d)`.
+template <typename Piece>
+std::vector<std::vector<int>> data_pieces(const MeshShape& m, Piece piece) {
+  std::vector<std::vector<int>> out;
+  for (const std::vector<int>& g : m.groups(Axis::Data)) {
+    std::map<int, std::vector<int>> pieces;
+    for (int d = 0; d < int(g.size()); ++d) pieces[piece(d)].push_back(g[size_t(d)]);
+    for (auto& [k, members] : pieces) out.push_back(std::move(members));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+std::vector<std::vector<int>> MeshShape::expert_groups(int P) const {
+  return data_pieces(*this, [P](int d) { return d / P; });
+}
+
+std::vector<std::vector<int>> MeshShape::replica_groups(int P) const {
+  return data_pieces(*this, [P](int d) { return d % P; });
+}
+
 std::string MeshShape::str() const {
   return "pipe=" + std::to_string(pipe) + " x data=" + std::to_string(data) + " x tensor=" + std::to_string(tensor) +
          " = " + std::to_string(size()) + " ranks";
@@ -99,6 +124,23 @@ Mesh::Mesh(MPI_Comm world, int pipe, int data, int tensor) : shape_{pipe, data, 
 }
 
 Mesh::~Mesh() = default;
+
+Mesh::ExpertComms Mesh::expert_comms(int P) {
+  const int data = shape_.data, d = coords_[size_t(Axis::Data)];
+  if (P < 1 || data % P != 0)
+    throw std::logic_error("Mesh::expert_comms: " + std::to_string(P) + " does not divide the data axis");
+  auto& comms = expert_comms_[P];
+  if (!comms[0]) {
+    const MPI_Comm axis = axes_[size_t(Axis::Data)]->mpi();
+    MPI_Comm group = MPI_COMM_NULL, replicas = MPI_COMM_NULL;
+    if (MPI_Comm_split(axis, d / P, d % P, &group) != MPI_SUCCESS ||
+        MPI_Comm_split(axis, d % P, d / P, &replicas) != MPI_SUCCESS)
+      throw Error("mesh: MPI_Comm_split for the expert groups failed");
+    comms[0] = std::make_unique<MpiComm>(group, "expert group");
+    comms[1] = std::make_unique<MpiComm>(replicas, "expert replica group");
+  }
+  return {comms[0].get(), comms[1].get()};
+}
 
 std::string Mesh::describe() const {
   Comm& world = *world_;

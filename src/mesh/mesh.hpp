@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <array>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,11 @@ struct MeshShape {
   std::vector<std::vector<int>> groups(Axis a) const;
   // World ranks of the group along `a` that contains `world_rank`.
   std::vector<int> group_of(Axis a, int world_rank) const;
+  // Expert replicas (docs/ARCHITECTURE.md "Expert replicas"): each data group splits into data / P
+  // expert groups of P consecutive data ranks; a replica group holds the data ranks d, d + P,
+  // d + 2P, ... (the same experts). World ranks of every such group, ordered as groups() orders them.
+  std::vector<std::vector<int>> expert_groups(int P) const;
+  std::vector<std::vector<int>> replica_groups(int P) const;
   std::string str() const;  // "pipe=1 x data=2 x tensor=2 = 4 ranks"
   // Every shape with pipe * data * tensor == world_size (for tests that sweep meshes).
   static std::vector<MeshShape> all_for(int world_size);
@@ -61,6 +67,15 @@ class Mesh {
   // Comm over all ranks of the mesh (rank = world rank), e.g. for run-wide metrics.
   Comm& world_comm() { return *world_; }
 
+  // The communicators of this rank's expert group (rank: data coordinate mod P) and replica group
+  // (rank: data coordinate / P) for expert groups of P data ranks (MeshShape::expert_groups). Made
+  // on the first call for a given P, which is collective over the data axis; later calls return them.
+  struct ExpertComms {
+    Comm* group;
+    Comm* replicas;
+  };
+  ExpertComms expert_comms(int P);
+
   // Collective over the world. Rank 0 gets the text `meshmoe plan` prints (shape, every rank's
   // coordinates and host, the world ranks of every axis group as the communicators report them);
   // other ranks get "".
@@ -81,6 +96,7 @@ class Mesh {
   std::array<int, 3> coords_{};
   std::unique_ptr<MpiComm> world_;
   std::array<std::unique_ptr<MpiComm>, 3> axes_;
+  std::map<int, std::array<std::unique_ptr<MpiComm>, 2>> expert_comms_;  // P -> (expert group, replica group)
 #ifdef MESHMOE_CUDA
   std::array<std::unique_ptr<Comm>, 3> dev_axes_;
 #endif

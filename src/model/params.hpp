@@ -32,9 +32,11 @@ enum class InitKind { TruncNormal, Zeros, Ones };
 
 // The mesh axes a parameter's blocks are spread over, as a bit set. A gradient is summed over the
 // data ranks unless the parameter is split over data (experts with moe.expert_axis = data); a
-// parameter not split over tensor is computed identically on every tensor rank. Set by the layers
-// that hold a block; a single-rank model leaves kShardNone.
-enum ShardAxes : uint8_t { kShardNone = 0, kShardData = 1, kShardTensor = 2 };
+// parameter not split over tensor is computed identically on every tensor rank. kShardReplicas
+// (with kShardData): split over the data ranks of an expert group and held alike by the data / P
+// ranks of a replica group, over which the gradient is summed (docs/ARCHITECTURE.md "Expert
+// replicas"). Set by the layers that hold a block; a single-rank model leaves kShardNone.
+enum ShardAxes : uint8_t { kShardNone = 0, kShardData = 1, kShardTensor = 2, kShardReplicas = 4 };
 
 struct ParamInfo {
   std::string name;                      // e.g. "blocks.3.attn.qkv.w"

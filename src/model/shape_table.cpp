@@ -63,7 +63,9 @@ ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, Rank
     s.moe_opt = moe_options(cfg, 0);
     MoePlacement place;  // sizes only: no communicators
     place.axis = cfg.moe.expert_axis;
-    place.data_rank = at.data, place.data_size = mesh.data;
+    s.expert_parallel = int(expert_parallel(cfg, mesh.data));
+    place.data_rank = at.data % s.expert_parallel, place.data_size = s.expert_parallel;
+    place.replicas = mesh.data / s.expert_parallel;
     place.tensor_rank = at.tensor, place.tensor_size = mesh.tensor;
     s.experts_over_data = place.axis == ExpertAxis::Data;
     s.experts = place.expert_shape(s.M, s.moe_opt.num_experts, s.moe_opt.d_ff, s.moe_opt.activation);
@@ -131,8 +133,8 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
     // index-select picks its own. Only the filled slots are used, but the buffers keep the room of
     // the full layout (MoeLayer::reserve_full_layout).
     Et = s.experts_over_data ? E : E_l;
-    // Expert rows of this rank: E_l experts x (data x G groups over data | G) x C slots.
-    R = E_l * (s.experts_over_data ? mesh.data : 1) * G * C;
+    // Expert rows of this rank: E_l experts x (expert_parallel x G groups over data | G) x C slots.
+    R = E_l * (s.experts_over_data ? s.expert_parallel : 1) * G * C;
   }
   constexpr size_t f32 = sizeof(float), f64 = sizeof(double), i32 = sizeof(int32_t), i64 = sizeof(int64_t), u8 = 1;
   using K = BufferKind;
@@ -227,13 +229,14 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         buf("slot -> token", "[E', G, C]", {Et, G, C}, i32);
         buf("slot -> global token", "[E', G, C]", {Et, G, C}, i64);
         buf("expert buffers in, out", "2 x [E', G, C, M]", {2, Et, G, C, M}, f32);
-        if (s.experts_over_data && mesh.data > 1) {
+        if (s.experts_over_data && s.expert_parallel > 1) {
           // all-to-all: the receive buffer [R, M] (the expert-side input and output buffers live
           // only during the forward), the global token of each row, counts and offsets per source
           // and expert
           buf("receive buffer", "[R, M]", {R, M}, f32, K::ForwardOnly);
           buf("row tokens", "[R]", {R}, i64);
-          buf("counts and offsets", "[2 data + 3 data E_l]", {2 * mesh.data + 3 * mesh.data * E_l}, i64);
+          const int64_t P = s.expert_parallel;
+          buf("counts and offsets", "[2 expert_parallel + 3 expert_parallel E_l]", {2 * P + 3 * P * E_l}, i64);
           buf("rows per local expert", "[E_l]", {E_l}, i32);
         }
         buf("dout", "[E' G C, M]", {Et * G * C, M}, f32, K::Scratch);

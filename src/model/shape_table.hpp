@@ -95,6 +95,9 @@ struct ShapeLetters {
   bool moe = false;     // the model has MoE layers; then:
   MoeOptions moe_opt;   // the [moe] settings (moe_options(cfg, 0))
   bool experts_over_data = true;  // moe.expert_axis = data
+  // Data ranks of an expert group (mesh.expert_parallel resolved, shape_rules.hpp): the all-to-all's
+  // ranks; mesh.data / expert_parallel replicas of each expert. 1 with experts over tensor.
+  int expert_parallel = 1;
   ExpertShape experts;  // this rank's experts and hidden units (MoePlacement::expert_shape)
   FfnShape shared;      // with moe.shared_experts: their hidden units n H over tensor (MoePlacement::shared_shape)
   int k = 0;            // experts per token

@@ -47,11 +47,16 @@ Transformer<T>::Block::Block(const Config& cfg, const ShapeTable& table, int i, 
   if (table.is_moe_block(i)) {
     // Expert placement (moe_placement.hpp): experts over data (all-to-all, Switch 5.5 hidden split
     // over tensor) or over tensor (Pipeline-MoE index-select + all-reduce).
+    // With expert replicas the all-to-all runs in the rank's expert group (the shape table's P).
+    const int P = table.letters().expert_parallel;
+    if (P > 1 && P < sh.data_size && !sh.expert_group)
+      throw std::logic_error("Transformer: expert groups of " + std::to_string(P) + " data ranks without their Comm");
     MoePlacement place;
     place.axis = cfg.moe.expert_axis;
-    place.data = sh.data;
-    place.data_rank = sh.data_rank;
-    place.data_size = sh.data_size;
+    place.data = P < sh.data_size ? sh.expert_group : sh.data;
+    place.data_rank = sh.data_rank % P;
+    place.data_size = P;
+    place.replicas = sh.data_size / P;
     place.tensor = sh.tensor;
     place.tensor_rank = sh.tensor_rank;
     place.tensor_size = sh.tensor_size;

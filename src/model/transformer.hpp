@@ -47,6 +47,11 @@ struct ModelSharding {
                                          // also embeds, the last also has ln_f, the head and the loss
   Comm* data = nullptr;                  // expert parallelism (moe.expert_axis = data): the MoE
   int data_rank = 0, data_size = 1;      // all-to-all; null / 1: experts replicated over data
+  // Expert replicas (mesh.expert_parallel = P < data, docs/ARCHITECTURE.md "Expert replicas"): the
+  // all-to-all runs in this rank's expert group of P data ranks, and the experts' gradients are
+  // summed over its replica group of data / P ranks. Needed only when 1 < P < data_size.
+  Comm* expert_group = nullptr;
+  Comm* replica_group = nullptr;
 };
 
 // One micro-batch of this rank: B sequences of T tokens.
@@ -175,6 +180,7 @@ class Transformer {
   // Testing aid (deck key debug.nan_step): the next forward poisons its first activation with NaN.
   void inject_nan_next_forward() { inject_nan_ = true; }
   const Buffer<T>& input_grad() const { return encdec() ? dmessage_ : d_; }
+  const ModelSharding& sharding() const { return sharding_; }
   bool first_stage() const { return sharding_.pipe_rank == 0; }
   bool last_stage() const { return sharding_.pipe_rank == sharding_.pipe_size - 1; }
   int first_block() const { return first_block_; }  // global index of blocks()[0]

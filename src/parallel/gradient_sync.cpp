@@ -36,6 +36,7 @@ GradientSync::GradientSync(Transformer<float>& model, Mesh& mesh, size_t bucket_
   const bool tied_over_pipe = tied_embeddings && mesh_.extent(Axis::Pipe) > 1;
   std::vector<Range> bucketed;
   for (const ParamInfo& p : infos) {
+    if (p.sharded_over & kShardReplicas) append_run(replicated_experts_, p);
     if (p.sharded_over & kShardData) continue;
     append_run(data_replicated_ranges_, p);
     if (!overlap_) continue;
@@ -51,11 +52,16 @@ GradientSync::GradientSync(Transformer<float>& model, Mesh& mesh, size_t bucket_
   if (overlap_) model_.grads_final_from = [this](size_t from) { on_grads_final(from); };
   begin_step(0);
 
+  if (!replicated_experts_.empty() && !model_.sharding().replica_group)
+    throw std::logic_error("GradientSync: expert replicas without their replica group's Comm");
   const bool data0 = mesh_.coord(Axis::Data) == 0, tensor0 = mesh_.coord(Axis::Tensor) == 0;
+  const bool replica0 = replicated_experts_.empty() || model_.sharding().replica_group->rank() == 0;
   for (size_t i = 0; i < infos.size(); ++i) {
     if (infos[i].name == "embed.wte" && !model_.first_stage()) continue;  // tied copy: counted on stage 0
     const uint8_t s = infos[i].sharded_over;
-    if (((s & kShardData) || data0) && ((s & kShardTensor) || tensor0)) norm_entries_.push_back(i);
+    // an expert with replicas: counted by the first replica only
+    const bool data_share = (s & kShardData) && (!(s & kShardReplicas) || replica0);
+    if ((data_share || data0) && ((s & kShardTensor) || tensor0)) norm_entries_.push_back(i);
     if (!(s & kShardData) && ((s & kShardTensor) || tensor0)) norm_replicated_.push_back(i);
   }
   if (!sharded_) {
@@ -159,6 +165,10 @@ void GradientSync::reduce_over_data() {
   if (mesh_.extent(Axis::Data) == 1) return;
   Comm& data = mesh_.axis(Axis::Data);
   float* grads = model_.params().grads();
+  // Experts with replicas: each replica holds the gradient of its expert group's tokens; the sum
+  // over the replica group is the whole batch's (docs/ARCHITECTURE.md "Expert replicas").
+  for (const auto& [begin, size] : replicated_experts_)
+    model_.sharding().replica_group->all_reduce(grads + begin, size, Op::Sum);
   if (sharded_ && data.size() == 2) {
     for (const ShardedRun& r : scatter_runs_) data.reduce_scatterv_in_place(grads + r.begin, r.counts, Op::Sum);
     for (const auto& [begin, size] : tied_all_reduce_) data.all_reduce(grads + begin, size, Op::Sum);

@@ -49,7 +49,7 @@ class GradientSync {
   void begin_step(int micro_batches, std::span<const int32_t> last_micro_batch_tokens = {});
 
   // Sums the gradients of data-replicated parameters over the data axis (all but experts split
-  // over data). Without overlap: contiguous runs of them in the flat buffer, one all-reduce per run.
+  // over data), and those of experts with replicas over their replica group. Without overlap: contiguous runs of them in the flat buffer, one all-reduce per run.
   // With overlap: waits for the buckets (starting any the backward did not), then reduces the
   // parameters kept out of them. Call after sync_tied_embedding.
   void reduce_over_data();
@@ -66,7 +66,8 @@ class GradientSync {
 
   // The global gradient norm: each rank sums the squares of the elements it is responsible for
   // (a replicated parameter on one rank of its replicas: coordinate 0 of every axis it is not
-  // split over; the tied copy on the last stage not at all), then one world all-reduce.
+  // split over, an expert with replicas on the first of its replica group; the tied copy on the
+  // last stage not at all), then one world all-reduce.
   double global_norm();
 
  private:
@@ -94,6 +95,7 @@ class GradientSync {
   PhaseTimers* timers_;
   bool overlap_ = false;
   std::vector<Range> data_replicated_ranges_;  // blocking path: every run
+  std::vector<Range> replicated_experts_;      // experts with replicas: summed over the replica group
   std::vector<Bucket> planned_;                // overlap: all but the token embedding, last first
   std::vector<Bucket> buckets_;                // this step's, in start order (ready_from descending)
   std::vector<Range> after_backward_;          // overlap: the tied embedding (pipe > 1)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "deck/shape_rules.hpp"
 #include "parallel/pipeline_schedule.hpp"
 
 namespace meshmoe {
@@ -19,7 +20,7 @@ std::vector<Micro> split_micro_batches(const Batch& batch, int micro_batches, in
   return out;
 }
 
-ModelSharding model_sharding(Mesh& mesh) {
+ModelSharding model_sharding(Mesh& mesh, const Config& cfg) {
   ModelSharding sh;
   sh.tensor_rank = mesh.coord(Axis::Tensor);
   sh.tensor_size = mesh.extent(Axis::Tensor);
@@ -29,6 +30,11 @@ ModelSharding model_sharding(Mesh& mesh) {
   sh.data = &mesh.axis(Axis::Data);
   sh.data_rank = mesh.coord(Axis::Data);
   sh.data_size = mesh.extent(Axis::Data);
+  const int P = int(expert_parallel(cfg, sh.data_size));
+  if (P > 1 && P < sh.data_size && sh.data_size % P == 0) {
+    const Mesh::ExpertComms c = mesh.expert_comms(P);
+    sh.expert_group = c.group, sh.replica_group = c.replicas;
+  }
   return sh;
 }
 

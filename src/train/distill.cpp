@@ -75,7 +75,7 @@ std::unique_ptr<FrozenModel> load_frozen(const std::string& what, const std::str
   } catch (const InputError& e) {
     throw InputError(what + " " + f->path + " does not fit the deck's mesh and batch: " + e.what());
   }
-  f->model = std::make_unique<Transformer<float>>(c, vocab, model_sharding(mesh));
+  f->model = std::make_unique<Transformer<float>>(c, vocab, model_sharding(mesh, c));
   std::vector<StateTensor> state = selection_bias_state(*f->model);
   read_checkpoint(f->path, f->model->params(), state, mesh.world());
   f->pipeline = std::make_unique<PipelineExecutor>(*f->model, mesh, f->timers);

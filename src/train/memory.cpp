@@ -144,10 +144,12 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   // ---- parameters: the shape table's entries ------------------------------------------------------
   Checked elems = 0, adafactor = 0;
   Checked expert_local = 0;  // elements of those split over data (expert weights)
+  Checked expert_replicated = 0;  // of them, those with replicas (summed over their replica group)
   for (const ParamInfo& e : table.params()) {
     elems += Checked(e.size);
     adafactor += adafactor_state_elems(std::vector<Checked>(e.local_shape.begin(), e.local_shape.end()));
     if (e.sharded_over & kShardData) expert_local += Checked(e.size);
+    if (e.sharded_over & kShardReplicas) expert_replicated += Checked(e.size);
   }
   p.params_rank = elems.value();
   p.param_bytes = p.grad_bytes = bytes(elems * kF);
@@ -164,7 +166,9 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
 
   // Whole-model counts: the table of a one-rank mesh (the tied embedding once); a token visits k
   // of each MoE layer's E experts (expert choice: E C / S on average, rounded up).
-  const ShapeTable whole_model(cfg, vocab, MeshShape{1, 1, 1}, RankCoords{});
+  Config one_rank = cfg;
+  one_rank.mesh.expert_parallel = 0;  // a placement key: no expert groups on one rank
+  const ShapeTable whole_model(one_rank, vocab, MeshShape{1, 1, 1}, RankCoords{});
   const int visits = sl.moe && sl.moe_opt.expert_choice() ? (sl.experts.E * sl.C + sl.S - 1) / sl.S : sl.k;
   Checked params_total = 0, experts_skipped = 0;
   for (const LayerShapes& l : whole_model.layers())
@@ -239,16 +243,19 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   const bool any_moe = sl.moe, expert_on_data = sl.experts_over_data;
   const Checked E = sl.experts.E, E_l = sl.experts.E_l, G = sl.G, C = sl.C;
   const double fw = forwards, bw = double(MB);
-  // data: gradient all-reduce of the data-replicated parameters; all-to-all dispatch and combine of
-  // every MoE layer in each forward and (their transposes) in each backward
-  p.sent_data = ring_allreduce(double(elems - expert_local) * kF, data);
-  if (expert_on_data && any_moe) p.sent_data += moe_here * (2 * fw + 2 * bw) * all_to_all(double(E * G * C * M) * kF, data);
+  // data: gradient all-reduce of the data-replicated parameters (and of the experts' over their
+  // replica groups); all-to-all dispatch and combine of every MoE layer in each forward and (their
+  // transposes) in each backward, within the expert group of expert_parallel ranks
+  const int ep = sl.expert_parallel;
+  p.sent_data = ring_allreduce(double(elems - expert_local) * kF, data) +
+                ring_allreduce(double(expert_replicated) * kF, data / ep);
+  if (expert_on_data && any_moe) p.sent_data += moe_here * (2 * fw + 2 * bw) * all_to_all(double(E * G * C * M) * kF, ep);
   // tensor: Megatron all-reduce of the output (forward) and of the input gradient (backward) of
   // each attention and dense feed-forward; experts over data with their hidden units split: the
   // same pair on the expert rows; experts over tensor: the combine and its gradient
   double t_bytes = (fw + bw) * (p.num_blocks + dense_here) * act_bytes;
   if (any_moe)
-    t_bytes += expert_on_data ? (fw + bw) * moe_here * double(E_l * data * G * C * M) * kF : (fw + bw) * moe_here * act_bytes;
+    t_bytes += expert_on_data ? (fw + bw) * moe_here * double(E_l * ep * G * C * M) * kF : (fw + bw) * moe_here * act_bytes;
   // the shared experts' own pair with experts over data (over tensor they join the combine's)
   if (any_moe && expert_on_data && sl.moe_opt.shared_experts > 0) t_bytes += (fw + bw) * moe_here * act_bytes;
   p.sent_tensor = ring_allreduce(t_bytes, tensor);
@@ -286,10 +293,14 @@ MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mes
   const MemoryPlan plan = plan_memory(cfg, vocab, mesh, pipe_rank, data_rank, tensor_rank);
   MemoryMeasured m;
   LocalStandInComm tensor_comm(tensor_rank, mesh.tensor), data_comm(data_rank, mesh.data);
+  const int P = int(expert_parallel(cfg, mesh.data));
+  LocalStandInComm expert_comm(data_rank % P, P), replica_comm(data_rank / P, mesh.data / P);
   ModelSharding sh;
   sh.data_rank = data_rank;
   sh.data_size = mesh.data;
   sh.data = &data_comm;
+  sh.expert_group = &expert_comm;
+  sh.replica_group = &replica_comm;
   sh.tensor_rank = tensor_rank;
   sh.tensor_size = mesh.tensor;
   sh.tensor = &tensor_comm;
@@ -362,6 +373,30 @@ double node_memory_bytes() {
   return 0;
 }
 
+std::string expert_layout(const Config& cfg, const MeshShape& mesh, size_t max_groups) {
+  if (cfg.moe.every <= 0 || cfg.moe.expert_axis != ExpertAxis::Data) return "";
+  const int64_t E = cfg.moe.num_experts, P = expert_parallel(cfg, mesh.data), copies = mesh.data / P;
+  std::ostringstream o;
+  o << "experts: moe.num_experts = " << E << " in expert groups of mesh.expert_parallel = " << P << " data rank"
+    << (P > 1 ? "s" : "") << " (" << E / P << " per rank)";
+  if (copies > 1) o << ", each expert on " << copies << " replicas (mesh.data / mesh.expert_parallel)";
+  else o << ", each expert once";
+  o << "\n";
+  auto list = [&](const char* label, const std::vector<std::vector<int>>& groups) {
+    o << "  " << label << ":";
+    for (size_t i = 0; i < groups.size() && i < max_groups; ++i) {
+      o << " [";
+      for (size_t j = 0; j < groups[i].size(); ++j) o << (j ? " " : "") << groups[i][j];
+      o << "]";
+    }
+    if (groups.size() > max_groups) o << " ... (" << groups.size() << " groups)";
+    o << "\n";
+  };
+  list("expert groups (world ranks; MoE all-to-all)", mesh.expert_groups(int(P)));
+  if (copies > 1) list("replica groups (world ranks; expert gradient all-reduce)", mesh.replica_groups(int(P)));
+  return o.str();
+}
+
 std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, double node_bytes_per_rank) {
   // Every data and tensor rank of a stage holds equal shards: one column per pipeline stage. With
   // optim.shard_state the data ranks' optimizer state differs: the column is the largest, and a
@@ -383,6 +418,7 @@ std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, d
   std::snprintf(line, sizeof line, "model: %lld parameters, %lld activated per token, %.4g training FLOPs per token\n",
                 (long long)p0.params_total, (long long)p0.params_activated, p0.flops_per_token);
   o << line;
+  o << expert_layout(cfg, mesh);
   std::snprintf(line, sizeof line, "memory per rank (fp32; one micro-batch = %d x %d tokens; bytes):\n", p0.rows, p0.seq_len);
   o << line;
   const int per_stage = mesh.data * mesh.tensor;

@@ -88,6 +88,12 @@ std::string format_bytes(double bytes);
 // node (available_memory, memory_limit.hpp) divided by its ranks.
 std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, double node_bytes_per_rank);
 
+// Where the experts of a deck with experts over data live (`meshmoe plan`, the trainer's log): the
+// expert groups of mesh.expert_parallel data ranks (the all-to-all) and the replica groups (the
+// experts' gradient all-reduce), as world ranks; at most `max_groups` of each listed. "" without
+// MoE layers or with experts over tensor.
+std::string expert_layout(const Config& cfg, const MeshShape& mesh, size_t max_groups = 16);
+
 // MemTotal of /proc/meminfo in bytes (0 when unreadable). The checks use available_memory().
 double node_memory_bytes();
 

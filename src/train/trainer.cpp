@@ -72,7 +72,7 @@ class Trainer {
       const int64_t n = cfg_.eval.bleu_examples > 0 ? cfg_.eval.bleu_examples : cfg_.eval.examples_per_language;
       bleu_pairs_ = validation_pairs(valid_, tokenizer_, n);
     }
-    model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, model_sharding(mesh));
+    model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, model_sharding(mesh, cfg_));
     if (cfg_.eval.bleu_every > 0) cached_ = agreed_cached_model(*model_, mesh);
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
@@ -84,9 +84,13 @@ class Trainer {
     optimizer_ = make_optimizer(cfg_, model_->params(), grad_sync_->owned_entries(),
                                 [this](const ParamInfo& p, int dim, double* buf, size_t n) {
                                   // A block split along `dim`: the expert dimension of [E, ...] expert
-                                  // weights is split over data, every other split dimension over tensor.
+                                  // weights is split over data (over the expert group when the experts
+                                  // have replicas), every other split dimension over tensor.
                                   const bool expert_dim = (p.sharded_over & kShardData) && dim == 0;
-                                  mesh_.axis(expert_dim ? Axis::Data : Axis::Tensor).all_reduce(buf, n, Op::Sum);
+                                  Comm& over = !expert_dim                          ? mesh_.axis(Axis::Tensor)
+                                               : (p.sharded_over & kShardReplicas) ? *model_->sharding().expert_group
+                                                                                   : mesh_.axis(Axis::Data);
+                                  over.all_reduce(buf, n, Op::Sum);
                                 });
     schedule_ = Schedule::from_config(cfg_);
     batcher_ = std::make_unique<Batcher>(train_, int(cfg_.model.seq_len), uint64_t(cfg_.run.seed), cfg_.data.shuffle,

@@ -10,6 +10,9 @@
 #     uninterrupted one;
 #   model.arch = "encdec": exact resume on data=2, and resharded onto tensor=2 within 1e-5;
 #   moe.router = "expert_choice": the same, experts over data;
+#   expert replicas (2 experts on data = 4: expert groups of 2, 2 replicas each): exact resume,
+#     each expert stored once, resumed on 1 rank (no replicas) and, written on data = 2 (no
+#     replicas), resumed on data = 4 (replicas) and with mesh.expert_parallel = 1, within 1e-5;
 #   checkpoint.at_end = false: no checkpoint after the last step, the periodic ones kept.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -72,6 +75,20 @@ for k in ["loss", "aux_loss", "z_loss", "grad_norm", "lr", "eval/loss"]:
     bad += not good
 sys.exit(1 if bad else 0)
 PY
+}
+
+# exact_resume NP NAME FORK ARGS...: NAME-straight trains 20 steps; NAME-split trains 10, is copied
+# to FORK (a checkpoint at step 10 for a resume elsewhere), then resumes for the other 10: bitwise
+# equal to NAME-straight.
+exact_resume() {
+  local np=$1 name=$2 fork=$3
+  shift 3
+  train "$np" "$name-straight" "$@"
+  train "$np" "$name-split" "$@" --set run.steps=10
+  cp -r "$T/$name-split" "$T/$fork"; : > "$T/$fork.log"
+  train "$np" "$name-split" "$@"
+  grep -q "resuming from .*step_00000010.h5: step 10" "$T/$name-split.log" || fail "$name-split did not resume from step 10"
+  compare "$name-straight" "$name-split" 0 || fail "$name: exact resume differs"
 }
 
 echo "== exact resume"
@@ -155,12 +172,7 @@ echo "== encdec resume"
 mkdir -p "$T/pairs"
 tiny_pairs "$T/pairs"
 encdec=(--set model.arch=encdec --set data.path="$T/pairs/data.h5")
-train 2 encdec-straight --set mesh.data=2 "${encdec[@]}"
-train 2 encdec-split --set mesh.data=2 --set run.steps=10 "${encdec[@]}"
-cp -r "$T/encdec-split" "$T/encdec-to-t2"; : > "$T/encdec-to-t2.log"
-train 2 encdec-split --set mesh.data=2 "${encdec[@]}"
-grep -q "resuming from .*step_00000010.h5: step 10" "$T/encdec-split.log" || fail "encdec run did not resume from step 10"
-compare encdec-straight encdec-split 0 || fail "encdec exact resume differs"
+exact_resume 2 encdec encdec-to-t2 --set mesh.data=2 "${encdec[@]}"
 train 2 encdec-to-t2 --set mesh.tensor=2 "${encdec[@]}"
 grep -q "resuming from .*step 10 (written on mesh pipe=1 x data=2 x tensor=1" "$T/encdec-to-t2.log" || fail "encdec-to-t2 did not resume"
 compare encdec-straight encdec-to-t2 1e-5 || fail "encdec resharded resume differs"
@@ -170,12 +182,7 @@ echo "== shared experts and selection biases (moe.balance = bias)"
 # there resumes on pipe=2 within 1e-5 with the same biases; a checkpoint without them is refused
 # for moe.balance = bias, naming the key.
 sb=(--set moe.shared_experts=2 --set moe.balance=bias --set moe.bias_update_rate=0.01)
-train 4 sb-straight --set mesh.data=2 --set mesh.tensor=2 "${sb[@]}"
-train 4 sb-split --set mesh.data=2 --set mesh.tensor=2 --set run.steps=10 "${sb[@]}"
-cp -r "$T/sb-split" "$T/sb-to-p2"; : > "$T/sb-to-p2.log"
-train 4 sb-split --set mesh.data=2 --set mesh.tensor=2 "${sb[@]}"
-grep -q "resuming from .*step_00000010.h5: step 10" "$T/sb-split.log" || fail "the shared/bias run did not resume from step 10"
-compare sb-straight sb-split 0 || fail "shared/bias exact resume differs"
+exact_resume 4 sb sb-to-p2 --set mesh.data=2 --set mesh.tensor=2 "${sb[@]}"
 train 2 sb-to-p2 --set mesh.pipe=2 --set optim.micro_batches=2 "${sb[@]}"
 grep -q "resuming from .*step 10 (written on mesh pipe=1 x data=2 x tensor=2" "$T/sb-to-p2.log" || fail "sb-to-p2 did not resume"
 compare sb-straight sb-to-p2 1e-5 || fail "shared/bias resharded resume differs"
@@ -196,12 +203,7 @@ echo "== expert-choice routing"
 # Written on data=2 (experts over data: the all-to-all) resumes bitwise there, and on tensor=2
 # within 1e-5.
 ec=(--set moe.router=expert_choice --set moe.capacity_factor_train=1.5)
-train 2 ec-straight --set mesh.data=2 "${ec[@]}"
-train 2 ec-split --set mesh.data=2 --set run.steps=10 "${ec[@]}"
-cp -r "$T/ec-split" "$T/ec-to-t2"; : > "$T/ec-to-t2.log"
-train 2 ec-split --set mesh.data=2 "${ec[@]}"
-grep -q "resuming from .*step_00000010.h5: step 10" "$T/ec-split.log" || fail "the expert-choice run did not resume from step 10"
-compare ec-straight ec-split 0 || fail "expert-choice exact resume differs"
+exact_resume 2 ec ec-to-t2 --set mesh.data=2 "${ec[@]}"
 train 2 ec-to-t2 --set mesh.tensor=2 "${ec[@]}"
 grep -q "resuming from .*step 10 (written on mesh pipe=1 x data=2 x tensor=1" "$T/ec-to-t2.log" || fail "ec-to-t2 did not resume"
 compare ec-straight ec-to-t2 1e-5 || fail "expert-choice resharded resume differs"
@@ -210,4 +212,31 @@ set +e; train 2 to-bias --set mesh.data=2 --set run.steps=22 --set moe.balance=b
 [ "$rc" = 2 ] && grep -q "selection_bias' \[4\] is not in the checkpoint" "$T/to-bias.log" &&
   grep -q "^  moe.balance: \"aux_loss\" -> \"bias\"" "$T/to-bias.log" ||
   { cat "$T/to-bias.log"; fail "a checkpoint without selection biases was not refused naming moe.balance"; }
+echo "== expert replicas (mesh.expert_parallel)"
+rp=(--set moe.num_experts=2)
+exact_resume 4 rp rp-to-1 --set mesh.data=4 "${rp[@]}"
+grep -q "replica groups (world ranks; expert gradient all-reduce): \[0 2\] \[1 3\]" "$T/rp-straight.log" ||
+  fail "the replica run's log does not list its replica groups"
+$M ckpt verify "$T/rp-straight" >"$T/rp-verify.log" 2>&1 || { cat "$T/rp-verify.log"; fail "the replica checkpoint does not verify"; }
+$PYTHON - "$T/rp-straight/ckpt/step_00000020.h5" <<'PY' || fail "the replica checkpoint does not hold each expert once"
+import sys, h5py
+with h5py.File(sys.argv[1], "r") as f:
+    assert f["params/blocks.1.moe.experts.w_in"].shape[0] == 2, f["params/blocks.1.moe.experts.w_in"].shape
+    assert f["optim/blocks.1.moe.experts.w_in/exp_avg"].shape[0] == 2
+print("  each expert stored once")
+PY
+train 1 rp-to-1 "${rp[@]}"
+grep -q "resuming from .*step 10 (written on mesh pipe=1 x data=4 x tensor=1" "$T/rp-to-1.log" || fail "rp-to-1 did not resume"
+compare rp-straight rp-to-1 1e-5 || fail "expert replicas: resumed on one rank differs"
+# the other way round: written without replicas (data = 2: one expert per rank), resumed with them
+train 2 rp-from-d2 --set mesh.data=2 --set run.steps=10 "${rp[@]}"
+cp -r "$T/rp-from-d2" "$T/rp-from-d2-ep1"; : > "$T/rp-from-d2-ep1.log"
+train 4 rp-from-d2 --set mesh.data=4 "${rp[@]}"
+grep -q "resuming from .*step 10 (written on mesh pipe=1 x data=2 x tensor=1" "$T/rp-from-d2.log" || fail "rp-from-d2 did not resume"
+grep -q "^  mesh.data: 2 -> 4" "$T/rp-from-d2.log" || fail "rp-from-d2 did not list its mesh change"
+compare rp-straight rp-from-d2 1e-5 || fail "expert replicas: resumed with replicas differs"
+train 4 rp-from-d2-ep1 --set mesh.data=4 --set mesh.expert_parallel=1 "${rp[@]}"
+grep -q "^  mesh.expert_parallel: 0 -> 1" "$T/rp-from-d2-ep1.log" || fail "rp-from-d2-ep1 did not list mesh.expert_parallel"
+grep -q "trains differently" "$T/rp-from-d2-ep1.log" && fail "a change of mesh.expert_parallel was reported as a change of the training"
+compare rp-straight rp-from-d2-ep1 1e-5 || fail "expert replicas: resumed with every expert on every rank differs"
 echo "all ok"

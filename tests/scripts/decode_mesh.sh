@@ -2,7 +2,7 @@
 # `meshmoe translate` and `meshmoe generate` end to end: a small MoE model (GShard top-2) trained
 # on a generated two-language gettext corpus, then decoded from its checkpoint on 1 rank and on the
 # meshes data=2, tensor=2, data=2 x tensor=2 (experts over data), tensor=2 with experts over
-# tensor, pipe=2 and pipe=2 x data=2: every mesh prints the same translations (greedy and beam 3)
+# tensor, pipe=2, pipe=2 x data=2 and data=4 with expert replicas (mesh.expert_parallel = 2): every mesh prints the same translations (greedy and beam 3)
 # and the same samples as one rank. Also: the same seed gives the same samples, beam translations
 # do not depend on --batch, a too-long input line gives an empty line and a warning, expert-choice
 # routing and a missing checkpoint are refused with exit code 2; an encoder-decoder (model.arch =
@@ -73,7 +73,8 @@ run_all mesh4 4 --set mesh.data=2 --set mesh.tensor=2
 run_all isel 2 --set mesh.tensor=2 --set moe.expert_axis=tensor
 run_all pipe2 2 --set mesh.pipe=2 --set optim.micro_batches=2
 run_all pipe2data2 4 --set mesh.pipe=2 --set mesh.data=2 --set optim.micro_batches=2
-for tag in data2 tensor2 mesh4 isel pipe2 pipe2data2; do
+run_all replicas4 4 --set mesh.data=4 --set mesh.expert_parallel=2  # 2 expert groups of 2 ranks
+for tag in data2 tensor2 mesh4 isel pipe2 pipe2data2 replicas4; do
   for what in greedy beam gen sample; do
     cmp "$T/one.$what.out" "$T/$tag.$what.out" || fail "$tag: $what differs from one rank"
   done

@@ -3,6 +3,7 @@
 # ranks of every axis group (rank = (p*data + d)*tensor + t, tensor innermost), once (rank 0).
 # Checked on 4 ranks as 1x2x2 and, through --set, as 2x2x1 and 2x1x2; a mesh that does not fit
 # the job exits 2 quickly. (A pipeline needs optim.micro_batches >= 2, hence the extra --set.)
+# With experts over data the memory report lists the expert and replica groups (expert replicas).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -69,6 +70,33 @@ pipe groups: [0 2] [1 3]
 data groups: [0] [1] [2] [3]
 tensor groups: [0 1] [2 3]
 END
+
+# Expert replicas (mesh.expert_parallel): the expert groups (the all-to-all) and the replica groups
+# (the experts' gradient all-reduce) as world ranks, with the experts per rank. 2 experts on
+# data = 4 default to groups of 2; with expert_parallel = 1 on 1x2x2 every rank holds all 8.
+# expect_lines NAME: every line on stdin appears in the output, whole
+expect_lines() {
+  [ "$(cat "$tmp/$1.rc")" = 0 ] || { fail "$1: exit $(cat "$tmp/$1.rc")"; sed 's/^/   stderr: /' "$tmp/$1.err"; }
+  while IFS= read -r line; do grep -qxF -- "$line" "$tmp/$1.out" || fail "$1: no line '$line'"; done
+}
+plan replicas 4 --set mesh.data=4 --set mesh.tensor=1 --set moe.num_experts=2 --set model.vocab_size=100
+expect_lines replicas <<'END'
+experts: moe.num_experts = 2 in expert groups of mesh.expert_parallel = 2 data ranks (1 per rank), each expert on 2 replicas (mesh.data / mesh.expert_parallel)
+  expert groups (world ranks; MoE all-to-all): [0 1] [2 3]
+  replica groups (world ranks; expert gradient all-reduce): [0 2] [1 3]
+END
+plan replicas-all 4 --set mesh.expert_parallel=1 --set model.vocab_size=100
+expect_lines replicas-all <<'END'
+experts: moe.num_experts = 8 in expert groups of mesh.expert_parallel = 1 data rank (8 per rank), each expert on 2 replicas (mesh.data / mesh.expert_parallel)
+  expert groups (world ranks; MoE all-to-all): [0] [1] [2] [3]
+  replica groups (world ranks; expert gradient all-reduce): [0 2] [1 3]
+END
+plan no-replicas 4 --set model.vocab_size=100
+expect_lines no-replicas <<'END'
+experts: moe.num_experts = 8 in expert groups of mesh.expert_parallel = 2 data ranks (4 per rank), each expert once
+  expert groups (world ranks; MoE all-to-all): [0 2] [1 3]
+END
+grep -q "replica groups" "$tmp/no-replicas.out" && fail "no-replicas: lists replica groups"
 
 # A mesh of 4 on 2 ranks: exit 2 naming both numbers, no hang.
 start=$(date +%s)

@@ -3,7 +3,8 @@
 # aux loss and gradient norm within 1e-5 relative of the single-rank run, and identical per-expert
 # loads (DESIGN.md principle 1; the central test of issue 4, here for the data axis, gradient
 # accumulation, the tensor axis, pipeline stages on the 1F1B schedule, tied and untied
-# embeddings, both optimizers, the encoder-decoder model, and expert-choice routing). Also checks
+# embeddings, both optimizers, the encoder-decoder model, expert-choice routing, and expert
+# replicas: expert groups smaller than the data axis, mesh.expert_parallel). Also checks
 # that a run writes deck.toml and a complete metrics.h5.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -174,6 +175,44 @@ train_or_fail encdec-echoice-1 1 $encdec $echoice
 # shellcheck disable=SC2086
 train_or_fail encdec-echoice-d2t2 4 $encdec $echoice --set mesh.data=2 --set mesh.tensor=2
 pairs+="echoice-x-1:echoice-x-t2 echoice-x-1:echoice-x-d2t2 encdec-echoice-1:encdec-echoice-d2t2 "
+# Expert replicas (mesh.expert_parallel, docs/ARCHITECTURE.md "Expert replicas"): E = 2 on data = 4
+# (expert groups of 2 by default, each expert on 2 replicas); E = 4 on data = 4 in expert groups of
+# 2 (top-2, dropless, Adafactor with geglu, sharded optimizer state); every rank holding every
+# expert (expert_parallel = 1) on data = 4, data 2 x tensor 2 (Switch 5.5 hidden split) and pipe 2
+# x data 2; the overlapped buckets bitwise the blocking all-reduce with replicas.
+rep="--set optim.micro_batches=2"
+# shellcheck disable=SC2086
+train_or_fail rep-e2-1 1 $rep --set moe.num_experts=2
+# shellcheck disable=SC2086
+train_or_fail rep-e2-d4 4 $rep --set moe.num_experts=2 --set mesh.data=4
+# shellcheck disable=SC2086
+train_or_fail rep-e2-d4-switch 4 $rep --set moe.num_experts=2 --set mesh.data=4 ${model[switch]}
+# shellcheck disable=SC2086
+train_or_fail rep-e2-1-switch 1 $rep --set moe.num_experts=2 ${model[switch]}
+pairs+="rep-e2-1:rep-e2-d4 rep-e2-1-switch:rep-e2-d4-switch "
+# shellcheck disable=SC2086
+train_or_fail rep-ep2-d4 4 $rep --set mesh.data=4 --set mesh.expert_parallel=2 ${model[gshard]}
+# shellcheck disable=SC2086
+train_or_fail rep-ep1-d4 4 $rep --set mesh.data=4 --set mesh.expert_parallel=1 ${model[gshard]}
+# shellcheck disable=SC2086
+train_or_fail rep-ep1-d2t2 4 $rep --set mesh.data=2 --set mesh.tensor=2 --set mesh.expert_parallel=1 ${model[gshard]}
+# shellcheck disable=SC2086
+train_or_fail rep-ep1-p2d2 4 $rep --set mesh.pipe=2 --set mesh.data=2 --set mesh.expert_parallel=1 ${model[gshard]}
+pairs+="gshard-1:rep-ep2-d4 gshard-1:rep-ep1-d4 gshard-1:rep-ep1-d2t2 gshard-1:rep-ep1-p2d2 "
+# shellcheck disable=SC2086
+train_or_fail rep-dropless-1 1 $rep --set moe.dropless=true ${model[switch]}
+# shellcheck disable=SC2086
+train_or_fail rep-dropless-ep2-d4 4 $rep --set moe.dropless=true ${model[switch]} --set mesh.data=4 --set mesh.expert_parallel=2
+# shellcheck disable=SC2086
+train_or_fail rep-adafactor-ep2-d4 4 --set model.activation=geglu --set optim.name=adafactor --set mesh.data=4 --set mesh.expert_parallel=2
+# shellcheck disable=SC2086
+train_or_fail rep-shard-ep2-d4 4 $rep --set optim.shard_state=true --set mesh.data=4 --set mesh.expert_parallel=2 ${model[gshard]}
+pairs+="rep-dropless-1:rep-dropless-ep2-d4 geglu-adafactor:rep-adafactor-ep2-d4 gshard-1:rep-shard-ep2-d4 "
+for mb in 0 0.0001; do
+  # shellcheck disable=SC2086
+  train_or_fail "rep-buckets$mb" 4 $rep --set mesh.data=4 --set mesh.expert_parallel=2 --set run.grad_bucket_mb=$mb
+done
+exact+="rep-buckets0:rep-buckets0.0001 "
 export PAIRS=$pairs EXACT=$exact
 for r in ref gshard-d2 pmoe-p2t2; do [ -s "$T/$r/deck.toml" ] || fail "no deck.toml in $r"; done
 $PYTHON - "$T" <<'PY'

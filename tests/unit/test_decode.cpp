@@ -250,7 +250,7 @@ TEST_CASE("decode: cached decoding on a pipe x data x tensor mesh equals the one
       cfg.mesh.pipe = sh.pipe;
       cfg.moe.expert_axis = test::option<ExpertAxis>(sh.expert_axis);
       const int V = 17, B = 3, T_seq = 7;
-      Transformer<double> sharded(cfg, V, model_sharding(mesh)), whole(cfg, V);
+      Transformer<double> sharded(cfg, V, model_sharding(mesh, cfg)), whole(cfg, V);
       sharded.init(31, 1.0);
       whole.init(31, 1.0);
       CachedModel<double> a(sharded, &mesh.axis(Axis::Pipe)), b(whole);

@@ -48,7 +48,7 @@ struct Trained {
 
 // `steps` SGD steps (w -= 0.1 g) of the whole trainer's gradient path on `mesh`.
 Trained train(const Config& cfg, Mesh& mesh, size_t bucket_elems, int steps) {
-  Transformer<float> model(cfg, kVocab, model_sharding(mesh));
+  Transformer<float> model(cfg, kVocab, model_sharding(mesh, cfg));
   model.init(7, 1.0);
   PhaseTimers timers;
   PipelineExecutor exec(model, mesh, timers);
@@ -104,5 +104,100 @@ TEST_CASE("gradient sync: buckets overlapped with the backward give the blocking
     size_t differ = 0;
     for (size_t i = 0; i < blocking.weights.size(); ++i) differ += overlapped.weights[i] != blocking.weights[i];
     CHECK(differ == 0);
+  }
+}
+
+namespace {
+
+// One step's gradients of `model` on `mesh` (after reduce_over_data) and the global norm.
+struct StepGrads {
+  double norm = 0;
+};
+StepGrads step_grads(const Config& cfg, Transformer<float>& model, Mesh& mesh, GradientSync& sync, const Batch& batch) {
+  double mask_total = 0;
+  for (float m : batch.mask) mask_total += m;
+  const double tokens = kRows * kSeq;
+  const LossWeights w{1.0 / mask_total, cfg.moe.aux_loss_coef / (tokens / kSeq), cfg.moe.z_loss_coef / tokens};
+  PhaseTimers timers;
+  PipelineExecutor exec(model, mesh, timers);
+  model.params().zero_grad();
+  std::vector<Micro> micros =
+      split_micro_batches(batch, kMicro, mesh.extent(Axis::Data), mesh.coord(Axis::Data), 5, 1, true, nullptr);
+  sync.begin_step(int(micros.size()));
+  exec.train(micros, w, [](const ForwardStats&) {});
+  exec.sync_tied_embedding(cfg.model.tied_embeddings);
+  sync.reduce_over_data();
+  return {sync.global_norm()};
+}
+
+}  // namespace
+
+// Expert replicas (docs/ARCHITECTURE.md "Expert replicas"): with expert groups of P < data ranks
+// each expert's gradient is summed over its replica group, so every replica holds the whole
+// batch's gradient, bitwise alike; the dense gradients are summed over data as before. Oracle: the
+// one-rank model on the same batch (tolerance 1e-5 of each parameter's largest gradient: the
+// sums run in another order), and the one-rank global norm (1e-5 relative).
+TEST_CASE("gradient sync: expert replicas sum their gradients over the replica group", "[grad_sync][mpi]") {
+  if (test::world_size() != 4) {
+    SUCCEED("needs 4 ranks");
+    return;
+  }
+  struct Case {
+    int pipe, data, tensor, experts, expert_parallel, replicas;
+  };
+  for (const Case& c : {Case{1, 4, 1, 4, 2, 2}, Case{1, 4, 1, 2, 0, 2}, Case{1, 4, 1, 4, 1, 4}, Case{1, 2, 2, 4, 1, 2},
+                        Case{2, 2, 1, 2, 1, 2}}) {
+    Config cfg = overlap_config();
+    cfg.moe.num_experts = c.experts;
+    cfg.mesh.expert_parallel = c.expert_parallel;
+    Mesh mesh(MPI_COMM_WORLD, c.pipe, c.data, c.tensor);
+    INFO("mesh pipe=" << c.pipe << " data=" << c.data << " tensor=" << c.tensor << ", E = " << c.experts
+                      << ", mesh.expert_parallel = " << c.expert_parallel << ", rank " << mesh.rank());
+    const int P = int(expert_parallel(cfg, c.data));
+    CHECK(c.data / P == c.replicas);
+    Transformer<float> model(cfg, kVocab, model_sharding(mesh, cfg));
+    model.init(7, 1.0);
+    GradientSync sync(model, mesh, 0, cfg.model.tied_embeddings);
+    Mesh self(MPI_COMM_SELF, 1, 1, 1);
+    Config one_rank = cfg;
+    one_rank.mesh.expert_parallel = 0;  // a placement key: one rank has no expert groups
+    Transformer<float> whole(one_rank, kVocab);
+    whole.init(7, 1.0);
+    GradientSync whole_sync(whole, self);
+    const Batch batch = test::random_batch(kRows, kSeq, kVocab, 321u, 4);
+    const double norm = step_grads(cfg, model, mesh, sync, batch).norm;
+    const double whole_norm = step_grads(cfg, whole, self, whole_sync, batch).norm;
+    CHECK(std::abs(norm - whole_norm) <= 1e-5 * whole_norm);
+
+    int experts_seen = 0;
+    for (const ParamInfo& p : model.params().infos()) {
+      INFO("parameter " << p.name);
+      const bool expert = p.name.find(".moe.experts.") != std::string::npos;
+      // experts split over data have replicas exactly when an expert group is smaller than data
+      if (expert && P > 1) CHECK(bool(p.sharded_over & kShardReplicas) == (P < c.data));
+      if (!expert || P == 1) CHECK(!(p.sharded_over & (kShardData | kShardReplicas)));
+      experts_seen += expert;
+      const ParamInfo* wp = whole.params().find(p.name);
+      REQUIRE(wp != nullptr);
+      const float* g = model.params().grads() + p.flat_offset;
+      double largest = 0, worst = 0;
+      for (size_t i = 0; i < p.size; ++i) {
+        const double want = whole.params().grads()[wp->flat_offset + ParamStore<float>::logical_index(p, i)];
+        largest = std::max(largest, std::abs(want));
+        worst = std::max(worst, std::abs(double(g[i]) - want));
+      }
+      CHECK(worst <= 1e-5 * largest);
+      if (p.sharded_over & kShardReplicas) {  // the replicas hold bitwise the same sum
+        std::vector<float> mine(g, g + p.size), most = mine;
+        model.sharding().replica_group->all_reduce(most.data(), most.size(), Op::Max);
+        CHECK(most == mine);
+      }
+    }
+    CHECK(experts_seen > 0);
+    // With replicas, the overlapped buckets give bitwise the blocking path's training too.
+    if (P > 1 && P < c.data) {
+      const Trained blocking = train(cfg, mesh, 0, 2), overlapped = train(cfg, mesh, 5, 2);
+      CHECK(overlapped.weights == blocking.weights);
+    }
   }
 }

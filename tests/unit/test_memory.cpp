@@ -150,6 +150,29 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
     c.moe.expert_axis = ExpertAxis::Tensor;
     check_exact(c, V, MeshShape{1, 1, 2}, 0, 0, 1);
   }
+  SECTION("expert replicas (mesh.expert_parallel): E / P experts and P x G x C expert rows per rank") {
+    // E = 4 on data = 4 in expert groups of 2, and E = 2 on data = 4 by default (gcd): each rank
+    // holds 2 resp. 1 experts, as the built model does; with P = 1 every expert on every rank.
+    Config c = moe_config();
+    c.optim.batch_size = 8;
+    c.optim.micro_batches = 1;
+    for (const auto& [E, P] : {std::pair{4, 2}, std::pair{2, 0}, std::pair{4, 1}}) {
+      c.moe.num_experts = E;
+      c.mesh.expert_parallel = P;
+      for (const OptimizerKind opt : {OptimizerKind::AdamW, OptimizerKind::Adafactor}) {
+        c.optim.name = opt;
+        for (int data = 0; data < 4; ++data) check_exact(c, V, MeshShape{1, 4, 1}, 0, data, 0);
+      }
+    }
+    c.optim.name = OptimizerKind::AdamW;
+    c.moe.num_experts = 4;
+    c.mesh.expert_parallel = 2;
+    const MemoryPlan rep = plan_memory(c, V, MeshShape{1, 4, 1}, 0, 3, 0);
+    c.mesh.expert_parallel = 4;
+    const MemoryPlan once = plan_memory(c, V, MeshShape{1, 4, 1}, 0, 3, 0);
+    // one expert = w_in [M, H] + w_out [H, M] = 2 x 32 x 64; 2 MoE layers; 2 experts per rank instead of 1
+    CHECK(rep.param_bytes == once.param_bytes + 2 * (2 * 32 * 64) * sizeof(float));
+  }
   SECTION("optim.shard_state: each data rank's owned state (whole parameters), every data rank") {
     // Dense with tensor and pipe (tied embedding on both stages), MoE with experts over data (kept
     // by their rank) and over tensor; AdamW and Adafactor. The data ranks' state adds up to the
@@ -230,6 +253,19 @@ TEST_CASE("memory plan: bytes sent per step follow the ring and all-to-all formu
   CHECK(p1.sent_pipe == Approx(2 * 2 * NM4));
   CHECK(p0.in_flight == 2);
   CHECK(p1.in_flight == 1);
+  // expert replicas: E = 4 on data = 4 in expert groups of 2. Data: the dense parameters' ring
+  // all-reduce over 4 ranks, the experts' over their 2 replicas, and per MoE layer 2 all-to-alls
+  // forward and 2 backward of E x G x C x M floats over the 2 ranks of the expert group.
+  Config m = moe_config();
+  m.optim.batch_size = 8;
+  m.optim.micro_batches = 1;
+  m.mesh.expert_parallel = 2;
+  const MemoryPlan r = plan_memory(m, V, MeshShape{1, 4, 1}, 0, 1, 0);
+  const double expert_floats = 2.0 * 2 * (2 * 32 * 64);  // 2 layers x 2 local experts x (w_in + w_out)
+  const double dense = double(r.param_bytes) - expert_floats * 4;
+  const double G = 2 * 16 / 16, C = std::ceil(2 * 16 * 1.25 / 4);  // 2 x 16 tokens per rank, top-2, factor 1.25
+  const double a2a = 2 * (2 + 2) * (1.0 / 2) * (4 * G * C * 32 * 4);
+  CHECK(r.sent_data == Approx(2.0 * 3 / 4 * dense + 2.0 * 1 / 2 * expert_floats * 4 + a2a).epsilon(1e-12));
 }
 
 TEST_CASE("memory plan: GShard section 5.1, memory per rank stays flat as experts grow with ranks", "[memory]") {
@@ -292,7 +328,12 @@ TEST_CASE("memory plan: a deck that does not split over the mesh is an InputErro
   Config m = moe_config();
   m.moe.num_experts = 3;
   m.moe.router = RouterKind::Top1;
+  m.mesh.expert_parallel = 2;
   CHECK_THROWS_AS(plan_memory(m, 50, MeshShape{1, 2, 1}, 0, 0, 0), InputError);  // 3 experts over 2
+  m.mesh.expert_parallel = 4;
+  CHECK_THROWS_AS(plan_memory(m, 50, MeshShape{1, 2, 1}, 0, 0, 0), InputError);  // expert groups of 4 in 2 data ranks
+  m.mesh.expert_parallel = 0;  // gcd(3, 2) = 1: every data rank holds every expert
+  CHECK(plan_memory(m, 50, MeshShape{1, 2, 1}, 0, 0, 0).param_bytes == plan_memory(m, 50, MeshShape{1, 1, 1}, 0, 0, 0).param_bytes);
 }
 
 TEST_CASE("checked sizes: arithmetic throws instead of wrapping", "[memory]") {

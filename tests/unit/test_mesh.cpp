@@ -122,6 +122,68 @@ TEST_CASE("Mesh: communicators match the coordinates on every shape of this worl
   }
 }
 
+TEST_CASE("MeshShape: expert groups and replica groups split the data groups (expert replicas)", "[mesh]") {
+  SECTION("worked example: data = 4, expert groups of 2") {
+    const MeshShape s{1, 4, 2};  // data groups [0 2 4 6] and [1 3 5 7]
+    CHECK(s.expert_groups(2) == std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+    CHECK(s.replica_groups(2) == std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+    CHECK(s.expert_groups(4) == s.groups(Axis::Data));
+    CHECK(s.replica_groups(1) == s.groups(Axis::Data));
+  }
+  SECTION("every shape up to 12 ranks and every P dividing data") {
+    for (int world = 1; world <= 12; ++world)
+      for (const MeshShape& s : MeshShape::all_for(world))
+        for (int P = 1; P <= s.data; ++P) {
+          if (s.data % P != 0) continue;
+          INFO(s.str() << " P " << P);
+          const auto experts = s.expert_groups(P), replicas = s.replica_groups(P);
+          CHECK(experts.size() == size_t(world / P));
+          CHECK(replicas.size() == size_t(world / (s.data / P)));
+          for (const auto& g : experts) {
+            REQUIRE(g.size() == size_t(P));
+            const auto d0 = s.coords(g[0]);
+            for (size_t i = 0; i < g.size(); ++i) {
+              const auto c = s.coords(g[i]);
+              CHECK(c[1] == d0[1] + int(i));  // consecutive data ranks
+              CHECK(c[1] / P == d0[1] / P);
+              CHECK((c[0] == d0[0] && c[2] == d0[2]));
+            }
+          }
+          for (const auto& g : replicas) {
+            REQUIRE(g.size() == size_t(s.data / P));
+            const auto d0 = s.coords(g[0]);
+            for (size_t i = 0; i < g.size(); ++i) {
+              const auto c = s.coords(g[i]);
+              CHECK(c[1] == d0[1] + int(i) * P);  // the same position in every expert group
+              CHECK((c[0] == d0[0] && c[2] == d0[2]));
+            }
+          }
+        }
+  }
+}
+
+TEST_CASE("Mesh: expert and replica group communicators match MeshShape's groups", "[mesh][mpi]") {
+  const int me = test::world_rank(), world = test::world_size();
+  for (const MeshShape& s : MeshShape::all_for(world))
+    for (int P = 1; P <= s.data; ++P) {
+      if (s.data % P != 0) continue;
+      INFO(s.str() << " P " << P);
+      Mesh mesh(MPI_COMM_WORLD, s.pipe, s.data, s.tensor);
+      const Mesh::ExpertComms c = mesh.expert_comms(P);
+      CHECK(mesh.expert_comms(P).group == c.group);  // made once
+      const int d = mesh.coord(Axis::Data);
+      CHECK(c.group->rank() == d % P);
+      CHECK(c.replicas->rank() == d / P);
+      for (const auto& [comm, groups] : {std::pair{c.group, s.expert_groups(P)}, std::pair{c.replicas, s.replica_groups(P)}}) {
+        std::vector<int32_t> members(size_t(comm->size()));
+        const int32_t mine = me;
+        comm->all_gather(&mine, 1, members.data());
+        const std::vector<int> got(members.begin(), members.end());
+        CHECK(std::find(groups.begin(), groups.end(), got) != groups.end());
+      }
+    }
+}
+
 TEST_CASE("Mesh: a shape that does not match the world is an InputError on every rank", "[mesh][mpi]") {
   const int world = test::world_size();
   CHECK_THROWS_AS(Mesh(MPI_COMM_WORLD, 1, world + 1, 1), InputError);

@@ -144,7 +144,7 @@ struct StageRun {
 // optimizer updates: the gradients accumulate over the steps (each step has other random numbers).
 StageRun run_pipeline(const Config& cfg, Mesh& mesh, Recompute recompute, int micro_batches, int steps) {
   const int V = 13, T = 8, B = 8;
-  Transformer<float> model(cfg, V, model_sharding(mesh));
+  Transformer<float> model(cfg, V, model_sharding(mesh, cfg));
   model.init(9, 1.0);
   PhaseTimers timers;
   PipelineExecutor pipeline(model, mesh, timers, recompute);

@@ -80,17 +80,30 @@ void check_tiling(const std::string& name, const std::vector<int64_t>& logical, 
     const uint8_t bit = axis == 1 ? kShardData : kShardTensor;
     for (const Holder& h : holders) CHECK(bool(h.sharded_over & bit) == differs);
   }
+  // Expert replicas: blocks that differ along data and also repeat along it (the same block on two
+  // data ranks of one pipe and tensor coordinate) carry kShardReplicas; no other block does.
+  bool repeats_over_data = false;
+  for (const Holder& a : holders)
+    for (const Holder& b : holders)
+      repeats_over_data |= a.coords[0] == b.coords[0] && a.coords[2] == b.coords[2] && a.coords[1] != b.coords[1] &&
+                           a.offset == b.offset;
+  for (const Holder& h : holders)
+    CHECK(bool(h.sharded_over & kShardReplicas) == (repeats_over_data && bool(h.sharded_over & kShardData)));
 }
 
 }  // namespace
 
 TEST_CASE("shape table: the ranks' blocks tile every parameter on every mesh", "[shapes]") {
-  for (const std::string axis : {"data", "tensor"})
+  // expert_parallel: 0 picks gcd(E, data), 2 makes expert groups of 2 data ranks (replicas on data 4, 8)
+  for (const auto& [axis, expert_parallel] : std::vector<std::pair<std::string, int>>{{"data", 0}, {"data", 2}, {"tensor", 0}})
     for (const std::string act : {"relu", "geglu"}) {
-      const Config cfg = moe_deck(axis, act);
+      Config cfg = moe_deck(axis, act);
+      cfg.mesh.expert_parallel = expert_parallel;
       const int V = 40;
       std::map<std::string, std::vector<int64_t>> logical;
-      for (const ParamInfo& p : ShapeTable(cfg, V, MeshShape{1, 1, 1}, {}).params()) logical[p.name] = p.logical_shape;
+      Config one_rank = cfg;
+      one_rank.mesh.expert_parallel = 0;  // no expert groups on one rank
+      for (const ParamInfo& p : ShapeTable(one_rank, V, MeshShape{1, 1, 1}, {}).params()) logical[p.name] = p.logical_shape;
       int meshes = 0;
       for (const MeshShape& mesh : MeshShape::all_for(8)) {
         bool ok = true;
@@ -100,7 +113,7 @@ TEST_CASE("shape table: the ranks' blocks tile every parameter on every mesh", "
           continue;
         }
         ++meshes;
-        INFO("expert_axis " << axis << ", " << act << ", mesh " << mesh.str());
+        INFO("expert_axis " << axis << ", mesh.expert_parallel " << expert_parallel << ", " << act << ", mesh " << mesh.str());
         std::map<std::string, std::vector<Holder>> holders;
         for (int r = 0; r < mesh.size(); ++r) {
           const std::array<int, 3> c = mesh.coords(r);

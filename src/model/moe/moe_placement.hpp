@@ -1,7 +1,10 @@
 // Where the experts of one MoE layer live on the mesh (DESIGN.md "The mesh", issue 4):
 //   expert_axis = data   (GShard / Switch): data rank d owns experts [d*E/D, (d+1)*E/D); tokens move
 //                        with two all-to-alls over the data axis. With tensor > 1 (Switch 5.5) each
-//                        expert's hidden units are also split over the tensor ranks.
+//                        expert's hidden units are also split over the tensor ranks. With expert
+//                        replicas (mesh.expert_parallel = P < D, DeepSpeed-MoE's ep_size) "the data
+//                        axis" here is the rank's expert group of P data ranks: data_rank is
+//                        d mod P, data_size P, and `replicas` = D / P ranks hold the same experts.
 //   expert_axis = tensor (Pipeline-MoE, seed 003 section 3.3, Algorithm 1): tensor rank t owns
 //                        experts [t*E/T, (t+1)*E/T); tokens are replicated over tensor, dispatch is a
 //                        local index selection and combine an all-reduce over tensor.
@@ -20,7 +23,8 @@ namespace meshmoe {
 struct MoePlacement {
   ExpertAxis axis = ExpertAxis::Data;
   Comm* data = nullptr;  // all-to-all of expert_axis = data (may be null when data_size = 1)
-  int data_rank = 0, data_size = 1;
+  int data_rank = 0, data_size = 1;  // in the expert group
+  int replicas = 1;  // data ranks holding each of this rank's experts (mesh.data / expert group)
   Comm* tensor = nullptr;  // all-reduce of expert_axis = tensor, and of Switch 5.5 (null when tensor_size = 1)
   int tensor_rank = 0, tensor_size = 1;
 
@@ -52,7 +56,7 @@ struct MoePlacement {
   }
   // This rank's block of a layer of E experts of hidden width H (model width M): experts split over
   // the expert axis, hidden units over tensor when hidden_split(). The weights of experts split over
-  // data are not summed over data by the trainer; split over tensor (whole experts or their hidden
+  // data are not summed over data by the trainer (with replicas: over their replica group only); split over tensor (whole experts or their hidden
   // units) they are not identical over tensor.
   ExpertShape expert_shape(int M, int E, int H, Activation act) const {
     const Split experts = axis == ExpertAxis::Data ? split_evenly(E, data_rank, data_size)
@@ -60,6 +64,7 @@ struct MoePlacement {
     const Split hidden = hidden_split() ? split_evenly(H, tensor_rank, tensor_size) : whole(H);
     uint8_t shard = kShardNone;
     if (expert_parallel_data()) shard |= kShardData;
+    if (expert_parallel_data() && replicas > 1) shard |= kShardReplicas;
     if (hidden_split() || expert_parallel_tensor()) shard |= kShardTensor;
     return {E, experts.offset, experts.local, ffn_shape(M, H, act, hidden), shard};
   }
