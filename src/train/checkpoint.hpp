@@ -16,6 +16,10 @@
 // tensor is not split over, the first pipeline stage for a tied embedding); all other ranks take
 // part in the collective call selecting none. The distinct blocks must tile the logical shape
 // exactly, else the write fails before anything is created (a model that loses elements).
+//
+// The code: checkpoint_format.cpp (attributes, value checks, the ranks' messages; shared through
+// checkpoint_format.hpp), checkpoint_write.cpp, checkpoint_read.cpp (read, init-from, verify) and
+// checkpoint_dir.cpp (file names, LATEST, pruning, the choice of a checkpoint).
 #pragma once
 #include <mpi.h>
 
