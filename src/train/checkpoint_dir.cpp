@@ -1,5 +1,5 @@
 // The checkpoint directory: step file names, the atomic commit of a file and of LATEST, pruning,
-// and the choice of a checkpoint to resume from (checkpoint.hpp).
+// the choice of a checkpoint to resume from, and the file a command line names (checkpoint.hpp).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -182,6 +182,47 @@ ResumeChoice find_resume_checkpoint(const std::string& ckpt_dir, MPI_Comm comm) 
   out.path = in.str();
   for (int64_t n = in.i64(); n > 0; --n) out.warnings.push_back(in.str());
   return out;
+}
+
+std::string find_named_checkpoint(const std::string& given) {
+  const std::string forms = "name a checkpoint file (step_*.h5), a checkpoint directory or a run directory";
+  std::error_code ec;
+  if (fs::is_regular_file(given, ec)) return given;
+  if (!fs::exists(given, ec)) throw InputError(given + ": no such file or directory (" + forms + ")");
+  if (!fs::is_directory(given, ec)) throw InputError(given + ": neither a file nor a directory (" + forms + ")");
+  for (const std::string& dir : {given, given + "/ckpt"}) {
+    if (!fs::exists(dir + "/LATEST", ec)) continue;
+    std::string name;
+    try {
+      name = read_latest_name(dir);
+    } catch (const std::exception& e) {
+      throw InputError(e.what());
+    }
+    const std::string path = dir + "/" + name;
+    if (!fs::is_regular_file(path, ec)) throw InputError(dir + "/LATEST names " + name + ", which does not exist");
+    return path;
+  }
+  throw InputError(given + ": a directory without LATEST (nor ckpt/LATEST): looked for " + given + "/LATEST and " + given +
+                   "/ckpt/LATEST; " + forms);
+}
+
+std::string resolve_named_checkpoint(const std::string& given, const std::string& option, MPI_Comm comm) {
+  std::string path, err;
+  if (ckpt::comm_rank(comm) == 0) {
+    try {
+      path = find_named_checkpoint(given);
+    } catch (const std::exception& e) {
+      err = option + " " + e.what();
+    }
+  }
+  if (auto e = first_error(err, comm); !e.empty()) throw InputError(e);
+  path = broadcast_string(path, 0, comm);
+  agree_on_input(comm, [&] {
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec))
+      throw InputError(option + " " + given + ": " + path + " is not a file here (rank 0 reads it: give a path every node sees)");
+  });
+  return path;
 }
 
 }  // namespace meshmoe
