@@ -87,8 +87,8 @@ int run(int argc, char** argv) {
   train->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
   TrainOptions train_opt;
   train->add_option("--init-from", train_opt.init_from,
-                    "Fresh start only: copy every parameter whose name and shape match from this checkpoint (of any "
-                    "model, any mesh); the others keep their initialisation");
+                    "Fresh start only: copy every parameter whose name and shape match from this checkpoint (file, or a "
+                    "ckpt / run directory: its LATEST; of any model, any mesh); the others keep their initialisation");
   DistillOptions distill_opt;
   auto* distill = app.add_subcommand("distill", "Train the deck's model with a trained teacher (Switch 4.2): init from its "
                                                 "non-expert weights, loss mixing its probabilities (distill.alpha)");
@@ -97,7 +97,8 @@ int run(int argc, char** argv) {
   distill->add_option("--teacher", distill_opt.teacher, "Teacher checkpoint file, or a ckpt / run directory (its LATEST)")
       ->required();
   distill->add_option("--baseline", distill_opt.baseline,
-                      "Checkpoint of a model trained without the teacher: report the share of the teacher's gain kept");
+                      "Checkpoint (file, or a ckpt / run directory: its LATEST) of a model trained without the teacher: report "
+                      "the share of the teacher's gain kept");
   auto* plan = app.add_subcommand("plan", "Print the device mesh and the plan of a deck without training");
   plan->add_option("deck", deck_path, "Input deck (TOML)")->required();
   plan->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");

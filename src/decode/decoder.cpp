@@ -3,10 +3,9 @@
 #include <algorithm>
 
 #include "core/error.hpp"
-#include "mesh/agree.hpp"
 #include "parallel/pipeline_executor.hpp"
 #include "tensor/blas.hpp"
-#include "train/checkpoint_cli.hpp"
+#include "train/checkpoint.hpp"
 #include "train/run_checkpoints.hpp"
 #include "train/run_data.hpp"
 
@@ -35,13 +34,7 @@ Decoder load_decoder(const Deck& deck, Mesh& mesh, const std::string& checkpoint
   Decoder d;
   d.valid = open_split(cfg.data.path, "valid", mesh.world());
   d.tokenizer = d.valid.info().tokenizer_object();
-  agree_on_input(mesh.world(), [&] {
-    try {
-      d.checkpoint = resolve_ckpt_path(checkpoint);
-    } catch (const std::exception& e) {
-      throw InputError(std::string("--checkpoint ") + e.what());
-    }
-  });
+  d.checkpoint = resolve_named_checkpoint(checkpoint, "--checkpoint", mesh.world());
   set_gemm_precision(cfg.model.precision);  // decode in the arithmetic the model was trained in
   d.model = std::make_unique<Transformer<float>>(cfg, model_vocab(cfg, d.valid), model_sharding(mesh, cfg));
   // No optimizer state; the routers' selection biases (moe.balance = bias) route as in training.

@@ -16,6 +16,10 @@
 // tensor is not split over, the first pipeline stage for a tied embedding); all other ranks take
 // part in the collective call selecting none. The distinct blocks must tile the logical shape
 // exactly, else the write fails before anything is created (a model that loses elements).
+//
+// The code: checkpoint_format.cpp (attributes, value checks, the ranks' messages; shared through
+// checkpoint_format.hpp), checkpoint_write.cpp, checkpoint_read.cpp (read, init-from, verify) and
+// checkpoint_dir.cpp (file names, LATEST, pruning, the choice of a checkpoint).
 #pragma once
 #include <mpi.h>
 
@@ -150,6 +154,17 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 // The file name LATEST in `dir` holds ("" when there is none); throws Error when it holds
 // something that is not a checkpoint name.
 std::string read_latest_name(const std::string& dir);
+
+// A checkpoint named on the command line (`--checkpoint`, `--teacher`, `--baseline`, `--init-from`,
+// `ckpt info|verify`): a checkpoint file, a checkpoint directory (the file its LATEST names) or a
+// run directory (the file its ckpt/LATEST names). This process only; returns the file's path, or
+// throws InputError saying what was looked for.
+std::string find_named_checkpoint(const std::string& given);
+
+// find_named_checkpoint, collective over `comm`: rank 0 looks and every rank gets its answer; then
+// every rank must see that file (a directory not shared by every node), else every rank throws
+// InputError naming the first rank that does not. `option` ("--teacher", ...) begins the messages.
+std::string resolve_named_checkpoint(const std::string& given, const std::string& option, MPI_Comm comm);
 
 // The tensors of a checkpoint's group "params" or "optim": name (path under the group) and shape.
 struct CheckpointTensorInfo {

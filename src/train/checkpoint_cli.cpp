@@ -3,25 +3,12 @@
 #include <mpi.h>
 
 #include <cstdio>
-#include <filesystem>
 
 #include "core/error.hpp"
 #include "core/sizes.hpp"
 #include "train/checkpoint.hpp"
 
 namespace meshmoe {
-
-namespace fs = std::filesystem;
-
-std::string resolve_ckpt_path(const std::string& p) {
-  std::error_code ec;
-  if (fs::is_regular_file(p, ec)) return p;
-  if (!fs::exists(p, ec)) throw Error(p + ": no such file or directory");
-  for (const std::string& dir : {p, p + "/ckpt"}) {
-    if (fs::exists(dir + "/LATEST", ec)) return dir + "/" + read_latest_name(dir);
-  }
-  throw Error(p + ": a directory without LATEST (nor ckpt/LATEST): give a checkpoint file");
-}
 
 namespace {
 
@@ -61,7 +48,7 @@ int ckpt_main(const CkptCliOptions& opt) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) {
     try {
-      const std::string path = resolve_ckpt_path(opt.path);
+      const std::string path = find_named_checkpoint(opt.path);
       if (opt.action == "info") {
         rc = ckpt_info(path);
       } else if (opt.action == "verify") {

@@ -12,8 +12,4 @@ struct CkptCliOptions {
 };
 int ckpt_main(const CkptCliOptions& opt);
 
-// PATH as given: a checkpoint file, or a ckpt directory / run directory whose LATEST names the
-// file. Throws Error when it is neither.
-std::string resolve_ckpt_path(const std::string& path);
-
 }  // namespace meshmoe

@@ -12,7 +12,6 @@
 #include "parallel/pipeline_executor.hpp"
 #include "tensor/launch.hpp"
 #include "train/checkpoint.hpp"
-#include "train/checkpoint_cli.hpp"
 #include "train/run_checkpoints.hpp"
 #include "train/run_data.hpp"
 #include "train/trainer.hpp"
@@ -43,12 +42,8 @@ std::unique_ptr<FrozenModel> load_frozen(const std::string& what, const std::str
                                          int vocab, Mesh& mesh) {
   auto f = std::make_unique<FrozenModel>();
   CheckpointMeta head;
+  f->path = resolve_named_checkpoint(given, what, mesh.world());
   agree_on_input(mesh.world(), [&] {
-    try {
-      f->path = resolve_ckpt_path(given);
-    } catch (const std::exception& e) {
-      throw InputError(what + " " + e.what());
-    }
     head = read_checkpoint_meta(f->path);
     if (head.deck.empty()) throw InputError(what + " " + f->path + " stores no deck (written by an older version)");
   });

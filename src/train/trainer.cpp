@@ -184,7 +184,8 @@ class Trainer {
  private:
   // `train --init-from` on a fresh start (TrainOptions::init_from): the checkpoint's parameters of
   // the same name and shape replace the initialisation.
-  void init_from(const std::string& path) {
+  void init_from(const std::string& given) {
+    const std::string path = resolve_named_checkpoint(given, "--init-from", mesh_.world());
     const InitFromResult r = init_from_checkpoint(path, model_->params(), mesh_.world());
     if (mesh_.rank() != 0) return;
     std::printf("init from %s: %zu parameters copied, %zu kept at their initialisation", path.c_str(), r.copied.size(),
