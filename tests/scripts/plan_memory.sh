@@ -115,8 +115,10 @@ act = (3 * NM * f + 2 * N * 4                       # stage x, h, f; segment ids
        + L * ((NM + 3 * N * Ml + rows * Hl * T * T + N * Ml) * f + NM)   # attention + dropout mask
        + L * ((NM + 2 * N * Fl) * f + NM)           # relu ffn: x, pre, h + dropout mask
        + (NM + N * V) * f + N * 8 + 2 * N * f + N * 4)  # head input, logits; loss, lse, mask, targets
-# backward scratch per block: dy, datt + dqkv, dP of every (sequence, local head) pair (parallel tasks)
-work = (2 * NM + L * (NM + 4 * N * Ml + rows * Hl * T * T + NM) + L * (NM + 2 * N * Fl + NM)) * f
+# backward scratch per block: dy, datt + dqkv, dP of every (sequence, local head) pair (parallel tasks);
+# per LayerNorm the parameter gradients' partial sums over row chunks of 64, [2, ceil(N / 64), M]
+ln_work = 2 * math.ceil(N / 64) * Md * f
+work = (2 * NM + L * (NM + 4 * N * Ml + rows * Hl * T * T + NM) + L * (NM + 2 * N * Fl + NM)) * f + (2 * L + 1) * ln_work
 t = table(f"{tmp}/dense.out")
 n_total, n_act = head(f"{tmp}/dense.out")
 expect("dense", "model parameters", n_total, total)
@@ -180,7 +182,9 @@ for deck, stage in [(d, s) for d in ("switch", "switch-block") for s in (0, 1)]:
     # one expert's dh [R / El, He] and dpre [R / El, 2 He]
     R = El * D * G * C
     moe_work = (NM + N * k + E * G * C * Md + R * Md + R // El * (He + 2 * He)) * f
-    work = (2 * NM + 2 * (NM + 4 * NM + rows * NH * T * T) + (NM + N * FF + 2 * N * FF)) * f + moe_work
+    layernorms = 2 * len(blocks) + (1 if stage == 1 else 0)  # ln1, ln2 per block; ln_f on the last stage
+    work = ((2 * NM + 2 * (NM + 4 * NM + rows * NH * T * T) + (NM + N * FF + 2 * N * FF)) * f + moe_work
+            + layernorms * 2 * math.ceil(N / 64) * Md * f)
     in_flight = 2 if stage == 0 else 1
     # recompute = block: a later stage keeps each in-flight input; none: one receive buffer
     pipe_buf = (MB + 1) * NM * f if stage == 0 else ((1 if park else in_flight) + MB) * NM * f
