@@ -25,7 +25,7 @@ PRECISIONS=${PRECISIONS:-fp32 bf16}
 RUN_TIMEOUT=${RUN_TIMEOUT:-240}
 # No checkpoint at the end: a large model's would cost more than its steps.
 END_CKPT=${END_CKPT---set checkpoint.at_end=false}
-if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
+if ! have_gpu; then
   echo "bench-gpu: no GPU here"; exit 1
 fi
 mkdir -p "$O"

@@ -12,7 +12,7 @@ source tests/env.sh
 source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 if ! "$M" --version 2>/dev/null | grep -q "CUDA"; then echo "skipped: this meshmoe was built without CUDA"; exit 0; fi
-if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then echo "skipped: no GPU"; exit 0; fi
+if ! have_gpu; then echo "skipped: no GPU"; exit 0; fi
 test_dir gpu-train
 tiny_data "$T"
 cat > "$T/deck.toml" <<DECK

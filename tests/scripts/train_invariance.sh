@@ -218,50 +218,21 @@ for r in ref gshard-d2 pmoe-p2t2; do [ -s "$T/$r/deck.toml" ] || fail "no deck.t
 $PYTHON - "$T" <<'PY'
 import sys, h5py, numpy as np
 import os
+sys.path.insert(0, "tests/lib")
+from compare_runs import compare_scalars, compare_routing
 T = sys.argv[1]
 bad = 0
 pairs = [tuple(p.split(":")) for p in os.environ["PAIRS"].split()]
 for ref_name, run in pairs:
     ref = h5py.File(f"{T}/{ref_name}/metrics.h5", "r")
     f = h5py.File(f"{T}/{run}/metrics.h5", "r")
-    assert np.array_equal(f["step"][()], ref["step"][()]), run
-    for key in ["loss", "aux_loss", "z_loss", "grad_norm", "eval/loss"]:
-        a, b = ref[key][()], f[key][()]
-        ok = np.isfinite(a)
-        rel = np.max(np.abs(a[ok] - b[ok]) / np.maximum(np.abs(a[ok]), 1e-30))
-        status = "ok" if rel <= 1e-5 and np.array_equal(np.isfinite(a), np.isfinite(b)) else "MISMATCH"
-        bad += status != "ok"
-        print(f"{run:24s} {key:10s} max rel diff {rel:.2e} (tolerance 1e-5) {status}")
-    if ("moe" in ref) != ("moe" in f):
-        bad += 1
-        print(f"{run}: MoE layers differ from {ref_name}")
-    for layer in (ref["moe"] if "moe" in ref else []):
-        a, b = ref[f"moe/{layer}/expert_load"][()], f[f"moe/{layer}/expert_load"][()]
-        status = "ok" if np.array_equal(a, b) else "MISMATCH"
-        bad += status != "ok"
-        print(f"{run:24s} moe/{layer}/expert_load exact {status}")
-        # routing counts are sums of integers over the ranks: exact; the entropy within 1e-5
-        for key in ["dropped_fraction", "rerouted_fraction", "declined_fraction", "capacity", "experts_per_token"]:
-            same = np.array_equal(ref[f"moe/{layer}/{key}"][()], f[f"moe/{layer}/{key}"][()])
-            bad += not same
-            if not same: print(f"{run:24s} moe/{layer}/{key} exact MISMATCH")
-        if f"moe/{layer}/bias_max_abs" in ref:
-            a, b = ref[f"moe/{layer}/bias_max_abs"][()], f[f"moe/{layer}/bias_max_abs"][()]
-            same = np.allclose(a, b, rtol=1e-6, atol=0) and a[-1] > 0
-            bad += not same
-            if not same: print(f"{run:24s} moe/{layer}/bias_max_abs {a} vs {b} MISMATCH")
-        a, b = ref[f"moe/{layer}/router_entropy"][()], f[f"moe/{layer}/router_entropy"][()]
-        rel = np.max(np.abs(a - b) / np.abs(a))
-        bad += not (rel <= 1e-5)
-        if not rel <= 1e-5: print(f"{run:24s} moe/{layer}/router_entropy max rel diff {rel:.2e} MISMATCH")
+    bad += compare_scalars(ref, f, run, tol=1e-5)
+    bad += compare_routing(ref, f, run)
 # recompute = none equals block bitwise; none never recomputes, block does (stage 0 of 2).
 for pair in os.environ["BITWISE"].split():
     none_name, block_name = pair.split(":")
     a, b = h5py.File(f"{T}/{none_name}/metrics.h5", "r"), h5py.File(f"{T}/{block_name}/metrics.h5", "r")
-    for key in ["loss", "aux_loss", "z_loss", "grad_norm", "eval/loss"]:
-        same = np.array_equal(a[key][()], b[key][()], equal_nan=True)
-        bad += not same
-        print(f"{block_name:24s} {key:10s} bitwise {'ok' if same else 'MISMATCH'}")
+    bad += compare_scalars(a, b, block_name, tol=0)
     rn, rb = a["time/pipeline_recompute"][()], b["time/pipeline_recompute"][()]
     ok = np.all(rn == 0) and np.all(rb > 0)
     bad += not ok
@@ -273,10 +244,7 @@ for pair in os.environ["BITWISE"].split():
 for ref_name, run in [tuple(p.split(":")) for p in os.environ["EXACT"].split()]:
     ref = h5py.File(f"{T}/{ref_name}/metrics.h5", "r")
     f = h5py.File(f"{T}/{run}/metrics.h5", "r")
-    for key in ["loss", "aux_loss", "z_loss", "grad_norm", "eval/loss"]:
-        status = "ok" if np.array_equal(ref[key][()], f[key][()], equal_nan=True) else "MISMATCH"
-        bad += status != "ok"
-        print(f"{run:24s} {key:10s} bitwise {status}")
+    bad += compare_scalars(ref, f, run, tol=0)
 # eval.examples_per_language scores every language that has validation examples.
 sub = h5py.File(f"{T}/evalsub/metrics.h5", "r")
 toks = sub["eval/lang_tokens"][()]
