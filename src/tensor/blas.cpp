@@ -48,6 +48,10 @@ void gemm_bf16_operands(bool trans_a, bool trans_b, int M, int N, int K, float a
 void cuda_gemm_bf16(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
   throw Error("cuda_gemm_bf16: built without CUDA");
 }
+void cuda_gemm_bf16_strided_batched(bool, bool, int, int, int, float, const float*, int, int64_t, const float*, int,
+                                    int64_t, float, float*, int, int64_t, int) {
+  throw Error("cuda_gemm_bf16_strided_batched: built without CUDA");
+}
 #endif
 
 }  // namespace meshmoe

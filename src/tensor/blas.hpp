@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "deck/options.hpp"  // enum class Precision (model.precision)
+#include "tensor/cuda_gemm_bf16.hpp"
 #include "tensor/device.hpp"
 #include "tensor/launch.hpp"
 
@@ -89,20 +90,28 @@ struct BatchedOperand {
 
 // C_bh = alpha op(A_bh) op(B_bh) + beta C_bh for every pair: on the host one task per pair
 // (for_each_task: threads), on the GPU one strided-batched cuBLAS call per b over its `inner` pairs
-// (or one call for all when the strides make the pairs one progression), instead of a launch per pair.
-// With bf16 GEMM operands (model.precision) the GPU runs each pair's `gemm` in turn: there is no
-// batched bf16 call yet.
+// (or one call for all when the strides make the pairs one progression), instead of a launch per pair;
+// with bf16 GEMM operands (model.precision) the same calls with operands rounded to bf16
+// (tensor/cuda_gemm_bf16.hpp).
 template <typename T>
 void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, T alpha, BatchedOperand<const T> A,
                   BatchedOperand<const T> B, T beta, BatchedOperand<T> C, int outer, int inner) {
   const bool rounded = std::is_same_v<T, float> && gemm_precision() == Precision::Bf16;
-  if (current_device() == Device::Cuda && !rounded) {
+  if (current_device() == Device::Cuda) {
     const bool one_progression = A.outer_stride == inner * A.inner_stride && B.outer_stride == inner * B.inner_stride &&
                                  C.outer_stride == inner * C.inner_stride;
     const int calls = one_progression ? 1 : outer, count = one_progression ? outer * inner : inner;
-    for (int b = 0; b < calls; ++b)
+    for (int b = 0; b < calls; ++b) {
+      if constexpr (std::is_same_v<T, float>)
+        if (rounded) {
+          cuda_gemm_bf16_strided_batched(trans_a, trans_b, M, N, K, alpha, A.at(b, 0), A.ld, A.inner_stride,
+                                         B.at(b, 0), B.ld, B.inner_stride, beta, C.at(b, 0), C.ld, C.inner_stride,
+                                         count);
+          continue;
+        }
       cuda_gemm_strided_batched(trans_a, trans_b, M, N, K, alpha, A.at(b, 0), A.ld, A.inner_stride, B.at(b, 0), B.ld,
                                 B.inner_stride, beta, C.at(b, 0), C.ld, C.inner_stride, count);
+    }
     return;
   }
   for_each_task(int64_t(outer) * inner, [&](int64_t bh) {

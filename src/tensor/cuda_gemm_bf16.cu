@@ -21,11 +21,15 @@ void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
 }
 
-// dst [rows, cols] compact = bf16 bits of src [rows, cols] with leading dimension ld.
-__global__ void round_to_bf16_kernel(const float* src, int64_t rows, int64_t cols, int64_t ld, uint16_t* dst) {
-  const int64_t n = rows * cols;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = bf16_bits(src[(i / cols) * ld + i % cols]);
+// dst [count, rows, cols] compact = bf16 bits of the count matrices src + j * stride, each
+// [rows, cols] with leading dimension ld.
+__global__ void round_to_bf16_kernel(const float* src, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                                     int64_t count, uint16_t* dst) {
+  const int64_t per = rows * cols, n = per * count;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i / per, e = i % per;
+    dst[i] = bf16_bits(src[j * stride + (e / cols) * ld + e % cols]);
+  }
 }
 
 // Grow-only device scratch for the two rounded operands (plain cudaMalloc, never managed memory).
@@ -59,13 +63,14 @@ cublasHandle_t handle() {
   return g_handle;
 }
 
-const uint16_t* rounded(const float* src, int rows, int cols, int ld, Scratch& s) {
-  const size_t n = size_t(rows) * size_t(cols);
+const uint16_t* rounded(const float* src, int rows, int cols, int ld, Scratch& s, int64_t stride = 0,
+                        int count = 1) {
+  const size_t n = size_t(rows) * size_t(cols) * size_t(count);
   uint16_t* dst = s.get(n);
   if (n == 0) return dst;
   constexpr int kThreads = 256;
   const int blocks = int((n + kThreads - 1) / kThreads < 65535 ? (n + kThreads - 1) / kThreads : 65535);
-  round_to_bf16_kernel<<<blocks, kThreads>>>(src, rows, cols, ld, dst);
+  round_to_bf16_kernel<<<blocks, kThreads>>>(src, rows, cols, ld, stride, count, dst);
   cuda_check(cudaGetLastError(), "bf16 rounding kernel launch");
   return dst;
 }
@@ -86,6 +91,25 @@ void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
                      CUBLAS_GEMM_DEFAULT),
         "GemmEx (bf16 operands, fp32 accumulation)");
   cuda_check(cudaDeviceSynchronize(), "bf16 GEMM");
+}
+
+// As cuda_gemm_bf16 over `count` matrices per operand: each operand's matrices are rounded into one
+// compact scratch (stride rows x cols), then one cublasGemmStridedBatchedEx.
+void cuda_gemm_bf16_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                                    int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b, float beta,
+                                    float* C, int ldc, int64_t stride_c, int count) {
+  if (M == 0 || N == 0 || count == 0) return;
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  const uint16_t* a = rounded(A, a_rows, a_cols, lda, g_a, stride_a, count);
+  const uint16_t* b = rounded(B, b_rows, b_cols, ldb, g_b, stride_b, count);
+  const auto op = [](bool t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; };
+  check(cublasGemmStridedBatchedEx(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, b, CUDA_R_16BF,
+                                   b_cols > 0 ? b_cols : 1, int64_t(b_rows) * b_cols, a, CUDA_R_16BF,
+                                   a_cols > 0 ? a_cols : 1, int64_t(a_rows) * a_cols, &beta, C, CUDA_R_32F, ldc,
+                                   stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "GemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
+  cuda_check(cudaDeviceSynchronize(), "bf16 batched GEMM");
 }
 
 }  // namespace meshmoe

@@ -1,5 +1,6 @@
 // The GPU's bf16 GEMM (model.precision = "bf16" with run.device = "cuda"; tensor/blas.hpp).
 #pragma once
+#include <cstdint>
 
 namespace meshmoe {
 
@@ -9,5 +10,11 @@ namespace meshmoe {
 // it returns, as cuda_gemm does. Throws Error when built without CUDA.
 void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc);
+
+// The same for `count` matrices per operand, matrix j at A + j * stride_a (B, C likewise): one
+// rounding kernel per operand over all of them and one cublasGemmStridedBatchedEx.
+void cuda_gemm_bf16_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                                    int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b, float beta,
+                                    float* C, int ldc, int64_t stride_c, int count);
 
 }  // namespace meshmoe
