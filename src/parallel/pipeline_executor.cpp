@@ -141,12 +141,12 @@ void PipelineExecutor::train(std::vector<Micro>& micros, const LossWeights& w,
   bubble_.train_s += wall_seconds() - start;
 }
 
-ForwardStats PipelineExecutor::forward_only(const Micro& mb, int index) {
+ForwardStats PipelineExecutor::forward_only(const Micro& mb, int index, const StepContext& ctx) {
   Comm& pipe = mesh_.axis(Axis::Pipe);
   const int stage = mesh_.coord(Axis::Pipe);
   eval_x_.resize(size_t(mb.rows.rows) * mb.rows.seq_len * size_t(model_.shape().d_model) * size_t(model_.stage_streams()));
   if (!model_.first_stage()) pipe.recv(eval_x_.data(), eval_x_.size(), stage - 1, index);
-  const ForwardStats f = model_.forward(mb.ctx, mb.view(), LossWeights{}, eval_x_.data());
+  const ForwardStats f = model_.forward(ctx, mb.view(), LossWeights{}, eval_x_.data());
   if (!model_.last_stage()) pipe.send(model_.stage_output().data(), eval_x_.size(), stage + 1, index);
   return f;
 }

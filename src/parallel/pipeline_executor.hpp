@@ -80,7 +80,10 @@ class PipelineExecutor {
 
   // Evaluation: the forward of one micro-batch (the `index`-th of its batch) through this stage:
   // received from the previous stage, sent on to the next. The statistics count on the last stage.
-  ForwardStats forward_only(const Micro& mb, int index);
+  // `ctx`: the forward's context, by default the micro-batch's own (distillation's teacher runs
+  // the student's micro-batches in evaluation mode).
+  ForwardStats forward_only(const Micro& mb, int index) { return forward_only(mb, index, mb.ctx); }
+  ForwardStats forward_only(const Micro& mb, int index, const StepContext& ctx);
 
   // With tied embeddings on a pipeline, the first stage's token embedding and the last stage's copy
   // of it (the output projection) are one parameter: both get the sum of the two gradients.

@@ -32,7 +32,7 @@ struct FrozenModel {
   std::string path;
   Config cfg;
   std::unique_ptr<Transformer<float>> model;
-  std::unique_ptr<PipelineExecutor> pipeline;  // for evaluate()
+  std::unique_ptr<PipelineExecutor> pipeline;  // its forwards over the pipe axis (its own stage split)
   PhaseTimers timers;                          // not logged
 };
 
@@ -93,16 +93,20 @@ class Distiller : public TrainHooks {
   const std::string& teacher_path() const { return teacher_->path; }
 
   // The teacher's forward of each micro-batch in evaluation mode (no dropout, jitter or random
-  // routing; moe.capacity_factor_eval), its logits turned into probabilities.
+  // routing; moe.capacity_factor_eval), through its own stages on a pipeline (forward_only: one
+  // micro-batch after another, before the student's 1F1B schedule uses the pipe axis); on the
+  // last stage, where the student's loss is, its logits turned into probabilities.
   void before_loss(std::vector<Micro>& micros, LossWeights& w, PhaseTimers& timers) override {
     ScopedPhase t(&timers, "teacher_forward");
+    Transformer<float>& teacher = *teacher_->model;
     probs_.resize(micros.size());
     for (size_t m = 0; m < micros.size(); ++m) {
       StepContext ctx = micros[m].ctx;
       ctx.training = false;
       ctx.timers = nullptr;  // the student's phases stay the student's
-      teacher_->model->forward(ctx, micros[m].view(), LossWeights{});
-      const Buffer<float>& logits = teacher_->model->logits();
+      teacher_->pipeline->forward_only(micros[m], int(m), ctx);
+      if (!teacher.last_stage()) continue;
+      const Buffer<float>& logits = teacher.logits();
       probs_[m].resize(logits.size());
       const int N = micros[m].rows.rows * micros[m].rows.seq_len;
       for_each_index(N, SoftmaxRow<float>{logits.data(), probs_[m].data(), vocab_}, 2 * int64_t(vocab_));
@@ -158,9 +162,6 @@ class Distiller : public TrainHooks {
 
 int distill_main(const Deck& deck, Mesh& mesh, const std::string& version, const DistillOptions& opt) {
   const Config& cfg = deck.cfg;
-  if (cfg.mesh.pipe > 1)
-    throw InputError("distill runs the teacher beside the student on meshes without a pipeline (mesh.pipe = " +
-                     std::to_string(cfg.mesh.pipe) + "): use --set mesh.pipe=1 and the data or tensor axis");
   if (cfg.run.device != Device::Cpu)
     throw InputError("distill runs on the host only for now (the teacher's probabilities are made by host loops): use --set run.device=cpu");
   const Dataset train = open_split(cfg.data.path, "train", mesh.world());

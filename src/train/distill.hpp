@@ -25,7 +25,8 @@ struct DistillOptions {
 double preserved_fraction(double teacher_loss, double student_loss, double baseline_loss);
 
 // Returns the process exit code as train_main does. The teacher and the baseline run on the
-// deck's mesh with their own decks (from their checkpoints), forward only; mesh.pipe must be 1.
+// deck's mesh with their own decks (from their checkpoints), forward only; on a pipeline each in
+// its own stage split over the same pipe ranks, its logits on the last stage beside the student's.
 int distill_main(const Deck& deck, Mesh& mesh, const std::string& version, const DistillOptions& opt);
 
 }  // namespace meshmoe

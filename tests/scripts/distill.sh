@@ -9,8 +9,12 @@
 #     a fresh dense run's, the line counts them; compared in the checkpoints with h5py;
 #   - distill.alpha = 0 trains bitwise as `train --init-from TEACHER` (loss, grad_norm, eval/loss);
 #   - the mesh (the teacher's experts over data, heads over tensor): data 2, tensor 2 and 2 x 2 give
-#     the single-rank distillation within train_invariance.sh's 1e-5;
-#   - exit 2 with a message for a pipeline mesh and for a teacher of another sequence length.
+#     the single-rank distillation within train_invariance.sh's 1e-5; so do pipe 2 and pipe 2 x
+#     data 2 (the teacher in the student's stages, its logits on the last one), and pipe 2 with a
+#     teacher of 4 layers (its own stage split: 2 blocks a stage against the student's 1) that of
+#     the same teacher on one rank;
+#   - exit 2 with a message for a teacher whose layers do not divide over the pipe stages and for
+#     a teacher of another sequence length.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -27,11 +31,18 @@ dense="--set moe.every=0"
 train_or_fail teacher 1 $data --set run.steps=120
 # shellcheck disable=SC2086
 train_or_fail baseline 1 $data $dense
-# distill_or_fail NAME NP [ARG...]: `meshmoe distill` of the dense deck with the teacher.
+# A deeper teacher: 4 layers (MoE in blocks 1 and 3) for the dense student's 2; and one of 3
+# layers, which two pipeline stages cannot split (a refusal below; 2 steps suffice).
+# shellcheck disable=SC2086
+train_or_fail teacher4 1 $data --set model.num_layers=4 --set run.steps=60
+# shellcheck disable=SC2086
+train_or_fail teacher3 1 $data --set model.num_layers=3 --set run.steps=2 --set eval.every=0
+# distill_or_fail NAME NP [ARG...]: `meshmoe distill` of the dense deck with the teacher
+# ($teacher, by default $T/teacher).
 distill_or_fail() {
   local name=$1 np=$2; shift 2
   # shellcheck disable=SC2086
-  mpirun -np "$np" "$M" distill "$T/deck.toml" $data $dense --teacher "$T/teacher" --set run.out_dir="$T/$name" "$@" \
+  mpirun -np "$np" "$M" distill "$T/deck.toml" $data $dense --teacher "${teacher:-$T/teacher}" --set run.out_dir="$T/$name" "$@" \
     >"$T/$name.log" 2>&1 || { cat "$T/$name.log"; fail "distill $name failed"; }
 }
 distill_or_fail student 1 --baseline "$T/baseline/ckpt"
@@ -55,6 +66,14 @@ mpirun -np 1 "$M" train "$T/deck.toml" $data $dense --init-from "$T/teacher/ckpt
 distill_or_fail student-d2 2 --set mesh.data=2
 distill_or_fail student-t2 2 --set mesh.tensor=2
 distill_or_fail student-d2t2 4 --set mesh.data=2 --set mesh.tensor=2
+pipe2="--set mesh.pipe=2 --set optim.micro_batches=2"
+# shellcheck disable=SC2086
+distill_or_fail student-p2 2 $pipe2
+# shellcheck disable=SC2086
+distill_or_fail student-p2d2 4 $pipe2 --set mesh.data=2
+teacher="$T/teacher4" distill_or_fail deep 1
+# shellcheck disable=SC2086
+teacher="$T/teacher4" distill_or_fail deep-p2 2 $pipe2
 $PYTHON - "$T" <<'PY'
 import sys, h5py, numpy as np
 T = sys.argv[1]
@@ -103,13 +122,16 @@ a0, tr = h5py.File(f"{T}/alpha0/metrics.h5", "r"), h5py.File(f"{T}/initfrom/metr
 for k in ("loss", "grad_norm", "eval/loss"):
     check(np.array_equal(a0[k][()], tr[k][()], equal_nan=True), f"alpha 0 = train --init-from: {k} bitwise")
 # The mesh: as train_invariance.sh, 1e-5 relative.
-for run in ("student-d2", "student-t2", "student-d2t2"):
-    f = h5py.File(f"{T}/{run}/metrics.h5", "r")
+for ref, run in (("student", "student-d2"), ("student", "student-t2"), ("student", "student-d2t2"),
+                 ("student", "student-p2"), ("student", "student-p2d2"), ("deep", "deep-p2")):
+    r, f = h5py.File(f"{T}/{ref}/metrics.h5", "r"), h5py.File(f"{T}/{run}/metrics.h5", "r")
     for k in ("loss", "grad_norm", "eval/loss", "distill/soft_loss", "distill/teacher_loss", "distill/student_loss"):
-        a, b = m[k][()], f[k][()]
+        a, b = r[k][()], f[k][()]
         ok = np.isfinite(a)
         same = np.array_equal(ok, np.isfinite(b)) and np.max(np.abs(a[ok] - b[ok]) / np.abs(a[ok])) <= 1e-5
         check(same, f"{run} {k} within 1e-5 of one rank")
+deep = h5py.File(f"{T}/deep/metrics.h5", "r")
+check(abs(deep["distill/teacher_loss"][()][-1] - d["teacher_loss"]) > 1e-3, "the 4-layer teacher is another teacher")
 sys.exit(1 if bad else 0)
 PY
 # Refusals: exit 2, all ranks together, with what to do.
@@ -121,7 +143,8 @@ expect_refusal() {
   [ "$rc" = 2 ] && grep -q "$want" "$T/$name.log" || { cat "$T/$name.log"; fail "$name: exit $rc, wanted 2 and '$want'"; }
   echo "ok   $name refused: $(grep -m1 'error' "$T/$name.log")"
 }
-expect_refusal pipe 2 "mesh.pipe = 2" --teacher "$T/teacher" --set mesh.pipe=2 --set optim.micro_batches=2
+# shellcheck disable=SC2086
+expect_refusal pipe 2 "model.num_layers = 3 is not divisible by mesh.pipe = 2" --teacher "$T/teacher3" $pipe2
 expect_refusal seqlen 1 "model.seq_len" --teacher "$T/teacher" --set model.seq_len=8
 expect_refusal missing 1 "teacher" --teacher "$T/nothing-here"
 echo "distill: all checks passed"
