@@ -19,7 +19,7 @@
 
 namespace meshmoe {
 
-// Refuses (InputError) what decoding cannot run on: a pipeline mesh, run.device = "cuda".
+// Refuses (InputError) what decoding cannot run on: run.device = "cuda", expert-choice routing.
 void check_decodable(const Config& cfg);
 
 struct Decoder {

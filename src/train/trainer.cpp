@@ -362,7 +362,9 @@ class Trainer {
     log_->bleu(step, scores, start);
     return 0;
   }
-  static constexpr int kBleuBatch = 16;  // sources decoded together (the scores do not depend on it)
+  // Sources decoded together, the batches shared out over the data ranks (the scores depend on it
+  // only where capacity drops choices).
+  static constexpr int kBleuBatch = 16;
 
   std::string version_;
   TrainHooks* hooks_ = nullptr;
