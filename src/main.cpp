@@ -199,7 +199,7 @@ int run(int argc, char** argv) {
   tr->add_option("--beam", tr_opt.beam.beam, "Beam width; 1: greedy")->capture_default_str();
   tr->add_option("--alpha", tr_opt.beam.alpha, "Length normalisation ((5+|Y|)/6)^alpha")->capture_default_str();
   tr->add_option("--max-len", tr_opt.beam.max_len, "Output tokens at most, EOS included")->capture_default_str();
-  tr->add_option("--batch", tr_opt.batch, "Sources decoded together")->capture_default_str();
+  tr->add_option("--batch", tr_opt.batch, "Sources decoded together; the data ranks share the batches out")->capture_default_str();
 
   EvalCliOptions ev_opt;
   auto* ev = app.add_subcommand("eval", "Validation loss, BLEU and chrF per language of a checkpoint, into an HDF5 file");
@@ -209,7 +209,7 @@ int run(int argc, char** argv) {
   ev->add_option("--beam", ev_opt.beam.beam, "Beam width; 1: greedy")->capture_default_str();
   ev->add_option("--alpha", ev_opt.beam.alpha, "Length normalisation ((5+|Y|)/6)^alpha")->capture_default_str();
   ev->add_option("--max-len", ev_opt.beam.max_len, "Output tokens at most, EOS included")->capture_default_str();
-  ev->add_option("--batch", ev_opt.batch, "Sources decoded together")->capture_default_str();
+  ev->add_option("--batch", ev_opt.batch, "Sources decoded together; the data ranks share the batches out")->capture_default_str();
   ev->add_option("--max-examples", ev_opt.max_examples, "Validation pairs translated per language (the first ones); 0: all")
       ->capture_default_str();
   ev->add_option("--langs", ev_opt.langs, "Languages to translate, comma-separated (default: all)")->delimiter(',');

@@ -50,7 +50,7 @@ std::vector<Hypothesis> beam_search(CachedModel<T>& model, const std::vector<std
                                     int32_t eos, const BeamOptions& opt) {
   const int B = int(prompts.size()), K = opt.beam, V = model.vocab();
   std::vector<Hypothesis> best(prompts.size());
-  if (B == 0) return best;
+  if (B == 0 && !model.lockstep()) return best;
   std::vector<int> max_len(prompts.size()), row;
   int longest = 0;
   for (int b = 0; b < B; ++b) {
@@ -118,7 +118,7 @@ std::vector<Hypothesis> beam_search(CachedModel<T>& model, const std::vector<std
         visible.insert(visible.end(), hyps[size_t(h)].sees.begin(), hyps[size_t(h)].sees.end());
       }
     }
-    if (tokens.empty()) break;
+    if (!model.keep_stepping(!tokens.empty())) break;
     logits = &model.step(tokens.data(), CachedTokens{int(tokens.size()), stream.data(), position.data(), visible.data()});
     for (size_t i = 0; i < fed.size(); ++i) {
       Live& h = live[size_t(fed[i].first)][size_t(fed[i].second)];

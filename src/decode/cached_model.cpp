@@ -26,7 +26,7 @@ CachedModel<T>::CachedModel(Transformer<T>& model, Comm* pipe) : model_(model), 
 
 template <typename T>
 void CachedModel<T>::reset(int streams, int capacity) {
-  if (streams < 1 || capacity < 1) throw std::logic_error("CachedModel: no room");
+  if (streams < 0 || capacity < 1) throw std::logic_error("CachedModel: no room");
   auto& blocks = model_.blocks();
   for (size_t b = 0; b < caches_.size(); ++b)
     caches_[b].reset(streams, capacity, model_.shape().d_model, blocks[first_decoder_block_ + b].attn);
@@ -61,9 +61,9 @@ void CachedModel<T>::pass_on(const Buffer<T>& x, size_t n, int tag) {
 template <typename T>
 void CachedModel<T>::encode(const std::vector<std::vector<int32_t>>& sources) {
   if (!model_.encdec()) throw std::logic_error("CachedModel::encode: the model has no encoder");
-  if (sources.empty()) throw std::logic_error("CachedModel::encode: no sources");
+  if (sources.empty() && !lockstep()) throw std::logic_error("CachedModel::encode: no sources");
   const int V = model_.shape().vocab, seq_len = model_.shape().seq_len, M = model_.shape().d_model;
-  int len = 0;
+  int len = 1;  // also with no source: an embedding of no sequence of length 1
   for (const std::vector<int32_t>& src : sources) {
     if (src.empty() || int(src.size()) > seq_len)
       throw Error("decoding: a source of " + std::to_string(src.size()) + " tokens (the encoder takes 1 to model.seq_len = " +

@@ -18,9 +18,12 @@
 // the self-attention and the feed-forward. The logits equal the full encdec forward's for the same
 // (source, target prefix) under the same drop caveat.
 //
-// On a mesh every rank of an MoE layer's group must call step() in lockstep with the same number
-// of tokens; `agree_logits`, when set, makes every rank's logits rank 0's (a broadcast), so that
-// all ranks take the same decisions from them.
+// On a mesh the ranks that decode the same inputs (a data group: its tensor ranks and pipe stages)
+// call step() together with the same tokens; `agree_logits`, when set, makes their logits one
+// rank's (a broadcast), so that they all take the same decisions from them. Data groups decode
+// their own inputs, yet an MoE all-to-all over the data axis needs every data rank in every call:
+// `more_steps`, when set, keeps them stepping together (keep_stepping()), a rank without tokens
+// left calling step() with none (README "Mesh", docs/ARCHITECTURE.md "Decoding").
 //
 // On a pipeline mesh (mesh.pipe > 1) every stage calls encode(), reset() and step() with the same
 // arguments: a stage runs its own blocks, receives the previous stage's stream [n, M] and sends its
@@ -47,10 +50,12 @@ class CachedModel {
   // `pipe`: the pipe axis when the model is one stage of a pipeline (null: the whole model).
   explicit CachedModel(Transformer<T>& model, Comm* pipe = nullptr);
 
-  // Room for `capacity` tokens in each of `streams` streams; empties them all.
+  // Room for `capacity` tokens in each of `streams` streams (none: a rank stepping with no tokens);
+  // empties them all.
   void reset(int streams, int capacity);
   // encdec: the encoder over the sources (none empty, at most model.seq_len tokens each: `<lang>
-  // source`, as the Batcher gives the encoder); stream s decodes sources[s]. reset() keeps them.
+  // source`, as the Batcher gives the encoder; no source at all on a rank that only keeps step);
+  // stream s decodes sources[s]. reset() keeps them.
   void encode(const std::vector<std::vector<int32_t>>& sources);
   bool encdec() const { return model_.encdec(); }
   int sources() const { return sources_; }
@@ -69,6 +74,11 @@ class CachedModel {
   const Buffer<T>& prefill(const std::vector<std::vector<int32_t>>& prompts, std::vector<int>& last_row);
 
   std::function<void(T*, size_t)> agree_logits;
+  // Collective over the ranks that step together: whether any of them has tokens to step.
+  std::function<bool(bool)> more_steps;
+  // Whether the decoding loop steps again, given whether this rank has tokens (`mine`).
+  bool keep_stepping(bool mine) const { return more_steps ? more_steps(mine) : mine; }
+  bool lockstep() const { return bool(more_steps); }
 
  private:
   Transformer<T>& model_;

@@ -37,7 +37,7 @@ int translate_main(const Deck& deck, Mesh& mesh, const TranslateCliOptions& opt)
     throw InputError("translate: --beam, --batch and --max-len must be >= 1");
   Decoder d = load_decoder(deck, mesh, opt.checkpoint);
   const int32_t tag = language_tag(d.tokenizer, opt.lang, deck.cfg.data.path);
-  // Rank 0 reads the sources, every rank decodes them all.
+  // Rank 0 reads the sources, every rank holds them.
   std::string text;
   agree_on_input(mesh.world(), [&] {
     if (mesh.rank() != 0) return;
@@ -62,24 +62,28 @@ int translate_main(const Deck& deck, Mesh& mesh, const TranslateCliOptions& opt)
   }
   const int seq_len = d.model->shape().seq_len;
   const bool encdec = d.model->encdec();
-  // A batch at a time, printed as it is done.
-  for (size_t first = 0; first < lines.size(); first += size_t(opt.batch)) {
-    const size_t last = std::min(lines.size(), first + size_t(opt.batch));
-    const std::vector<std::string> chunk(lines.begin() + long(first), lines.begin() + long(last));
-    const auto warn = [&](size_t i, size_t tokens) {
-      if (mesh.rank() != 0) return;
+  // The batches split over the data ranks (README "Mesh"); rank 0 prints them in input order as
+  // they arrive.
+  const auto print = [&](size_t, const BatchTranslation& t) {
+    if (mesh.rank() != 0) return;
+    for (size_t i = 0; i < t.text.size(); ++i) std::printf("%s\n", t.text[i].c_str());
+    std::fflush(stdout);
+  };
+  const std::vector<LineBatch> work = line_batches(tag, lines, opt.batch);
+  const std::vector<BatchTranslation> out =
+      translate_batches(*d.cached, mesh.axis(Axis::Data), d.tokenizer, work, opt.beam, {}, print);
+  if (mesh.rank() != 0) return kExitOk;
+  for (size_t b = 0; b < out.size(); ++b)
+    for (size_t i = 0; i < out[b].too_long.size(); ++i) {
+      const size_t line = work[b].first + i + 1, tokens = out[b].too_long[i];
+      if (tokens == 0) continue;
       if (encdec)
         std::fprintf(stderr, "meshmoe: warning: input line %zu: %zu tokens; the encoder reads its first model.seq_len = %d, as in training\n",
-                     first + i + 1, tokens, seq_len);
+                     line, tokens, seq_len);
       else
         std::fprintf(stderr, "meshmoe: warning: input line %zu: %zu tokens leave no room in model.seq_len = %d; its translation is empty\n",
-                     first + i + 1, tokens, seq_len);
-    };
-    const std::vector<std::string> out = translate_lines(*d.cached, d.tokenizer, tag, chunk, opt.beam, opt.batch, warn);
-    if (mesh.rank() != 0) continue;
-    for (const std::string& s : out) std::printf("%s\n", s.c_str());
-    std::fflush(stdout);
-  }
+                     line, tokens, seq_len);
+    }
   return kExitOk;
 }
 

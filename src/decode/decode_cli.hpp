@@ -1,10 +1,10 @@
 // `meshmoe generate` and `meshmoe translate` (README "Translation"): a deck's model with the
 // parameters of a checkpoint, decoded over the KV cache on the deck's mesh.
 //
-// Every rank decodes every input, in lockstep: the MoE layers' all-to-all and the tensor axis'
-// all-reduces need every rank of a group to run each step with the same tokens, and rank 0's
-// logits are broadcast at each step so that all ranks take the same decisions
-// (docs/ARCHITECTURE.md "Decoding"). On a pipeline mesh each stage runs its blocks and passes
+// translate shares its batches of lines out over the data ranks (translate_batches, decoder.hpp);
+// the ranks of a data group decode the same batch with the same tokens at each step, and the data
+// ranks step together for the MoE all-to-all (docs/ARCHITECTURE.md "Decoding"). generate decodes
+// its prompts on every data group alike. On a pipeline mesh each stage runs its blocks and passes
 // the stream on (src/decode/cached_model.hpp). Rank 0 prints. run.device = "cuda" is refused.
 //
 // translate with an encoder-decoder (model.arch = "encdec"): each source `<lang> line` goes to the

@@ -1,8 +1,10 @@
 #include "decode/decoder.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.hpp"
+#include "core/timers.hpp"
 #include "parallel/pipeline_executor.hpp"
 #include "tensor/blas.hpp"
 #include "train/checkpoint.hpp"
@@ -21,10 +23,17 @@ void check_decodable(const Config& cfg) {
                      "routing); decode a model trained with a token-choice router (top1, top2, topk)");
 }
 
-std::unique_ptr<CachedModel<float>> agreed_cached_model(Transformer<float>& model, Mesh& mesh) {
+std::unique_ptr<CachedModel<float>> data_group_cached_model(Transformer<float>& model, Mesh& mesh) {
   auto cached = std::make_unique<CachedModel<float>>(model, &mesh.axis(Axis::Pipe));
-  Comm& world = mesh.world_comm();
-  cached->agree_logits = [&world](float* logits, size_t n) { world.broadcast(logits, n, 0); };
+  // step() has broadcast the last stage's logits over pipe: tensor rank 0's are then the group's.
+  if (Comm& tensor = mesh.axis(Axis::Tensor); tensor.size() > 1)
+    cached->agree_logits = [&tensor](float* logits, size_t n) { tensor.broadcast(logits, n, 0); };
+  if (Comm& data = mesh.axis(Axis::Data); data.size() > 1)
+    cached->more_steps = [&data](bool mine) {
+      int any = mine ? 1 : 0;
+      data.all_reduce(&any, 1, Op::Max);
+      return any != 0;
+    };
   return cached;
 }
 
@@ -40,7 +49,7 @@ Decoder load_decoder(const Deck& deck, Mesh& mesh, const std::string& checkpoint
   // No optimizer state; the routers' selection biases (moe.balance = bias) route as in training.
   std::vector<StateTensor> model_state = selection_bias_state(*d.model);
   d.meta = read_checkpoint(d.checkpoint, d.model->params(), model_state, mesh.world());
-  d.cached = agreed_cached_model(*d.model, mesh);
+  d.cached = data_group_cached_model(*d.model, mesh);
   return d;
 }
 
@@ -66,41 +75,123 @@ std::string one_line(const Tokenizer& tok, const std::vector<int32_t>& ids) {
   return s;
 }
 
-std::vector<std::string> translate_lines(CachedModel<float>& cached, const Tokenizer& tokenizer, int32_t tag,
-                                         const std::vector<std::string>& lines, const BeamOptions& beam, int batch,
-                                         const std::function<void(size_t, size_t)>& too_long) {
+std::vector<LineBatch> line_batches(int32_t tag, const std::vector<std::string>& lines, int batch) {
+  std::vector<LineBatch> out;
+  for (size_t first = 0; first < lines.size(); first += size_t(batch))
+    out.push_back({tag, &lines, first, std::min(lines.size(), first + size_t(batch))});
+  return out;
+}
+
+namespace {
+
+// The translations of one batch on this rank's data group (an empty batch steps with no tokens).
+BatchTranslation translate_batch(CachedModel<float>& cached, const Tokenizer& tokenizer, const LineBatch& b,
+                                 const BeamOptions& beam) {
+  const double start = wall_seconds();
   const int seq_len = cached.max_positions();
   const bool encdec = cached.encdec();
-  std::vector<std::string> out(lines.size());
-  for (size_t first = 0; first < lines.size(); first += size_t(batch)) {
-    const size_t last = std::min(lines.size(), first + size_t(batch));
-    std::vector<std::vector<int32_t>> prompts, sources;
-    std::vector<size_t> which;  // input line of each prompt
-    for (size_t i = first; i < last; ++i) {
-      std::vector<int32_t> ids(1, tag);
-      tokenizer.encode(lines[i], ids);
-      if (encdec) {  // `<lang> source` to the encoder, the decoder starts from BOS
-        if (int(ids.size()) > seq_len) {
-          if (too_long) too_long(i, ids.size());
-          ids.resize(size_t(seq_len));
-        }
-        sources.push_back(std::move(ids));
-        prompts.push_back({Tokenizer::kBos});
-        which.push_back(i);
-        continue;
+  BatchTranslation out;
+  out.text.resize(b.last - b.first);
+  out.too_long.assign(b.last - b.first, 0);
+  std::vector<std::vector<int32_t>> prompts, sources;
+  std::vector<size_t> which;  // line of each prompt in the batch
+  for (size_t i = 0; i < b.last - b.first; ++i) {
+    std::vector<int32_t> ids(1, b.tag);
+    tokenizer.encode((*b.lines)[b.first + i], ids);
+    if (encdec) {  // `<lang> source` to the encoder, the decoder starts from BOS
+      if (int(ids.size()) > seq_len) {
+        out.too_long[i] = ids.size();
+        ids.resize(size_t(seq_len));
       }
-      ids.push_back(Tokenizer::kSep);
-      if (int(ids.size()) >= seq_len) {
-        if (too_long) too_long(i, ids.size());
-        continue;
-      }
-      prompts.push_back(std::move(ids));
+      sources.push_back(std::move(ids));
+      prompts.push_back({Tokenizer::kBos});
       which.push_back(i);
+      continue;
     }
-    if (prompts.empty()) continue;
-    if (!sources.empty()) cached.encode(sources);
-    const std::vector<Hypothesis> best = beam_search(cached, prompts, Tokenizer::kEos, beam);
-    for (size_t k = 0; k < best.size(); ++k) out[which[k]] = one_line(tokenizer, best[k].tokens);
+    ids.push_back(Tokenizer::kSep);
+    if (int(ids.size()) >= seq_len) {
+      out.too_long[i] = ids.size();
+      continue;
+    }
+    prompts.push_back(std::move(ids));
+    which.push_back(i);
+  }
+  if (encdec && (!sources.empty() || cached.lockstep())) cached.encode(sources);
+  const std::vector<Hypothesis> best = beam_search(cached, prompts, Tokenizer::kEos, beam);
+  for (size_t k = 0; k < best.size(); ++k) out.text[which[k]] = one_line(tokenizer, best[k].tokens);
+  out.seconds = wall_seconds() - start;
+  return out;
+}
+
+template <typename U>
+void put(std::string& bytes, const U& v) {
+  bytes.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+template <typename U>
+U take(const std::string& bytes, size_t& at) {
+  U v;
+  std::memcpy(&v, bytes.data() + at, sizeof v);
+  at += sizeof v;
+  return v;
+}
+
+// Data rank `root`'s translation of a batch of `lines` lines, on every rank of `data`.
+BatchTranslation broadcast_translation(const BatchTranslation& mine, size_t lines, int root, Comm& data) {
+  std::string bytes;
+  if (data.rank() == root) {
+    put(bytes, mine.seconds);
+    for (size_t i = 0; i < lines; ++i) {
+      put(bytes, uint64_t(mine.too_long[i]));
+      put(bytes, uint64_t(mine.text[i].size()));
+      bytes += mine.text[i];
+    }
+  }
+  int64_t size = int64_t(bytes.size());
+  data.broadcast(&size, 1, root);
+  bytes.resize(size_t(size));
+  data.broadcast(bytes.data(), bytes.size(), root);
+  if (data.rank() == root) return mine;
+  BatchTranslation out;
+  size_t at = 0;
+  out.seconds = take<double>(bytes, at);
+  for (size_t i = 0; i < lines; ++i) {
+    out.too_long.push_back(size_t(take<uint64_t>(bytes, at)));
+    const size_t n = size_t(take<uint64_t>(bytes, at));
+    out.text.push_back(bytes.substr(at, n));
+    at += n;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<BatchTranslation> translate_batches(CachedModel<float>& cached, Comm& data, const Tokenizer& tokenizer,
+                                                const std::vector<LineBatch>& work, const BeamOptions& beam,
+                                                const std::function<int()>& stop,
+                                                const std::function<void(size_t, const BatchTranslation&)>& ready,
+                                                int* stopped) {
+  const size_t n = work.size(), D = size_t(data.size()), d = size_t(data.rank());
+  const auto block_begin = [n, D](size_t j) { return n * j / D; };
+  std::vector<BatchTranslation> out(n);
+  std::vector<bool> arrived(n, false);
+  size_t next_ready = 0;
+  const LineBatch none;
+  for (size_t round = 0; round < (n + D - 1) / D; ++round) {
+    if (stop)
+      if (const int why = stop()) {
+        if (stopped) *stopped = why;
+        return out;
+      }
+    const size_t mine = block_begin(d) + round;
+    const BatchTranslation t = translate_batch(cached, tokenizer, mine < block_begin(d + 1) ? work[mine] : none, beam);
+    for (size_t j = 0; j < D; ++j) {
+      const size_t b = block_begin(j) + round;
+      if (b >= block_begin(j + 1)) continue;
+      out[b] = broadcast_translation(t, work[b].last - work[b].first, int(j), data);
+      arrived[b] = true;
+    }
+    for (; next_ready < n && arrived[next_ready]; ++next_ready)
+      if (ready) ready(next_ready, out[next_ready]);
   }
   return out;
 }

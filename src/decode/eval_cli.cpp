@@ -200,7 +200,7 @@ int eval_main(const Deck& deck, Mesh& mesh, const EvalCliOptions& opt, const std
     write_lines(dir / (names[l] + ".hyp"), hyp);
   };
   const std::vector<TranslationScore> scores =
-      translate_and_score(*d.cached, d.tokenizer, pairs, which, opt.beam, opt.batch, {}, done);
+      translate_and_score(*d.cached, mesh.axis(Axis::Data), d.tokenizer, pairs, which, opt.beam, opt.batch, {}, done);
 
   std::vector<Row> rows;
   TranslationScore all;

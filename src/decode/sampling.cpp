@@ -40,7 +40,7 @@ std::vector<std::vector<int32_t>> generate(CachedModel<T>& model, const std::vec
                                            int32_t eos, const SamplingOptions& opt, uint64_t first_index) {
   const int B = int(prompts.size()), V = model.vocab();
   std::vector<std::vector<int32_t>> out(prompts.size());
-  if (B == 0) return out;
+  if (B == 0 && !model.lockstep()) return out;
   std::vector<int> room(prompts.size()), row;
   int longest = 0;
   for (int b = 0; b < B; ++b) {
@@ -71,7 +71,7 @@ std::vector<std::vector<int32_t>> generate(CachedModel<T>& model, const std::vec
       stream.push_back(b);
       position.push_back(int32_t(prompts[size_t(b)].size() + t));
     }
-    if (tokens.empty()) break;
+    if (!model.keep_stepping(!tokens.empty())) break;
     logits = &model.step(tokens.data(), CachedTokens{int(tokens.size()), stream.data(), position.data()});
   }
   return out;

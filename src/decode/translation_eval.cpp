@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "core/error.hpp"
-#include "core/timers.hpp"
 #include "decode/decoder.hpp"
 
 namespace meshmoe {
@@ -48,29 +47,52 @@ double TranslationScore::bleu_score() const { return sentences > 0 ? meshmoe::bl
 double TranslationScore::chrf_score() const { return sentences > 0 ? meshmoe::chrf_score(chrf) : std::nan(""); }
 
 std::vector<TranslationScore> translate_and_score(
-    CachedModel<float>& cached, const Tokenizer& tokenizer, const std::vector<TextPairs>& pairs,
+    CachedModel<float>& cached, Comm& data, const Tokenizer& tokenizer, const std::vector<TextPairs>& pairs,
     const std::vector<size_t>& which, const BeamOptions& beam, int batch, const std::function<int()>& stop,
     const std::function<void(size_t, const TranslationScore&, const std::vector<std::string>&)>& done, int* stopped) {
-  std::vector<TranslationScore> out(pairs.size());
+  std::vector<LineBatch> work;
+  std::vector<size_t> end_batch;  // [which.size()] one past the last batch of each language
   for (size_t l : which) {
-    if (stop)
-      if (const int why = stop()) {
-        if (stopped) *stopped = why;
-        return out;
-      }
-    const TextPairs& p = pairs[l];
-    TranslationScore& s = out[l];
-    const double start = wall_seconds();
     const int32_t tag = tokenizer.lang_token(tokenizer.languages()[l]);
-    const std::vector<std::string> hyp =
-        translate_lines(cached, tokenizer, tag, p.sources, beam, batch, [&s](size_t, size_t) { ++s.too_long; });
-    for (size_t i = 0; i < hyp.size(); ++i) {
-      s.bleu.add(hyp[i], p.references[i]);
-      s.chrf.add(hyp[i], p.references[i]);
+    for (const LineBatch& b : line_batches(tag, pairs[l].sources, batch)) work.push_back(b);
+    end_batch.push_back(work.size());
+  }
+  std::vector<TranslationScore> out(pairs.size());
+  std::vector<BatchTranslation> got(work.size());
+  size_t next = 0;  // the next language of `which` to score
+  // The languages whose batches all arrived (`arrived` of them), scored in order.
+  const auto score_ready = [&](size_t arrived) {
+    for (; next < which.size() && end_batch[next] <= arrived; ++next) {
+      const size_t l = which[next];
+      TranslationScore& s = out[l];
+      std::vector<std::string> hyp;
+      for (size_t b = next == 0 ? 0 : end_batch[next - 1]; b < end_batch[next]; ++b) {
+        for (size_t i = 0; i < got[b].text.size(); ++i) {
+          hyp.push_back(got[b].text[i]);
+          s.too_long += got[b].too_long[i] > 0;
+        }
+        s.seconds += got[b].seconds;
+      }
+      for (size_t i = 0; i < hyp.size(); ++i) {
+        s.bleu.add(hyp[i], pairs[l].references[i]);
+        s.chrf.add(hyp[i], pairs[l].references[i]);
+      }
+      s.sentences = int64_t(hyp.size());
+      if (done) done(l, s, hyp);
     }
-    s.sentences = int64_t(hyp.size());
-    s.seconds = wall_seconds() - start;
-    if (done) done(l, s, hyp);
+  };
+  score_ready(0);  // languages without a pair
+  int why = 0;
+  translate_batches(
+      cached, data, tokenizer, work, beam, stop,
+      [&](size_t b, const BatchTranslation& t) {
+        got[b] = t;
+        score_ready(b + 1);
+      },
+      &why);
+  if (why) {
+    if (stopped) *stopped = why;
+    return std::vector<TranslationScore>(pairs.size());
   }
   return out;
 }

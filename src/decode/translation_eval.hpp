@@ -11,6 +11,7 @@
 #include "data/tokenizer.hpp"
 #include "decode/beam_search.hpp"
 #include "decode/cached_model.hpp"
+#include "mesh/comm.hpp"
 #include "score/bleu.hpp"
 #include "score/chrf.hpp"
 
@@ -33,18 +34,20 @@ struct TranslationScore {
   ChrfStats chrf;
   int64_t sentences = 0;  // pairs translated and scored
   int64_t too_long = 0;   // of them, sources the model could not read whole (README "Translation")
-  double seconds = 0;     // wall time of the translation
+  double seconds = 0;     // wall time of the translation, summed over its batches (each on its data group)
   TranslationScore& operator+=(const TranslationScore& o);
   double bleu_score() const;  // 0..100; NaN without a sentence
   double chrf_score() const;  // 0..100; NaN without a sentence
 };
 
-// Collective (every rank decodes every pair, README "Translation"): the languages `which` (indices
-// into `pairs`) translated with the beam (1: greedy) and scored. Before each language, `stop()`
-// (collective; 0 = go on) may end the work: its reason goes to *stopped and the languages not done
-// keep sentences = 0. `done(l, score, translations)` is called after language l (progress lines,
-// the translations' text).
-std::vector<TranslationScore> translate_and_score(CachedModel<float>& cached, const Tokenizer& tokenizer,
+// Collective over the mesh: the languages `which` (indices into `pairs`, in order) translated with
+// the beam (1: greedy) and scored. Their pairs go in batches of `batch` sources (a batch holds one
+// language's) to translate_batches (decoder.hpp), which splits the batches over the data axis; the
+// scores are every rank's and equal one rank's. Before each round of batches `stop()` (collective;
+// 0 = go on) may end the work: its reason goes to *stopped and every language keeps sentences = 0.
+// `done(l, score, translations)` is called on every rank for each language l, in order, as soon as
+// its batches have arrived (progress lines, the translations' text).
+std::vector<TranslationScore> translate_and_score(CachedModel<float>& cached, Comm& data, const Tokenizer& tokenizer,
                                                   const std::vector<TextPairs>& pairs, const std::vector<size_t>& which,
                                                   const BeamOptions& beam, int batch, const std::function<int()>& stop,
                                                   const std::function<void(size_t, const TranslationScore&, const std::vector<std::string>&)>& done,

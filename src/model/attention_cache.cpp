@@ -12,7 +12,7 @@ namespace meshmoe {
 
 template <typename T>
 void AttentionCache<T>::reset(int streams, int capacity, int d_model, const CausalSelfAttention<T>& attn) {
-  if (streams < 1 || capacity < 1) throw std::logic_error("AttentionCache: no room");
+  if (streams < 0 || capacity < 1) throw std::logic_error("AttentionCache: no room");
   capacity_ = capacity;
   M_ = d_model;
   D_ = d_model / attn.num_heads();

@@ -11,7 +11,7 @@ namespace meshmoe {
 template <typename T>
 void CrossAttentionCache<T>::reset(const CrossAttention<T>& cross, int d_model, const T* enc,
                                    const std::vector<int>& source_begin) {
-  if (source_begin.size() < 2 || source_begin.front() != 0) throw std::logic_error("CrossAttentionCache: no sources");
+  if (source_begin.empty() || source_begin.front() != 0) throw std::logic_error("CrossAttentionCache: no sources");
   for (size_t s = 1; s < source_begin.size(); ++s)
     if (source_begin[s] <= source_begin[s - 1]) throw std::logic_error("CrossAttentionCache: an empty source");
   begin_ = source_begin;

@@ -73,7 +73,7 @@ class Trainer {
       bleu_pairs_ = validation_pairs(valid_, tokenizer_, n);
     }
     model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, model_sharding(mesh, cfg_));
-    if (cfg_.eval.bleu_every > 0) cached_ = agreed_cached_model(*model_, mesh);
+    if (cfg_.eval.bleu_every > 0) cached_ = data_group_cached_model(*model_, mesh);
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
     pipeline_ = std::make_unique<PipelineExecutor>(*model_, mesh, timers_, cfg_.model.recompute);
@@ -353,7 +353,7 @@ class Trainer {
     greedy.beam = 1;
     int stopped = 0;
     const std::vector<TranslationScore> scores = translate_and_score(
-        *cached_, tokenizer_, bleu_pairs_, which, greedy, kBleuBatch, [this] { return stop_requested(); }, {}, &stopped);
+        *cached_, data_comm_, tokenizer_, bleu_pairs_, which, greedy, kBleuBatch, [this] { return stop_requested(); }, {}, &stopped);
     if (stopped) {
       if (mesh_.rank() == 0)
         std::fprintf(stderr, "meshmoe: translation scores of step %lld interrupted (not recorded)\n", (long long)step);
@@ -362,7 +362,9 @@ class Trainer {
     log_->bleu(step, scores, start);
     return 0;
   }
-  static constexpr int kBleuBatch = 16;  // sources decoded together (the scores do not depend on it)
+  // Sources decoded together, the batches shared out over the data ranks (the scores depend on it
+  // only where capacity drops choices).
+  static constexpr int kBleuBatch = 16;
 
   std::string version_;
   TrainHooks* hooks_ = nullptr;

@@ -3,7 +3,9 @@
 # on a generated two-language gettext corpus, then decoded from its checkpoint on 1 rank and on the
 # meshes data=2, tensor=2, data=2 x tensor=2 (experts over data), tensor=2 with experts over
 # tensor, pipe=2, pipe=2 x data=2 and data=4 with expert replicas (mesh.expert_parallel = 2): every mesh prints the same translations (greedy and beam 3)
-# and the same samples as one rank. Also: the same seed gives the same samples, beam translations
+# and the same samples as one rank; 7 input lines in batches of 2 and 1, split over the data ranks
+# (data=2, 2x2, data=4, pipe=2 x data=2, encdec too), print one rank's lines, also when capacity
+# drops change the translations. Also: the same seed gives the same samples, beam translations
 # do not depend on --batch, a too-long input line gives an empty line and a warning, expert-choice
 # routing and a missing checkpoint are refused with exit code 2; an encoder-decoder (model.arch =
 # "encdec") of the same data translates alike on every mesh (pipe=4 included: its 4 blocks one per
@@ -79,6 +81,29 @@ for tag in data2 tensor2 mesh4 isel pipe2 pipe2data2 replicas4; do
     cmp "$T/one.$what.out" "$T/$tag.$what.out" || fail "$tag: $what differs from one rank"
   done
 done
+# The inputs split over the data ranks: 7 lines (more than the ranks, not a multiple of them) in
+# batches of 2 (and of 1), each data group decoding its block of batches, on data=2, data=2 x
+# tensor=2, data=4 with expert replicas and pipe=2 x data=2: one rank's output, byte for byte.
+# With moe.capacity_factor_eval = 0.5 a step's routing drops choices (the output changes), yet
+# each batch still decodes as one rank decodes it, so every mesh still prints one rank's lines.
+printf '%s\n' 'Datei 7 kopiert' 'Ordner 12 entfernt' 'Datei 31 kopiert' 'Datei 4 kopiert' 'Ordner 9 entfernt' \
+  'Ordner 5 entfernt' 'Datei 20 kopiert' >"$T/in7.txt"
+split_meshes=("2 --set mesh.data=2" "4 --set mesh.data=2 --set mesh.tensor=2"
+              "4 --set mesh.data=4 --set mesh.expert_parallel=2" "4 --set mesh.pipe=2 --set mesh.data=2 --set optim.micro_batches=2")
+for cap in 4 0.5; do
+  decode "split.one.$cap" 1 translate --lang de --input "$T/in7.txt" --beam 3 --batch 2 --set moe.capacity_factor_eval=$cap
+  [ "$(wc -l <"$T/split.one.$cap.out")" = 7 ] || fail "seven input lines, not seven translations"
+  for mesh in "${split_meshes[@]}"; do
+    set -- $mesh
+    np=$1; shift
+    decode split.mesh "$np" translate --lang de --input "$T/in7.txt" --beam 3 --batch 2 --set moe.capacity_factor_eval=$cap "$@"
+    cmp "$T/split.one.$cap.out" "$T/split.mesh.out" || fail "7 lines in batches of 2, capacity_factor_eval $cap, $mesh: differs from one rank"
+  done
+done
+cmp -s "$T/split.one.4.out" "$T/split.one.0.5.out" && fail "capacity_factor_eval = 0.5 drops nothing: the test shows nothing"
+decode split.data4.batch1 4 translate --lang de --input "$T/in7.txt" --beam 1 --batch 1 --set mesh.data=4
+decode split.one.greedy 1 translate --lang de --input "$T/in7.txt" --beam 1
+cmp "$T/split.one.greedy.out" "$T/split.data4.batch1.out" || fail "greedy, batches of 1 on data=4: differs from one rank"
 # Expert-choice routing needs whole groups, which a cached step does not have: refused on every rank.
 for cmd in translate generate; do
   extra=()
@@ -111,6 +136,15 @@ for mesh in "1" "2 --set mesh.data=2" "2 --set mesh.tensor=2" "4 --set mesh.data
   done
 done
 cat "$T/encdec.1.beam3.out"
+# The encdec's sources split over the data ranks: each batch one encoder call on its data group.
+for mesh in "1" "2 --set mesh.data=2" "4 --set mesh.pipe=2 --set mesh.data=2 --set optim.micro_batches=2"; do
+  set -- $mesh
+  np=$1; shift
+  mpirun -np "$np" "$M" translate "$T/deck.toml" --checkpoint "$T/encdec" --set model.arch=encdec --lang de \
+    --input "$T/in7.txt" --beam 3 --batch 2 "$@" >"$T/encdec.split.out" 2>"$T/encdec.err" || { rc=$?; cat "$T/encdec.err"; fail "encdec split $mesh: exit $rc"; }
+  [ "$np" = 1 ] && cp "$T/encdec.split.out" "$T/encdec.split1.out"
+  cmp "$T/encdec.split1.out" "$T/encdec.split.out" || fail "encdec, 7 lines in batches of 2, $mesh: differs from one rank"
+done
 set +e
 mpirun -np 1 "$M" generate "$T/deck.toml" --checkpoint "$T/encdec" --set model.arch=encdec --lang de --prompt x >"$T/encdec.gen" 2>&1
 rc=$?

@@ -8,11 +8,13 @@
 #     output for the sources and references it wrote (--write-text), bitwise; those sources and
 #     references equal postprocess/valid_pairs.py's;
 #   - with --beam 1 --max-examples 8, the BLEU and chrF the training logged (/eval/bleu, /eval/chrf);
-#   - on data=2, tensor=2, 2x2 and pipe=2 meshes the one-rank translations and scores, losses to 1e-5;
-# and the training's scores on data=2 and on tensor=2 with experts over tensor equal one rank's; the
-# same on and off, and 2x2 against one rank, for an encoder-decoder (model.arch = "encdec").
-# Refusals (exit 2): an unknown --langs, an unwritable -o, eval.bleu_every without
-# a count or on a pipeline mesh.
+#   - on data=2, tensor=2, 2x2 and pipe=2 meshes, and with --batch 3 on data=2, data=4 with expert
+#     replicas and pipe=2 x data=2 (the batches split over the data ranks), the one-rank
+#     translations and scores, losses to 1e-5;
+# and the training's scores on data=2 (each data rank translating one language), on tensor=2 with
+# experts over tensor and on pipe=2 equal one rank's; the same on and off, and 2x2 against one
+# rank, for an encoder-decoder (model.arch = "encdec").
+# Refusals (exit 2): an unknown --langs, an unwritable -o, eval.bleu_every without a count.
 # Needs $MESHMOE (default build/meshmoe), msgfmt, /usr/bin/python3 with h5py.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -57,6 +59,7 @@ train_or_fail on 1 --set eval.bleu_every=40
 train_or_fail off 1
 train_or_fail on2 2 --set eval.bleu_every=40 --set mesh.data=2
 train_or_fail on_isel 2 --set eval.bleu_every=40 --set mesh.tensor=2 --set moe.expert_axis=tensor
+train_or_fail on_pipe 2 --set eval.bleu_every=40 --set mesh.pipe=2 --set optim.micro_batches=2
 grep "bleu step" "$T/on.log" || fail "no translation scores in the log"
 # The encoder-decoder of the same data: scores on and off, one rank and data=2 x tensor=2.
 encdec="--set model.arch=encdec --set run.steps=40 --set checkpoint.every=40"
@@ -74,11 +77,12 @@ assert np.array_equal(on4["eval/bleu"][()][rows], on["eval/bleu"][()][rows]) and
     np.array_equal(on4["eval/chrf"][()][rows], on["eval/chrf"][()][rows]), (on4["eval/chrf"][()][rows], on["eval/chrf"][()][rows])
 print("encdec bleu_every on/off: losses bitwise equal; 2x2 scores = one rank's:", on["eval/chrf"][()][rows[-1]])
 PY
-$PYTHON - "$T/on/metrics.h5" "$T/off/metrics.h5" "$T/on2/metrics.h5" "$T/data.h5" "$T/on_isel/metrics.h5" <<'PY'
+$PYTHON - "$T/on/metrics.h5" "$T/off/metrics.h5" "$T/on2/metrics.h5" "$T/data.h5" "$T/on_isel/metrics.h5" \
+  "$T/on_pipe/metrics.h5" <<'PY'
 import sys, h5py, numpy as np
 on, off, on2 = (h5py.File(p, "r") for p in sys.argv[1:4])
 valid_pairs = h5py.File(sys.argv[4], "r")["languages/valid_pairs"][()]
-isel = h5py.File(sys.argv[5], "r")
+isel, pipe = h5py.File(sys.argv[5], "r"), h5py.File(sys.argv[6], "r")
 for name in ("loss", "aux_loss", "grad_norm", "eval/loss", "eval/lang_loss"):
     a, b = on[name][()], off[name][()]
     assert a.shape == b.shape and np.array_equal(a, b, equal_nan=True), f"{name}: bleu_every on and off differ"
@@ -90,9 +94,9 @@ assert bleu.shape[1] == 2 and np.all(sent[rows] == np.minimum(8, valid_pairs)), 
 assert np.all(bleu[rows[-1]] > 0), bleu[rows[-1]]
 assert on["eval/bleu"].attrs["units"] and on["eval/chrf"].attrs["description"]
 assert "eval/bleu" not in off
-# data=2 and tensor=2 with experts over tensor train to float tolerance of one rank; the greedy
-# translations (rank 0's logits) agree
-for other in (on2, isel):
+# data=2 (each data rank translates one language's pairs), tensor=2 with experts over tensor and
+# pipe=2 train to float tolerance of one rank; the greedy translations agree
+for other in (on2, isel, pipe):
     assert np.allclose(other["loss"][()], on["loss"][()], rtol=1e-4, atol=1e-5)
     assert np.array_equal(other["eval/bleu"][()][rows], bleu[rows]) and np.array_equal(other["eval/chrf"][()][rows], chrf[rows]), \
         (other["eval/bleu"][()][rows], bleu[rows])
@@ -154,9 +158,12 @@ assert np.array_equal(ev["languages/sentences"][()], np.minimum(8, valid_pairs))
 print("eval --beam 1 --max-examples 8 = the training's /eval/bleu, /eval/chrf")
 PY
 
-# Other meshes: the same translations and scores, losses to float tolerance.
+# Other meshes: the same translations and scores, losses to float tolerance; --batch 3 splits each
+# language's pairs into batches that the data ranks share out (one more on some ranks than others).
 for mesh in "2 --set mesh.data=2" "2 --set mesh.tensor=2" "4 --set mesh.data=2 --set mesh.tensor=2" \
-            "2 --set mesh.pipe=2 --set optim.micro_batches=2"; do
+            "2 --set mesh.pipe=2 --set optim.micro_batches=2" "2 --set mesh.data=2 --batch 3" \
+            "4 --set mesh.data=4 --set mesh.expert_parallel=2 --batch 3" \
+            "4 --set mesh.pipe=2 --set mesh.data=2 --set optim.micro_batches=2 --batch 3"; do
   set -- $mesh
   np=$1; shift
   mpirun -np "$np" "$M" eval "$T/deck.toml" --checkpoint "$T/on" -o "$T/mesh.h5" "$@" >/dev/null 2>"$T/mesh.err" ||
@@ -183,7 +190,5 @@ expect_exit2 langs "not a language" mpirun -np 1 "$M" eval "$T/deck.toml" --chec
 expect_exit2 unwritable "cannot create" mpirun -np 1 "$M" eval "$T/deck.toml" --checkpoint "$T/on" -o "$T/no/such/dir/x.h5"
 expect_exit2 nocount "eval.bleu_examples" mpirun -np 1 "$M" train "$T/deck.toml" --set eval.bleu_every=10 \
   --set eval.bleu_examples=0 --set eval.examples_per_language=0 --set run.out_dir="$T/x"
-expect_exit2 bleupipe "pipeline mesh" mpirun -np 2 "$M" train "$T/deck.toml" --set eval.bleu_every=10 --set mesh.pipe=2 \
-  --set optim.micro_batches=2 --set run.out_dir="$T/y"
 "$M" eval --help | grep -q -- "--max-examples" || fail "eval --help"
 echo "eval_bleu: ok"

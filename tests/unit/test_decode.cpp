@@ -6,7 +6,8 @@
 // Tolerance (stated): |cached - full| <= tol * max(1, |full|), tol = 2e-5 (float), 1e-12 (double).
 // The [mpi] case: the cached decoding of a model sharded over pipe, data and tensor (experts over
 // data or over tensor; encdec stages of encoder blocks only and of decoder blocks only) against the
-// one-rank model's, within the same tolerance.
+// one-rank model's, within the same tolerance; and data ranks stepping their own streams together,
+// those out of tokens with none (the inputs split over the data axis).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -277,4 +278,66 @@ TEST_CASE("decode: cached decoding on a pipe x data x tensor mesh equals the one
       }
     }
   }
+}
+
+// Inputs split over the data axis (README "Mesh"): every data group steps its own streams, the
+// data ranks stepping together (more_steps, as data_group_cached_model sets it) because the MoE
+// all-to-all spans them. Data rank 0 holds 3 streams for 5 steps, rank 1 one stream for 2 steps,
+// ranks 2, 3 none at all: they step with no tokens (and encode no source) until rank 0 is done.
+// Each rank's logits equal the one-rank model's on its own streams, within the stated tolerance.
+TEST_CASE("decode: data ranks step their own streams together; a rank out of tokens steps with none", "[decode][mpi]") {
+  const int W = test::world_size();
+  struct Shape {
+    int pipe, data, tensor;
+  };
+  std::vector<Shape> shapes;
+  if (W == 2) shapes = {{1, 2, 1}};
+  if (W == 4) shapes = {{1, 4, 1}, {1, 2, 2}, {2, 2, 1}};
+  if (shapes.empty()) SUCCEED("needs 2 or 4 ranks");
+  for (const Shape& sh : shapes)
+    for (bool encdec : {false, true}) {
+      Config cfg = arch_config("top2", encdec);
+      Mesh mesh(MPI_COMM_WORLD, sh.pipe, sh.data, sh.tensor);
+      INFO("mesh pipe=" << sh.pipe << " data=" << sh.data << " tensor=" << sh.tensor << (encdec ? " encdec" : " decoder"));
+      cfg.mesh.pipe = sh.pipe;
+      const int V = 17, T_seq = 7, d = mesh.coord(Axis::Data);
+      const int B = d == 0 ? 3 : d == 1 ? 1 : 0, steps = d == 0 ? 5 : d == 1 ? 2 : 0;
+      Transformer<double> sharded(cfg, V, model_sharding(mesh, cfg)), whole(cfg, V);
+      sharded.init(31, 1.0);
+      whole.init(31, 1.0);
+      CachedModel<double> a(sharded, &mesh.axis(Axis::Pipe)), b(whole);
+      Comm& data = mesh.axis(Axis::Data);
+      a.more_steps = [&data](bool mine) {
+        int any = mine ? 1 : 0;
+        data.all_reduce(&any, 1, Op::Max);
+        return any != 0;
+      };
+      std::mt19937 rng(13 + unsigned(d));  // each data group its own tokens, the same on its ranks
+      const auto sources = random_sources(B, T_seq, V, rng);
+      if (encdec) {
+        a.encode(sources);
+        if (B > 0) b.encode(sources);
+      }
+      a.reset(B, T_seq);
+      if (B > 0) b.reset(B, T_seq);
+      int t = 0;
+      for (; a.keep_stepping(t < steps); ++t) {
+        std::vector<int32_t> tok, stream, position;
+        for (int s = 0; s < B && t < steps; ++s) {
+          tok.push_back(int32_t(rng() % V));
+          stream.push_back(s);
+          position.push_back(t);
+        }
+        const CachedTokens where{int(tok.size()), stream.data(), position.data()};
+        const Buffer<double>& la = a.step(tok.data(), where);
+        if (tok.empty()) {
+          REQUIRE(la.size() == 0);
+          continue;
+        }
+        const Buffer<double>& whole_logits = b.step(tok.data(), where);
+        const std::vector<double> lb(whole_logits.begin(), whole_logits.end());
+        for (int s = 0; s < B; ++s) require_close(la.data() + size_t(s) * V, lb, size_t(s), V, "step " + std::to_string(t));
+      }
+      REQUIRE(t == 5);  // every rank stepped as long as data rank 0
+    }
 }
