@@ -50,6 +50,9 @@ Setup setup(const std::string& path, const std::vector<std::string>& overrides) 
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   check_world_size(deck.cfg, world);
   Mesh mesh(MPI_COMM_WORLD, int(deck.cfg.mesh.pipe), int(deck.cfg.mesh.data), int(deck.cfg.mesh.tensor));
+  ShmSettings shm;
+  shm.enabled = deck.cfg.run.shm_collectives;
+  mesh.set_shm(shm);
   return Setup{std::move(deck), std::move(mesh)};
 }
 
