@@ -50,6 +50,9 @@ Setup setup(const std::string& path, const std::vector<std::string>& overrides) 
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   check_world_size(deck.cfg, world);
   Mesh mesh(MPI_COMM_WORLD, int(deck.cfg.mesh.pipe), int(deck.cfg.mesh.data), int(deck.cfg.mesh.tensor));
+  ShmSettings shm;
+  shm.enabled = deck.cfg.run.shm_collectives;
+  mesh.set_shm(shm);
   return Setup{std::move(deck), std::move(mesh)};
 }
 
@@ -153,6 +156,8 @@ int run(int argc, char** argv) {
   bench->add_option("-o,--output", bench_opt.output, "HDF5 file written by rank 0")->capture_default_str();
   bench->add_flag("-q,--quiet", bench_opt.quiet, "No table on stdout");
   bench->add_option("--max-memory", bench_opt.max_memory, "Memory per node the buffers may use, e.g. 8G (default: cgroup limit or MemAvailable)");
+  bench->add_option("--shm", bench_opt.shm, "on: all_reduce of >= 256 KiB through a shared-memory window when the group is on one node (run.shm_collectives); off: MPI's")
+      ->capture_default_str();
 
   CkptCliOptions ckpt_opt;
   BenchGemmOptions gemm_opt;

@@ -138,8 +138,17 @@ Mesh::ExpertComms Mesh::expert_comms(int P) {
       throw Error("mesh: MPI_Comm_split for the expert groups failed");
     comms[0] = std::make_unique<MpiComm>(group, "expert group");
     comms[1] = std::make_unique<MpiComm>(replicas, "expert replica group");
+    for (auto& c : comms) c->set_shm(shm_);
   }
   return {comms[0].get(), comms[1].get()};
+}
+
+void Mesh::set_shm(const ShmSettings& s) {
+  shm_ = s;
+  world_->set_shm(s);
+  for (auto& a : axes_) a->set_shm(s);
+  for (auto& [P, comms] : expert_comms_)
+    for (auto& c : comms) c->set_shm(s);
 }
 
 std::string Mesh::describe() const {

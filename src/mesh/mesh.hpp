@@ -76,6 +76,10 @@ class Mesh {
   };
   ExpertComms expert_comms(int P);
 
+  // The shared-memory path of every host Comm of this mesh, those made later included
+  // (run.shm_collectives; mesh/mpi_comm.hpp). The same on every rank.
+  void set_shm(const ShmSettings& s);
+
   // Collective over the world. Rank 0 gets the text `meshmoe plan` prints (shape, every rank's
   // coordinates and host, the world ranks of every axis group as the communicators report them);
   // other ranks get "".
@@ -97,6 +101,7 @@ class Mesh {
   std::unique_ptr<MpiComm> world_;
   std::array<std::unique_ptr<MpiComm>, 3> axes_;
   std::map<int, std::array<std::unique_ptr<MpiComm>, 2>> expert_comms_;  // P -> (expert group, replica group)
+  ShmSettings shm_;
 #ifdef MESHMOE_CUDA
   std::array<std::unique_ptr<Comm>, 3> dev_axes_;
 #endif

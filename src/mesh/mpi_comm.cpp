@@ -1,10 +1,14 @@
 // MpiComm: every operation is one MPI call on the group's communicator (blocking, but for isend and
-// iall_reduce, which leave requests that wait_sends / test_all_reduces / wait_all_reduces complete).
+// iall_reduce, which leave requests that wait_sends / test_all_reduces / wait_all_reduces complete),
+// except the large float/double sums and variable gathers of a group on one node, which go through
+// a shared-memory window (mesh/shm_collectives.hpp).
 #include "mesh/mpi_comm.hpp"
 
 #include <climits>
 #include <cstring>
 #include <utility>
+
+#include "mesh/shm_collectives.hpp"
 
 namespace meshmoe {
 
@@ -41,7 +45,13 @@ MpiComm::MpiComm(MPI_Comm comm, std::string label) : comm_(comm), label_(std::mo
 MpiComm::~MpiComm() { release(); }
 
 MpiComm::MpiComm(MpiComm&& o) noexcept
-    : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), label_(std::move(o.label_)), rank_(o.rank_), size_(o.size_) {}
+    : comm_(std::exchange(o.comm_, MPI_COMM_NULL)),
+      label_(std::move(o.label_)),
+      rank_(o.rank_),
+      size_(o.size_),
+      shm_settings_(o.shm_settings_),
+      shm_state_(std::exchange(o.shm_state_, ShmState::Unknown)),
+      shm_(std::move(o.shm_)) {}
 
 MpiComm& MpiComm::operator=(MpiComm&& o) noexcept {
   if (this != &o) {
@@ -50,6 +60,9 @@ MpiComm& MpiComm::operator=(MpiComm&& o) noexcept {
     label_ = std::move(o.label_);
     rank_ = o.rank_;
     size_ = o.size_;
+    shm_settings_ = o.shm_settings_;
+    shm_state_ = std::exchange(o.shm_state_, ShmState::Unknown);
+    shm_ = std::move(o.shm_);
   }
   return *this;
 }
@@ -57,6 +70,8 @@ MpiComm& MpiComm::operator=(MpiComm&& o) noexcept {
 void MpiComm::release() noexcept {
   int finalized = 0;
   MPI_Finalized(&finalized);
+  shm_.reset();
+  shm_state_ = ShmState::Unknown;
   // MPI_Comm_free after MPI_Finalize is erroneous; by then the library has released everything.
   if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
   comm_ = MPI_COMM_NULL;
@@ -79,9 +94,31 @@ int MpiComm::count(size_t n, const char* what) const {
   return int(n);
 }
 
+bool MpiComm::shm_active() {
+  if (!shm_settings_.enabled || size_ < 2) return false;
+  if (shm_state_ == ShmState::Unknown) {
+    shm_ = ShmCollectives::open(comm_, name());
+    shm_state_ = shm_ ? ShmState::On : ShmState::Off;
+  }
+  return shm_state_ == ShmState::On;
+}
+
+ShmCollectives* MpiComm::shm_for(size_t bytes) {
+  return bytes >= shm_settings_.min_bytes && shm_active() ? shm_.get() : nullptr;
+}
+
 void MpiComm::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
 void MpiComm::all_reduce_raw(void* buf, size_t n, DType t, Op op) {
+  if (op == Op::Sum && (t == DType::F32 || t == DType::F64)) {
+    if (ShmCollectives* shm = shm_for(n * dtype_size(t))) {
+      // Blocks of n / size elements (the first n % size one longer): every rank sums one.
+      std::vector<size_t> counts(static_cast<size_t>(size_));
+      for (size_t r = 0; r < counts.size(); ++r) counts[r] = n / counts.size() + (r < n % counts.size() ? 1 : 0);
+      shm->run(buf, counts.data(), t, /*reduce=*/true, /*gather=*/true, shm_settings_.slot_bytes);
+      return;
+    }
+  }
   check(MPI_Allreduce(MPI_IN_PLACE, buf, count(n, "all_reduce"), mpi_type(t), mpi_op(op), comm_), "MPI_Allreduce");
 }
 
@@ -115,7 +152,19 @@ void MpiComm::counts_and_displs(const size_t* counts, const char* what, std::vec
   count(off, what);
 }
 
+size_t MpiComm::total_bytes(const size_t* counts, DType t) const {
+  size_t total = 0;
+  for (size_t r = 0; r < size_t(size_); ++r) total += counts[r];
+  return total * dtype_size(t);
+}
+
 void MpiComm::reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DType t, Op op) {
+  if (op == Op::Sum && (t == DType::F32 || t == DType::F64)) {
+    if (ShmCollectives* shm = shm_for(total_bytes(counts, t))) {
+      shm->run(buf, counts, t, /*reduce=*/true, /*gather=*/false, shm_settings_.slot_bytes);
+      return;
+    }
+  }
   std::vector<int> c, d;
   counts_and_displs(counts, "reduce_scatterv", c, d);
   // In place, MPI leaves this rank's reduced block at the start of buf: move it to its own place.
@@ -126,6 +175,10 @@ void MpiComm::reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DTyp
 }
 
 void MpiComm::all_gatherv_in_place_raw(void* buf, const size_t* counts, DType t) {
+  if (ShmCollectives* shm = shm_for(total_bytes(counts, t))) {
+    shm->run(buf, counts, t, /*reduce=*/false, /*gather=*/true, shm_settings_.slot_bytes);
+    return;
+  }
   std::vector<int> c, d;
   counts_and_displs(counts, "all_gatherv", c, d);
   check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(), mpi_type(t), comm_),

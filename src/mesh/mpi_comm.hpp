@@ -2,9 +2,23 @@
 #pragma once
 #include <mpi.h>
 
+#include <memory>
+
 #include "mesh/comm.hpp"
 
 namespace meshmoe {
+
+class ShmCollectives;
+
+// When the group lives on one node, large float/double sums (all_reduce, reduce_scatterv) and
+// the variable gathers go through a shared-memory window (mesh/shm_collectives.hpp) instead of
+// MPI's collectives; the sums then add in rank order. Every rank of a group must hold the same
+// settings (run.shm_collectives; tests lower the sizes to cross the rounds with small buffers).
+struct ShmSettings {
+  bool enabled = true;
+  size_t min_bytes = size_t(256) << 10;   // smaller buffers keep MPI (latency, not bandwidth)
+  size_t slot_bytes = size_t(64) << 20;   // per rank: larger buffers move in rounds of this
+};
 
 MPI_Datatype mpi_type(DType t);
 MPI_Op mpi_op(Op op);
@@ -21,6 +35,12 @@ class MpiComm final : public Comm {
   MpiComm& operator=(MpiComm&& o) noexcept;
 
   MPI_Comm mpi() const { return comm_; }
+
+  void set_shm(const ShmSettings& s) { shm_settings_ = s; }
+  const ShmSettings& shm_settings() const { return shm_settings_; }
+  // Collective on the first call: true when the shared-memory path is enabled and the group is
+  // on one node (then buffers of at least min_bytes take it).
+  bool shm_active();
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -53,12 +73,18 @@ class MpiComm final : public Comm {
   // counts [size] -> MPI int counts and their prefix sums (displacements), checked like count().
   void counts_and_displs(const size_t* counts, const char* what, std::vector<int>& c, std::vector<int>& d) const;
   void release() noexcept;
+  // The shared-memory path for `bytes` of buffer, or nullptr (MPI): the same answer on every rank.
+  ShmCollectives* shm_for(size_t bytes);
+  size_t total_bytes(const size_t* counts, DType t) const;  // of the blocks of a variable collective
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<MPI_Request> pending_sends_;
   std::vector<MPI_Request> pending_reduces_;
   std::string label_;
   int rank_ = 0, size_ = 0;
+  ShmSettings shm_settings_;
+  enum class ShmState { Unknown, On, Off } shm_state_ = ShmState::Unknown;
+  std::unique_ptr<ShmCollectives> shm_;
 };
 
 }  // namespace meshmoe

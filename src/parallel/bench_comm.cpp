@@ -308,8 +308,14 @@ int bench_comm_main(const BenchCommOptions& opt) {
   const std::vector<int64_t> sizes = opt.sizes.empty() ? default_sizes() : parse_sizes(opt.sizes);
   const std::vector<std::string> ops = parse_ops(opt.ops);
   if (opt.iters < 0) throw InputError("bench-comm: --iters " + std::to_string(opt.iters) + ": give >= 1, or 0 for adaptive");
+  if (opt.shm != "on" && opt.shm != "off") throw InputError("bench-comm: --shm '" + opt.shm + "': give on or off");
   Mesh mesh(MPI_COMM_WORLD, shape.pipe, shape.data, shape.tensor);  // InputError when it does not fit the job
+  ShmSettings shm;
+  shm.enabled = opt.shm == "on";
+  mesh.set_shm(shm);
   Comm& comm = mesh.axis(axis);
+  // Collective: whether all_reduce of >= 256 KiB takes the shared-memory window (mesh/mpi_comm.hpp).
+  const bool shm_used = static_cast<MpiComm&>(comm).shm_active();
   Comm& world = mesh.world_comm();
   const int n = comm.size();
   for (const std::string& op : ops)
@@ -343,10 +349,11 @@ int bench_comm_main(const BenchCommOptions& opt) {
       std::to_string(shape.pipe) + "x" + std::to_string(shape.data) + "x" + std::to_string(shape.tensor);
   const bool rank0 = world_rank == 0;
   if (rank0 && !opt.quiet) {
-    std::printf("# meshmoe bench-comm: mesh %s, %s axis: %d group(s) of %d rank(s), float32, %s\n",
+    std::printf("# meshmoe bench-comm: mesh %s, %s axis: %d group(s) of %d rank(s), float32, %s, all_reduce %s\n",
                 shape.str().c_str(), axis_name(axis), world_size / n, n,
                 opt.iters > 0 ? (std::to_string(opt.iters) + " timed calls per size").c_str()
-                              : "adaptive (>= 0.05 s or 100 calls)");
+                              : "adaptive (>= 0.05 s or 100 calls)",
+                shm_used ? "from 256 KiB through shared memory (--shm on)" : "by MPI");
     if (n == 1) std::printf("# note: the %s axis has 1 rank: nothing crosses the wire\n", axis_name(axis));
     std::printf("%12s  %-10s  %12s  %12s  %12s  %6s\n", "size", "op", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
                 "iters");
@@ -398,6 +405,7 @@ int bench_comm_main(const BenchCommOptions& opt) {
     file.set_attr("hostnames", host_list);
     file.set_attr("dtype", std::string("float32"));
     file.set_attr("iters_mode", std::string(opt.iters > 0 ? "fixed" : "adaptive"));
+    file.set_attr("shm_collectives", std::string(shm_used ? "on" : "off"));
     file.set_attr("description",
                   std::string("collective time against message size over one mesh axis; all groups of the axis run "
                               "at once; size = bytes of one rank's largest buffer (NCCL-tests convention); time per "

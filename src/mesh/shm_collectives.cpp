@@ -1,0 +1,159 @@
+// ShmCollectives: rounds of copy-in, barrier, direct loads from the peers' slots (the MPI-3
+// unified memory model: MPI_Win_sync orders this process's loads and stores against the barrier).
+//
+// A round moves piece j (at most P elements) of every rank's block. Slot k is cut into one region
+// of P elements per block owner s. Reduce: rank k copies piece j of every block s != k into
+// region s of its slot; barrier; owner r sums region r of every slot, its own piece read from its
+// buffer, in rank order, into its buffer. Gather: owner r copies its piece into region r of its
+// slot; barrier; every rank copies region s of slot s into piece j of its block s. A barrier
+// closes the round, so no rank refills its slot while a peer still reads it.
+#include "mesh/shm_collectives.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+namespace meshmoe {
+
+namespace {
+
+// dst[i] = ((ops[0][i] + ops[1][i]) + ops[2][i]) + ... for i < len; dst may be one of ops. Summed
+// through a block on the stack so that the compiler vectorises without alias checks.
+template <class T>
+void sum_in_rank_order(T* dst, const std::vector<const T*>& ops, size_t len) {
+  constexpr size_t kBlock = 2048;
+  T acc[kBlock];
+  for (size_t b = 0; b < len; b += kBlock) {
+    const size_t m = std::min(kBlock, len - b);
+    const T* a0 = ops[0] + b;
+    const T* a1 = ops[1] + b;
+    for (size_t i = 0; i < m; ++i) acc[i] = a0[i] + a1[i];
+    for (size_t k = 2; k < ops.size(); ++k) {
+      const T* ak = ops[k] + b;
+      for (size_t i = 0; i < m; ++i) acc[i] += ak[i];
+    }
+    std::memcpy(dst + b, acc, m * sizeof(T));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<ShmCollectives> ShmCollectives::open(MPI_Comm comm, const std::string& label) {
+  int rank = 0, size = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  MPI_Comm node = MPI_COMM_NULL;
+  // key = rank: the node group's ranks are the group's ranks when it holds all of them.
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+    throw Error(label + ": MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
+  int node_size = 0;
+  MPI_Comm_size(node, &node_size);
+  if (node_size != size) {  // on every rank alike: some rank of the group is on another node
+    MPI_Comm_free(&node);
+    return nullptr;
+  }
+  MPI_Comm_set_errhandler(node, MPI_ERRORS_RETURN);
+  return std::unique_ptr<ShmCollectives>(new ShmCollectives(node, label));
+}
+
+ShmCollectives::ShmCollectives(MPI_Comm node, std::string label) : node_(node), label_(std::move(label)) {
+  MPI_Comm_rank(node_, &rank_);
+  MPI_Comm_size(node_, &size_);
+}
+
+ShmCollectives::~ShmCollectives() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || std::uncaught_exceptions() > 0) return;
+  free_window();
+  MPI_Comm_free(&node_);
+}
+
+void ShmCollectives::check(int rc, const char* call) const {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(label_ + ": shared-memory collectives: " + call + " failed: " + std::string(msg, size_t(len)) +
+              " (run.shm_collectives = false uses MPI's collectives instead)");
+}
+
+void ShmCollectives::free_window() {
+  if (win_ == MPI_WIN_NULL) return;
+  MPI_Win_unlock_all(win_);
+  MPI_Win_free(&win_);
+  win_ = MPI_WIN_NULL;
+  slot_bytes_ = 0;
+  base_.clear();
+}
+
+void ShmCollectives::reserve(size_t bytes) {
+  if (bytes <= slot_bytes_) return;
+  free_window();
+  char* mine = nullptr;
+  check(MPI_Win_allocate_shared(MPI_Aint(bytes), 1, MPI_INFO_NULL, node_, &mine, &win_), "MPI_Win_allocate_shared");
+  slot_bytes_ = bytes;
+  base_.assign(size_t(size_), nullptr);
+  for (int r = 0; r < size_; ++r) {
+    MPI_Aint got = 0;
+    int disp = 0;
+    check(MPI_Win_shared_query(win_, r, &got, &disp, &base_[size_t(r)]), "MPI_Win_shared_query");
+    if (size_t(got) < bytes) throw Error(label_ + ": shared-memory window slot smaller than asked");
+  }
+  // One passive epoch for the window's lifetime; the rounds order their accesses by sync().
+  check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "MPI_Win_lock_all");
+}
+
+void ShmCollectives::sync() {
+  check(MPI_Win_sync(win_), "MPI_Win_sync");
+  check(MPI_Barrier(node_), "MPI_Barrier");
+  check(MPI_Win_sync(win_), "MPI_Win_sync");
+}
+
+void ShmCollectives::run(void* buf, const size_t* counts, DType t, bool reduce, bool gather, size_t slot_bytes) {
+  if (reduce && t != DType::F32 && t != DType::F64)
+    throw std::logic_error("ShmCollectives: sums of float and double only");
+  const size_t n = size_t(size_), me = size_t(rank_), elem = dtype_size(t);
+  std::vector<size_t> off(n + 1, 0);
+  size_t longest = 0;
+  for (size_t s = 0; s < n; ++s) off[s + 1] = off[s] + counts[s], longest = std::max(longest, counts[s]);
+  if (longest == 0) return;
+  // P elements per region, n regions per slot: a round's slot within slot_bytes.
+  const size_t P = std::clamp(slot_bytes / (n * elem), size_t(1), longest);
+  if (n * P * elem > slot_bytes_) reserve(std::max(n * P * elem, std::min(2 * slot_bytes_, slot_bytes)));
+  char* b = static_cast<char*>(buf);
+  char* own = slot(rank_);
+  auto region = [&](size_t k, size_t s) { return slot(int(k)) + s * P * elem; };
+  auto piece = [&](size_t s, size_t j) { return b + (off[s] + j * P) * elem; };
+  auto length = [&](size_t s, size_t j) { return counts[s] > j * P ? std::min(P, counts[s] - j * P) : size_t(0); };
+
+  for (size_t j = 0; j * P < longest; ++j) {
+    if (reduce) {
+      for (size_t s = 0; s < n; ++s)
+        if (s != me && length(s, j) > 0) std::memcpy(own + s * P * elem, piece(s, j), length(s, j) * elem);
+      sync();
+      if (const size_t len = length(me, j); len > 0) {
+        auto sum_piece = [&](auto zero) {
+          using T = decltype(zero);
+          std::vector<const T*> ops(n);
+          for (size_t k = 0; k < n; ++k) ops[k] = reinterpret_cast<const T*>(k == me ? piece(me, j) : region(k, me));
+          sum_in_rank_order(reinterpret_cast<T*>(piece(me, j)), ops, len);
+        };
+        if (t == DType::F32) sum_piece(0.0f);
+        else sum_piece(0.0);
+      }
+    }
+    if (gather) {
+      // With the reduce before it no barrier is needed here: the peers read other regions of this
+      // slot in the reduce, and region `me` of it only after the barrier below.
+      if (length(me, j) > 0) std::memcpy(own + me * P * elem, piece(me, j), length(me, j) * elem);
+      sync();
+      for (size_t s = 0; s < n; ++s)
+        if (s != me && length(s, j) > 0) std::memcpy(piece(s, j), region(s, s), length(s, j) * elem);
+    }
+    sync();
+  }
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,56 @@
+// Intra-node collectives through an MPI-3 shared-memory window (docs/ARCHITECTURE.md
+// "Shared-memory collectives"): each rank of a group that lives on one node owns a slot of the
+// window; a collective copies pieces of the ranks' buffers into their slots, and every rank reads
+// its peers' slots directly (one load from the peer's memory instead of MPI's fragment pipeline).
+// MpiComm uses it for large float/double sums and for the variable gathers; it is not a Comm.
+#pragma once
+#include <mpi.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mesh/comm.hpp"
+
+namespace meshmoe {
+
+class ShmCollectives {
+ public:
+  // Collective over `comm`: the window's group when every rank of `comm` shares this node (the
+  // MPI_COMM_TYPE_SHARED split of `comm` is as large as `comm`), else nullptr on every rank.
+  // `label` names the group in errors.
+  static std::unique_ptr<ShmCollectives> open(MPI_Comm comm, const std::string& label);
+  // Frees the window (collective), except while an exception unwinds on this rank alone or after
+  // MPI_Finalize, when a collective could hang: then the process exit releases it.
+  ~ShmCollectives();
+  ShmCollectives(const ShmCollectives&) = delete;
+  ShmCollectives& operator=(const ShmCollectives&) = delete;
+
+  // buf holds one block per rank, packed in rank order (counts[r] elements for rank r), as in
+  // Comm::reduce_scatterv_in_place_raw. reduce (F32/F64 only): rank r's block becomes the sum of
+  // every rank's block r, added in rank order 0..n-1 (((b_0 + b_1) + b_2) + ...), the same
+  // order whatever the sizes. gather: every rank's block goes to every rank (after the reduce
+  // when both: an all-reduce). The data moves in rounds of at most `slot_bytes` per rank, so the
+  // window stays that size whatever the buffer.
+  void run(void* buf, const size_t* counts, DType t, bool reduce, bool gather, size_t slot_bytes);
+
+  size_t window_bytes_per_rank() const { return slot_bytes_; }
+
+ private:
+  ShmCollectives(MPI_Comm node, std::string label);
+  void check(int rc, const char* call) const;
+  void reserve(size_t bytes);  // collective: grows the window to `bytes` per rank
+  void free_window();
+  void sync();                 // every rank's writes to its slot visible to all, then a barrier
+  char* slot(int r) const { return base_[size_t(r)]; }
+
+  MPI_Comm node_;
+  std::string label_;
+  int rank_ = 0, size_ = 0;
+  MPI_Win win_ = MPI_WIN_NULL;
+  size_t slot_bytes_ = 0;
+  std::vector<char*> base_;  // [size]: every rank's slot in this process's address space
+};
+
+}  // namespace meshmoe

@@ -1,0 +1,187 @@
+// MpiComm's shared-memory path (mesh/shm_collectives.hpp): sums of non-integer floats against a
+// serial sum in rank order computed here from every rank's inputs (bitwise), on every axis of
+// every mesh of this world; sizes below and above the threshold, odd sizes, rounds of a small slot,
+// zero blocks; the MPI path against it (bitwise with 2 ranks, within rounding with more); one
+// buffer beyond the default 64 MiB slot.
+#include <catch2/catch.hpp>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+
+#include "../test_util.hpp"
+#include "mesh/mesh.hpp"
+
+using namespace meshmoe;
+
+namespace {
+
+uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t h = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xC2B2AE3D27D4EB4Full ^ c * 0x165667B19E3779F9ull;
+  h ^= h >> 31;
+  h *= 0xD6E8FEB86659FD93ull;
+  h ^= h >> 29;
+  return h;
+}
+
+// Element i of world rank r: uniform in [-1, 1) with every mantissa bit used, so that the order
+// of the additions shows in the result.
+template <class T>
+T value(int r, size_t i, int salt = 0) {
+  constexpr int bits = std::is_same_v<T, float> ? 24 : 53;
+  const uint64_t h = hash3(uint64_t(r), i, uint64_t(salt)) >> (64 - bits);
+  return T(std::ldexp(double(h), 1 - bits) - 1.0);
+}
+
+// Sum over the members of value(member, i), added in member order in T.
+template <class T>
+T rank_order_sum(const std::vector<int>& members, size_t i, int salt) {
+  T acc = value<T>(members[0], i, salt);
+  for (size_t k = 1; k < members.size(); ++k) acc += value<T>(members[k], i, salt);
+  return acc;
+}
+
+// Small thresholds, so that a few thousand elements take the window in several rounds.
+ShmSettings small_slots() {
+  ShmSettings s;
+  s.min_bytes = 1024;
+  s.slot_bytes = 4096 + 12;  // not a multiple of the block size of any round
+  return s;
+}
+
+template <class F>
+void for_each_axis(const ShmSettings& settings, F&& body) {
+  const int me = test::world_rank();
+  for (const MeshShape& s : MeshShape::all_for(test::world_size())) {
+    Mesh mesh(MPI_COMM_WORLD, s.pipe, s.data, s.tensor);
+    mesh.set_shm(settings);
+    for (Axis a : kAxes) {
+      INFO(s.str() << ", " << axis_name(a) << " axis");
+      body(static_cast<MpiComm&>(mesh.axis(a)), s.group_of(a, me));
+    }
+  }
+}
+
+// Counts with zero blocks: rank r's block is empty for every third r, others uneven.
+std::vector<size_t> counts_with_zeros(size_t p, size_t n) {
+  std::vector<size_t> c(p);
+  for (size_t r = 0; r < p; ++r) c[r] = r % 3 == 1 ? 0 : n + 37 * r;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("shm: a group of one node takes the shared-memory path", "[comm][mpi][shm]") {
+  Mesh mesh(MPI_COMM_WORLD, 1, test::world_size(), 1);
+  auto& data = static_cast<MpiComm&>(mesh.axis(Axis::Data));
+  CHECK(data.shm_active() == (test::world_size() > 1));
+  ShmSettings off;
+  off.enabled = false;
+  mesh.set_shm(off);
+  CHECK_FALSE(data.shm_active());
+}
+
+TEMPLATE_TEST_CASE("shm: all_reduce sums in rank order, below and above the threshold, in rounds", "[comm][mpi][shm]",
+                   float, double) {
+  using T = TestType;
+  const int me = test::world_rank();
+  for_each_axis(small_slots(), [&](MpiComm& c, const std::vector<int>& members) {
+    // 1024 bytes is the threshold: 255 floats / 127 doubles stay on MPI.
+    for (size_t n : {size_t(1024 / sizeof(T)) - 1, size_t(1024 / sizeof(T)), size_t(1001), size_t(12345), size_t(3)})
+      for (int salt : {0, 1}) {
+        INFO("n=" << n << " salt=" << salt);
+        std::vector<T> buf(n), expected(n);
+        for (size_t i = 0; i < n; ++i) buf[i] = value<T>(me, i, salt), expected[i] = rank_order_sum<T>(members, i, salt);
+        c.all_reduce(buf.data(), n, Op::Sum);
+        if (n * sizeof(T) >= 1024 || members.size() <= 2) {
+          CHECK(buf == expected);
+        } else {  // MPI's order: within rounding
+          for (size_t i = 0; i < n; ++i) REQUIRE(std::abs(double(buf[i]) - double(expected[i])) <= 4 * members.size() * std::numeric_limits<T>::epsilon());
+        }
+      }
+  });
+}
+
+TEMPLATE_TEST_CASE("shm: reduce_scatterv in place with zero blocks and rounds", "[comm][mpi][shm]", float, double) {
+  using T = TestType;
+  const int me = test::world_rank();
+  for_each_axis(small_slots(), [&](MpiComm& c, const std::vector<int>& members) {
+    const size_t p = members.size(), r = size_t(c.rank());
+    for (size_t n : {size_t(700), size_t(2049)}) {
+      const std::vector<size_t> counts = counts_with_zeros(p, n);
+      const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
+      const size_t mine = std::accumulate(counts.begin(), counts.begin() + ptrdiff_t(r), size_t(0));
+      INFO("n=" << n << " total=" << total);
+      std::vector<T> buf(total), expected(counts[r]);
+      for (size_t i = 0; i < total; ++i) buf[i] = value<T>(me, i, 5);
+      for (size_t i = 0; i < counts[r]; ++i) expected[i] = rank_order_sum<T>(members, mine + i, 5);
+      c.reduce_scatterv_in_place(buf.data(), counts, Op::Sum);
+      CHECK(std::vector<T>(buf.begin() + ptrdiff_t(mine), buf.begin() + ptrdiff_t(mine + counts[r])) == expected);
+    }
+  });
+}
+
+TEMPLATE_TEST_CASE("shm: all_gatherv in place with zero blocks and rounds", "[comm][mpi][shm]", float, double, int64_t,
+                   uint8_t) {
+  using T = TestType;
+  const int me = test::world_rank();
+  for_each_axis(small_slots(), [&](MpiComm& c, const std::vector<int>& members) {
+    const size_t p = members.size(), r = size_t(c.rank());
+    for (size_t n : {size_t(900), size_t(5003)}) {
+      const std::vector<size_t> counts = counts_with_zeros(p, n);
+      const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
+      INFO("n=" << n << " total=" << total);
+      std::vector<T> buf(total, T(99)), expected(total);
+      for (size_t j = 0, off = 0; j < p; off += counts[j++])
+        for (size_t i = 0; i < counts[j]; ++i) {
+          expected[off + i] = T(hash3(uint64_t(members[j]), i, 9) % 97);
+          if (j == r) buf[off + i] = T(hash3(uint64_t(me), i, 9) % 97);
+        }
+      c.all_gatherv_in_place(buf.data(), counts);
+      CHECK(buf == expected);
+    }
+  });
+}
+
+TEST_CASE("shm: the MPI path gives the shared-memory path's sums (bitwise with 2 ranks)", "[comm][mpi][shm]") {
+  const int me = test::world_rank();
+  const size_t n = 300001;  // above the default threshold, odd
+  std::vector<float> shm(n), mpi(n), scat_shm(n), scat_mpi(n);
+  for (size_t i = 0; i < n; ++i) shm[i] = mpi[i] = scat_shm[i] = scat_mpi[i] = value<float>(me, i, 3);
+  Mesh mesh(MPI_COMM_WORLD, 1, test::world_size(), 1);
+  auto& data = static_cast<MpiComm&>(mesh.axis(Axis::Data));
+  const size_t p = size_t(data.size()), r = size_t(data.rank());
+  std::vector<size_t> counts(p, n / p);
+  counts[0] += n % p;
+  data.all_reduce(shm.data(), n);
+  data.reduce_scatterv_in_place(scat_shm.data(), counts);
+  ShmSettings off;
+  off.enabled = false;
+  mesh.set_shm(off);
+  data.all_reduce(mpi.data(), n);
+  data.reduce_scatterv_in_place(scat_mpi.data(), counts);
+  const size_t mine = std::accumulate(counts.begin(), counts.begin() + ptrdiff_t(r), size_t(0));
+  if (p <= 2) {
+    CHECK(shm == mpi);
+    CHECK(std::equal(scat_shm.begin() + ptrdiff_t(mine), scat_shm.begin() + ptrdiff_t(mine + counts[r]),
+                     scat_mpi.begin() + ptrdiff_t(mine)));
+  } else {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += std::abs(shm[i] - mpi[i]) > 4 * float(p) * std::numeric_limits<float>::epsilon();
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("shm: a buffer beyond the default 64 MiB slot, in two rounds", "[comm][mpi][shm]") {
+  const int me = test::world_rank();
+  Mesh mesh(MPI_COMM_WORLD, 1, test::world_size(), 1);
+  const std::vector<int> members = MeshShape{1, test::world_size(), 1}.group_of(Axis::Data, me);
+  const size_t n = (size_t(64) << 20) / sizeof(float) + 4099;  // one rank's slot holds all blocks' pieces
+  std::vector<float> buf(n);
+  for (size_t i = 0; i < n; ++i) buf[i] = value<float>(me, i, 11);
+  mesh.axis(Axis::Data).all_reduce(buf.data(), n);
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad += buf[i] != rank_order_sum<float>(members, i, 11);
+  CHECK(bad == 0);
+}
