@@ -23,7 +23,7 @@ enum class Recompute {                                      // model.recompute
 enum class RouterKind { Top1, Top2, TopK, ExpertChoice };   // moe.router
 enum class SecondExpertPolicy { Random, Always, Threshold };  // moe.second_expert
 enum class AuxLossForm { Switch, Gshard };                  // moe.aux_loss_form
-enum class ExpertAxis { Data, Tensor };                     // moe.expert_axis (model/moe/moe_placement.hpp)
+enum class ExpertAxis { Data, Tensor };                     // moe.expert_axis (model/placement.hpp)
 enum class BalanceKind { AuxLoss, Bias };                   // moe.balance (model/moe/router.hpp)
 enum class OptimizerKind { AdamW, Adafactor };              // optim.name
 enum class ScheduleKind { Constant, Rsqrt, Cosine };        // optim.schedule (train/schedule.hpp)

@@ -4,7 +4,7 @@
 
 #include "core/error.hpp"
 #include "model/layernorm_bodies.hpp"
-#include "model/moe/moe_placement.hpp"
+#include "model/placement.hpp"
 
 namespace meshmoe {
 
@@ -61,13 +61,9 @@ ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, Rank
   s.moe = model_.num_moe_layers() > 0;
   if (s.moe) {
     s.moe_opt = moe_options(cfg, 0);
-    MoePlacement place;  // sizes only: no communicators
-    place.axis = cfg.moe.expert_axis;
-    s.expert_parallel = int(expert_parallel(cfg, mesh.data));
-    place.data_rank = at.data % s.expert_parallel, place.data_size = s.expert_parallel;
-    place.replicas = mesh.data / s.expert_parallel;
-    place.tensor_rank = at.tensor, place.tensor_size = mesh.tensor;
-    s.experts_over_data = place.axis == ExpertAxis::Data;
+    const Placement place = placement_at(cfg, mesh, at);  // sizes only: no communicators
+    s.expert_parallel = place.expert_parallel;
+    s.experts_over_data = place.expert_axis == ExpertAxis::Data;
     s.experts = place.expert_shape(s.M, s.moe_opt.num_experts, s.moe_opt.d_ff, s.moe_opt.activation);
     s.k = s.moe_opt.k();
     if (s.moe_opt.shared_experts > 0) s.shared = place.shared_shape(s.M, s.moe_opt.shared_hidden(), s.moe_opt.activation);

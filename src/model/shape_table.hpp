@@ -98,8 +98,8 @@ struct ShapeLetters {
   // Data ranks of an expert group (mesh.expert_parallel resolved, shape_rules.hpp): the all-to-all's
   // ranks; mesh.data / expert_parallel replicas of each expert. 1 with experts over tensor.
   int expert_parallel = 1;
-  ExpertShape experts;  // this rank's experts and hidden units (MoePlacement::expert_shape)
-  FfnShape shared;      // with moe.shared_experts: their hidden units n H over tensor (MoePlacement::shared_shape)
+  ExpertShape experts;  // this rank's experts and hidden units (Placement::expert_shape)
+  FfnShape shared;      // with moe.shared_experts: their hidden units n H over tensor (Placement::shared_shape)
   int k = 0;            // experts per token
   // One micro-batch of this rank (tables with buffers only): B sequences of T tokens, N = B x T;
   // G = N / S routing groups of S tokens, capacity C per group and expert (training).

@@ -36,7 +36,7 @@ double train_flops_per_token(const Config& cfg, const ModelShape& s) {
 
 // The heads and hidden units of this tensor rank come from the shape table (shape_table.hpp).
 template <typename T>
-Transformer<T>::Block::Block(const Config& cfg, const ShapeTable& table, int i, const ModelSharding& sh)
+Transformer<T>::Block::Block(const Config& cfg, const ShapeTable& table, int i, const Placement& place)
     : ln1(table.letters().M, cfg.model.layernorm_eps),
       ln2(table.letters().M, cfg.model.layernorm_eps),
       attn(table.letters().attn, cfg.model.dropout, uint32_t(16 * i + 1), !table.model().is_encoder_block(i)) {
@@ -45,28 +45,18 @@ Transformer<T>::Block::Block(const Config& cfg, const ShapeTable& table, int i, 
     cross = std::make_unique<CrossAttention<T>>(table.letters().attn, cfg.model.dropout, uint32_t(16 * i + 4));
   }
   if (table.is_moe_block(i)) {
-    // Expert placement (moe_placement.hpp): experts over data (all-to-all, Switch 5.5 hidden split
-    // over tensor) or over tensor (Pipeline-MoE index-select + all-reduce).
-    // With expert replicas the all-to-all runs in the rank's expert group (the shape table's P).
-    const int P = table.letters().expert_parallel;
-    if (P > 1 && P < sh.data_size && !sh.expert_group)
-      throw std::logic_error("Transformer: expert groups of " + std::to_string(P) + " data ranks without their Comm");
-    MoePlacement place;
-    place.axis = cfg.moe.expert_axis;
-    place.data = P < sh.data_size ? sh.expert_group : sh.data;
-    place.data_rank = sh.data_rank % P;
-    place.data_size = P;
-    place.replicas = sh.data_size / P;
-    place.tensor = sh.tensor;
-    place.tensor_rank = sh.tensor_rank;
-    place.tensor_size = sh.tensor_size;
+    // Expert placement (model/placement.hpp): experts over data (all-to-all in the expert group,
+    // Switch 5.5 hidden split over tensor) or over tensor (Pipeline-MoE index-select + all-reduce).
     moe = std::make_unique<MoeLayer<T>>(moe_options(cfg, uint32_t(16 * i + 3)), place);
   } else
     mlp = std::make_unique<MLP<T>>(table.letters().ffn, cfg.model.dropout, uint32_t(16 * i + 2));
 }
 
 template <typename T>
-Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& sharding)
+Transformer<T>::Transformer(const Config& cfg, int vocab) : Transformer(cfg, vocab, placement_at(cfg, MeshShape{}, {})) {}
+
+template <typename T>
+Transformer<T>::Transformer(const Config& cfg, int vocab, const Placement& placement)
     : cfg_(cfg),
       shape_(model_shape(cfg, vocab)),
       emb_(vocab, int(cfg.model.seq_len), int(cfg.model.d_model)),
@@ -74,14 +64,17 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& s
       lne_(int(cfg.model.d_model), cfg.model.layernorm_eps),
       lnf_(int(cfg.model.d_model), cfg.model.layernorm_eps),
       head_(vocab, int(cfg.model.d_model)),
-      sharding_(sharding) {
-  if (sharding_.tensor_size > 1 && !sharding_.tensor) throw std::logic_error("Transformer: tensor_size > 1 without a Comm");
+      placement_(placement) {
+  if (placement_.tensor_size > 1 && !placement_.tensor) throw std::logic_error("Transformer: tensor_size > 1 without a Comm");
   auto tensor_allreduce = [this](T* buf, size_t n) {
     ScopedPhase t(timers_, "tensor_allreduce");
-    sharding_.tensor->all_reduce(buf, n, Op::Sum);
+    placement_.tensor->all_reduce(buf, n, Op::Sum);
   };
-  const ShapeTable table(cfg, vocab, MeshShape{sharding_.pipe_size, sharding_.data_size, sharding_.tensor_size},
-                         RankCoords{sharding_.pipe_rank, sharding_.data_rank, sharding_.tensor_rank});
+  const ShapeTable table(cfg, vocab, MeshShape{placement_.pipe_size, placement_.data_size, placement_.tensor_size},
+                         RankCoords{placement_.pipe_rank, placement_.data_rank, placement_.tensor_rank});
+  if (table.letters().moe && (placement_.expert_axis != cfg.moe.expert_axis ||
+                              placement_.expert_parallel != table.letters().expert_parallel))
+    throw std::logic_error("Transformer: the placement's experts are not the deck's (build it with model_sharding)");
   first_block_ = table.letters().first_block;
   if (first_stage()) emb_.declare(params_, "embed");
   std::vector<BlockGrads> block_first_param;  // indices into the parameter table
@@ -91,7 +84,7 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const ModelSharding& s
       ln_enc_first_param = params_.infos().size();
       lne_.declare(params_, "ln_enc");
     }
-    Block& b = blocks_.emplace_back(cfg, table, i, sharding_);
+    Block& b = blocks_.emplace_back(cfg, table, i, placement_);
     b.attn.tensor_allreduce = tensor_allreduce;
     if (b.mlp) b.mlp->tensor_allreduce = tensor_allreduce;
     if (b.cross) b.cross->tensor_allreduce = tensor_allreduce;

@@ -29,6 +29,7 @@
 #include "model/mlp.hpp"
 #include "model/moe/moe_layer.hpp"
 #include "model/params.hpp"
+#include "model/placement.hpp"
 #include "model/shape_table.hpp"
 #include "tensor/device.hpp"
 
@@ -38,21 +39,6 @@ namespace meshmoe {
 // attention counted over the full context, MoE experts at k choices per token plus the shared
 // experts, the router included).
 double train_flops_per_token(const Config& cfg, const ModelShape& s);
-
-// Where this rank's part of the model sits on the mesh. The default is the whole model on one rank.
-struct ModelSharding {
-  int tensor_rank = 0, tensor_size = 1;  // Megatron: heads and hidden units split over the tensor axis
-  Comm* tensor = nullptr;                // its all-reduce (the f/g pair of the tensor-parallel layers)
-  int pipe_rank = 0, pipe_size = 1;      // pipeline stage: blocks [p*L/P, (p+1)*L/P); the first stage
-                                         // also embeds, the last also has ln_f, the head and the loss
-  Comm* data = nullptr;                  // expert parallelism (moe.expert_axis = data): the MoE
-  int data_rank = 0, data_size = 1;      // all-to-all; null / 1: experts replicated over data
-  // Expert replicas (mesh.expert_parallel = P < data, docs/ARCHITECTURE.md "Expert replicas"): the
-  // all-to-all runs in this rank's expert group of P data ranks, and the experts' gradients are
-  // summed over its replica group of data / P ranks. Needed only when 1 < P < data_size.
-  Comm* expert_group = nullptr;
-  Comm* replica_group = nullptr;
-};
 
 // One micro-batch of this rank: B sequences of T tokens.
 struct MicroBatch {
@@ -95,7 +81,7 @@ template <typename T>
 class Transformer {
  public:
   struct Block {
-    Block(const Config& cfg, const ShapeTable& table, int index, const ModelSharding& sh);
+    Block(const Config& cfg, const ShapeTable& table, int index, const Placement& place);
     LayerNorm<T> ln1, ln2;
     CausalSelfAttention<T> attn;                 // bidirectional in an encoder block
     std::unique_ptr<LayerNorm<T>> ln_cross;      // decoder blocks of encdec: the cross-attention
@@ -104,7 +90,9 @@ class Transformer {
     std::unique_ptr<MoeLayer<T>> moe;  // MoE feed-forward
   };
 
-  Transformer(const Config& cfg, int vocab, const ModelSharding& sharding = {});
+  // This rank's stage and shards (model_sharding, placement_at); without one, the whole model.
+  Transformer(const Config& cfg, int vocab, const Placement& placement);
+  Transformer(const Config& cfg, int vocab);
   // Allocates and initialises the parameters from run.seed and model.init_scale.
   void init(uint64_t seed, double init_scale);
 
@@ -180,9 +168,9 @@ class Transformer {
   // Testing aid (deck key debug.nan_step): the next forward poisons its first activation with NaN.
   void inject_nan_next_forward() { inject_nan_ = true; }
   const Buffer<T>& input_grad() const { return encdec() ? dmessage_ : d_; }
-  const ModelSharding& sharding() const { return sharding_; }
-  bool first_stage() const { return sharding_.pipe_rank == 0; }
-  bool last_stage() const { return sharding_.pipe_rank == sharding_.pipe_size - 1; }
+  const Placement& placement() const { return placement_; }
+  bool first_stage() const { return placement_.first_stage(); }
+  bool last_stage() const { return placement_.last_stage(); }
   int first_block() const { return first_block_; }  // global index of blocks()[0]
   // The token embedding, on the first stage; with tied embeddings on several stages, its copy on
   // the last stage (the head's weight) is `tied_copy()`: the two gradients must be summed.
@@ -245,7 +233,7 @@ class Transformer {
   LayerNorm<T> lnf_;
   OutputHead<T> head_;
   CrossEntropy<T> ce_;
-  ModelSharding sharding_;
+  Placement placement_;
   PhaseTimers* timers_ = nullptr;  // of the pass in progress (the tensor all-reduce hook times itself)
   std::string first_nonfinite_;
   bool inject_nan_ = false;

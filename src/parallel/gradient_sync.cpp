@@ -52,10 +52,10 @@ GradientSync::GradientSync(Transformer<float>& model, Mesh& mesh, size_t bucket_
   if (overlap_) model_.grads_final_from = [this](size_t from) { on_grads_final(from); };
   begin_step(0);
 
-  if (!replicated_experts_.empty() && !model_.sharding().replica_group)
+  if (!replicated_experts_.empty() && !model_.placement().replica_group)
     throw std::logic_error("GradientSync: expert replicas without their replica group's Comm");
   const bool data0 = mesh_.coord(Axis::Data) == 0, tensor0 = mesh_.coord(Axis::Tensor) == 0;
-  const bool replica0 = replicated_experts_.empty() || model_.sharding().replica_group->rank() == 0;
+  const bool replica0 = replicated_experts_.empty() || model_.placement().replica_group->rank() == 0;
   for (size_t i = 0; i < infos.size(); ++i) {
     if (infos[i].name == "embed.wte" && !model_.first_stage()) continue;  // tied copy: counted on stage 0
     const uint8_t s = infos[i].sharded_over;
@@ -168,7 +168,7 @@ void GradientSync::reduce_over_data() {
   // Experts with replicas: each replica holds the gradient of its expert group's tokens; the sum
   // over the replica group is the whole batch's (docs/ARCHITECTURE.md "Expert replicas").
   for (const auto& [begin, size] : replicated_experts_)
-    model_.sharding().replica_group->all_reduce(grads + begin, size, Op::Sum);
+    model_.placement().replica_group->all_reduce(grads + begin, size, Op::Sum);
   if (sharded_ && data.size() == 2) {
     for (const ShardedRun& r : scatter_runs_) data.reduce_scatterv_in_place(grads + r.begin, r.counts, Op::Sum);
     for (const auto& [begin, size] : tied_all_reduce_) data.all_reduce(grads + begin, size, Op::Sum);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "deck/shape_rules.hpp"
 #include "parallel/pipeline_schedule.hpp"
 
 namespace meshmoe {
@@ -18,24 +17,6 @@ std::vector<Micro> split_micro_batches(const Batch& batch, int micro_batches, in
     out.push_back({batch.slice(begin, begin + per_rank), StepContext{seed, uint32_t(step), training, uint64_t(begin) * T, timers}});
   }
   return out;
-}
-
-ModelSharding model_sharding(Mesh& mesh, const Config& cfg) {
-  ModelSharding sh;
-  sh.tensor_rank = mesh.coord(Axis::Tensor);
-  sh.tensor_size = mesh.extent(Axis::Tensor);
-  sh.tensor = &mesh.axis(Axis::Tensor);
-  sh.pipe_rank = mesh.coord(Axis::Pipe);
-  sh.pipe_size = mesh.extent(Axis::Pipe);
-  sh.data = &mesh.axis(Axis::Data);
-  sh.data_rank = mesh.coord(Axis::Data);
-  sh.data_size = mesh.extent(Axis::Data);
-  const int P = int(expert_parallel(cfg, sh.data_size));
-  if (P > 1 && P < sh.data_size && sh.data_size % P == 0) {
-    const Mesh::ExpertComms c = mesh.expert_comms(P);
-    sh.expert_group = c.group, sh.replica_group = c.replicas;
-  }
-  return sh;
 }
 
 namespace {

@@ -42,11 +42,6 @@ struct Micro {
 std::vector<Micro> split_micro_batches(const Batch& batch, int micro_batches, int data, int d, uint64_t seed, int64_t step,
                                        bool training, PhaseTimers* timers);
 
-// This rank's part of the model of `cfg` on `mesh`: its coordinate, the extent and the Comm of every
-// axis, and with expert replicas its expert and replica groups (collective over the data axis the
-// first time the mesh makes them).
-ModelSharding model_sharding(Mesh& mesh, const Config& cfg);
-
 class PipelineExecutor {
  public:
   PipelineExecutor(Transformer<float>& model, Mesh& mesh, PhaseTimers& timers, Recompute recompute = Recompute::None)

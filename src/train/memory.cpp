@@ -292,20 +292,12 @@ MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mes
                               int tensor_rank) {
   const MemoryPlan plan = plan_memory(cfg, vocab, mesh, pipe_rank, data_rank, tensor_rank);
   MemoryMeasured m;
-  LocalStandInComm tensor_comm(tensor_rank, mesh.tensor), data_comm(data_rank, mesh.data);
-  const int P = int(expert_parallel(cfg, mesh.data));
-  LocalStandInComm expert_comm(data_rank % P, P), replica_comm(data_rank / P, mesh.data / P);
-  ModelSharding sh;
-  sh.data_rank = data_rank;
-  sh.data_size = mesh.data;
-  sh.data = &data_comm;
+  Placement sh = placement_at(cfg, mesh, RankCoords{pipe_rank, data_rank, tensor_rank});
+  LocalStandInComm tensor_comm(tensor_rank, mesh.tensor), expert_comm(sh.expert_rank(), sh.expert_parallel),
+      replica_comm(data_rank / sh.expert_parallel, sh.replicas());
+  sh.tensor = &tensor_comm;
   sh.expert_group = &expert_comm;
   sh.replica_group = &replica_comm;
-  sh.tensor_rank = tensor_rank;
-  sh.tensor_size = mesh.tensor;
-  sh.tensor = &tensor_comm;
-  sh.pipe_rank = pipe_rank;
-  sh.pipe_size = mesh.pipe;
 
   const int64_t h0 = heap_in_use();
   auto model = std::make_unique<Transformer<float>>(cfg, vocab, sh);

@@ -6,7 +6,7 @@
 // bytes over the parameter entries the model registers, activation and backward-workspace bytes over
 // the buffers each layer allocates for one micro-batch (by kind: saved for the backward, forward-only,
 // backward scratch), and bytes sent per step on each mesh axis. The expert placement is the
-// documented one (DESIGN.md "The mesh"): MoePlacement::expert_shape.
+// documented one (DESIGN.md "The mesh"): Placement::expert_shape.
 //
 // measure_memory() builds the real Transformer<float> of that placement and measures it: the store
 // sizes exactly, the optimizer state through state(), and the activations as heap growth (glibc

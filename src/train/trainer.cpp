@@ -88,7 +88,7 @@ class Trainer {
                                   // have replicas), every other split dimension over tensor.
                                   const bool expert_dim = (p.sharded_over & kShardData) && dim == 0;
                                   Comm& over = !expert_dim                          ? mesh_.axis(Axis::Tensor)
-                                               : (p.sharded_over & kShardReplicas) ? *model_->sharding().expert_group
+                                               : (p.sharded_over & kShardReplicas) ? *model_->placement().expert_group
                                                                                    : mesh_.axis(Axis::Data);
                                   over.all_reduce(buf, n, Op::Sum);
                                 });

@@ -189,7 +189,7 @@ TEST_CASE("gradient sync: expert replicas sum their gradients over the replica g
       CHECK(worst <= 1e-5 * largest);
       if (p.sharded_over & kShardReplicas) {  // the replicas hold bitwise the same sum
         std::vector<float> mine(g, g + p.size), most = mine;
-        model.sharding().replica_group->all_reduce(most.data(), most.size(), Op::Max);
+        model.placement().replica_group->all_reduce(most.data(), most.size(), Op::Max);
         CHECK(most == mine);
       }
     }

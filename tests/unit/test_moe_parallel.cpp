@@ -139,14 +139,15 @@ void check_mode(const Case& c, ExpertAxis axis, int D, int Tn) {
   lctx.token_offset = ctx.token_offset + uint64_t(n0);
   PhaseTimers timers;
   lctx.timers = &timers;
-  MoePlacement place;
-  place.axis = axis;
-  place.data = &mesh.axis(Axis::Data);
+  Placement place;  // the placement model_sharding makes, for a layer instead of a deck
   place.data_rank = d;
   place.data_size = D;
   place.tensor = &mesh.axis(Axis::Tensor);
   place.tensor_rank = t;
   place.tensor_size = Tn;
+  place.expert_axis = axis;
+  place.expert_parallel = axis == ExpertAxis::Data ? D : 1;
+  place.expert_group = &mesh.axis(Axis::Data);
   ParamStore<double> store;
   MoeLayer<double> layer(opt, place);
   layer.declare(store, "moe");
@@ -296,13 +297,13 @@ TEST_CASE("moe expert parallelism over tensor (Pipeline-MoE index-select + all-r
 TEST_CASE("moe placement rejects experts that do not divide over the axis", "[moe]") {
   MoeOptions o = par_moe(RouterKind::Top2);
   o.num_experts = 6;
-  MoePlacement p;
-  p.axis = ExpertAxis::Tensor;
+  Placement p;
+  p.expert_axis = ExpertAxis::Tensor;
   p.tensor_size = 4;
-  CHECK_THROWS_AS(p.validate(o.num_experts, o.d_ff), InputError);
-  p.axis = ExpertAxis::Data;
+  CHECK_THROWS_AS(p.validate_experts(o.num_experts, o.d_ff), InputError);
+  p.expert_axis = ExpertAxis::Data;
   p.tensor_size = 3;  // hidden split: d_ff = 8 over 3
-  CHECK_THROWS_AS(p.validate(8, o.d_ff), InputError);
+  CHECK_THROWS_AS(p.validate_experts(8, o.d_ff), InputError);
 }
 
 // Dropless routing against capacity routing with capacity_factor = E / k, which has C = S as well:

@@ -64,9 +64,7 @@ bool bitwise_equal(const float* a, const float* b, size_t n) { return std::memcm
 // forward(B), bring A back, backward(A), against forward(A), backward(A) on a twin.
 void check_park_and_restore(const Config& cfg, int pipe_rank, int pipe_size) {
   const int V = 13, T = 8, M = int(cfg.model.d_model);
-  ModelSharding sh;
-  sh.pipe_rank = pipe_rank;
-  sh.pipe_size = pipe_size;
+  const Placement sh = placement_at(cfg, MeshShape{pipe_size, 1, 1}, RankCoords{pipe_rank, 0, 0});
   Transformer<float> ref(cfg, V, sh), parked(cfg, V, sh);
   ref.init(3, 1.0);
   parked.init(3, 1.0);

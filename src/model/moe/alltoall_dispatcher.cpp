@@ -13,12 +13,17 @@
 namespace meshmoe {
 
 template <typename T>
-AllToAllDispatcher<T>::AllToAllDispatcher(Comm* data, int D, int data_rank, int E, int M)
-    : comm_(data), D_(D), E_(E), El_(E / D), e0_(data_rank * (E / D)), M_(M) {
-  if (D < 1 || E % D != 0 || data_rank < 0 || data_rank >= D)
-    throw std::logic_error("AllToAllDispatcher: " + std::to_string(E) + " experts over " + std::to_string(D) + " ranks");
-  if (D > 1 && (!comm_ || comm_->size() != D || comm_->rank() != data_rank))
-    throw std::logic_error("AllToAllDispatcher: the data Comm does not match data_size / data_rank");
+AllToAllDispatcher<T>::AllToAllDispatcher(const Placement& place, int E, int M)
+    : comm_(place.expert_group),
+      D_(place.expert_parallel),
+      E_(E),
+      El_(E / D_),
+      e0_(place.expert_rank() * El_),
+      M_(M) {
+  if (D_ < 1 || E % D_ != 0)
+    throw std::logic_error("AllToAllDispatcher: " + std::to_string(E) + " experts over " + std::to_string(D_) + " ranks");
+  if (D_ > 1 && (!comm_ || comm_->size() != D_ || comm_->rank() != place.expert_rank()))
+    throw std::logic_error("AllToAllDispatcher: the expert group's Comm does not match expert_parallel / expert_rank");
 }
 
 template <typename T>

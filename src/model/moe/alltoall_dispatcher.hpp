@@ -1,5 +1,5 @@
 // Expert parallelism over the data axis (GShard section 3 / Algorithm 2, Switch section 5.4):
-// data rank d owns experts [d*E_local, (d+1)*E_local). After the local dispatch into the
+// rank d of the expert group owns experts [d*E_local, (d+1)*E_local). After the local dispatch into the
 // expert-major buffer, block j of it (the rows of rank j's experts: contiguous) goes to rank j
 // with one all-to-all; the local experts run on what arrived from every rank; a second all-to-all
 // returns the outputs. Both are permutations of rows, so the backward of to_experts is
@@ -18,6 +18,7 @@
 
 #include "mesh/comm.hpp"
 #include "model/context.hpp"
+#include "model/placement.hpp"
 #include "tensor/device.hpp"
 
 namespace meshmoe {
@@ -25,8 +26,9 @@ namespace meshmoe {
 template <typename T>
 class AllToAllDispatcher {
  public:
-  // data: the data-axis Comm (D ranks, this rank's position = data_rank); E experts of width M.
-  AllToAllDispatcher(Comm* data, int D, int data_rank, int E, int M);
+  // Over the expert group of `place` (D = expert_parallel ranks, this one expert_rank(); the whole
+  // data axis without replicas); E experts of width M.
+  AllToAllDispatcher(const Placement& place, int E, int M);
 
   // send_rows [E]: rows of each expert in the local buffer; row_token [sum send_rows]: global token
   // of each row. Exchanges the counts and the row tokens.

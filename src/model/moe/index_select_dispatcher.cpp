@@ -8,9 +8,9 @@
 namespace meshmoe {
 
 template <typename T>
-IndexSelectDispatcher<T>::IndexSelectDispatcher(Comm* tensor, int tensor_size, int tensor_rank, int E)
-    : comm_(tensor), tensor_size_(tensor_size), experts_(split_evenly(E, tensor_rank, tensor_size)) {
-  if (tensor_size > 1 && (!comm_ || comm_->size() != tensor_size || comm_->rank() != tensor_rank))
+IndexSelectDispatcher<T>::IndexSelectDispatcher(const Placement& place, int E)
+    : comm_(place.tensor), tensor_size_(place.tensor_size), experts_(split_evenly(E, place.tensor_rank, place.tensor_size)) {
+  if (tensor_size_ > 1 && (!comm_ || comm_->size() != tensor_size_ || comm_->rank() != place.tensor_rank))
     throw std::logic_error("IndexSelectDispatcher: the tensor Comm does not match tensor_size / tensor_rank");
 }
 

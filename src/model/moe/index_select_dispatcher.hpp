@@ -21,6 +21,7 @@
 #include "model/context.hpp"
 #include "model/layer_shapes.hpp"
 #include "model/moe/dispatcher.hpp"
+#include "model/placement.hpp"
 #include "tensor/device.hpp"
 
 namespace meshmoe {
@@ -28,8 +29,8 @@ namespace meshmoe {
 template <typename T>
 class IndexSelectDispatcher {
  public:
-  // tensor: the tensor-axis Comm (tensor_size ranks, this one tensor_rank); E experts.
-  IndexSelectDispatcher(Comm* tensor, int tensor_size, int tensor_rank, int E);
+  // Over the tensor axis of `place` (tensor_size ranks, this one tensor_rank); E experts.
+  IndexSelectDispatcher(const Placement& place, int E);
 
   // The local layout: this rank's experts.
   DispatchLayout layout() const { return {experts_.offset, experts_.local}; }

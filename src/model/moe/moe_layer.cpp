@@ -9,23 +9,21 @@ namespace meshmoe {
 namespace {
 // Experts of this rank: [e0, e0 + E_local) and hidden units [h0, h0 + H_local).
 template <typename T>
-Experts<T> make_experts(const MoeOptions& opt, const MoePlacement& p) {
-  p.validate(opt.num_experts, opt.d_ff, opt.shared_hidden());
+Experts<T> make_experts(const MoeOptions& opt, const Placement& p) {
+  p.validate_experts(opt.num_experts, opt.d_ff, opt.shared_hidden());
   return Experts<T>(opt, p.expert_shape(opt.d_model, opt.num_experts, opt.d_ff, opt.activation),
                     p.hidden_split() ? p.tensor : nullptr);
 }
 }  // namespace
 
 template <typename T>
-MoeLayer<T>::MoeLayer(const MoeOptions& opt, const MoePlacement& placement)
+MoeLayer<T>::MoeLayer(const MoeOptions& opt, const Placement& placement)
     : router(opt), experts(make_experts<T>(opt, placement)), opt_(opt), place_(placement) {
   opt_.validate();
   if (place_.expert_parallel_data())
-    a2a = std::make_unique<AllToAllDispatcher<T>>(place_.data, place_.data_size, place_.data_rank, opt.num_experts,
-                                                  opt.d_model);
+    a2a = std::make_unique<AllToAllDispatcher<T>>(place_, opt.num_experts, opt.d_model);
   if (place_.expert_parallel_tensor())
-    isel = std::make_unique<IndexSelectDispatcher<T>>(place_.tensor, place_.tensor_size, place_.tensor_rank,
-                                                      opt.num_experts);
+    isel = std::make_unique<IndexSelectDispatcher<T>>(place_, opt.num_experts);
   if (opt.shared_experts > 0) {
     shared = std::make_unique<MLP<T>>(place_.shared_shape(opt.d_model, opt.shared_hidden(), opt.activation), 0.0,
                                       opt.layer_id);
@@ -81,7 +79,7 @@ void MoeLayer<T>::reserve_full_layout(const Routing<T>& r) {
   const size_t M = size_t(opt_.d_model), GC = size_t(r.G) * size_t(r.C);
   const size_t token_side = size_t(isel ? isel->e_local() : r.E) * GC;
   // all-to-all: every source rank sends at most G*C rows per expert
-  const size_t sources = a2a ? size_t(place_.data_size) : 1;
+  const size_t sources = a2a ? size_t(place_.expert_parallel) : 1;
   const size_t expert_side = size_t(experts.e_local()) * sources * GC;
   dispatcher.reserve(token_side);
   experts.reserve(expert_side, sources * GC);

@@ -1,7 +1,7 @@
 // The MoE feed-forward layer as a fixed pipeline of named stages (Megatron-LM style):
 //   route -> dispatch -> experts -> combine
 // y = sum over a token's dispatched choices of gate * FFN_e(x) (GShard eq. in section 2.2; no residual:
-// the block adds it). The placement (moe_placement.hpp) decides where the experts live and which
+// the block adds it). The placement (model/placement.hpp) decides where the experts live and which
 // communication the stages carry:
 //   single rank            dispatch/combine are the local index permutation (IndexDispatcher);
 //   expert_axis = data     + two all-to-alls over data (AllToAllDispatcher), and with tensor > 1
@@ -34,7 +34,7 @@
 #include "model/moe/experts.hpp"
 #include "model/moe/index_select_dispatcher.hpp"
 #include "model/moe/moe_options.hpp"
-#include "model/moe/moe_placement.hpp"
+#include "model/placement.hpp"
 #include "model/moe/router.hpp"
 #include "model/params.hpp"
 #include "tensor/device.hpp"
@@ -65,7 +65,7 @@ struct MoeStats {
 template <typename T>
 class MoeLayer {
  public:
-  explicit MoeLayer(const MoeOptions& opt, const MoePlacement& placement = {});
+  explicit MoeLayer(const MoeOptions& opt, const Placement& placement = {});
 
   // prefix.router.wg [M, E], prefix.experts.w_in [E, M, H] or [E, M, 2, H] (geglu),
   // prefix.experts.w_out [E, H, M]; the experts as this rank's block; with shared experts
@@ -94,7 +94,7 @@ class MoeLayer {
 
   const MoeStats& stats() const { return stats_; }
   const MoeOptions& options() const { return opt_; }
-  const MoePlacement& placement() const { return place_; }
+  const Placement& placement() const { return place_; }
   // [rows, M] input of the local experts in the last forward, and the global token of each row
   // (tests: what the all-to-all delivered).
   const Buffer<T>& expert_input() const { return a2a ? experts.input() : buf_; }
@@ -119,7 +119,7 @@ class MoeLayer {
   void reserve_full_layout(const Routing<T>& r);
 
   MoeOptions opt_;
-  MoePlacement place_;
+  Placement place_;
   // Saved by the forward for the backward (with the router's and the experts' own):
   Buffer<T> buf_;   // [rows, M] local expert buffer (dispatch order; the backward reads its size)
   Buffer<T> out_;   // [rows, M] expert outputs in the local buffer's order
