@@ -170,6 +170,8 @@ std::vector<BatchTranslation> translate_batches(CachedModel<float>& cached, Comm
                                                 const std::function<int()>& stop,
                                                 const std::function<void(size_t, const BatchTranslation&)>& ready,
                                                 int* stopped) {
+  if (data.size() > 1 && !cached.lockstep())
+    throw std::logic_error("translate_batches: data ranks decoding their own batches must step together (more_steps)");
   const size_t n = work.size(), D = size_t(data.size()), d = size_t(data.rank());
   const auto block_begin = [n, D](size_t j) { return n * j / D; };
   std::vector<BatchTranslation> out(n);

@@ -141,7 +141,8 @@ void write_result(h5::File& file, const std::vector<Row>& rows, const Evaluation
           "validation pairs translated and scored");
   dataset(g, "too_long", column([](const Row& r) { return r.score.too_long; }), "sentences",
           "of them, sources longer than the model reads (decoder-only: empty translation; encdec: cut)");
-  dataset(g, "translate_time", column([](const Row& r) { return r.score.seconds; }), "s", "wall time of the translation");
+  dataset(g, "translate_time", column([](const Row& r) { return r.score.seconds; }), "s",
+          "wall time of decoding its batches, each on its data group, summed");
   dataset(g, "hyp_len", column([](const Row& r) { return r.score.bleu.hyp_len; }), "tokens", "13a tokens of the translations");
   dataset(g, "ref_len", column([](const Row& r) { return r.score.bleu.ref_len; }), "tokens", "13a tokens of the references");
   std::vector<int64_t> matches, totals;

@@ -12,7 +12,7 @@
 #     replicas and pipe=2 x data=2 (the batches split over the data ranks), the one-rank
 #     translations and scores, losses to 1e-5;
 # and the training's scores on data=2 (each data rank translating one language), on tensor=2 with
-# experts over tensor and on pipe=2 equal one rank's; the same on and off, and 2x2 against one
+# experts over tensor and on pipe=2 equal one rank's (pipe=2: losses bitwise with and without); the same on and off, and 2x2 against one
 # rank, for an encoder-decoder (model.arch = "encdec").
 # Refusals (exit 2): an unknown --langs, an unwritable -o, eval.bleu_every without a count.
 # Needs $MESHMOE (default build/meshmoe), msgfmt, /usr/bin/python3 with h5py.
@@ -60,6 +60,7 @@ train_or_fail off 1
 train_or_fail on2 2 --set eval.bleu_every=40 --set mesh.data=2
 train_or_fail on_isel 2 --set eval.bleu_every=40 --set mesh.tensor=2 --set moe.expert_axis=tensor
 train_or_fail on_pipe 2 --set eval.bleu_every=40 --set mesh.pipe=2 --set optim.micro_batches=2
+train_or_fail off_pipe 2 --set mesh.pipe=2 --set optim.micro_batches=2
 grep "bleu step" "$T/on.log" || fail "no translation scores in the log"
 # The encoder-decoder of the same data: scores on and off, one rank and data=2 x tensor=2.
 encdec="--set model.arch=encdec --set run.steps=40 --set checkpoint.every=40"
@@ -78,14 +79,15 @@ assert np.array_equal(on4["eval/bleu"][()][rows], on["eval/bleu"][()][rows]) and
 print("encdec bleu_every on/off: losses bitwise equal; 2x2 scores = one rank's:", on["eval/chrf"][()][rows[-1]])
 PY
 $PYTHON - "$T/on/metrics.h5" "$T/off/metrics.h5" "$T/on2/metrics.h5" "$T/data.h5" "$T/on_isel/metrics.h5" \
-  "$T/on_pipe/metrics.h5" <<'PY'
+  "$T/on_pipe/metrics.h5" "$T/off_pipe/metrics.h5" <<'PY'
 import sys, h5py, numpy as np
 on, off, on2 = (h5py.File(p, "r") for p in sys.argv[1:4])
 valid_pairs = h5py.File(sys.argv[4], "r")["languages/valid_pairs"][()]
-isel, pipe = h5py.File(sys.argv[5], "r"), h5py.File(sys.argv[6], "r")
+isel, pipe, pipe_off = (h5py.File(p, "r") for p in sys.argv[5:8])
 for name in ("loss", "aux_loss", "grad_norm", "eval/loss", "eval/lang_loss"):
-    a, b = on[name][()], off[name][()]
-    assert a.shape == b.shape and np.array_equal(a, b, equal_nan=True), f"{name}: bleu_every on and off differ"
+    for a, b, what in ((on, off, ""), (pipe, pipe_off, "pipe=2: ")):
+        a, b = a[name][()], b[name][()]
+        assert a.shape == b.shape and np.array_equal(a, b, equal_nan=True), f"{what}{name}: bleu_every on and off differ"
 step = on["step"][()]
 bleu, chrf, sent = on["eval/bleu"][()], on["eval/chrf"][()], on["eval/bleu_sentences"][()]
 rows = np.flatnonzero(np.isfinite(on["eval/bleu_all"][()]))
