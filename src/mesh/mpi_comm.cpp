@@ -110,6 +110,7 @@ ShmCollectives* MpiComm::shm_for(size_t bytes) {
 void MpiComm::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
 void MpiComm::all_reduce_raw(void* buf, size_t n, DType t, Op op) {
+  const int c = count(n, "all_reduce");  // the same limits on both paths
   if (op == Op::Sum && (t == DType::F32 || t == DType::F64)) {
     if (ShmCollectives* shm = shm_for(n * dtype_size(t))) {
       // Blocks of n / size elements (the first n % size one longer): every rank sums one.
@@ -119,7 +120,7 @@ void MpiComm::all_reduce_raw(void* buf, size_t n, DType t, Op op) {
       return;
     }
   }
-  check(MPI_Allreduce(MPI_IN_PLACE, buf, count(n, "all_reduce"), mpi_type(t), mpi_op(op), comm_), "MPI_Allreduce");
+  check(MPI_Allreduce(MPI_IN_PLACE, buf, c, mpi_type(t), mpi_op(op), comm_), "MPI_Allreduce");
 }
 
 void MpiComm::broadcast_raw(void* buf, size_t n, DType t, int root) {
@@ -159,14 +160,14 @@ size_t MpiComm::total_bytes(const size_t* counts, DType t) const {
 }
 
 void MpiComm::reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DType t, Op op) {
+  std::vector<int> c, d;
+  counts_and_displs(counts, "reduce_scatterv", c, d);  // the same limits on both paths
   if (op == Op::Sum && (t == DType::F32 || t == DType::F64)) {
     if (ShmCollectives* shm = shm_for(total_bytes(counts, t))) {
       shm->run(buf, counts, t, /*reduce=*/true, /*gather=*/false, shm_settings_.slot_bytes);
       return;
     }
   }
-  std::vector<int> c, d;
-  counts_and_displs(counts, "reduce_scatterv", c, d);
   // In place, MPI leaves this rank's reduced block at the start of buf: move it to its own place.
   check(MPI_Reduce_scatter(MPI_IN_PLACE, buf, c.data(), mpi_type(t), mpi_op(op), comm_), "MPI_Reduce_scatter");
   char* base = static_cast<char*>(buf);
@@ -175,12 +176,12 @@ void MpiComm::reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DTyp
 }
 
 void MpiComm::all_gatherv_in_place_raw(void* buf, const size_t* counts, DType t) {
+  std::vector<int> c, d;
+  counts_and_displs(counts, "all_gatherv", c, d);
   if (ShmCollectives* shm = shm_for(total_bytes(counts, t))) {
     shm->run(buf, counts, t, /*reduce=*/false, /*gather=*/true, shm_settings_.slot_bytes);
     return;
   }
-  std::vector<int> c, d;
-  counts_and_displs(counts, "all_gatherv", c, d);
   check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(), mpi_type(t), comm_),
         "MPI_Allgatherv");
 }
