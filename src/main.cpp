@@ -20,6 +20,7 @@
 #include "score/score_cli.hpp"
 #include "tensor/gemm_rate.hpp"
 #include "tensor/device.hpp"
+#include "tensor/host_threads.hpp"
 #include "train/checkpoint_cli.hpp"
 #include "train/distill.hpp"
 #include "train/memory.hpp"
@@ -294,6 +295,7 @@ int run(int argc, char** argv) {
 }  // namespace meshmoe
 
 int main(int argc, char** argv) {
+  meshmoe::ensure_openblas_thread_timeout(argv);
   // A stop request (Slurm's USR1 before the time limit, scancel's TERM, ^C, a lost terminal) can
   // come at any moment, also while MPI starts and the data loads: the handlers only set a flag that
   // the training loop reads, so they go in first (src/train/signals.hpp).

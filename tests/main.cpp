@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "tensor/host_threads.hpp"
+
 namespace {
 int g_rank = 0, g_size = 1, g_passed = 0, g_failed = 0;
 
@@ -28,6 +30,7 @@ struct MpiListener : Catch::TestEventListenerBase {
 CATCH_REGISTER_LISTENER(MpiListener)
 
 int main(int argc, char** argv) {
+  meshmoe::ensure_openblas_thread_timeout(argv);  // the [threads] case checks its effect
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 namespace meshmoe {
@@ -88,6 +89,12 @@ Pool& pool() {
 }
 
 }  // namespace
+
+void ensure_openblas_thread_timeout(char** argv) {
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT")) return;
+  setenv("OPENBLAS_THREAD_TIMEOUT", kOpenblasThreadTimeout, 1);
+  execv("/proc/self/exe", argv);  // returns only on failure (no /proc): OpenBLAS's default then
+}
 
 int host_loop_threads() { return pool().threads(); }
 void set_host_loop_threads(int threads) { pool().set_threads(threads); }

@@ -2,12 +2,21 @@
 // fork-join pool of run.threads - 1 workers beside the calling thread. Workers block on a condition
 // variable between jobs and never spin: between two loops OpenBLAS's own threads run the GEMMs on
 // the same cores, and a spinning worker (as OpenMP's default wait policy does) would take a core
-// from them.
+// from them. The converse holds too: OpenBLAS's idle threads spin (sched_yield) for 2^28 cycles
+// after each threaded GEMM unless OPENBLAS_THREAD_TIMEOUT says less, and OpenBLAS reads it once,
+// when the library loads, before main() (bench/RESULTS.md "OpenBLAS thread timeout").
 #pragma once
 #include <cstdint>
 #include <functional>
 
 namespace meshmoe {
+
+// log2 of the cycles an idle OpenBLAS thread spins before it sleeps (OpenBLAS's minimum).
+inline constexpr const char* kOpenblasThreadTimeout = "4";
+// The first call of main(): when OPENBLAS_THREAD_TIMEOUT is unset, sets it to kOpenblasThreadTimeout
+// and replaces the process by a fresh run of its own executable (same pid and arguments: before
+// MPI_Init nothing is lost), whose OpenBLAS then loads with it. A value in the environment wins.
+void ensure_openblas_thread_timeout(char** argv);
 
 // Threads of the host loops, the caller included (run.threads, set by the trainer); 1 by default.
 int host_loop_threads();

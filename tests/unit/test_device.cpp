@@ -7,10 +7,17 @@
 //  - [cuda] with a GPU: cuBLAS GEMMs against OpenBLAS, and the whole model on the GPU against the
 //    host model (fp32: relative 1e-5 on losses, 1e-4 on the gradient norm-wise; fp64: 1e-12), and
 //    the same with model.precision = bf16 on both sides (cuBLAS bf16 GEMM against the host emulation).
-//    Without a GPU these cases WARN "skipped" and check nothing.
+//    Without a GPU these cases WARN "skipped" and check nothing;
+//  - the executables set OPENBLAS_THREAD_TIMEOUT before OpenBLAS loads (tensor/host_threads.hpp):
+//    after a threaded GEMM its idle threads sleep at once instead of spinning for ~0.1 s.
 #include <catch2/catch.hpp>
+#include <cblas.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <thread>
 #include <new>
 #include <random>
 #include <vector>
@@ -19,6 +26,7 @@
 #include "model/transformer.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/device.hpp"
+#include "tensor/host_threads.hpp"
 #include "tensor/launch.hpp"
 #include "train/memory.hpp"
 
@@ -134,6 +142,32 @@ TEST_CASE("device: Buffers on the host are 64-byte aligned and free cleanly", "[
   CHECK(reinterpret_cast<uintptr_t>(a.data()) % 64 == 0);
   Buffer<double> b(a.begin(), a.end());
   CHECK(b[5] == 1.5);
+}
+
+TEST_CASE("device: OpenBLAS's idle threads do not spin after a threaded GEMM", "[device][threads]") {
+  const char* timeout = std::getenv("OPENBLAS_THREAD_TIMEOUT");
+  REQUIRE(timeout != nullptr);  // set by the executable's .preinit_array when the environment has none
+  if (std::strcmp(timeout, kOpenblasThreadTimeout) != 0) {
+    WARN("OPENBLAS_THREAD_TIMEOUT=" << timeout << " from the environment: idle-spin check skipped");
+    return;
+  }
+  auto cpu_seconds = [] {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+  };
+  const int threads = openblas_get_num_threads();
+  openblas_set_num_threads(2);
+  const int n = 512;
+  std::vector<float> a(size_t(n) * n, 1.0f), b(size_t(n) * n, 1.0f), c(size_t(n) * n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  const double before = cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const double idle_cpu = cpu_seconds() - before;
+  openblas_set_num_threads(threads);
+  CHECK(c[0] == float(n));
+  // OpenBLAS's default (2^28 cycles of sched_yield) costs about 0.1 s of CPU here; asleep, ~0.
+  CHECK(idle_cpu < 0.02);
 }
 
 TEST_CASE("device: set_device(Cuda) is refused with the reason in a build without CUDA", "[device]") {
