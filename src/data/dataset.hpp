@@ -77,6 +77,9 @@ class Dataset {
   // missing, not HDF5, not a meshmoe dataset, or inconsistent (a loss_mask value other than 0 or
   // 1 included), and when the train split has no target token (no loss_mask = 1).
   static Dataset open(const std::string& path, const std::string& split);
+  // The file's attributes and language table without reading a split's tokens (the same checks
+  // of the file and its attributes as open()).
+  static DatasetInfo read_info(const std::string& path);
   // For tests and tools: a dataset built in memory (validated like a file).
   static Dataset from_memory(DatasetInfo info, DataSplit split, std::string name = "<memory>");
 

@@ -56,9 +56,13 @@ void write_dataset(const std::string& path, const DatasetInfo& info, const DataS
   f.close();
 }
 
-Dataset Dataset::open(const std::string& path, const std::string& split) {
-  if (split != "train" && split != "valid")
-    throw InputError("dataset " + path + ": unknown split '" + split + "' (train or valid)");
+namespace {
+
+const char* const kNotPrepHint = "; is it a file written by `meshmoe prep`?";
+
+// Opens a dataset file and checks that it holds the attributes and the language table, and, for a
+// non-empty split, that split's datasets: InputError naming the file and every missing part.
+h5::File open_dataset_file(const std::string& path, const std::string& split) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
     throw InputError("dataset " + path + ": no such file; write one with `meshmoe prep gettext -o " + path + "`");
@@ -68,42 +72,68 @@ Dataset Dataset::open(const std::string& path, const std::string& split) {
   } catch (const Error& e) {
     throw InputError("dataset " + path + ": cannot be opened as an HDF5 file (" + std::string(e.what()) + ")");
   }
-  const std::string hint = "; is it a file written by `meshmoe prep`?";
   std::vector<std::string> missing;
   for (const char* a : {"tokenizer", "vocab_size", "pad_id", "bos_id", "eos_id", "sep_id"})
     if (!f.has_attr(a)) missing.push_back(std::string("attribute ") + a);
-  for (const std::string& d : std::vector<std::string>{"languages/name", split + "/tokens", split + "/doc_offsets", split + "/lang", split + "/loss_mask"})
+  std::vector<std::string> datasets{"languages/name"};
+  if (!split.empty())
+    for (const char* part : {"/tokens", "/doc_offsets", "/lang", "/loss_mask"}) datasets.push_back(split + part);
+  for (const std::string& d : datasets)
     if (!f.is_dataset(d)) missing.push_back("dataset /" + d);
   if (!missing.empty()) {
     std::string m;
     for (const auto& x : missing) m += (m.empty() ? "" : ", ") + x;
-    throw InputError("dataset " + path + ": missing " + m + hint);
+    throw InputError("dataset " + path + ": missing " + m + kNotPrepHint);
   }
+  return f;
+}
+
+// The attributes and language table of an opened dataset file (h5 errors propagate).
+DatasetInfo read_dataset_info(h5::File& f) {
+  DatasetInfo info;
+  info.tokenizer = f.attr<std::string>("tokenizer");
+  info.vocab_size = f.attr<int64_t>("vocab_size");
+  info.pad_id = f.attr<int64_t>("pad_id");
+  info.bos_id = f.attr<int64_t>("bos_id");
+  info.eos_id = f.attr<int64_t>("eos_id");
+  info.sep_id = f.attr<int64_t>("sep_id");
+  if (f.has_attr("created_by")) info.created_by = f.attr<std::string>("created_by");
+  if (f.has_attr("root")) info.root = f.attr<std::string>("root");
+  // Files from before --direction hold xx-en.
+  if (f.has_attr("direction")) info.direction = f.attr<std::string>("direction");
+  else if (info.created_by == "meshmoe prep gettext") info.direction = "xx-en";
+  info.languages = f.read_strings("languages/name");
+  if (f.is_dataset("languages/train_pairs")) info.train_pairs = f.read<int64_t>("languages/train_pairs");
+  if (f.is_dataset("languages/valid_pairs")) info.valid_pairs = f.read<int64_t>("languages/valid_pairs");
+  if (f.is_dataset("sources")) info.sources = f.read_strings("sources");
+  if (f.is_dataset("tokenizer/spm_model")) {
+    const std::vector<uint8_t> model = f.read<uint8_t>("tokenizer/spm_model");
+    info.spm_model.assign(model.begin(), model.end());
+  }
+  return info;
+}
+
+}  // namespace
+
+DatasetInfo Dataset::read_info(const std::string& path) {
+  h5::File f = open_dataset_file(path, "");
+  try {
+    return read_dataset_info(f);
+  } catch (const Error& e) {
+    throw InputError("dataset " + path + ": cannot be read (" + std::string(e.what()) + ")" + kNotPrepHint);
+  }
+}
+
+Dataset Dataset::open(const std::string& path, const std::string& split) {
+  if (split != "train" && split != "valid")
+    throw InputError("dataset " + path + ": unknown split '" + split + "' (train or valid)");
+  h5::File f = open_dataset_file(path, split);
+  const std::string hint = kNotPrepHint;
   Dataset d;
   d.path_ = path;
   d.split_name_ = split;
   try {
-    DatasetInfo& info = d.info_;
-    info.tokenizer = f.attr<std::string>("tokenizer");
-    info.vocab_size = f.attr<int64_t>("vocab_size");
-    info.pad_id = f.attr<int64_t>("pad_id");
-    info.bos_id = f.attr<int64_t>("bos_id");
-    info.eos_id = f.attr<int64_t>("eos_id");
-    info.sep_id = f.attr<int64_t>("sep_id");
-    if (f.has_attr("created_by")) info.created_by = f.attr<std::string>("created_by");
-    if (f.has_attr("root")) info.root = f.attr<std::string>("root");
-    // Files from before --direction hold xx-en.
-    if (f.has_attr("direction")) info.direction = f.attr<std::string>("direction");
-    else if (info.created_by == "meshmoe prep gettext") info.direction = "xx-en";
-    info.languages = f.read_strings("languages/name");
-    if (f.is_dataset("languages/train_pairs")) info.train_pairs = f.read<int64_t>("languages/train_pairs");
-    if (f.is_dataset("languages/valid_pairs")) info.valid_pairs = f.read<int64_t>("languages/valid_pairs");
-    if (f.is_dataset("sources")) info.sources = f.read_strings("sources");
-    if (f.is_dataset("tokenizer/spm_model")) {
-      const std::vector<uint8_t> model = f.read<uint8_t>("tokenizer/spm_model");
-      info.spm_model.assign(model.begin(), model.end());
-    }
-
+    d.info_ = read_dataset_info(f);
     DataSplit& s = d.split_;
     h5::Dataset tokens = f.dataset(split + "/tokens");
     if (tokens.type_class() != H5T_INTEGER || (tokens.type_size() != 2 && tokens.type_size() != 4))

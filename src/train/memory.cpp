@@ -476,7 +476,7 @@ std::string memory_report_collective(const Config& cfg, const MeshShape& mesh, M
   std::string why;
   if (vocab == 0 && rank == 0) {
     try {
-      vocab = Dataset::open(cfg.data.path, "train").vocab_size();
+      vocab = int(Dataset::read_info(cfg.data.path).vocab_size);
     } catch (const std::exception& e) {
       why = e.what();
     }
