@@ -50,7 +50,7 @@ int translate_main(const Deck& deck, Mesh& mesh, const TranslateCliOptions& opt)
     std::istream& in = stdin_input ? std::cin : file;
     text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   });
-  text = broadcast_string(text, 0, mesh.world());
+  text = mesh.world_comm().broadcast_string(std::move(text), 0);
   std::vector<std::string> lines;
   for (size_t at = 0; at < text.size();) {
     size_t end = text.find('\n', at);

@@ -146,10 +146,7 @@ BatchTranslation broadcast_translation(const BatchTranslation& mine, size_t line
       bytes += mine.text[i];
     }
   }
-  int64_t size = int64_t(bytes.size());
-  data.broadcast(&size, 1, root);
-  bytes.resize(size_t(size));
-  data.broadcast(bytes.data(), bytes.size(), root);
+  bytes = data.broadcast_string(std::move(bytes), root);
   if (data.rank() == root) return mine;
   BatchTranslation out;
   size_t at = 0;

@@ -2,16 +2,18 @@
 
 #include <unistd.h>
 
+#include <climits>
+
 #include "core/error.hpp"
+#include "mesh/comm.hpp"
 
 namespace meshmoe {
 
 std::string broadcast_string(std::string s, int root, MPI_Comm comm) {
-  long long n = (long long)s.size();
-  MPI_Bcast(&n, 1, MPI_LONG_LONG, root, comm);
-  s.resize(size_t(n));
-  if (n > 0) MPI_Bcast(s.data(), int(n), MPI_CHAR, root, comm);
-  return s;
+  return broadcast_sized(std::move(s), [&](void* p, size_t n) {
+    if (n > size_t(INT_MAX)) throw Error("broadcast_string: " + std::to_string(n) + " bytes exceed one MPI message");
+    MPI_Bcast(p, int(n), MPI_BYTE, root, comm);
+  });
 }
 
 std::string first_error(const std::string& error, MPI_Comm comm) {

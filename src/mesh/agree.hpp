@@ -9,7 +9,8 @@
 
 namespace meshmoe {
 
-// Collective over `comm`: rank `root`'s string on every rank.
+// Collective over `comm`: rank `root`'s string on every rank. For groups that exist before the
+// mesh (world, node); with a mesh, Comm::broadcast_string.
 std::string broadcast_string(std::string s, int root, MPI_Comm comm);
 
 // Collective over `comm`. `error` is this rank's verdict ("" = fine). Returns on every rank the

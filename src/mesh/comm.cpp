@@ -36,6 +36,11 @@ const char* op_name(Op op) {
   return "?";
 }
 
+std::string Comm::broadcast_string(std::string s, int root) {
+  if (device_memory()) throw Error(name() + ": broadcast_string needs host memory");
+  return broadcast_sized(std::move(s), [&](void* p, size_t n) { broadcast_raw(p, n, DType::U8, root); });
+}
+
 void Comm::reduce_scatterv_in_place_raw(void*, const size_t*, DType, Op) {
   throw Error(name() + ": reduce_scatterv is not supported by this backend");
 }

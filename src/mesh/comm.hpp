@@ -44,6 +44,18 @@ constexpr DType dtype_of() {
   else static_assert(sizeof(T) == 0, "Comm: unsupported element type");
 }
 
+// Rank root's string on every rank, as two broadcasts: its size, then its bytes. `bcast(p, n)`
+// broadcasts the n bytes at p from the root. Comm::broadcast_string uses it, and so does the
+// MPI_Comm form in mesh/agree.hpp, for groups that exist before the mesh does.
+template <class BroadcastBytes>
+std::string broadcast_sized(std::string s, BroadcastBytes&& bcast) {
+  uint64_t n = s.size();
+  bcast(&n, sizeof n);
+  s.resize(size_t(n));
+  if (n > 0) bcast(s.data(), s.size());
+  return s;
+}
+
 // Sentinel rank for permute(): "no partner" (the ends of a pipeline). No data moves on that side.
 inline constexpr int kNoRank = -1;
 
@@ -126,6 +138,8 @@ class Comm {
   void broadcast(T* buf, size_t n, int root) {
     broadcast_raw(buf, n, dtype_of<T>(), root);
   }
+  // Host buffers only: rank `root`'s string on every rank.
+  std::string broadcast_string(std::string s, int root);
   template <class T>
   void all_gather(const T* send, size_t n, T* recv) {
     all_gather_raw(send, n, recv, dtype_of<T>());

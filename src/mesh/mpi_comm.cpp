@@ -107,18 +107,20 @@ ShmCollectives* MpiComm::shm_for(size_t bytes) {
   return bytes >= shm_settings_.min_bytes && shm_active() ? shm_.get() : nullptr;
 }
 
+ShmCollectives* MpiComm::shm_sum_for(size_t bytes, DType t, Op op) {
+  return op == Op::Sum && (t == DType::F32 || t == DType::F64) ? shm_for(bytes) : nullptr;
+}
+
 void MpiComm::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
 void MpiComm::all_reduce_raw(void* buf, size_t n, DType t, Op op) {
   const int c = count(n, "all_reduce");  // the same limits on both paths
-  if (op == Op::Sum && (t == DType::F32 || t == DType::F64)) {
-    if (ShmCollectives* shm = shm_for(n * dtype_size(t))) {
-      // Blocks of n / size elements (the first n % size one longer): every rank sums one.
-      std::vector<size_t> counts(static_cast<size_t>(size_));
-      for (size_t r = 0; r < counts.size(); ++r) counts[r] = n / counts.size() + (r < n % counts.size() ? 1 : 0);
-      shm->run(buf, counts.data(), t, /*reduce=*/true, /*gather=*/true, shm_settings_.slot_bytes);
-      return;
-    }
+  if (ShmCollectives* shm = shm_sum_for(n * dtype_size(t), t, op)) {
+    // Blocks of n / size elements (the first n % size one longer): every rank sums one.
+    std::vector<size_t> counts(static_cast<size_t>(size_));
+    for (size_t r = 0; r < counts.size(); ++r) counts[r] = n / counts.size() + (r < n % counts.size() ? 1 : 0);
+    shm->run(buf, counts.data(), t, /*reduce=*/true, /*gather=*/true, shm_settings_.slot_bytes);
+    return;
   }
   check(MPI_Allreduce(MPI_IN_PLACE, buf, c, mpi_type(t), mpi_op(op), comm_), "MPI_Allreduce");
 }
@@ -162,11 +164,9 @@ size_t MpiComm::total_bytes(const size_t* counts, DType t) const {
 void MpiComm::reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DType t, Op op) {
   std::vector<int> c, d;
   counts_and_displs(counts, "reduce_scatterv", c, d);  // the same limits on both paths
-  if (op == Op::Sum && (t == DType::F32 || t == DType::F64)) {
-    if (ShmCollectives* shm = shm_for(total_bytes(counts, t))) {
-      shm->run(buf, counts, t, /*reduce=*/true, /*gather=*/false, shm_settings_.slot_bytes);
-      return;
-    }
+  if (ShmCollectives* shm = shm_sum_for(total_bytes(counts, t), t, op)) {
+    shm->run(buf, counts, t, /*reduce=*/true, /*gather=*/false, shm_settings_.slot_bytes);
+    return;
   }
   // In place, MPI leaves this rank's reduced block at the start of buf: move it to its own place.
   check(MPI_Reduce_scatter(MPI_IN_PLACE, buf, c.data(), mpi_type(t), mpi_op(op), comm_), "MPI_Reduce_scatter");

@@ -75,6 +75,8 @@ class MpiComm final : public Comm {
   void release() noexcept;
   // The shared-memory path for `bytes` of buffer, or nullptr (MPI): the same answer on every rank.
   ShmCollectives* shm_for(size_t bytes);
+  // The same for a reduction: the window only sums, and only float and double.
+  ShmCollectives* shm_sum_for(size_t bytes, DType t, Op op);
   size_t total_bytes(const size_t* counts, DType t) const;  // of the blocks of a variable collective
 
   MPI_Comm comm_ = MPI_COMM_NULL;

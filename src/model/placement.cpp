@@ -1,5 +1,9 @@
 #include "model/placement.hpp"
 
+#include <stdexcept>
+#include <string>
+
+#include "core/error.hpp"
 #include "deck/config.hpp"
 #include "deck/shape_rules.hpp"
 #include "mesh/mesh.hpp"

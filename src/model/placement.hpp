@@ -16,10 +16,6 @@
 //           experts [t E / tensor, (t+1) E / tensor); tokens are replicated over tensor, dispatch is
 //           a local index selection and combine an all-reduce over tensor. P = 1.
 #pragma once
-#include <stdexcept>
-#include <string>
-
-#include "core/error.hpp"
 #include "deck/options.hpp"
 #include "mesh/comm.hpp"
 #include "model/layer_shapes.hpp"

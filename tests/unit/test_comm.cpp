@@ -11,7 +11,9 @@
 #include <numeric>
 
 #include "../test_util.hpp"
+#include "mesh/agree.hpp"
 #include "mesh/mesh.hpp"
+#include "mesh/mpi_comm.hpp"
 
 using namespace meshmoe;
 
@@ -110,6 +112,27 @@ TEMPLATE_TEST_CASE("Comm: broadcast from every root", "[comm][mpi]", float, doub
         }
         c.broadcast(buf.data(), n, root);
         CHECK(buf == expected);
+      }
+  });
+}
+
+// Comm::broadcast_string and the MPI_Comm form of mesh/agree.hpp: the root's string, whatever the
+// receivers held before (longer, shorter, empty), NUL bytes included.
+TEST_CASE("Comm: broadcast_string from every root", "[comm][mpi]") {
+  const int me = test::world_rank();
+  const auto text = [](int r, size_t n) {
+    std::string s(n + size_t(r) * 5, '\0');
+    for (size_t i = 0; i < s.size(); ++i) s[i] = char(value<uint8_t>(r, i) * 3);
+    return s;
+  };
+  for_each_axis([&](Comm& c, const std::vector<int>& members) {
+    const MPI_Comm mpi = dynamic_cast<MpiComm&>(c).mpi();
+    for (size_t n : kSizes)
+      for (int root = 0; root < c.size(); ++root) {
+        INFO("n=" << n << " root=" << root);
+        const std::string expected = text(members[size_t(root)], n);
+        CHECK(c.broadcast_string(text(me, n), root) == expected);
+        CHECK(broadcast_string(text(me, n), root, mpi) == expected);
       }
   });
 }

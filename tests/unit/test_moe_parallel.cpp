@@ -109,7 +109,7 @@ void check_mode(const Case& c, ExpertAxis axis, int D, int Tn) {
   REQUIRE(D * Tn == W);
   const MoeOptions& opt = c.opt;
   const int M = opt.d_model, E = opt.num_experts, S = opt.group_size;
-  const int G = 4 * 2;  // global groups: divisible by every D <= 4 (D = 4: two groups per rank)
+  const int G = 4 * 2;  // global groups: divisible by D = 1, 2, 4 (D = 4: two groups per rank)
   const int N = G * S;
   Mesh mesh(MPI_COMM_WORLD, 1, D, Tn);
   const int d = mesh.coord(Axis::Data), t = mesh.coord(Axis::Tensor);
@@ -272,26 +272,32 @@ void check_mode(const Case& c, ExpertAxis axis, int D, int Tn) {
   CHECK(std::equal(grads.begin(), grads.end(), store.grads()));
 }
 
-// Every data x tensor split of the job's ranks that the layer allows (E = H = 8).
-std::vector<std::pair<int, int>> meshes() {
-  std::vector<std::pair<int, int>> m;
+// Runs check_mode for every case on every data x tensor split of the job's ranks that the layer
+// allows: E = H = 8 and the G = 8 groups must divide over the axes, so an axis of 3 (or 6) ranks
+// cannot be used. Such splits are skipped with a warning (a 3-rank job skips them all).
+void check_meshes(ExpertAxis axis) {
   const int W = world_size();
-  for (int D = 1; D <= W; ++D)
-    if (W % D == 0) m.emplace_back(D, W / D);
-  return m;
+  for (int D = 1; D <= W; ++D) {
+    if (W % D != 0) continue;
+    const int Tn = W / D;
+    if (8 % D != 0 || 8 % Tn != 0) {
+      WARN("mesh data=" << D << " x tensor=" << Tn << " skipped: E = H = 8 experts, hidden units and groups "
+                        << "do not divide over it");
+      continue;
+    }
+    for (const Case& c : cases()) check_mode(c, axis, D, Tn);
+  }
 }
 
 }  // namespace
 
 TEST_CASE("moe expert parallelism over data (all-to-all; Switch 5.5 with tensor > 1) equals one rank", "[moe][mpi]") {
-  for (const Case& c : cases())
-    for (auto [D, Tn] : meshes()) check_mode(c, ExpertAxis::Data, D, Tn);
+  check_meshes(ExpertAxis::Data);
 }
 
 TEST_CASE("moe expert parallelism over tensor (Pipeline-MoE index-select + all-reduce) equals one rank",
           "[moe][mpi]") {
-  for (const Case& c : cases())
-    for (auto [D, Tn] : meshes()) check_mode(c, ExpertAxis::Tensor, D, Tn);
+  check_meshes(ExpertAxis::Tensor);
 }
 
 TEST_CASE("moe placement rejects experts that do not divide over the axis", "[moe]") {

@@ -380,10 +380,14 @@ TEST_CASE("adafactor: sharded blocks with DimReduce equal the unsharded update",
   for (int dim = 0; dim < 3; ++dim) {
     DYNAMIC_SECTION("split along dim " << dim) {
       std::vector<int64_t> local3 = shape3, off3(3, 0), local1 = shape1, off1{0};
-      local3[dim] /= np;
-      off3[dim] = rank * local3[dim];
-      local1[0] /= np;
-      off1[0] = rank * local1[0];
+      // This rank's block [n r / np, n (r+1) / np) of a dimension of n: uneven when np does not
+      // divide n (3 ranks: 4 splits 1, 1, 2).
+      const auto block = [&](int64_t n, int64_t& local, int64_t& off) {
+        off = n * rank / np;
+        local = n * (rank + 1) / np - off;
+      };
+      block(shape3[size_t(dim)], local3[size_t(dim)], off3[size_t(dim)]);
+      block(shape1[0], local1[0], off1[0]);
       ParamStore<float> part;
       part.add_block("e", shape3, local3, off3, InitKind::Zeros, 1, nullptr);
       part.add_block("v", shape1, local1, off1, InitKind::Zeros, 1, nullptr);

@@ -6,23 +6,23 @@
 #include <catch2/catch.hpp>
 #include <mpi.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
 
 #include "../test_util.hpp"
+#include "core/philox.hpp"
 #include "mesh/mesh.hpp"
 
 using namespace meshmoe;
 
 namespace {
 
-uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) {
-  uint64_t h = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xC2B2AE3D27D4EB4Full ^ c * 0x165667B19E3779F9ull;
-  h ^= h >> 31;
-  h *= 0xD6E8FEB86659FD93ull;
-  h ^= h >> 29;
-  return h;
+// 64 random bits for (world rank r, element i, salt), from the project's counter-based generator.
+uint64_t bits64(int r, size_t i, int salt) {
+  const std::array<uint32_t, 4> w = Rng{uint64_t(r), uint32_t(salt), 0, RngPurpose::Test}.bits(i);
+  return uint64_t(w[0]) << 32 | w[1];
 }
 
 // Element i of world rank r: uniform in [-1, 1) with every mantissa bit used, so that the order
@@ -30,7 +30,7 @@ uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) {
 template <class T>
 T value(int r, size_t i, int salt = 0) {
   constexpr int bits = std::is_same_v<T, float> ? 24 : 53;
-  const uint64_t h = hash3(uint64_t(r), i, uint64_t(salt)) >> (64 - bits);
+  const uint64_t h = bits64(r, i, salt) >> (64 - bits);
   return T(std::ldexp(double(h), 1 - bits) - 1.0);
 }
 
@@ -135,8 +135,8 @@ TEMPLATE_TEST_CASE("shm: all_gatherv in place with zero blocks and rounds", "[co
       std::vector<T> buf(total, T(99)), expected(total);
       for (size_t j = 0, off = 0; j < p; off += counts[j++])
         for (size_t i = 0; i < counts[j]; ++i) {
-          expected[off + i] = T(hash3(uint64_t(members[j]), i, 9) % 97);
-          if (j == r) buf[off + i] = T(hash3(uint64_t(me), i, 9) % 97);
+          expected[off + i] = T(bits64(members[j], i, 9) % 97);
+          if (j == r) buf[off + i] = T(bits64(me, i, 9) % 97);
         }
       c.all_gatherv_in_place(buf.data(), counts);
       CHECK(buf == expected);
