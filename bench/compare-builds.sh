@@ -2,7 +2,8 @@
 # Step time of two meshmoe executables on the same decks, interleaved (A, B, A, B, ...) so that
 # machine noise hits both alike; prints the mean step time of each (steps 6.. of each run, from
 # metrics.h5 tokens_per_s) and B/A. The final losses must agree bitwise when the change is not
-# meant to change the numbers; the script prints them side by side.
+# meant to change the numbers; the script prints them side by side. THREADS=n gives each rank n
+# BLAS/host threads (run.threads) and n cores (default: the deck's run.threads, one core a rank).
 #   bench/compare-builds.sh OLD/meshmoe NEW/meshmoe [REPEATS] [DECK...]
 #   e.g. git worktree add /tmp/old HEAD~1 && make -C /tmp/old -j2 && \
 #        bench/compare-builds.sh /tmp/old/build/meshmoe build/meshmoe 2
@@ -12,13 +13,15 @@ source tests/env.sh
 A=$(realpath "$1"); B=$(realpath "$2"); REPEATS=${3:-2}; shift $(( $# < 3 ? $# : 3 ))
 DECKS=("$@"); [ ${#DECKS[@]} -gt 0 ] || DECKS=(inputs/m4-dense-tiny.toml inputs/m4-switch-tiny.toml inputs/m4-gshard-tiny.toml)
 NP=${NP:-2}; STEPS=${STEPS:-30}
+BIND=(); SET_THREADS=(); [ -n "${THREADS:-}" ] && BIND=(--map-by "slot:PE=$THREADS") && SET_THREADS=(--set run.threads="$THREADS")
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 [ -s data/gettext.h5 ] || { echo "needs data/gettext.h5 (build/meshmoe prep gettext -o data/gettext.h5)"; exit 2; }
 for deck in "${DECKS[@]}"; do
   for r in $(seq "$REPEATS"); do
     for which in A B; do
       bin=$A; [ $which = B ] && bin=$B
-      OPENBLAS_NUM_THREADS=1 mpirun -np "$NP" "$bin" train "$deck" --set mesh.data="$NP" --set run.steps="$STEPS" \
+      OPENBLAS_NUM_THREADS=1 mpirun "${BIND[@]}" -np "$NP" "$bin" train "$deck" --set mesh.data="$NP" --set run.steps="$STEPS" \
+        "${SET_THREADS[@]}" \
         --set eval.every=0 --set checkpoint.every=0 --set run.log_every=1 --set run.out_dir="$T/$which-$r-$(basename "$deck" .toml)" \
         >"$T/log" 2>&1 || { tail "$T/log"; exit 1; }
     done
