@@ -1,6 +1,8 @@
 #include "model/cross_entropy.hpp"
 
 #include <algorithm>
+#include <stdexcept>
+#include <type_traits>
 #include <string>
 
 #include "core/error.hpp"
@@ -13,9 +15,24 @@ namespace meshmoe {
 template <typename T>
 double CrossEntropy<T>::forward(const StepContext& ctx, const T* logits, const int32_t* targets, const T* mask,
                                 int N, int V, double weight, const T* soft, double alpha) {
+  return run_forward(logits, targets, mask, N, V, weight, soft, alpha, nullptr);
+}
+
+// logits [N, V] -> scalar; logits <- dlogits [N, V]
+template <typename T>
+double CrossEntropy<T>::forward_with_gradient(const StepContext& ctx, T* logits, const int32_t* targets,
+                                              const T* mask, int N, int V, double weight, const T* soft,
+                                              double alpha) {
+  return run_forward(logits, targets, mask, N, V, weight, soft, alpha, logits);
+}
+
+template <typename T>
+double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, const T* mask, int N, int V,
+                                    double weight, const T* soft, double alpha, T* dlogits) {
   V_ = V;
   weight_ = weight;
   count_ = 0;
+  gradient_done_ = dlogits != nullptr;
   loss_.resize(N);
   lse_.resize(std::max<size_t>(lse_.size(), N));
   mask_.assign(N, T(1));
@@ -28,18 +45,26 @@ double CrossEntropy<T>::forward(const StepContext& ctx, const T* logits, const i
                   "): the data file does not match model.vocab_size");
   }
   alpha_ = alpha;
+  // Each row body alone, or followed by its row of dlogits.
+  const auto run_rows = [&](const auto& row, int64_t work) {
+    if (dlogits)
+      for_each_index(N, CrossEntropyWithGradientRow<std::decay_t<decltype(row)>, T>{row, backward_body(logits, dlogits)},
+                     work + 2 * int64_t(V));
+    else
+      for_each_index(N, row, work);
+  };
   if (soft) {
     soft_.assign(soft, soft + size_t(N) * V);
     psum_.resize(N);
     soft_loss_.resize(N);
     mixed_.resize(N);
-    for_each_index(N, SoftTargetForwardRow<T>{logits, mask_.data(), soft_.data(), targets_.data(), lse_.data(), psum_.data(),
-                                              mixed_.data(), loss_.data(), soft_loss_.data(), T(alpha), V},
-                   3 * int64_t(V));
+    run_rows(SoftTargetForwardRow<T>{logits, mask_.data(), soft_.data(), targets_.data(), lse_.data(), psum_.data(),
+                                     mixed_.data(), loss_.data(), soft_loss_.data(), T(alpha), V},
+             3 * int64_t(V));
   } else {
     soft_.clear();
     soft_loss_.clear();
-    for_each_index(N, CrossEntropyForwardRow<T>{logits, mask_.data(), targets_.data(), lse_.data(), loss_.data(), V}, V);
+    run_rows(CrossEntropyForwardRow<T>{logits, mask_.data(), targets_.data(), lse_.data(), loss_.data(), V}, V);
   }
   const Buffer<double>& objective = soft ? mixed_ : loss_;
   // The sum over tokens stays on the host, in token order.
@@ -52,13 +77,22 @@ double CrossEntropy<T>::forward(const StepContext& ctx, const T* logits, const i
   return weight * total;
 }
 
+// The gradient body of the last forward's state (plain or soft targets).
+template <typename T>
+CrossEntropyBackwardElement<T> CrossEntropy<T>::backward_body(const T* logits, T* dlogits) const {
+  const bool soft = !soft_.empty();
+  return CrossEntropyBackwardElement<T>{logits, lse_.data(), mask_.data(), targets_.data(), dlogits, T(weight_), V_,
+                                        soft ? soft_.data() : nullptr, soft ? psum_.data() : nullptr, T(alpha_)};
+}
+
 // -> dlogits [N, V]
 template <typename T>
 void CrossEntropy<T>::backward(const StepContext& ctx, const T* logits, T* dlogits, int N) {
-  const bool soft = !soft_.empty();
-  for_each_index_2d(N, V_, CrossEntropyBackwardElement<T>{logits, lse_.data(), mask_.data(), targets_.data(), dlogits,
-                                                          T(weight_), V_, soft ? soft_.data() : nullptr,
-                                                          soft ? psum_.data() : nullptr, T(alpha_)});
+  if (gradient_done_) {
+    if (dlogits != logits) throw std::logic_error("CrossEntropy::backward after forward_with_gradient: dlogits must be the logits it overwrote");
+    return;
+  }
+  for_each_index_2d(N, V_, backward_body(logits, dlogits));
 }
 
 template class CrossEntropy<float>;

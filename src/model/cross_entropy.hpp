@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "model/context.hpp"
+#include "model/cross_entropy_bodies.hpp"
 #include "tensor/device.hpp"
 
 namespace meshmoe {
@@ -24,7 +25,13 @@ class CrossEntropy {
   // dlogits [N, V] = weight * mask * (softmax(logits) - onehot(target)), OVERWRITTEN; with soft
   // targets the mixture's gradient. `logits` must be what forward saw; dlogits may alias logits
   // (in-place, saves an [N, V] buffer).
+  // A no-op after forward_with_gradient (dlogits must then be the logits it overwrote).
   void backward(const StepContext& ctx, const T* logits, T* dlogits, int N);
+  // forward, then backward's dlogits written over the logits in the same pass over each row (one
+  // read of the [N, V] logits instead of two, one exp per element instead of two): the same
+  // return value, state and dlogits, bit for bit, as forward then backward(logits, logits).
+  double forward_with_gradient(const StepContext& ctx, T* logits, const int32_t* targets, const T* mask, int N, int V,
+                               double weight, const T* soft = nullptr, double alpha = 0);
 
   // What backward reads of the last forward (activation_stash.hpp).
   template <class F>
@@ -37,6 +44,7 @@ class CrossEntropy {
     f(alpha_);
     f(soft_);
     f(psum_);
+    f(gradient_done_);
   }
 
   // From the last forward: unweighted per-token loss [N] against the ground truth (0 where
@@ -47,7 +55,13 @@ class CrossEntropy {
   double count() const { return count_; }
 
  private:
+  // forward's work; with `dlogits` (= logits), forward_with_gradient's.
+  double run_forward(const T* logits, const int32_t* targets, const T* mask, int N, int V, double weight,
+                     const T* soft, double alpha, T* dlogits);
+  CrossEntropyBackwardElement<T> backward_body(const T* logits, T* dlogits) const;
+
   int V_ = 0;
+  bool gradient_done_ = false;  // the last forward was forward_with_gradient
   double weight_ = 0, count_ = 0, alpha_ = 0;
   Buffer<double> loss_, soft_loss_, mixed_;  // [N]
   Buffer<T> lse_, mask_;  // [N]

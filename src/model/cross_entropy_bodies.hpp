@@ -49,23 +49,42 @@ struct CrossEntropyBackwardElement {
   int V;
   const T *soft = nullptr, *psum = nullptr;  // [N, V], [N]: distillation's soft targets
   T alpha = 0;
-  MESHMOE_HD void operator()(int64_t n, int64_t v_) const {
-    const int64_t i = n * V + v_;
-    const int v = int(v_);
-    const T scale = weight * mask[n];
-    if (scale == T(0)) {
-      dlogits[i] = T(0);
-      return;
+  MESHMOE_HD void operator()(int64_t n, int64_t v) const {
+    const int64_t i = n * V + v;
+    dlogits[i] = gradient(n, i, v == targets[n], weight * mask[n], lse[n]);
+  }
+  // Row n at once, its scalars read once (the same value per element as operator()).
+  MESHMOE_HD void row(int64_t n) const {
+    const T scale = weight * mask[n], lse_n = lse[n];
+    const int32_t target = targets[n];
+    for (int v = 0; v < V; ++v) {
+      const int64_t i = n * V + v;
+      dlogits[i] = gradient(n, i, v == target, scale, lse_n);
     }
+  }
+  MESHMOE_HD T gradient(int64_t n, int64_t i, bool is_target, T scale, T lse_n) const {
+    if (scale == T(0)) return T(0);
     if (!soft) {
-      T d = scale * std::exp(logits[i] - lse[n]);
-      if (v == targets[n]) d -= scale;
-      dlogits[i] = d;
-      return;
+      T d = scale * std::exp(logits[i] - lse_n);
+      if (is_target) d -= scale;
+      return d;
     }
-    T d = scale * (std::exp(logits[i] - lse[n]) * ((T(1) - alpha) + alpha * psum[n]) - alpha * soft[i]);
-    if (v == targets[n]) d -= scale * (T(1) - alpha);
-    dlogits[i] = d;
+    T d = scale * (std::exp(logits[i] - lse_n) * ((T(1) - alpha) + alpha * psum[n]) - alpha * soft[i]);
+    if (is_target) d -= scale * (T(1) - alpha);
+    return d;
+  }
+};
+
+// CrossEntropy::forward_with_gradient: row n's forward (CrossEntropyForwardRow or
+// SoftTargetForwardRow), then the backward's dlogits of that row while it is in cache (llm.c's
+// fused classifier); the same values as the two loops one after the other.
+template <class ForwardRow, typename T>
+struct CrossEntropyWithGradientRow {
+  ForwardRow forward;
+  CrossEntropyBackwardElement<T> backward;
+  MESHMOE_HD void operator()(int64_t n) const {
+    forward(n);
+    backward.row(n);
   }
 };
 

@@ -265,7 +265,13 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
       soft = soft_.data();
     }
   }
-  ce_.forward(ctx, logits_.data(), targets_.data(), mask_.data(), N_, V, w.ce, soft, w.distill_alpha);
+  // In training on the CPU, backward's dlogits are written over the logits in the loss's pass
+  // over each row (CrossEntropy::forward_with_gradient); on the GPU a row is one thread, and the
+  // element-wise backward suits it better.
+  if (loss_gradient_in_forward_ && ctx.training && current_device() == Device::Cpu)
+    ce_.forward_with_gradient(ctx, logits_.data(), targets_.data(), mask_.data(), N_, V, w.ce, soft, w.distill_alpha);
+  else
+    ce_.forward(ctx, logits_.data(), targets_.data(), mask_.data(), N_, V, w.ce, soft, w.distill_alpha);
   for (double l : ce_.per_token_loss()) st.ce_sum += l;
   for (double l : ce_.per_token_soft_loss()) st.soft_sum += l;
   st.mask_sum = ce_.count();

@@ -187,8 +187,12 @@ class Transformer {
   LayerNorm<T>& final_norm() { return lnf_; }
   OutputHead<T>& output_head() { return head_; }
   const CrossEntropy<T>& loss() const { return ce_; }
-  // Logits [N, V] of the last forward; backward overwrites them with dlogits.
+  // Logits [N, V] of the last forward; backward overwrites them with dlogits (or, with
+  // set_loss_gradient_in_forward, a training forward on the host does).
   const Buffer<T>& logits() const { return logits_; }
+  // The trainer's choice: a training forward also computes the loss's dlogits (the same bits as
+  // backward would), in the pass that reads each row of logits for the loss.
+  void set_loss_gradient_in_forward(bool on) { loss_gradient_in_forward_ = on; }
   // MoE layers in block order (for their statistics).
   std::vector<const MoeLayer<T>*> moe_layers() const;
 
@@ -233,6 +237,7 @@ class Transformer {
   LayerNorm<T> lnf_;
   OutputHead<T> head_;
   CrossEntropy<T> ce_;
+  bool loss_gradient_in_forward_ = false;
   Placement placement_;
   PhaseTimers* timers_ = nullptr;  // of the pass in progress (the tensor all-reduce hook times itself)
   std::string first_nonfinite_;

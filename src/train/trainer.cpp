@@ -73,6 +73,7 @@ class Trainer {
       bleu_pairs_ = validation_pairs(valid_, tokenizer_, n);
     }
     model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, model_sharding(mesh, cfg_));
+    model_->set_loss_gradient_in_forward(true);
     if (cfg_.eval.bleu_every > 0) cached_ = data_group_cached_model(*model_, mesh);
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);

@@ -22,6 +22,7 @@
 #include "model/embedding.hpp"
 #include "model/layernorm.hpp"
 #include "model/mlp.hpp"
+#include "tensor/launch.hpp"
 #include "train/distill.hpp"
 
 using namespace meshmoe;
@@ -875,6 +876,49 @@ TEST_CASE("soft-target cross entropy: oracle, finite differences, alpha = 0 is t
   mixed.backward(ctx, lf.data(), d1.data(), N);
   CHECK(d0 == d1);
   CHECK(plain.per_token_soft_loss().empty());
+}
+
+// forward_with_gradient (the loss's gradient in the forward's row pass) against forward then
+// backward in place: bitwise the same loss, per-token losses and dlogits, plain and with soft
+// targets, on rows long enough for the host threads, and with the loops reversed.
+template <typename T>
+void check_forward_with_gradient(bool reversed) {
+  std::mt19937 gen(17);
+  const int N = 23, V = 1601;
+  std::vector<T> logits(size_t(N) * V), probs(logits.size()), mask(N, T(1));
+  std::uniform_real_distribution<double> u(-4, 4);
+  for (auto& x : logits) x = T(u(gen));
+  for (int64_t n = 0; n < N; ++n) SoftmaxRow<T>{logits.data(), probs.data(), V}(n);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) targets[n] = (7 * n + 3) % V;
+  mask[4] = mask[11] = T(0);
+  targets[11] = -1;
+  const StepContext ctx = train_ctx();
+  set_host_loop_reversed(reversed);
+  set_host_loop_threads(2);
+  for (const T* soft : {(const T*)nullptr, (const T*)probs.data()}) {
+    CrossEntropy<T> two_passes, one_pass;
+    auto d2 = logits, d1 = logits;
+    const double l2 = two_passes.forward(ctx, d2.data(), targets.data(), mask.data(), N, V, 0.03, soft, 0.4);
+    two_passes.backward(ctx, d2.data(), d2.data(), N);
+    const double l1 = one_pass.forward_with_gradient(ctx, d1.data(), targets.data(), mask.data(), N, V, 0.03, soft, 0.4);
+    one_pass.backward(ctx, d1.data(), d1.data(), N);  // a no-op: the gradient is there
+    CHECK(l1 == l2);
+    CHECK(one_pass.per_token_loss() == two_passes.per_token_loss());
+    CHECK(one_pass.per_token_soft_loss() == two_passes.per_token_soft_loss());
+    CHECK(d1 == d2);
+    CHECK(d1 != logits);
+    std::vector<T> other(logits.size());
+    CHECK_THROWS_AS(one_pass.backward(ctx, d1.data(), other.data(), N), std::logic_error);
+  }
+  set_host_loop_threads(1);
+  set_host_loop_reversed(false);
+}
+
+TEST_CASE("cross entropy: forward_with_gradient is forward then backward, bit for bit", "[layers][distill]") {
+  check_forward_with_gradient<float>(false);
+  check_forward_with_gradient<float>(true);
+  check_forward_with_gradient<double>(false);
 }
 
 TEST_CASE("softmax rows: the teacher's probabilities", "[layers][distill]") {

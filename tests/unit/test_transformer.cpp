@@ -3,7 +3,8 @@
 // losses, dropout and router jitter all active, with capacity drops. Tolerance (stated):
 // |analytic - numeric| <= 1e-6 * max(1, |numeric|), h = 1e-6.
 // Also the encoder-decoder (model.arch = encdec: bidirectional encoder, cross-attention, packed
-// examples of other lengths on the two sides). Last case: bitwise equality of one and two host threads.
+// examples of other lengths on the two sides). Last case: bitwise equality of one and two host
+// threads, and of the loss gradient computed in the forward or in the backward.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -175,7 +176,9 @@ TEST_CASE("transformer: model FLOPs per token follow the formula", "[model]") {
 // The host loops and attention's (sequence, head) tasks on 2 threads (tensor/launch.hpp) give
 // bitwise the loss and gradients of 1 thread (docs/ARCHITECTURE.md, Invariants): shapes large
 // enough that every threaded path runs (T = 128: two causal row blocks per head).
-TEST_CASE("transformer: two host threads give bitwise the loss and gradients of one", "[model]") {
+// Also CrossEntropy::forward_with_gradient in a training forward (the trainer's setting): the same
+// loss, gradients and dlogits, bit for bit, as the loss's gradient computed in the backward.
+TEST_CASE("transformer: two host threads, and the loss gradient written in the forward, give bitwise the loss and gradients of one thread", "[model]") {
   const int B = 4, T = 128, V = 600;
   Config cfg = tiny_config("top2", true);
   cfg.model.seq_len = T;
@@ -189,18 +192,23 @@ TEST_CASE("transformer: two host threads give bitwise the loss and gradients of 
   const MicroBatch mb{B, T, c.inputs.data(), c.targets.data(), c.mask.data()};
   const StepContext ctx{42, 5, true, 16, nullptr};
   const LossWeights w{1.0 / (B * T), cfg.moe.aux_loss_coef / 2.0, cfg.moe.z_loss_coef / (B * T)};
-  auto step = [&](int threads) {
+  auto step = [&](int threads, bool loss_gradient_in_forward = false) {
     set_host_loop_threads(threads);
+    model.set_loss_gradient_in_forward(loss_gradient_in_forward);
     auto& P = model.params();
     P.zero_grad();
     const ForwardStats f = model.forward(ctx, mb, w);
     model.backward(ctx, w);
     set_host_loop_threads(1);
+    model.set_loss_gradient_in_forward(false);
     std::vector<double> out{f.ce_sum, f.aux_sum, f.z_sum};
     out.insert(out.end(), P.grads(), P.grads() + P.size());
+    out.insert(out.end(), model.logits().begin(), model.logits().end());  // dlogits after the backward
     return out;
   };
   const std::vector<double> one = step(1), two = step(2);
   CHECK(one[0] > 0);
   CHECK(one == two);
+  CHECK(step(1, true) == one);
+  CHECK(step(2, true) == one);
 }
