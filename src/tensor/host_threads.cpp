@@ -92,8 +92,14 @@ Pool& pool() {
 
 void ensure_openblas_thread_timeout(char** argv) {
   if (std::getenv("OPENBLAS_THREAD_TIMEOUT")) return;
+  // The executable's own path, not /proc/self/exe: the process is named after the file it
+  // executes, and ps, pkill and the job scripts look for "meshmoe".
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return;  // no /proc: OpenBLAS's default timeout
+  self[n] = '\0';
   setenv("OPENBLAS_THREAD_TIMEOUT", kOpenblasThreadTimeout, 1);
-  execv("/proc/self/exe", argv);  // returns only on failure (no /proc): OpenBLAS's default then
+  execv(self, argv);  // returns only on failure (the file replaced or gone): OpenBLAS's default then
 }
 
 int host_loop_threads() { return pool().threads(); }
