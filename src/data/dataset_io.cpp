@@ -128,7 +128,6 @@ Dataset Dataset::open(const std::string& path, const std::string& split) {
   if (split != "train" && split != "valid")
     throw InputError("dataset " + path + ": unknown split '" + split + "' (train or valid)");
   h5::File f = open_dataset_file(path, split);
-  const std::string hint = kNotPrepHint;
   Dataset d;
   d.path_ = path;
   d.split_name_ = split;
@@ -137,7 +136,7 @@ Dataset Dataset::open(const std::string& path, const std::string& split) {
     DataSplit& s = d.split_;
     h5::Dataset tokens = f.dataset(split + "/tokens");
     if (tokens.type_class() != H5T_INTEGER || (tokens.type_size() != 2 && tokens.type_size() != 4))
-      throw InputError("dataset " + path + ": /" + split + "/tokens must hold uint16 or uint32 integers" + hint);
+      throw InputError("dataset " + path + ": /" + split + "/tokens must hold uint16 or uint32 integers" + kNotPrepHint);
     s.wide = tokens.type_size() == 4;
     if (s.wide) s.tokens32 = tokens.read<uint32_t>();
     else s.tokens16 = tokens.read<uint16_t>();
@@ -145,9 +144,9 @@ Dataset Dataset::open(const std::string& path, const std::string& split) {
     s.lang = f.read<int32_t>(split + "/lang");
     s.loss_mask = f.read<uint8_t>(split + "/loss_mask");
   } catch (const Error& e) {
-    throw InputError("dataset " + path + ": cannot be read (" + std::string(e.what()) + ")" + hint);
+    throw InputError("dataset " + path + ": cannot be read (" + std::string(e.what()) + ")" + kNotPrepHint);
   }
-  if (d.split_.doc_offsets.empty()) throw InputError("dataset " + path + ": /" + split + "/doc_offsets is empty" + hint);
+  if (d.split_.doc_offsets.empty()) throw InputError("dataset " + path + ": /" + split + "/doc_offsets is empty" + kNotPrepHint);
   d.validate();
   // Every step of a run on it would have no loss (NaN) and be skipped.
   if (split == "train" && !d.split_.has_target())
