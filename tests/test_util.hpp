@@ -56,6 +56,15 @@ struct HostLoopsReversed {
   HostLoopsReversed& operator=(const HostLoopsReversed&) = delete;
 };
 
+// RAII: the deferred host device while it lives (tensor/device.hpp: launches and GEMMs wait for
+// device_synchronize, and a host access to a Buffer without it stops the test with SIGSEGV).
+struct DeferredHostDevice {
+  DeferredHostDevice() { set_deferred_host_device(true); }
+  ~DeferredHostDevice() { set_deferred_host_device(false); }
+  DeferredHostDevice(const DeferredHostDevice&) = delete;
+  DeferredHostDevice& operator=(const DeferredHostDevice&) = delete;
+};
+
 // RAII: host Buffers come from `arena` while it lives (tensor/device.hpp).
 struct HostBufferArena {
   explicit HostBufferArena(Arena* arena) { set_host_buffer_arena(arena); }

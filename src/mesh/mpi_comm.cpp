@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "mesh/shm_collectives.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -113,7 +114,10 @@ ShmCollectives* MpiComm::shm_sum_for(size_t bytes, DType t, Op op) {
 
 void MpiComm::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
+// Every transfer starts with device_synchronize(): MPI reads and writes the buffers from the host
+// (tensor/device.hpp, transfer points).
 void MpiComm::all_reduce_raw(void* buf, size_t n, DType t, Op op) {
+  device_synchronize();
   const int c = count(n, "all_reduce");  // the same limits on both paths
   if (ShmCollectives* shm = shm_sum_for(n * dtype_size(t), t, op)) {
     // Blocks of n / size elements (the first n % size one longer): every rank sums one.
@@ -126,17 +130,20 @@ void MpiComm::all_reduce_raw(void* buf, size_t n, DType t, Op op) {
 }
 
 void MpiComm::broadcast_raw(void* buf, size_t n, DType t, int root) {
+  device_synchronize();
   check_rank(root, "broadcast root");
   check(MPI_Bcast(buf, count(n, "broadcast"), mpi_type(t), root, comm_), "MPI_Bcast");
 }
 
 void MpiComm::all_gather_raw(const void* send, size_t n, void* recv, DType t) {
+  device_synchronize();
   count(n * size_t(size_), "all_gather result");
   const int c = count(n, "all_gather");
   check(MPI_Allgather(send, c, mpi_type(t), recv, c, mpi_type(t), comm_), "MPI_Allgather");
 }
 
 void MpiComm::reduce_scatter_raw(const void* send, void* recv, size_t n, DType t, Op op) {
+  device_synchronize();
   count(n * size_t(size_), "reduce_scatter input");
   check(MPI_Reduce_scatter_block(send, recv, count(n, "reduce_scatter"), mpi_type(t), mpi_op(op), comm_),
         "MPI_Reduce_scatter_block");
@@ -162,6 +169,7 @@ size_t MpiComm::total_bytes(const size_t* counts, DType t) const {
 }
 
 void MpiComm::reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DType t, Op op) {
+  device_synchronize();
   std::vector<int> c, d;
   counts_and_displs(counts, "reduce_scatterv", c, d);  // the same limits on both paths
   if (ShmCollectives* shm = shm_sum_for(total_bytes(counts, t), t, op)) {
@@ -176,6 +184,7 @@ void MpiComm::reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DTyp
 }
 
 void MpiComm::all_gatherv_in_place_raw(void* buf, const size_t* counts, DType t) {
+  device_synchronize();
   std::vector<int> c, d;
   counts_and_displs(counts, "all_gatherv", c, d);
   if (ShmCollectives* shm = shm_for(total_bytes(counts, t))) {
@@ -187,6 +196,7 @@ void MpiComm::all_gatherv_in_place_raw(void* buf, const size_t* counts, DType t)
 }
 
 void MpiComm::all_to_all_raw(const void* send, void* recv, size_t n, DType t) {
+  device_synchronize();
   count(n * size_t(size_), "all_to_all buffer");
   const int c = count(n, "all_to_all");
   check(MPI_Alltoall(send, c, mpi_type(t), recv, c, mpi_type(t), comm_), "MPI_Alltoall");
@@ -194,6 +204,7 @@ void MpiComm::all_to_all_raw(const void* send, void* recv, size_t n, DType t) {
 
 void MpiComm::all_to_allv_raw(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
                               DType t) {
+  device_synchronize();
   // Displacements are prefix sums of the counts; both must fit MPI's int.
   const size_t p = static_cast<size_t>(size_);
   std::vector<int> sc(p), sd(p), rc(p), rd(p);
@@ -213,6 +224,7 @@ void MpiComm::all_to_allv_raw(const void* send, const size_t* send_counts, void*
 }
 
 void MpiComm::iall_reduce_raw(void* buf, size_t n, DType t, Op op) {
+  device_synchronize();
   MPI_Request r;
   check(MPI_Iallreduce(MPI_IN_PLACE, buf, count(n, "iall_reduce"), mpi_type(t), mpi_op(op), comm_, &r),
         "MPI_Iallreduce");
@@ -244,6 +256,7 @@ std::vector<size_t> MpiComm::exchange_counts(std::span<const size_t> send_counts
 
 void MpiComm::permute_raw(const void* send, size_t n_send, int dest, void* recv, size_t n_recv, int source,
                           DType t) {
+  device_synchronize();
   check_rank(dest, "permute destination", /*allow_none=*/true);
   check_rank(source, "permute source", /*allow_none=*/true);
   const int d = dest == kNoRank ? MPI_PROC_NULL : dest, s = source == kNoRank ? MPI_PROC_NULL : source;
@@ -262,11 +275,13 @@ void MpiComm::permute_raw(const void* send, size_t n_send, int dest, void* recv,
 }
 
 void MpiComm::send_raw(const void* buf, size_t n, DType t, int dest, int tag) {
+  device_synchronize();
   check_rank(dest, "send destination");
   check(MPI_Send(buf, count(n, "send"), mpi_type(t), dest, tag, comm_), "MPI_Send");
 }
 
 void MpiComm::recv_raw(void* buf, size_t n, DType t, int source, int tag) {
+  device_synchronize();
   check_rank(source, "receive source");
   MPI_Status st;
   check(MPI_Recv(buf, count(n, "recv"), mpi_type(t), source, tag, comm_, &st), "MPI_Recv");
@@ -278,6 +293,7 @@ void MpiComm::recv_raw(void* buf, size_t n, DType t, int source, int tag) {
 }
 
 void MpiComm::isend_raw(const void* buf, size_t n, DType t, int dest, int tag) {
+  device_synchronize();
   check_rank(dest, "send destination");
   MPI_Request r;
   check(MPI_Isend(buf, count(n, "isend"), mpi_type(t), dest, tag, comm_, &r), "MPI_Isend");

@@ -35,6 +35,7 @@ double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, con
   gradient_done_ = dlogits != nullptr;
   loss_.resize(N);
   lse_.resize(std::max<size_t>(lse_.size(), N));
+  device_synchronize();  // a transfer point: the host writes the targets and the mask
   mask_.assign(N, T(1));
   if (mask) std::copy(mask, mask + N, mask_.begin());
   targets_.assign(targets, targets + N);
@@ -68,6 +69,7 @@ double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, con
   }
   const Buffer<double>& objective = soft ? mixed_ : loss_;
   // The sum over tokens stays on the host, in token order.
+  device_synchronize();
   double total = 0;
   for (int n = 0; n < N; ++n) {
     if (mask_[n] == T(0)) continue;

@@ -23,23 +23,24 @@ void Embedding<T>::forward(const StepContext& ctx, const int32_t* tokens, T* x, 
     throw Error("Embedding: " + std::to_string(N) + " tokens do not form sequences of length " +
                 std::to_string(T_seq) + " (at most " + std::to_string(Tmax_) + ")");
   T_ = T_seq;
-  tokens_.assign(tokens, tokens + N);
-  for (int n = 0; n < N; ++n) {
-    const int32_t tok = tokens_[n];
-    if (tok < 0 || tok >= V_)
-      throw Error("token id " + std::to_string(tok) + " outside the vocabulary [0, " + std::to_string(V_) +
+  // A transfer point: the host reads the tokens and positions (ctx.position may be a Buffer) and
+  // writes them and backward's grouping of them.
+  device_synchronize();
+  for (int n = 0; n < N; ++n)
+    if (tokens[n] < 0 || tokens[n] >= V_)
+      throw Error("token id " + std::to_string(tokens[n]) + " outside the vocabulary [0, " + std::to_string(V_) +
                   "): the data file does not match model.vocab_size");
+  host_positions_.resize(size_t(N));
+  for (int n = 0; n < N; ++n) {
+    host_positions_[size_t(n)] = ctx.position ? ctx.position[n] : n % T_;
+    if (host_positions_[size_t(n)] < 0 || host_positions_[size_t(n)] >= T_)
+      throw Error("Embedding: position " + std::to_string(host_positions_[size_t(n)]) + " of token " +
+                  std::to_string(n) + " outside its sequence [0, " + std::to_string(T_) + ")");
   }
-  if (ctx.position) {
-    positions_.assign(ctx.position, ctx.position + N);
-    for (int n = 0; n < N; ++n)
-      if (positions_[n] < 0 || positions_[n] >= T_)
-        throw Error("Embedding: position " + std::to_string(positions_[n]) + " of token " + std::to_string(n) +
-                    " outside its sequence [0, " + std::to_string(T_) + ")");
-  } else {
-    positions_.resize(N);
-    for (int n = 0; n < N; ++n) positions_[n] = n % T_;
-  }
+  tokens_.assign(tokens, tokens + N);
+  positions_.assign(host_positions_.begin(), host_positions_.end());
+  by_token_.build(tokens, N, V_);
+  by_position_.build(host_positions_.data(), N, Tmax_);
   for_each_index_2d(N, M_, EmbeddingForwardElement<T>{wte.w, wpe.w, tokens_.data(), positions_.data(), x, M_});
 }
 
@@ -56,17 +57,15 @@ void Embedding<T>::RowGrouping::build(const int32_t* row_of, int N, int table_ro
     }
     first[size_t(v) + 1] += first[v];  // now the first slot of row v + 1
   }
-  order.resize(N);
+  order.assign(size_t(N), 0);
   for (int n = 0; n < N; ++n) order[size_t(first[row_of[n]]++)] = n;
 }
 
 // dx [N, M] -> wte.g, wpe.g
 template <typename T>
 void Embedding<T>::backward(const StepContext& ctx, const T* dx, int N) {
-  // Group the tokens by the row they read, so that one body owns each used row of a gradient
-  // table: no two tokens of one row add into it concurrently.
-  by_token_.build(tokens_.data(), N, V_);
-  by_position_.build(positions_.data(), N, Tmax_);
+  // The tokens grouped by the row they read (forward built the grouping), so that one body owns
+  // each used row of a gradient table: no two tokens of one row add into it concurrently.
   for (RowGrouping* g : {&by_token_, &by_position_})
     for_each_index_2d(g->rows.size(), M_,
                       EmbeddingRowGradElement<T>{dx, g->rows.data(), g->start.data(), g->order.data(),

@@ -42,6 +42,7 @@ class Embedding {
   int V_, Tmax_, M_;
   int T_ = 0;
   Buffer<int32_t> tokens_, positions_;  // [N]
+  std::vector<int32_t> host_positions_;  // [N]: the host's copy, for the grouping
   // backward's grouping of the tokens n by the table row they read (a stable counting sort): the
   // distinct rows in use (ascending) [U], where each one's tokens start in `order` [U + 1], the
   // tokens n [N]; `first` [rows + 1] is scratch

@@ -206,6 +206,7 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   // The layers see the packed examples through the context (docs/ARCHITECTURE.md "Packed sequences").
   StepContext ctx = step_ctx;
   if (mb.segment && mb.position) {
+    device_synchronize();  // a transfer point: the host writes the micro-batch's packing
     segment_.assign(mb.segment, mb.segment + N_);
     position_.assign(mb.position, mb.position + N_);
     ctx.segment = segment_.data();
@@ -224,6 +225,7 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   if (encdec()) {
     if (mb.enc_len != T_ || !mb.enc_inputs || !mb.enc_segment || !mb.enc_position || !mb.segment)
       throw Error("Transformer: model.arch = encdec needs the encoder's tokens, segment ids and positions (enc_len = seq_len)");
+    device_synchronize();  // a transfer point: the host writes the encoder's micro-batch
     enc_inputs_.assign(mb.enc_inputs, mb.enc_inputs + N_);
     enc_segment_.assign(mb.enc_segment, mb.enc_segment + N_);
     enc_position_.assign(mb.enc_position, mb.enc_position + N_);
@@ -234,6 +236,7 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   }
 
   if (first_stage()) {
+    device_synchronize();  // a transfer point: the host writes the tokens
     inputs_.assign(mb.inputs, mb.inputs + N_);  // the batch is host memory; a kernel reads the copy
     emb_.forward(ctx, inputs_.data(), x_.data(), N_, T_);
   } else {
@@ -254,6 +257,7 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   logits_.resize(size_t(N_) * V);
   head_.forward(ctx, h_.data(), logits_.data(), N_);
   check_finite(logits_, logits_.size(), "head");
+  device_synchronize();  // a transfer point: the host writes the targets and the mask
   targets_.assign(mb.targets, mb.targets + N_);
   mask_.assign(mb.mask, mb.mask + N_);
   const T* soft = nullptr;
@@ -324,6 +328,7 @@ void Transformer<T>::encode(const StepContext& ctx, int rows, int len, const int
   x_.resize(NM);
   h_.resize(NM);
   f_.resize(NM);
+  device_synchronize();  // a transfer point: the host writes the encoder's tokens and packing
   enc_inputs_.assign(tokens, tokens + N_);
   enc_segment_.assign(segment, segment + N_);
   enc_position_.assign(position, position + N_);

@@ -138,6 +138,7 @@ void PipelineExecutor::sync_tied_embedding(bool tied_embeddings) {
   if (!v) return;
   Comm& pipe = mesh_.axis(Axis::Pipe);
   const int other = model_.first_stage() ? pipe.size() - 1 : 0;
+  device_synchronize();  // a transfer point: the gradients go through the host
   std::vector<float> mine(v->g, v->g + v->size), theirs(v->size);
   pipe.isend(mine.data(), mine.size(), other, 1 << 20);
   pipe.recv(theirs.data(), theirs.size(), other, 1 << 20);

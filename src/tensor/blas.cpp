@@ -25,6 +25,18 @@ const float* rounded_copy(const float* src, int rows, int cols, int ld, std::vec
   }
   return dst.data();
 }
+
+void gemm_bf16_operands_on_host(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                                const float* B, int ldb, float beta, float* C, int ldc) {
+  thread_local std::vector<float> a_bf16, b_bf16;
+  // op(A) is [M, K]: A is stored [K, M] when transposed; op(B) is [K, N] alike.
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  const float* a = rounded_copy(A, a_rows, a_cols, lda, a_bf16);
+  const float* b = rounded_copy(B, b_rows, b_cols, ldb, b_bf16);
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
+              alpha, a, std::max(1, a_cols), b, std::max(1, b_cols), beta, C, ldc);
+}
 }  // namespace
 
 Precision gemm_precision() { return g_precision.load(std::memory_order_relaxed); }
@@ -34,14 +46,9 @@ void gemm_bf16_operands(bool trans_a, bool trans_b, int M, int N, int K, float a
                         const float* B, int ldb, float beta, float* C, int ldc) {
   if (current_device() == Device::Cuda)
     return cuda_gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  thread_local std::vector<float> a_bf16, b_bf16;
-  // op(A) is [M, K]: A is stored [K, M] when transposed; op(B) is [K, N] alike.
-  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
-  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  const float* a = rounded_copy(A, a_rows, a_cols, lda, a_bf16);
-  const float* b = rounded_copy(B, b_rows, b_cols, ldb, b_bf16);
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-              alpha, a, std::max(1, a_cols), b, std::max(1, b_cols), beta, C, ldc);
+  if (deferred_host_device())
+    return defer_host_work([=] { gemm_bf16_operands_on_host(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); });
+  gemm_bf16_operands_on_host(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 #ifndef MESHMOE_CUDA

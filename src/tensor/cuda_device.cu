@@ -1,4 +1,5 @@
-// The CUDA side of tensor/device.hpp: managed memory, GPU binding, cuBLAS GEMM.
+// The CUDA side of tensor/device.hpp: managed memory, GPU binding, cuBLAS GEMM; everything on the
+// default stream, returning without waiting (device_synchronize waits).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -74,8 +75,12 @@ std::string cuda_device_name() {
   return std::string(p.name) + " (GPU " + std::to_string(g_gpu) + ")";
 }
 
-void device_synchronize() {
-  if (g_gpu >= 0) cuda_check(cudaDeviceSynchronize(), "kernel execution");
+// device_synchronize (tensor/device.cpp) waits here once device work is queued.
+void cuda_wait() {
+  if (g_gpu >= 0) cuda_check(cudaDeviceSynchronize(), "device work (kernels, GEMMs, copies)");
+}
+void cuda_zero_async(void* p, size_t bytes) {
+  cuda_check(cudaMemsetAsync(p, 0, bytes, nullptr), "cudaMemsetAsync (a Buffer's value-initialisation)");
 }
 
 void* cuda_managed_alloc(size_t bytes) {
@@ -90,16 +95,16 @@ void cuda_managed_free(void* p) noexcept { cudaFree(p); }
 void cuda_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
+  before_device_work();
   check_cublas(cublasSgemm(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
                "sgemm");
-  device_synchronize();
 }
 void cuda_gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
                const double* B, int ldb, double beta, double* C, int ldc) {
   if (M == 0 || N == 0) return;
+  before_device_work();
   check_cublas(cublasDgemm(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
                "dgemm");
-  device_synchronize();
 }
 
 // As cuda_gemm, over `count` matrices per operand (B before A, as above).
@@ -107,19 +112,19 @@ void cuda_gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, 
                                int64_t stride_a, const float* B, int ldb, int64_t stride_b, float beta, float* C,
                                int ldc, int64_t stride_c, int count) {
   if (M == 0 || N == 0 || count == 0) return;
+  before_device_work();
   check_cublas(cublasSgemmStridedBatched(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, stride_b, A, lda,
                                          stride_a, &beta, C, ldc, stride_c, count),
                "sgemm strided batched");
-  device_synchronize();
 }
 void cuda_gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A,
                                int lda, int64_t stride_a, const double* B, int ldb, int64_t stride_b, double beta,
                                double* C, int ldc, int64_t stride_c, int count) {
   if (M == 0 || N == 0 || count == 0) return;
+  before_device_work();
   check_cublas(cublasDgemmStridedBatched(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, stride_b, A, lda,
                                          stride_a, &beta, C, ldc, stride_c, count),
                "dgemm strided batched");
-  device_synchronize();
 }
 
 }  // namespace meshmoe

@@ -2,7 +2,7 @@
 // scratch with tensor/bf16.hpp's round_bf16 (bitwise the host emulation's operands), then
 // cublasGemmEx multiplies them with fp32 accumulation into the fp32 C. Kept apart from
 // tensor/cuda_device.cu: its own cuBLAS handle and scratch, on the default stream like cuda_gemm,
-// synchronised before returning.
+// returning without waiting (the scratch is reused in stream order).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "tensor/bf16.hpp"
 #include "tensor/cuda_gemm_bf16.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -81,6 +82,7 @@ const uint16_t* rounded(const float* src, int rows, int cols, int ld, Scratch& s
 void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
+  before_device_work();
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
   const uint16_t* a = rounded(A, a_rows, a_cols, lda, g_a);
@@ -90,7 +92,6 @@ void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
                      CUDA_R_16BF, a_cols > 0 ? a_cols : 1, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                      CUBLAS_GEMM_DEFAULT),
         "GemmEx (bf16 operands, fp32 accumulation)");
-  cuda_check(cudaDeviceSynchronize(), "bf16 GEMM");
 }
 
 // As cuda_gemm_bf16 over `count` matrices per operand: each operand's matrices are rounded into one
@@ -99,6 +100,7 @@ void cuda_gemm_bf16_strided_batched(bool trans_a, bool trans_b, int M, int N, in
                                     int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b, float beta,
                                     float* C, int ldc, int64_t stride_c, int count) {
   if (M == 0 || N == 0 || count == 0) return;
+  before_device_work();
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
   const uint16_t* a = rounded(A, a_rows, a_cols, lda, g_a, stride_a, count);
@@ -109,7 +111,6 @@ void cuda_gemm_bf16_strided_batched(bool trans_a, bool trans_b, int M, int N, in
                                    a_cols > 0 ? a_cols : 1, int64_t(a_rows) * a_cols, &beta, C, CUDA_R_32F, ldc,
                                    stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "GemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
-  cuda_check(cudaDeviceSynchronize(), "bf16 batched GEMM");
 }
 
 }  // namespace meshmoe

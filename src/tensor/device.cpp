@@ -2,9 +2,14 @@
 
 #include <cblas.h>
 
+#include <sys/mman.h>
+
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <new>
+#include <utility>
+#include <vector>
 
 #include "core/error.hpp"
 #include "tensor/arena.hpp"
@@ -34,36 +39,143 @@ Device current_device() { return g_device; }
 void set_device(Device d) {
   if (d == Device::Cuda && !cuda_compiled())
     throw Error("run.device = \"cuda\": this meshmoe was built without CUDA (nvcc not found at build time; make CUDA=1)");
+  if (d != g_device) device_synchronize();
   g_device = d;
+  g_buffers_on_device = d == Device::Cuda || g_deferred_host_device;
 }
 
 #ifdef MESHMOE_CUDA
 void* cuda_managed_alloc(size_t bytes);  // tensor/cuda_device.cu
 void cuda_managed_free(void* p) noexcept;
+void cuda_zero_async(void* p, size_t bytes);
+void cuda_wait();
+#endif
 
 namespace {
-// The GPU's Buffers: one pooled arena over managed memory (the host path still reads some device
-// results between kernels; the arena's backend becomes cudaMalloc once those reads are gone).
+// The device arenas hand out blocks without a header (the host must not write device memory):
+// buffer_free asks them first whether a block is theirs. Never destroyed: Buffers may outlive
+// static destruction order, and the CUDA context goes at exit.
+Arena* g_cuda_arena = nullptr;
+Arena* g_deferred_arena = nullptr;
+
+#ifdef MESHMOE_CUDA
+// The GPU's Buffers: one pooled arena over managed memory (the arena's backend becomes cudaMalloc
+// once every host access goes through a transfer point).
 Arena& cuda_arena() {
-  // Never destroyed: Buffers may outlive static destruction order, and the CUDA context goes at exit.
-  static Arena* arena = new Arena({cuda_managed_alloc, cuda_managed_free}, size_t(256) << 20);
-  return *arena;
+  if (!g_cuda_arena) g_cuda_arena = new Arena({cuda_managed_alloc, cuda_managed_free}, size_t(256) << 20);
+  return *g_cuda_arena;
+}
+#endif
+
+// The deferred host device (tensor/device.hpp): its Buffers' chunks are mapped pages that are
+// made inaccessible while device work is queued.
+struct DeferredDevice {
+  std::vector<std::function<void()>> queue;
+  std::vector<std::pair<void*, size_t>> chunks;
+  bool locked = false;  // chunks inaccessible
+  void lock(bool on) {
+    if (on == locked) return;
+    for (const auto& [p, bytes] : chunks) mprotect(p, bytes, on ? PROT_NONE : PROT_READ | PROT_WRITE);
+    locked = on;
+  }
+};
+DeferredDevice g_deferred;
+bool g_work_queued = false;
+
+void* deferred_chunk_alloc(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  if (g_deferred.locked) mprotect(p, bytes, PROT_NONE);
+  g_deferred.chunks.emplace_back(p, bytes);
+  return p;
+}
+void deferred_chunk_free(void* p) {
+  for (size_t i = 0; i < g_deferred.chunks.size(); ++i)
+    if (g_deferred.chunks[i].first == p) {
+      munmap(p, g_deferred.chunks[i].second);
+      g_deferred.chunks.erase(g_deferred.chunks.begin() + std::ptrdiff_t(i));
+      return;
+    }
+}
+Arena& deferred_arena() {
+  if (!g_deferred_arena) g_deferred_arena = new Arena({deferred_chunk_alloc, deferred_chunk_free}, size_t(64) << 20);
+  return *g_deferred_arena;
+}
+
+// Queues the pending value-initialisation zeroes (tensor/device.hpp) ahead of what comes next.
+void queue_pending_zero() {
+  if (g_pending_zero.begin == g_pending_zero.end) return;
+  char* p = g_pending_zero.begin;
+  const size_t bytes = size_t(g_pending_zero.end - g_pending_zero.begin);
+  g_pending_zero = {};
+  if (g_deferred_host_device && g_device == Device::Cpu) {
+    g_deferred.queue.push_back([p, bytes] { std::memset(p, 0, bytes); });
+    return;
+  }
+#ifdef MESHMOE_CUDA
+  cuda_zero_async(p, bytes);
+#endif
 }
 }  // namespace
+
+void before_device_work() {
+  queue_pending_zero();
+  g_work_queued = true;
+  if (g_deferred_host_device) g_deferred.lock(true);
+}
+
+void zero_on_device_later_slow(char* p, size_t bytes) {
+  queue_pending_zero();
+  g_pending_zero = {p, p + bytes};
+  before_device_work();  // the range counts as queued work: the host must synchronise to touch it
+}
+
+void device_synchronize() {
+  queue_pending_zero();
+  if (!g_work_queued) return;
+  g_work_queued = false;
+  if (g_deferred_host_device) {
+    g_deferred.lock(false);
+    // Work may queue more work only through device_synchronize's callers, never from inside.
+    std::vector<std::function<void()>> queue;
+    queue.swap(g_deferred.queue);
+    for (const auto& work : queue) work();
+  }
+#ifdef MESHMOE_CUDA
+  cuda_wait();
 #endif
+}
+
+void set_deferred_host_device(bool on) {
+  if (on == g_deferred_host_device) return;
+  if (on && g_device != Device::Cpu) throw std::logic_error("the deferred host device needs Device::Cpu");
+  device_synchronize();
+  g_deferred.lock(false);
+  g_deferred_host_device = on;
+  g_buffers_on_device = on || g_device == Device::Cuda;
+}
+
+void defer_host_work(std::function<void()> work) {
+  before_device_work();
+  g_deferred.queue.push_back(std::move(work));
+}
 
 namespace {
 Arena* buffer_arena() {
 #ifdef MESHMOE_CUDA
   if (g_device == Device::Cuda) return &cuda_arena();
 #endif
+  if (g_deferred_host_device) return &deferred_arena();
   return g_host_arena;
 }
+bool device_arena(const Arena* arena) { return arena && (arena == g_cuda_arena || arena == g_deferred_arena); }
 }  // namespace
 
 void* buffer_alloc(size_t bytes) {
+  Arena* arena = buffer_arena();
+  if (device_arena(arena)) return arena->allocate(bytes);
   char* base = nullptr;
-  BlockHeader header{kHostBlock, buffer_arena()};
+  BlockHeader header{kHostBlock, arena};
   if (header.arena) {
     header.tag = kArenaBlock;
     base = static_cast<char*>(header.arena->allocate(bytes + kHeader));
@@ -76,6 +188,8 @@ void* buffer_alloc(size_t bytes) {
 
 void buffer_free(void* p) noexcept {
   if (!p) return;
+  for (Arena* arena : {g_cuda_arena, g_deferred_arena})
+    if (arena && arena->owns(p)) return arena->deallocate(p);
   char* base = static_cast<char*>(p) - kHeader;
   const BlockHeader header = *reinterpret_cast<const BlockHeader*>(base);
   if (header.tag == kArenaBlock) {
@@ -101,7 +215,6 @@ bool cuda_compiled() { return false; }
 int cuda_device_count() { return 0; }
 void cuda_bind(int) { throw Error("this meshmoe was built without CUDA (make CUDA=1 on a machine with nvcc)"); }
 std::string cuda_device_name() { return "none"; }
-void device_synchronize() {}
 void cuda_gemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
   throw Error("cuda_gemm: built without CUDA");
 }

@@ -3,13 +3,24 @@
 // optimizer state) is a Buffer in CUDA managed memory, so the same layer code, MPI calls,
 // checkpoint and metrics can read it from either side; the layers' loops are functors that
 // for_each_index (tensor/launch.hpp) runs as a host loop or as a CUDA kernel, and GEMMs go to
-// OpenBLAS or cuBLAS (tensor/blas.hpp). Every CUDA launch and GEMM synchronises before it returns,
-// so host code that reads a Buffer afterwards sees the result.
+// OpenBLAS or cuBLAS (tensor/blas.hpp).
+//
+// Transfer points (docs/ARCHITECTURE.md "Device work and transfer points"): CUDA launches and GEMMs
+// are queued on one stream and return at once. Host code that reads or writes a device Buffer's
+// elements calls device_synchronize() first; a Buffer made on the device is zeroed there (no host
+// value-initialisation). Without a GPU the tests check every such point with the deferred host
+// device (set_deferred_host_device): launches and GEMMs wait in a queue until
+// device_synchronize(), and the device Buffers' memory is unreadable while work is queued, so a
+// host access without its synchronisation stops the test with SIGSEGV at that line.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <new>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "deck/options.hpp"  // enum class Device (run.device)
@@ -28,7 +39,41 @@ int cuda_device_count();     // GPUs visible to this process; 0 without CUDA or 
 // naming the reason (no GPU, driver error).
 void cuda_bind(int node_local_rank);
 std::string cuda_device_name();  // of the bound GPU, for the run's start-up lines
-void device_synchronize();       // waits for the GPU (no-op on the host)
+// Waits for the device work queued so far (a no-op when none is queued; on the plain host path
+// nothing is ever queued).
+void device_synchronize();
+// Launches, GEMMs and collectives call this just before they queue device work.
+void before_device_work();
+
+// Tests: the deferred host device (see above). While on, with Device::Cpu, for_each_index,
+// for_each_index_2d and the host GEMMs queue their work (defer_host_work), device_synchronize() runs
+// the queue in order, and Buffers come from a host arena whose pages are inaccessible while work is
+// queued. Switching it off runs what is queued.
+void set_deferred_host_device(bool on);
+inline bool g_deferred_host_device = false;
+inline bool deferred_host_device() { return g_deferred_host_device; }
+void defer_host_work(std::function<void()> work);
+
+// Whether Buffers allocated now are device memory, never touched by the host between transfer
+// points (run.device = "cuda", or the deferred host device).
+inline bool g_buffers_on_device = false;
+inline bool buffers_on_device() { return g_buffers_on_device; }
+
+// A Buffer's value-initialisation on the device: the elements' bytes are zeroed by the device
+// before the next device work (consecutive elements make one range, one memset).
+struct PendingZero {
+  char *begin = nullptr, *end = nullptr;
+};
+inline PendingZero g_pending_zero;
+void zero_on_device_later_slow(char* p, size_t bytes);
+inline void zero_on_device_later(void* p, size_t bytes) {
+  char* c = static_cast<char*>(p);
+  if (c == g_pending_zero.end && c) {
+    g_pending_zero.end += bytes;
+    return;
+  }
+  zero_on_device_later_slow(c, bytes);
+}
 
 // Raw storage for Buffer: 64-byte aligned host memory on Device::Cpu; on Cuda a block of the
 // device's arena (tensor/arena.hpp, pooled managed memory). A Buffer is freed where it came from.
@@ -50,6 +95,21 @@ struct DeviceAllocator {
   DeviceAllocator(const DeviceAllocator<U>&) {}
   T* allocate(size_t n) { return static_cast<T*>(buffer_alloc(n * sizeof(T))); }
   void deallocate(T* p, size_t) noexcept { buffer_free(p); }
+  // Value-initialisation: on the device zeroed by the device (the host touches nothing); an
+  // element constructed from a value is a host write (a transfer point).
+  template <class U>
+  void construct(U* p) {
+    static_assert(std::is_trivially_default_constructible_v<U>, "Buffer elements are plain numbers");
+    if (buffers_on_device())
+      zero_on_device_later(p, sizeof(U));
+    else
+      ::new (static_cast<void*>(p)) U();
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    if (buffers_on_device()) device_synchronize();
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
   template <class U>
   bool operator==(const DeviceAllocator<U>&) const { return true; }
   template <class U>
@@ -59,6 +119,14 @@ struct DeviceAllocator {
 // A vector whose elements a CUDA kernel can read and write when run.device = "cuda".
 template <class T>
 using Buffer = std::vector<T, DeviceAllocator<T>>;
+
+// Resizes a Buffer that the host writes next (a plan or an index table built on the host): the
+// new elements' zeroing is queued on the device, so the host waits for it first.
+template <class T>
+void resize_for_host(Buffer<T>& b, size_t n) {
+  b.resize(n);
+  device_synchronize();
+}
 
 // Row-major GEMM on the bound GPU (cuBLAS, fp32 without TF32, or fp64); see tensor/blas.hpp.
 void cuda_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,

@@ -85,6 +85,7 @@ bool all_finite(const T* v, size_t n) {
   const int64_t chunks = (int64_t(n) + FlagNonFiniteChunk<T>::kChunk - 1) / FlagNonFiniteChunk<T>::kChunk;
   Buffer<int32_t> bad(size_t(chunks), 0);
   for_each_index(chunks, FlagNonFiniteChunk<T>{v, int64_t(n), bad.data()}, FlagNonFiniteChunk<T>::kChunk);
+  device_synchronize();
   for (int32_t b : bad)
     if (b) return false;
   return true;

@@ -1,6 +1,6 @@
 // The CUDA half of for_each_index and for_each_index_2d (tensor/launch.hpp): a grid-stride
-// kernel over the indices, then a synchronisation so that the host may read the managed buffers
-// it wrote. Include from a .cu file and instantiate each body there:
+// kernel over the indices, queued on the stream (the host reads its results after
+// device_synchronize, tensor/device.hpp). Include from a .cu file and instantiate each body there:
 //   MESHMOE_CUDA_BODY(LayerNormForwardRow<float>)
 //   MESHMOE_CUDA_BODY_FD(LayerNormForwardRow)   // <float> and <double>
 #pragma once
@@ -33,11 +33,11 @@ template <class Body>
 void launch_on_cuda(int64_t rows, int64_t cols, const Body& body) {
   const int64_t n = rows * cols;
   if (n <= 0) return;
+  before_device_work();
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(1) << 16);
   for_each_index_kernel<Body><<<unsigned(blocks), kThreads>>>(rows, cols, body);
   cuda_check(cudaGetLastError(), "kernel launch");
-  device_synchronize();
 }
 
 }  // namespace meshmoe

@@ -28,6 +28,7 @@ double sum_squares(const T* v, size_t n, Buffer<double>& partials) {
   if (partials.size() < size_t(chunks)) partials.resize(size_t(chunks));
   for_each_index(chunks, SumSquaresChunk<T>{v, int64_t(n), partials.data()},
                  SumSquaresChunk<T>::kChunk);
+  device_synchronize();
   double s = 0.0;
   for (int64_t c = 0; c < chunks; ++c) s += partials[size_t(c)];
   return s;

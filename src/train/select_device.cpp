@@ -41,6 +41,13 @@ std::string select_device(Device device, Precision precision, MPI_Comm world) {
   const bool bf16 = precision == Precision::Bf16;
   if (device != Device::Cuda) {
     set_device(Device::Cpu);
+    // Tests only (tests/scripts/deferred_device.sh): the host path run as the GPU path runs, its work
+    // queued until each transfer point (tensor/device.hpp).
+    const char* deferred = std::getenv("MESHMOE_TEST_DEFERRED_DEVICE");
+    if (deferred && std::string(deferred) == "1") {
+      set_deferred_host_device(true);
+      return "device: cpu, deferred as a GPU's work (MESHMOE_TEST_DEFERRED_DEVICE=1, tests only)";
+    }
     return bf16 ? "device: cpu (OpenBLAS; GEMM operands rounded to bf16, fp32 sums)" : "device: cpu (OpenBLAS, fp32)";
   }
   int rank = 0, size = 1;

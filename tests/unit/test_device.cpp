@@ -26,6 +26,7 @@
 #include "model/transformer.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/device.hpp"
+#include "tensor/elementwise.hpp"
 #include "tensor/host_threads.hpp"
 #include "tensor/launch.hpp"
 #include "train/memory.hpp"
@@ -83,8 +84,10 @@ StepResult<T> run_step(const Config& cfg, int V) {
   model.params().zero_grad();
   StepResult<T> r;
   r.stats = model.forward(ctx, mb, w);
+  device_synchronize();  // the host reads the device's logits and gradients
   r.logits.assign(model.logits().begin(), model.logits().end());
   model.backward(ctx, w);
+  device_synchronize();
   r.grads.assign(model.params().grads(), model.params().grads() + model.params().size());
   return r;
 }
@@ -130,6 +133,41 @@ TEST_CASE("device: the model is bitwise the same with every host loop run backwa
     for (size_t i = 0; i < fwd.grads.size(); ++i) differ += fwd.grads[i] != rev.grads[i];
     CHECK(differ == 0);
   }
+}
+
+TEST_CASE("device: the model's host accesses to device Buffers all wait for the device", "[device][deferred]") {
+  // Under the deferred host device every launch and GEMM waits until device_synchronize(), and the
+  // Buffers cannot be read or written in between: a layer that reads a device result on the host
+  // without synchronising stops here with SIGSEGV (or, reading a value not yet computed, differs).
+  for (const std::string router : {"dense", "top1", "top2"}) {
+    INFO("router " << router);
+    const Config cfg = device_test_config(router);
+    const StepResult<float> now = run_step<float>(cfg, 13);
+    StepResult<float> deferred;
+    {
+      test::DeferredHostDevice guard;
+      deferred = run_step<float>(cfg, 13);
+    }
+    CHECK(now.stats.ce_sum == deferred.stats.ce_sum);
+    CHECK(now.stats.aux_sum == deferred.stats.aux_sum);
+    CHECK(now.stats.z_sum == deferred.stats.z_sum);
+    CHECK(now.logits == deferred.logits);
+    CHECK(now.grads == deferred.grads);
+  }
+}
+
+TEST_CASE("device: a Buffer made on the device is zero, and its host writes wait for queued work", "[device][deferred]") {
+  test::DeferredHostDevice guard;
+  Buffer<float> a(1000);  // value-initialised by the device
+  fill_with(a.data(), 10, 2.f);
+  Buffer<float> b(a.size(), 3.f);  // a host write: waits for the queue first
+  a.resize(2000);                  // the grown tail zeroed by the device, the copy by the host
+  device_synchronize();
+  CHECK(a[0] == 2.f);
+  CHECK(a[9] == 2.f);
+  CHECK(a[10] == 0.f);
+  CHECK(a[1999] == 0.f);
+  CHECK(b[999] == 3.f);
 }
 
 TEST_CASE("device: Buffers on the host are 64-byte aligned and free cleanly", "[device]") {

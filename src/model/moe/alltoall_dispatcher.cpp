@@ -63,8 +63,8 @@ void AllToAllDispatcher<T>::plan(const StepContext& ctx, std::span<const int> se
       expert_off_[size_t(j) * El_ + el] = off;
       off += size_t(recv_rows_[size_t(j) * El_ + el]);
     }
-  expert_from_recv_.resize(expert_total_);
-  recv_from_expert_.resize(expert_total_);
+  resize_for_host(expert_from_recv_, expert_total_);
+  resize_for_host(recv_from_expert_, expert_total_);
   for (size_t b = 0; b < recv_rows_.size(); ++b)
     for (int64_t q = 0; q < recv_rows_[b]; ++q) {
       expert_from_recv_[expert_off_[b] + size_t(q)] = int64_t(recv_off_[b]) + q;
@@ -74,7 +74,7 @@ void AllToAllDispatcher<T>::plan(const StepContext& ctx, std::span<const int> se
   // The global token of every row travels with it (keys the expert dropout on the receiving rank).
   recv_tok_.resize(expert_total_);
   exchange(row_token, recv_tok_.data(), 1, false);
-  expert_token_.resize(expert_total_);
+  resize_for_host(expert_token_, expert_total_);
   for (size_t row = 0; row < expert_total_; ++row) expert_token_[row] = recv_tok_[size_t(expert_from_recv_[row])];
 }
 
@@ -94,8 +94,12 @@ void AllToAllDispatcher<T>::exchange(const U* send, U* recv, size_t width, bool 
   const std::vector<size_t>& s = back ? recv_rows_d_ : send_rows_d_;
   const std::vector<size_t>& r = back ? send_rows_d_ : recv_rows_d_;
   if (D_ == 1) {
-    if constexpr (std::is_same_v<U, T>) copy_from(recv, send, s[0] * width);
-    else std::copy(send, send + s[0] * width, recv);
+    if constexpr (std::is_same_v<U, T>) {
+      copy_from(recv, send, s[0] * width);
+    } else {
+      device_synchronize();  // a host copy
+      std::copy(send, send + s[0] * width, recv);
+    }
     return;
   }
   sc_.resize(D_);

@@ -57,16 +57,6 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
   lse_.resize(N);
   matmul_fp32(false, false, N, E, M, xr, wg.w, logits_.data());
   for_each_index(N, RouterSoftmaxRow<T>{logits_.data(), probs_.data(), lse_.data(), E});
-  z_sum = 0;
-  entropy_sum = 0;
-  for (int n = 0; n < N; ++n) {
-    z_sum += lse_[n] * lse_[n];  // router z-loss term (ST-MoE), summed over tokens
-    // H = -sum_e p log p = lse - sum_e p * logit (for the log only)
-    double p_logit = 0;
-    for (int e = 0; e < E; ++e) p_logit += double(probs_[size_t(n) * E + e]) * double(logits_[size_t(n) * E + e]);
-    entropy_sum += lse_[n] - p_logit;
-  }
-
   if (opt_.expert_choice()) {
     route_expert_choice(N, S, G, C);
     return;
@@ -125,7 +115,9 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
                                          frac_.data(), aux_term_.data(), group_stats_.data(), S, k, E, C,
                                          opt_.no_token_left_behind, opt_.declined_takes_slot, bias()});
 
-  // Totals over the groups, in group order.
+  // Totals over the groups, in group order, on the host (the routing's one transfer point).
+  device_synchronize();
+  sum_softmax_terms(N);
   r_.load.assign(E, 0);
   r_.wanted = r_.dropped = r_.rerouted = r_.declined = 0;
   aux_sum = 0;
@@ -138,6 +130,21 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
     for (int e = 0; e < E; ++e) aux_sum += aux_term_[size_t(g) * E + e];
   }
   aux_sum *= aux_form_scale();
+}
+
+// z_sum and entropy_sum from the router's softmax of N tokens, on the host in token order.
+template <typename T>
+void Router<T>::sum_softmax_terms(int N) {
+  const int E = opt_.num_experts;
+  z_sum = 0;
+  entropy_sum = 0;
+  for (int n = 0; n < N; ++n) {
+    z_sum += lse_[n] * lse_[n];  // router z-loss term (ST-MoE), summed over tokens
+    // H = -sum_e p log p = lse - sum_e p * logit (for the log only)
+    double p_logit = 0;
+    for (int e = 0; e < E; ++e) p_logit += double(probs_[size_t(n) * E + e]) * double(logits_[size_t(n) * E + e]);
+    entropy_sum += lse_[n] - p_logit;
+  }
 }
 
 // Expert choice (Zhou et al. 2022, section 3.1): probs [N, E] -> triples [N*E], choice n * E + e
@@ -157,9 +164,13 @@ void Router<T>::route_expert_choice(int N, int S, int G, int C) {
   for_each_index(int64_t(G) * E, RouterExpertChoiceColumn<T>{probs_.data(), r_.expert.data(), r_.slot.data(),
                                                              r_.gate.data(), count_.data(), S, E, C});
   // What the backward reads of the top-k path: Z = 1 and f = 0 (no aux term).
-  norm_.assign(size_t(N), 1.0);
-  frac_.assign(size_t(G) * E, 0.0);
+  norm_.resize(size_t(N));
+  fill_with(norm_.data(), norm_.size(), 1.0);
+  frac_.resize(size_t(G) * E);
+  fill_with(frac_.data(), frac_.size(), 0.0);
   top_.resize(0);
+  device_synchronize();
+  sum_softmax_terms(N);
   r_.load.assign(E, 0);
   for (int g = 0; g < G; ++g)
     for (int e = 0; e < E; ++e) r_.load[e] += count_[size_t(g) * E + e];
@@ -211,6 +222,7 @@ template <typename T>
 void Router<T>::update_bias(std::span<const double> load) {
   if (selection_bias.empty()) return;
   if (load.size() != selection_bias.size()) throw std::logic_error("Router::update_bias: one load per expert");
+  device_synchronize();  // a transfer point: the host updates the bias
   update_selection_bias(selection_bias.data(), load.data(), opt_.num_experts, opt_.bias_update_rate);
 }
 

@@ -90,6 +90,7 @@ class Router {
  private:
   MoeOptions opt_;
   void route_expert_choice(int N, int S, int G, int C);  // forward's routing for moe.router = expert_choice
+  void sum_softmax_terms(int N);                         // z_sum, entropy_sum (host, after the routing)
   const float* bias() const { return selection_bias.empty() ? nullptr : selection_bias.data(); }
   // The bodies compute the Switch form E * sum_e f_e P_e; GShard's mean_e f_e P_e is 1/E^2 of it.
   double aux_form_scale() const {
