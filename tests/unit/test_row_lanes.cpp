@@ -1,10 +1,12 @@
 // The row bodies of for_each_row (tensor/launch_rows.hpp) on an emulated warp: 32 host threads,
 // one per lane, that exchange their partials through shared slots between barriers, in the
-// butterfly order that WarpLanes (tensor/launch_rows_cuda.cuh) shuffles in. No GPU here: this
-// checks each body's half of the contract, which the host's single lane cannot: every element
-// owned by one lane, each reduction complete before the pass that uses it, a row's scalars written
-// by the leader, a sync wherever a lane reads what another wrote. The results equal the host's to
+// butterfly order that WarpLanes (tensor/launch_rows_cuda.cuh) shuffles in. This checks each
+// body's half of the contract, which the host's single lane cannot: every element owned by one
+// lane, each reduction complete before the pass that uses it, a row's scalars written by the
+// leader, a sync wherever a lane reads what another wrote. The results equal the host's to
 // rounding (the sums run in another order), and every lane gets the bitwise same reduction.
+// [cuda] with a GPU: the same cases on the row kernels themselves, against the host, and bitwise
+// the same on a second run; without a GPU that case WARNs "skipped" and checks nothing.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include "model/attention_bodies.hpp"
 #include "model/cross_entropy_bodies.hpp"
 #include "model/layernorm_bodies.hpp"
+#include "tensor/device.hpp"
 #include "tensor/launch_rows.hpp"
 
 using namespace meshmoe;
@@ -98,176 +101,198 @@ T EmulatedWarpLanes::reduce(T partial, const Combine& combine) const {
 void EmulatedWarpLanes::sync() const { warp->sync(); }
 
 template <class Body>
-void on_host(int64_t rows, const Body& body) {
-  for (int64_t n = 0; n < rows; ++n) body(n, HostLanes{});
-}
-
-template <class Body>
 void on_emulated_warp(int64_t rows, const Body& body) {
   EmulatedWarp warp;
   warp.run(rows, body);
   CHECK_FALSE(warp.lanes_disagreed.load());
 }
 
-// The bodies one after the other, on the host's one lane or on the emulated warp.
+enum class Where { Host, EmulatedWarp, Gpu };
+
+bool gpu_available() { return cuda_compiled() && cuda_device_count() > 0; }
+
+// While it lives, Buffers come from the GPU's arena and for_each_row launches row kernels, when
+// `where` is the GPU. Declared before a case's Buffers, so that they are freed inside it.
+struct DeviceScope {
+  explicit DeviceScope(Where where) : gpu(where == Where::Gpu) {
+    if (!gpu) return;
+    cuda_bind(0);
+    set_device(Device::Cuda);
+  }
+  ~DeviceScope() {
+    if (gpu) set_device(Device::Cpu);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  bool gpu;
+};
+
+// The bodies one after the other: for_each_row on the current device (host or GPU), or the
+// emulated warp.
 template <class... Bodies>
-void run_rows(bool warp, int64_t rows, const Bodies&... bodies) {
-  ((warp ? on_emulated_warp(rows, bodies) : on_host(rows, bodies)), ...);
+void run_rows(Where where, int64_t rows, const Bodies&... bodies) {
+  if (where == Where::EmulatedWarp)
+    (on_emulated_warp(rows, bodies), ...);
+  else
+    (for_each_row(rows, bodies, 1), ...);
 }
 
 template <typename T>
-std::vector<T> random_vec(size_t n, std::mt19937& gen, double lo = -1, double hi = 1) {
+Buffer<T> random_buffer(size_t n, std::mt19937& gen, double lo = -1, double hi = 1) {
   std::uniform_real_distribution<double> u(lo, hi);
-  std::vector<T> v(n);
+  Buffer<T> v(n);
   for (auto& x : v) x = T(u(gen));
   return v;
 }
 
-// |warp - host| <= tol (1 + |host|) everywhere.
-template <typename T>
-void check_close(const std::vector<T>& warp, const std::vector<T>& host, double tol) {
-  REQUIRE(warp.size() == host.size());
-  double worst = 0;
-  for (size_t i = 0; i < host.size(); ++i)
-    worst = std::max(worst, std::abs(double(warp[i]) - double(host[i])) / (1 + std::abs(double(host[i]))));
-  INFO("worst relative difference " << worst);
-  CHECK(worst <= tol);
+// A case's results, each array widened to double (exactly).
+using Outputs = std::vector<std::vector<double>>;
+
+template <class... Arrays>
+Outputs outputs(const Arrays&... arrays) {
+  return {std::vector<double>(arrays.begin(), arrays.end())...};
 }
 
-// Row lengths below, at and across the warp's width.
-const int kRowLengths[] = {5, 32, 77};
+// |b - a| <= tol (1 + |a|) everywhere, a the host's.
+void check_close(const Outputs& b, const Outputs& a, double tol) {
+  REQUIRE(b.size() == a.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    REQUIRE(b[k].size() == a[k].size());
+    double worst = 0;
+    for (size_t i = 0; i < a[k].size(); ++i)
+      worst = std::max(worst, std::abs(b[k][i] - a[k][i]) / (1 + std::abs(a[k][i])));
+    INFO("output " << k << ": worst relative difference " << worst);
+    CHECK(worst <= tol);
+  }
+}
+
+// Row lengths below, at and across the warp's width, and a long one.
+const int kRowLengths[] = {5, 32, 77, 1000};
+
+template <typename T>
+Outputs layernorm_rows(Where where, int M) {
+  DeviceScope scope(where);
+  std::mt19937 gen(3);
+  const int N = 6;
+  const auto x = random_buffer<T>(size_t(N) * M, gen, -2, 3), gain = random_buffer<T>(M, gen);
+  const auto bias = random_buffer<T>(M, gen), dy = random_buffer<T>(size_t(N) * M, gen);
+  auto dx = random_buffer<T>(size_t(N) * M, gen);
+  Buffer<T> xhat(x.size()), y(x.size()), rstd(N);
+  run_rows(where, N, LayerNormForwardRow<T>{x.data(), gain.data(), bias.data(), xhat.data(), rstd.data(), y.data(), M, T(1e-5)},
+           LayerNormBackwardRow<T>{dy.data(), xhat.data(), rstd.data(), gain.data(), dx.data(), M});
+  return outputs(xhat, y, rstd, dx);
+}
+
+// Packed examples: three in the first sequence, two in the second (none when !segments).
+template <typename T>
+Outputs causal_softmax_rows(Where where, int Tq, bool segments) {
+  DeviceScope scope(where);
+  std::mt19937 gen(5);
+  const int B = 2, heads = 2;
+  Buffer<int32_t> segment(size_t(B) * Tq);
+  for (int t = 0; t < Tq; ++t) segment[t] = t < Tq / 2 ? 0 : t < Tq - 7 ? 1 : 2, segment[Tq + t] = t < 33 ? 4 : 5;
+  const int64_t rows = int64_t(B) * heads * Tq;
+  auto P = random_buffer<T>(size_t(rows) * Tq, gen, -3, 3), dP = random_buffer<T>(P.size(), gen);
+  run_rows(where, rows, AttentionCausalSoftmaxRow<T>{P.data(), segments ? segment.data() : nullptr, Tq, heads},
+           AttentionCausalSoftmaxBackwardRow<T>{P.data(), dP.data(), Tq});
+  return outputs(P, dP);
+}
+
+// Two sequences; the last query of the first has an example without keys (an all-zero row).
+template <typename T>
+Outputs masked_softmax_rows(Where where, int Tk, bool segments) {
+  DeviceScope scope(where);
+  std::mt19937 gen(7);
+  const int B = 2, heads = 3, Tq = 4;
+  Buffer<int32_t> qseg(size_t(B) * Tq), kseg(size_t(B) * Tk);
+  for (int i = 0; i < Tq; ++i) qseg[i] = i < 2 ? 0 : i < 3 ? 1 : 9, qseg[Tq + i] = 2;
+  for (int j = 0; j < Tk; ++j) kseg[j] = j < Tk / 2 ? 0 : 1, kseg[Tk + j] = 2;
+  const int64_t rows = int64_t(B) * heads * Tq;
+  auto P = random_buffer<T>(size_t(rows) * Tk, gen, -3, 3), dP = random_buffer<T>(P.size(), gen);
+  run_rows(where, rows,
+           AttentionMaskedSoftmaxRow<T>{P.data(), segments ? qseg.data() : nullptr, segments ? kseg.data() : nullptr,
+                                        Tq, Tk, heads},
+           AttentionSoftmaxBackwardRow<T>{P.data(), dP.data(), Tk});
+  if (segments)
+    for (int j = 0; j < Tk; ++j) CHECK(P[size_t(Tq - 1) * Tk + j] == T(0));
+  return outputs(P, dP);
+}
+
+// The fused forward and gradient (in place over the logits), plain or with soft targets, and the
+// teacher's softmax.
+template <typename T>
+Outputs cross_entropy_rows(Where where, int V, bool distill) {
+  DeviceScope scope(where);
+  std::mt19937 gen(11);
+  const int N = 7;
+  const auto logits = random_buffer<T>(size_t(N) * V, gen, -4, 4);
+  auto soft = random_buffer<T>(logits.size(), gen, 0, 1);  // rows summing to about 1, not exactly
+  for (auto& p : soft) p *= T(2.0 / V);
+  Buffer<T> mask(N, T(1));
+  Buffer<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) targets[n] = (5 * n + 2) % V;
+  mask[3] = 0;
+  targets[3] = -1;
+  const T weight = T(0.3), alpha = T(0.4);
+  Buffer<T> lse(N), psum(N), probs(logits.size()), d = logits;
+  Buffer<double> loss(N), hard(N), soft_loss(N);
+  const CrossEntropyBackwardElement<T> backward{d.data(), lse.data(), mask.data(), targets.data(), d.data(), weight, V,
+                                                distill ? soft.data() : nullptr, distill ? psum.data() : nullptr, alpha};
+  run_rows(where, N, SoftmaxRow<T>{logits.data(), probs.data(), V});
+  if (distill) {
+    const SoftTargetForwardRow<T> fwd{d.data(),   mask.data(), soft.data(), targets.data(), lse.data(), psum.data(),
+                                      loss.data(), hard.data(), soft_loss.data(), alpha, V};
+    run_rows(where, N, CrossEntropyWithGradientRow<SoftTargetForwardRow<T>, T>{fwd, backward});
+  } else {
+    const CrossEntropyForwardRow<T> fwd{d.data(), mask.data(), targets.data(), lse.data(), loss.data(), V};
+    run_rows(where, N, CrossEntropyWithGradientRow<CrossEntropyForwardRow<T>, T>{fwd, backward});
+  }
+  CHECK(d != logits);
+  return outputs(probs, lse, psum, loss, hard, soft_loss, d);
+}
+
+// Every case at `where` against the host; on the GPU also run twice, bitwise the same.
+void check_cases_at(Where where) {
+  const auto check = [where](const auto& run_case, double tol) {
+    const Outputs at = run_case(where);
+    check_close(at, run_case(Where::Host), tol);
+    if (where == Where::Gpu) CHECK(run_case(where) == at);
+  };
+  for (const int M : kRowLengths) {
+    INFO("row length " << M);
+    check([M](Where w) { return layernorm_rows<double>(w, M); }, 1e-12);
+    check([M](Where w) { return layernorm_rows<float>(w, M); }, 1e-5);
+    for (const bool segments : {false, true}) {
+      INFO("segments " << segments);
+      check([M, segments](Where w) { return masked_softmax_rows<double>(w, M, segments); }, 1e-12);
+      check([M, segments](Where w) { return masked_softmax_rows<float>(w, M, segments); }, 1e-5);
+    }
+    for (const bool distill : {false, true}) {
+      INFO("soft targets " << distill);
+      check([M, distill](Where w) { return cross_entropy_rows<double>(w, M, distill); }, 1e-12);
+      check([M, distill](Where w) { return cross_entropy_rows<float>(w, M, distill); }, 1e-5);
+    }
+  }
+  for (const int Tq : {5, 45, 130}) {  // queries both sides of the warp's width
+    INFO("Tq " << Tq);
+    for (const bool segments : {false, true}) {
+      INFO("segments " << segments);
+      check([Tq, segments](Where w) { return causal_softmax_rows<double>(w, Tq, segments); }, 1e-12);
+      check([Tq, segments](Where w) { return causal_softmax_rows<float>(w, Tq, segments); }, 1e-5);
+    }
+  }
+}
 
 }  // namespace
 
-TEST_CASE("row lanes: layernorm rows on an emulated warp equal the host's", "[row_lanes][layers]") {
-  std::mt19937 gen(3);
-  for (const int M : kRowLengths) {
-    INFO("M = " << M);
-    const int N = 6;
-    const auto x = random_vec<double>(size_t(N) * M, gen, -2, 3), gain = random_vec<double>(M, gen);
-    const auto bias = random_vec<double>(M, gen), dy = random_vec<double>(size_t(N) * M, gen);
-    const auto dx0 = random_vec<double>(size_t(N) * M, gen);
-    std::vector<double> xhat[2], rstd[2], y[2], dx[2];
-    for (int w = 0; w < 2; ++w) {
-      xhat[w].assign(x.size(), 0);
-      y[w].assign(x.size(), 0);
-      rstd[w].assign(N, 0);
-      dx[w] = dx0;
-      const LayerNormForwardRow<double> fwd{x.data(), gain.data(), bias.data(), xhat[w].data(), rstd[w].data(),
-                                            y[w].data(), M, 1e-5};
-      const LayerNormBackwardRow<double> bwd{dy.data(), xhat[w].data(), rstd[w].data(), gain.data(), dx[w].data(), M};
-      run_rows(w == 1, N, fwd, bwd);
-    }
-    check_close(xhat[1], xhat[0], 1e-13);
-    check_close(y[1], y[0], 1e-13);
-    check_close(rstd[1], rstd[0], 1e-13);
-    check_close(dx[1], dx[0], 1e-13);
-  }
+TEST_CASE("row lanes: every row body on an emulated warp equals the host's single lane", "[row_lanes][layers]") {
+  check_cases_at(Where::EmulatedWarp);
 }
 
-TEST_CASE("row lanes: causal softmax rows on an emulated warp equal the host's", "[row_lanes][attention]") {
-  std::mt19937 gen(5);
-  const int B = 2, heads = 2, T = 45;  // queries both sides of the warp's width
-  std::vector<int32_t> segment(size_t(B) * T);
-  for (int t = 0; t < T; ++t) segment[t] = t < 20 ? 0 : t < 38 ? 1 : 2, segment[T + t] = t < 33 ? 4 : 5;
-  const int64_t rows = int64_t(B) * heads * T;
-  const auto scores = random_vec<float>(size_t(rows) * T, gen, -3, 3), dP0 = random_vec<float>(scores.size(), gen);
-  for (const int32_t* seg : {(const int32_t*)nullptr, (const int32_t*)segment.data()}) {
-    INFO("segments " << (seg != nullptr));
-    std::vector<float> P[2], dP[2];
-    for (int w = 0; w < 2; ++w) {
-      P[w] = scores;
-      dP[w] = dP0;
-      const AttentionCausalSoftmaxRow<float> fwd{P[w].data(), seg, T, heads};
-      const AttentionCausalSoftmaxBackwardRow<float> bwd{P[w].data(), dP[w].data(), T};
-      run_rows(w == 1, rows, fwd, bwd);
-    }
-    check_close(P[1], P[0], 1e-6);
-    check_close(dP[1], dP[0], 1e-6);
+TEST_CASE("row lanes: the row kernels on the GPU equal the host and repeat bitwise", "[row_lanes][cuda]") {
+  if (!gpu_available()) {
+    WARN("skipped: no GPU");
+    return;
   }
-}
-
-TEST_CASE("row lanes: masked softmax rows on an emulated warp equal the host's", "[row_lanes][attention]") {
-  std::mt19937 gen(7);
-  const int heads = 3, Tq = 4;
-  for (const int Tk : kRowLengths) {
-    INFO("Tk = " << Tk);
-    // Two sequences; the last query of the first has an example without keys (an all-zero row).
-    const int B = 2;
-    std::vector<int32_t> qseg(size_t(B) * Tq), kseg(size_t(B) * Tk);
-    for (int i = 0; i < Tq; ++i) qseg[i] = i < 2 ? 0 : i < 3 ? 1 : 9, qseg[Tq + i] = 2;
-    for (int j = 0; j < Tk; ++j) kseg[j] = j < Tk / 2 ? 0 : 1, kseg[Tk + j] = 2;
-    const int64_t rows = int64_t(B) * heads * Tq;
-    const auto scores = random_vec<double>(size_t(rows) * Tk, gen, -3, 3), dP0 = random_vec<double>(scores.size(), gen);
-    for (const bool segments : {false, true}) {
-      INFO("segments " << segments);
-      std::vector<double> P[2], dP[2];
-      for (int w = 0; w < 2; ++w) {
-        P[w] = scores;
-        dP[w] = dP0;
-        const AttentionMaskedSoftmaxRow<double> fwd{P[w].data(), segments ? qseg.data() : nullptr,
-                                                    segments ? kseg.data() : nullptr, Tq, Tk, heads};
-        const AttentionSoftmaxBackwardRow<double> bwd{P[w].data(), dP[w].data(), Tk};
-        run_rows(w == 1, rows, fwd, bwd);
-      }
-      check_close(P[1], P[0], 1e-13);
-      check_close(dP[1], dP[0], 1e-13);
-      if (segments)  // the query without keys: a zero row
-        for (int j = 0; j < Tk; ++j) CHECK(P[1][size_t(Tq - 1) * Tk + j] == 0.0);
-    }
-  }
-}
-
-TEST_CASE("row lanes: cross-entropy rows on an emulated warp equal the host's", "[row_lanes][layers][distill]") {
-  std::mt19937 gen(11);
-  for (const int V : kRowLengths) {
-    INFO("V = " << V);
-    const int N = 7;
-    const auto logits = random_vec<float>(size_t(N) * V, gen, -4, 4);
-    std::vector<float> soft(logits.size()), mask(N, 1.0f);
-    on_host(N, SoftmaxRow<float>{random_vec<float>(logits.size(), gen, -2, 2).data(), soft.data(), V});
-    std::vector<int32_t> targets(N);
-    for (int n = 0; n < N; ++n) targets[n] = (5 * n + 2) % V;
-    mask[3] = 0;
-    targets[3] = -1;
-    const float weight = 0.3f, alpha = 0.4f;
-    for (const bool distill : {false, true}) {
-      INFO("soft targets " << distill);
-      // Per lane count: lse, psum, loss, hard, soft_loss, dlogits (the fused pass, in place), probs.
-      std::vector<float> lse[2], psum[2], d[2], probs[2];
-      std::vector<double> loss[2], hard[2], soft_loss[2];
-      for (int w = 0; w < 2; ++w) {
-        lse[w].assign(N, 0);
-        psum[w].assign(N, 0);
-        loss[w].assign(N, 0);
-        hard[w].assign(N, 0);
-        soft_loss[w].assign(N, 0);
-        probs[w].assign(logits.size(), 0);
-        d[w] = logits;
-        const CrossEntropyBackwardElement<float> backward{d[w].data(), lse[w].data(), mask.data(), targets.data(),
-                                                          d[w].data(), weight, V, distill ? soft.data() : nullptr,
-                                                          distill ? psum[w].data() : nullptr, alpha};
-        const SoftmaxRow<float> softmax{logits.data(), probs[w].data(), V};
-        run_rows(w == 1, N, softmax);
-        if (distill) {
-          const SoftTargetForwardRow<float> fwd{d[w].data(), mask.data(), soft.data(), targets.data(), lse[w].data(),
-                                                psum[w].data(), loss[w].data(), hard[w].data(), soft_loss[w].data(),
-                                                alpha, V};
-          run_rows(w == 1, N, CrossEntropyWithGradientRow<SoftTargetForwardRow<float>, float>{fwd, backward});
-        } else {
-          const CrossEntropyForwardRow<float> fwd{d[w].data(), mask.data(), targets.data(), lse[w].data(),
-                                                  loss[w].data(), V};
-          run_rows(w == 1, N, CrossEntropyWithGradientRow<CrossEntropyForwardRow<float>, float>{fwd, backward});
-        }
-      }
-      check_close(probs[1], probs[0], 1e-6);
-      check_close(lse[1], lse[0], 1e-6);
-      check_close(psum[1], psum[0], 1e-6);
-      check_close(loss[1], loss[0], 1e-5);
-      check_close(hard[1], hard[0], 1e-5);
-      check_close(soft_loss[1], soft_loss[0], 1e-5);
-      check_close(d[1], d[0], 1e-6);
-      CHECK(d[1] != logits);
-    }
-  }
+  check_cases_at(Where::Gpu);
 }
