@@ -50,7 +50,7 @@ double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, con
   const auto run_rows = [&](const auto& row, int64_t work) {
     if (dlogits)
       for_each_row(N, CrossEntropyWithGradientRow<std::decay_t<decltype(row)>, T>{row, backward_body(logits, dlogits)},
-                     work + 2 * int64_t(V));
+                   work + 2 * int64_t(V));
     else
       for_each_row(N, row, work);
   };
