@@ -86,7 +86,8 @@ struct AttentionMaskedSoftmaxRow {
       row[j] = (!kseg || kseg[j] == qs) ? std::exp(row[j] - mx) : T(0);
       sum += row[j];
     }
-    const T inv = any ? T(1) / lanes.sum(sum) : T(0);
+    sum = lanes.sum(sum);
+    const T inv = any ? T(1) / sum : T(0);
     for (int j = lanes.first; j < Tk; j += lanes.step) row[j] *= inv;
   }
 };
