@@ -44,7 +44,8 @@ struct HostLanes {
 // A warp's reduction order (WarpLanes in tensor/launch_rows_cuda.cuh, and the host emulation of
 // the tests): each lane combines its partial with the partial of lane ^ 16, then ^ 8, 4, 2, 1
 // (exchange(partial, offset) returns the other lane's). Every lane combines the same pairs, only
-// commuted, so every lane ends with the bitwise same value.
+// commuted, so every lane ends with the bitwise same sum, and the same maximum (only a zero
+// maximum may differ in its sign between lanes, which no difference or exp of it can see).
 template <int kLanes, typename T, class Exchange, class Combine>
 MESHMOE_HD T butterfly(T partial, const Exchange& exchange, const Combine& combine) {
   for (int offset = kLanes / 2; offset > 0; offset /= 2) partial = combine(partial, exchange(partial, offset));
