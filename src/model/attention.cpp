@@ -9,7 +9,7 @@
 #include "model/attention_core.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/elementwise.hpp"
-#include "tensor/launch.hpp"
+#include "tensor/launch_rows.hpp"
 
 namespace meshmoe {
 
@@ -92,7 +92,7 @@ void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, co
     gemm_batched(false, true, rows, i0 + rows, D_, scale, heads_of(q + i0 * A_l, a, Tq), heads_of(k, a, Tq), T(0),
                  scores_of(p_.data() + size_t(i0) * Tq, a), B, heads_l_);
   }
-  for_each_index(int64_t(B) * heads_l_ * Tq, AttentionCausalSoftmaxRow<T>{p_.data(), ctx.segment, Tq, heads_l_}, Tq);
+  for_each_row(int64_t(B) * heads_l_ * Tq, AttentionCausalSoftmaxRow<T>{p_.data(), ctx.segment, Tq, heads_l_}, Tq);
   for (int i0 = 0; i0 < Tq; i0 += blk) {
     const int rows = std::min(blk, Tq - i0);
     gemm_batched(false, false, rows, D_, i0 + rows, T(1), scores_of<const T>(p_.data() + size_t(i0) * Tq, a),
@@ -153,7 +153,7 @@ void CausalSelfAttention<T>::causal_attention_backward(const T* q, const T* k, c
                  heads_of(dv + r, a, Tq), B, heads_l_);
   }
   // softmax backward of every row: dS = P * (dP - sum_j P dP); zero above the diagonal since P is
-  for_each_index(int64_t(B) * heads_l_ * Tq, AttentionCausalSoftmaxBackwardRow<T>{P, dP, Tq}, Tq);
+  for_each_row(int64_t(B) * heads_l_ * Tq, AttentionCausalSoftmaxBackwardRow<T>{P, dP, Tq}, Tq);
   for (int i0 = 0; i0 < Tq; i0 += blk) {
     const int rows = std::min(blk, Tq - i0);
     const size_t r = size_t(i0) * A_l, d = size_t(i0) * Tq;

@@ -1,8 +1,8 @@
-// CausalSelfAttention's and the attention core's loop bodies on the GPU (tensor/launch_cuda.cuh).
+// CausalSelfAttention's and the attention core's row bodies on the GPU (tensor/launch_rows_cuda.cuh).
 #include "model/attention_bodies.hpp"
-#include "tensor/launch_cuda.cuh"
+#include "tensor/launch_rows_cuda.cuh"
 
-MESHMOE_CUDA_BODY_FD(meshmoe::AttentionCausalSoftmaxRow)
-MESHMOE_CUDA_BODY_FD(meshmoe::AttentionCausalSoftmaxBackwardRow)
-MESHMOE_CUDA_BODY_FD(meshmoe::AttentionMaskedSoftmaxRow)
-MESHMOE_CUDA_BODY_FD(meshmoe::AttentionSoftmaxBackwardRow)
+MESHMOE_CUDA_ROW_BODY_FD(meshmoe::AttentionCausalSoftmaxRow)
+MESHMOE_CUDA_ROW_BODY_FD(meshmoe::AttentionCausalSoftmaxBackwardRow)
+MESHMOE_CUDA_ROW_BODY_FD(meshmoe::AttentionMaskedSoftmaxRow)
+MESHMOE_CUDA_ROW_BODY_FD(meshmoe::AttentionSoftmaxBackwardRow)

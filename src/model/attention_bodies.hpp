@@ -1,5 +1,5 @@
 // The loops of CausalSelfAttention (model/attention.cpp) and of the segment-masked attention core
-// (model/attention_core.cpp) as for_each_index bodies (tensor/launch.hpp).
+// (model/attention_core.cpp) as for_each_row bodies (tensor/launch_rows.hpp).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -17,21 +17,23 @@ struct AttentionCausalSoftmaxRow {
   T* P;
   const int32_t* segment;  // [B, T] or null
   int Tq, heads_l;
-  MESHMOE_HD void operator()(int64_t r) const {
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t r, const Lanes& lanes) const {
     const int i = int(r % Tq);
     const int32_t* seg = segment ? segment + (r / (int64_t(Tq) * heads_l)) * Tq : nullptr;
     T* row = P + r * Tq;
     T mx = row[i];
-    for (int j = 0; j < i; ++j)
+    for (int j = lanes.first; j < i; j += lanes.step)
       if (!seg || seg[j] == seg[i]) mx = row[j] > mx ? row[j] : mx;
+    mx = lanes.max(mx);
     T sum = 0;
-    for (int j = 0; j <= i; ++j) {
+    for (int j = lanes.first; j <= i; j += lanes.step) {
       row[j] = (!seg || seg[j] == seg[i]) ? std::exp(row[j] - mx) : T(0);
       sum += row[j];
     }
-    const T inv = T(1) / sum;
-    for (int j = 0; j <= i; ++j) row[j] *= inv;
-    for (int j = i + 1; j < Tq; ++j) row[j] = T(0);
+    const T inv = T(1) / lanes.sum(sum);
+    for (int j = lanes.first; j <= i; j += lanes.step) row[j] *= inv;
+    for (int j = i + 1 + lanes.first; j < Tq; j += lanes.step) row[j] = T(0);
   }
 };
 
@@ -42,14 +44,16 @@ struct AttentionCausalSoftmaxBackwardRow {
   const T* P;
   T* dP;
   int Tq;
-  MESHMOE_HD void operator()(int64_t r) const {
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t r, const Lanes& lanes) const {
     const int64_t i = r % Tq;
     const T* pr = P + r * Tq;
     T* dr = dP + r * Tq;
     T dot = 0;
-    for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
-    for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
-    for (int64_t j = i + 1; j < Tq; ++j) dr[j] = T(0);
+    for (int64_t j = lanes.first; j <= i; j += lanes.step) dot += pr[j] * dr[j];
+    dot = lanes.sum(dot);
+    for (int64_t j = lanes.first; j <= i; j += lanes.step) dr[j] = pr[j] * (dr[j] - dot);
+    for (int64_t j = i + 1 + lanes.first; j < Tq; j += lanes.step) dr[j] = T(0);
   }
 };
 
@@ -63,7 +67,8 @@ struct AttentionMaskedSoftmaxRow {
   const int32_t* query_segment;  // [B, Tq] or null
   const int32_t* key_segment;    // [B, Tk] or null
   int Tq, Tk, heads_l;
-  MESHMOE_HD void operator()(int64_t r) const {
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t r, const Lanes& lanes) const {
     const int64_t b = r / (int64_t(Tq) * heads_l);
     const int i = int(r % Tq);
     const int32_t* kseg = key_segment ? key_segment + b * Tk : nullptr;
@@ -71,15 +76,19 @@ struct AttentionMaskedSoftmaxRow {
     T* row = P + r * Tk;
     bool any = false;
     T mx = 0;
-    for (int j = 0; j < Tk; ++j)
+    for (int j = lanes.first; j < Tk; j += lanes.step)
       if (!kseg || kseg[j] == qs) mx = (!any || row[j] > mx) ? row[j] : mx, any = true;
+    // A lane that saw no key of the example takes no part in the maximum.
+    mx = lanes.max(any ? mx : -INFINITY);
+    any = lanes.max(int(any)) != 0;
     T sum = 0;
-    for (int j = 0; j < Tk; ++j) {
+    for (int j = lanes.first; j < Tk; j += lanes.step) {
       row[j] = (!kseg || kseg[j] == qs) ? std::exp(row[j] - mx) : T(0);
       sum += row[j];
     }
+    sum = lanes.sum(sum);
     const T inv = any ? T(1) / sum : T(0);
-    for (int j = 0; j < Tk; ++j) row[j] *= inv;
+    for (int j = lanes.first; j < Tk; j += lanes.step) row[j] *= inv;
   }
 };
 
@@ -89,12 +98,14 @@ struct AttentionSoftmaxBackwardRow {
   const T* P;
   T* dP;
   int Tk;
-  MESHMOE_HD void operator()(int64_t r) const {
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t r, const Lanes& lanes) const {
     const T* pr = P + r * Tk;
     T* dr = dP + r * Tk;
     T dot = 0;
-    for (int j = 0; j < Tk; ++j) dot += pr[j] * dr[j];
-    for (int j = 0; j < Tk; ++j) dr[j] = pr[j] * (dr[j] - dot);
+    for (int j = lanes.first; j < Tk; j += lanes.step) dot += pr[j] * dr[j];
+    dot = lanes.sum(dot);
+    for (int j = lanes.first; j < Tk; j += lanes.step) dr[j] = pr[j] * (dr[j] - dot);
   }
 };
 

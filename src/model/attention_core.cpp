@@ -6,7 +6,7 @@
 #include "model/attention_bodies.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/elementwise.hpp"
-#include "tensor/launch.hpp"
+#include "tensor/launch_rows.hpp"
 
 namespace meshmoe {
 
@@ -25,8 +25,8 @@ void masked_attention_forward(const AttentionPairs& a, const T* q, const T* k, c
   const T scale = T(1) / std::sqrt(T(a.D));
   gemm_batched(false, true, a.Tq, a.Tk, a.D, scale, heads_of(q, a, a.Tq), heads_of(k, a, a.Tk), T(0), scores_of(P, a),
                a.B, a.heads_l);
-  for_each_index(int64_t(a.B) * a.heads_l * a.Tq,
-                 AttentionMaskedSoftmaxRow<T>{P, a.query_segment, a.key_segment, a.Tq, a.Tk, a.heads_l}, a.Tk);
+  for_each_row(int64_t(a.B) * a.heads_l * a.Tq,
+               AttentionMaskedSoftmaxRow<T>{P, a.query_segment, a.key_segment, a.Tq, a.Tk, a.heads_l}, a.Tk);
   gemm_batched(false, false, a.Tq, a.D, a.Tk, T(1), scores_of<const T>(P, a), heads_of(v, a, a.Tk), T(0),
                heads_of(O, a, a.Tq), a.B, a.heads_l);
 }
@@ -42,7 +42,7 @@ void masked_attention_backward(const AttentionPairs& a, const T* q, const T* k, 
   gemm_batched(true, false, a.Tk, a.D, a.Tq, T(1), scores_of(P, a), heads_of(dO, a, a.Tq), T(0), heads_of(dv, a, a.Tk),
                a.B, a.heads_l);
   // softmax backward of every row: dS = P * (dP - sum_j P dP), zero where P is (masked keys)
-  for_each_index(int64_t(a.B) * a.heads_l * a.Tq, AttentionSoftmaxBackwardRow<T>{P, dP, a.Tk}, a.Tk);
+  for_each_row(int64_t(a.B) * a.heads_l * a.Tq, AttentionSoftmaxBackwardRow<T>{P, dP, a.Tk}, a.Tk);
   // dQ = scale dS K; dK = scale dS^T Q
   gemm_batched(false, false, a.Tq, a.D, a.Tk, scale, scores_of<const T>(dP, a), heads_of(k, a, a.Tk), T(0),
                heads_of(dq, a, a.Tq), a.B, a.heads_l);

@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "model/cross_entropy_bodies.hpp"
 #include "tensor/launch.hpp"
+#include "tensor/launch_rows.hpp"
 
 namespace meshmoe {
 
@@ -49,10 +50,10 @@ double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, con
   // Each row body alone, or followed by its row of dlogits.
   const auto run_rows = [&](const auto& row, int64_t work) {
     if (dlogits)
-      for_each_index(N, CrossEntropyWithGradientRow<std::decay_t<decltype(row)>, T>{row, backward_body(logits, dlogits)},
-                     work + 2 * int64_t(V));
+      for_each_row(N, CrossEntropyWithGradientRow<std::decay_t<decltype(row)>, T>{row, backward_body(logits, dlogits)},
+                   work + 2 * int64_t(V));
     else
-      for_each_index(N, row, work);
+      for_each_row(N, row, work);
   };
   if (soft) {
     soft_.assign(soft, soft + size_t(N) * V);

@@ -1,4 +1,5 @@
-// The loops of CrossEntropy (model/cross_entropy.cpp) as for_each_index bodies (tensor/launch.hpp).
+// The loops of CrossEntropy (model/cross_entropy.cpp) as for_each_row bodies (tensor/launch_rows.hpp)
+// and, for the unfused backward, a for_each_index_2d body (tensor/launch.hpp).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -7,15 +8,17 @@
 
 namespace meshmoe {
 
-// logsumexp of row[0..V), shifted by the row maximum: stable for any logit scale.
-template <typename T>
-MESHMOE_HD T row_logsumexp(const T* row, int V) {
+// logsumexp of row[0..V), shifted by the row maximum: stable for any logit scale. Every lane
+// returns it.
+template <typename T, class Lanes>
+MESHMOE_HD T row_logsumexp(const T* row, int V, const Lanes& lanes) {
   T mx = row[0];
-  for (int v = 1; v < V; ++v)
+  for (int v = 1 + lanes.first; v < V; v += lanes.step)
     if (mx < row[v]) mx = row[v];
+  mx = lanes.max(mx);
   T sum = 0;
-  for (int v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
-  return mx + std::log(sum);
+  for (int v = lanes.first; v < V; v += lanes.step) sum += std::exp(row[v] - mx);
+  return mx + std::log(lanes.sum(sum));
 }
 
 // Row n of logits [N, V]: lse[n] = logsumexp(row), loss[n] = lse[n] - row[target[n]] (0 where
@@ -27,10 +30,13 @@ struct CrossEntropyForwardRow {
   T* lse;
   double* loss;
   int V;
-  MESHMOE_HD void operator()(int64_t n) const {
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t n, const Lanes& lanes) const {
     const T* row = logits + n * V;
-    lse[n] = row_logsumexp(row, V);
-    loss[n] = mask[n] == T(0) ? 0.0 : double(lse[n] - row[targets[n]]);
+    const T l = row_logsumexp(row, V, lanes);
+    if (!lanes.leader()) return;
+    lse[n] = l;
+    loss[n] = mask[n] == T(0) ? 0.0 : double(l - row[targets[n]]);
   }
 };
 
@@ -54,10 +60,11 @@ struct CrossEntropyBackwardElement {
     dlogits[i] = gradient(n, i, v == targets[n], weight * mask[n], lse[n]);
   }
   // Row n at once, its scalars read once (the same value per element as operator()).
-  MESHMOE_HD void row(int64_t n) const {
+  template <class Lanes>
+  MESHMOE_HD void row(int64_t n, const Lanes& lanes) const {
     const T scale = weight * mask[n], lse_n = lse[n];
     const int32_t target = targets[n];
-    for (int v = 0; v < V; ++v) {
+    for (int v = lanes.first; v < V; v += lanes.step) {
       const int64_t i = n * V + v;
       dlogits[i] = gradient(n, i, v == target, scale, lse_n);
     }
@@ -77,14 +84,18 @@ struct CrossEntropyBackwardElement {
 
 // CrossEntropy::forward_with_gradient: row n's forward (CrossEntropyForwardRow or
 // SoftTargetForwardRow), then the backward's dlogits of that row while it is in cache (llm.c's
-// fused classifier); the same values as the two loops one after the other.
+// fused classifier); the same values as the two loops one after the other. The backward reads
+// the lse[n] (and psum[n]) that the forward's leader lane wrote, and overwrites logits that the
+// leader read (row[target]): hence the sync between the two.
 template <class ForwardRow, typename T>
 struct CrossEntropyWithGradientRow {
   ForwardRow forward;
   CrossEntropyBackwardElement<T> backward;
-  MESHMOE_HD void operator()(int64_t n) const {
-    forward(n);
-    backward.row(n);
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t n, const Lanes& lanes) const {
+    forward(n, lanes);
+    lanes.sync();
+    backward.row(n, lanes);
   }
 };
 
@@ -102,22 +113,27 @@ struct SoftTargetForwardRow {
   double *loss, *hard, *soft_loss;
   T alpha;
   int V;
-  MESHMOE_HD void operator()(int64_t n) const {
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t n, const Lanes& lanes) const {
     const T* row = logits + n * V;
     const T* p = soft + n * V;
-    lse[n] = row_logsumexp(row, V);
+    const T l = row_logsumexp(row, V, lanes);
     T ps = 0, pl = 0;
-    for (int v = 0; v < V; ++v) {
+    for (int v = lanes.first; v < V; v += lanes.step) {
       ps += p[v];
       pl += p[v] * row[v];
     }
+    ps = lanes.sum(ps);
+    pl = lanes.sum(pl);
+    if (!lanes.leader()) return;
+    lse[n] = l;
     psum[n] = ps;
     if (mask[n] == T(0)) {
       loss[n] = hard[n] = soft_loss[n] = 0.0;
       return;
     }
-    const T h = lse[n] - row[targets[n]];
-    const T s = lse[n] * ps - pl;
+    const T h = l - row[targets[n]];
+    const T s = l * ps - pl;
     hard[n] = double(h);
     soft_loss[n] = double(s);
     loss[n] = double((T(1) - alpha) * h + alpha * s);
@@ -130,11 +146,12 @@ struct SoftmaxRow {
   const T* logits;
   T* probs;
   int V;
-  MESHMOE_HD void operator()(int64_t n) const {
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t n, const Lanes& lanes) const {
     const T* row = logits + n * V;
     T* out = probs + n * V;
-    const T lse = row_logsumexp(row, V);
-    for (int v = 0; v < V; ++v) out[v] = std::exp(row[v] - lse);
+    const T lse = row_logsumexp(row, V, lanes);
+    for (int v = lanes.first; v < V; v += lanes.step) out[v] = std::exp(row[v] - lse);
   }
 };
 

@@ -3,6 +3,7 @@
 #include "model/layer_shapes.hpp"
 #include "model/layernorm_bodies.hpp"
 #include "tensor/launch.hpp"
+#include "tensor/launch_rows.hpp"
 
 namespace meshmoe {
 
@@ -16,13 +17,13 @@ template <typename T>
 void LayerNorm<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
   if (xhat_.size() < size_t(N) * M_) xhat_.resize(size_t(N) * M_);
   if (rstd_.size() < size_t(N)) rstd_.resize(N);
-  for_each_index(N, LayerNormForwardRow<T>{x, gain.w, bias.w, xhat_.data(), rstd_.data(), y, M_, T(eps_)}, M_);
+  for_each_row(N, LayerNormForwardRow<T>{x, gain.w, bias.w, xhat_.data(), rstd_.data(), y, M_, T(eps_)}, M_);
 }
 
 // dy [N, M] -> dx [N, M] (+=), gain.g and bias.g (+=)
 template <typename T>
 void LayerNorm<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
-  for_each_index(N, LayerNormBackwardRow<T>{dy, xhat_.data(), rstd_.data(), gain.w, dx, M_}, M_);
+  for_each_row(N, LayerNormBackwardRow<T>{dy, xhat_.data(), rstd_.data(), gain.w, dx, M_}, M_);
   const int chunks = (N + LayerNormParamGradPartials<T>::kRows - 1) / LayerNormParamGradPartials<T>::kRows;
   if (partials_.size() < 2 * size_t(chunks) * M_) partials_.resize(2 * size_t(chunks) * M_);
   T* partial_gain = partials_.data();

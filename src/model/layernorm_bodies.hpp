@@ -1,4 +1,5 @@
-// The loops of LayerNorm (model/layernorm.cpp) as for_each_index bodies (tensor/launch.hpp).
+// The loops of LayerNorm (model/layernorm.cpp): the rows as for_each_row bodies
+// (tensor/launch_rows.hpp), the parameter gradients as for_each_index bodies (tensor/launch.hpp).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -14,20 +15,21 @@ struct LayerNormForwardRow {
   T *xhat, *rstd, *y;
   int M;
   T eps;
-  MESHMOE_HD void operator()(int64_t n) const {
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t n, const Lanes& lanes) const {
     const T* xr = x + n * M;
     // Two passes (mean, then centred variance) avoid the cancellation of E[x^2] - E[x]^2.
     T mean = 0;
-    for (int m = 0; m < M; ++m) mean += xr[m];
-    mean /= T(M);
+    for (int m = lanes.first; m < M; m += lanes.step) mean += xr[m];
+    mean = lanes.sum(mean) / T(M);
     T var = 0;
-    for (int m = 0; m < M; ++m) var += (xr[m] - mean) * (xr[m] - mean);
-    var /= T(M);
+    for (int m = lanes.first; m < M; m += lanes.step) var += (xr[m] - mean) * (xr[m] - mean);
+    var = lanes.sum(var) / T(M);
     const T r = T(1) / std::sqrt(var + eps);
-    rstd[n] = r;
+    if (lanes.leader()) rstd[n] = r;
     T* xh = xhat + n * M;
     T* yr = y + n * M;
-    for (int m = 0; m < M; ++m) {
+    for (int m = lanes.first; m < M; m += lanes.step) {
       xh[m] = (xr[m] - mean) * r;
       yr[m] = xh[m] * gain[m] + bias[m];
     }
@@ -40,19 +42,20 @@ struct LayerNormBackwardRow {
   const T *dy, *xhat, *rstd, *gain;
   T* dx;
   int M;
-  MESHMOE_HD void operator()(int64_t n) const {
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t n, const Lanes& lanes) const {
     const T* d = dy + n * M;
     const T* xh = xhat + n * M;
     T* o = dx + n * M;
     T mean_g = 0, mean_gx = 0;
-    for (int m = 0; m < M; ++m) {
+    for (int m = lanes.first; m < M; m += lanes.step) {
       const T g = d[m] * gain[m];
       mean_g += g;
       mean_gx += g * xh[m];
     }
-    mean_g /= T(M);
-    mean_gx /= T(M);
-    for (int m = 0; m < M; ++m) o[m] += rstd[n] * (d[m] * gain[m] - mean_g - xh[m] * mean_gx);
+    mean_g = lanes.sum(mean_g) / T(M);
+    mean_gx = lanes.sum(mean_gx) / T(M);
+    for (int m = lanes.first; m < M; m += lanes.step) o[m] += rstd[n] * (d[m] * gain[m] - mean_g - xh[m] * mean_gx);
   }
 };
 

@@ -10,7 +10,7 @@
 #include "mesh/agree.hpp"
 #include "model/cross_entropy_bodies.hpp"
 #include "parallel/pipeline_executor.hpp"
-#include "tensor/launch.hpp"
+#include "tensor/launch_rows.hpp"
 #include "train/checkpoint.hpp"
 #include "train/run_checkpoints.hpp"
 #include "train/run_data.hpp"
@@ -109,7 +109,7 @@ class Distiller : public TrainHooks {
       const Buffer<float>& logits = teacher.logits();
       probs_[m].resize(logits.size());
       const int N = micros[m].rows.rows * micros[m].rows.seq_len;
-      for_each_index(N, SoftmaxRow<float>{logits.data(), probs_[m].data(), vocab_}, 2 * int64_t(vocab_));
+      for_each_row(N, SoftmaxRow<float>{logits.data(), probs_[m].data(), vocab_}, 2 * int64_t(vocab_));
       micros[m].soft_targets = probs_[m].data();
     }
     w.distill_alpha = alpha_;

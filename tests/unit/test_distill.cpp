@@ -13,6 +13,7 @@
 #include "io/h5.hpp"
 #include "model/cross_entropy.hpp"
 #include "model/cross_entropy_bodies.hpp"
+#include "tensor/launch_rows.hpp"
 #include "test_util.hpp"
 
 using namespace meshmoe;
@@ -37,7 +38,7 @@ void write_case(h5::File& f, const SoftCase& c, uint32_t seed) {
   for (int n = 0; n < c.N; ++n) targets[size_t(n)] = int32_t(gen() % uint32_t(c.V));
   if (c.masked)
     for (int n = 0; n < c.N; n += 3) mask[size_t(n)] = 0.0f, targets[size_t(n)] = -1;
-  for (int64_t n = 0; n < c.N; ++n) SoftmaxRow<float>{teacher.data(), probs.data(), c.V}(n);
+  for (int64_t n = 0; n < c.N; ++n) SoftmaxRow<float>{teacher.data(), probs.data(), c.V}(n, HostLanes{});
   double count = 0;
   for (float m : mask) count += m;
   const double weight = 1.0 / count;

@@ -23,6 +23,7 @@
 #include "model/layernorm.hpp"
 #include "model/mlp.hpp"
 #include "tensor/launch.hpp"
+#include "tensor/launch_rows.hpp"
 #include "train/distill.hpp"
 
 using namespace meshmoe;
@@ -888,7 +889,7 @@ void check_forward_with_gradient(bool reversed) {
   std::vector<T> logits(size_t(N) * V), probs(logits.size()), mask(N, T(1));
   std::uniform_real_distribution<double> u(-4, 4);
   for (auto& x : logits) x = T(u(gen));
-  for (int64_t n = 0; n < N; ++n) SoftmaxRow<T>{logits.data(), probs.data(), V}(n);
+  for (int64_t n = 0; n < N; ++n) SoftmaxRow<T>{logits.data(), probs.data(), V}(n, HostLanes{});
   std::vector<int32_t> targets(N);
   for (int n = 0; n < N; ++n) targets[n] = (7 * n + 3) % V;
   mask[4] = mask[11] = T(0);
@@ -927,7 +928,7 @@ TEST_CASE("softmax rows: the teacher's probabilities", "[layers][distill]") {
   auto logits = random_vec(size_t(N) * V, gen, -4, 4);
   logits[3] += 800;  // a huge logit: still finite, and that row one-hot to rounding
   std::vector<double> probs(logits.size());
-  for (int64_t n = 0; n < N; ++n) SoftmaxRow<double>{logits.data(), probs.data(), V}(n);
+  for (int64_t n = 0; n < N; ++n) SoftmaxRow<double>{logits.data(), probs.data(), V}(n, HostLanes{});
   for (int n = 0; n < N; ++n) {
     double z = 0, mx = logits[n * V];
     for (int v = 0; v < V; ++v) mx = std::max(mx, logits[n * V + v]);
