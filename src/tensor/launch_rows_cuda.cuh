@@ -1,6 +1,6 @@
 // The CUDA half of for_each_row (tensor/launch_rows.hpp): one warp per row, 8 rows per block of
 // 256 threads, grid-stride over the rows (llm.c's warp-per-row LayerNorm kernels are the model),
-// then a synchronisation as launch_on_cuda has. Include from a .cu file and instantiate each row
+// queued on the stream as launch_on_cuda's kernels are. Include from a .cu file and instantiate each row
 // body there:
 //   MESHMOE_CUDA_ROW_BODY(LayerNormForwardRow<float>)
 //   MESHMOE_CUDA_ROW_BODY_FD(LayerNormForwardRow)   // <float> and <double>
@@ -57,11 +57,11 @@ __global__ void for_each_row_kernel(int64_t rows, Body body) {
 template <class Body>
 void launch_rows_on_cuda(int64_t rows, const Body& body) {
   if (rows <= 0) return;
+  before_device_work();
   constexpr int kThreads = 256, kRowsPerBlock = kThreads / kWarpLanes;
   const int64_t blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, int64_t(1) << 16);
   for_each_row_kernel<Body><<<unsigned(blocks), kThreads>>>(rows, body);
   cuda_check(cudaGetLastError(), "row kernel launch");
-  device_synchronize();
 }
 
 }  // namespace meshmoe

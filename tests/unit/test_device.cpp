@@ -238,6 +238,7 @@ TEST_CASE("device: cuBLAS row-major GEMM equals OpenBLAS for every transpose", "
         OnGpu gpu;
         Buffer<double> dA(A.begin(), A.end()), dB(B.begin(), B.end()), dC(C0.begin(), C0.end());
         gemm(ta, tb, M, N, K, 0.7, dA.data(), ta ? M : K, dB.data(), tb ? K : N, 0.3, dC.data(), N);
+        device_synchronize();  // the host reads the GEMM's result
         dev.assign(dC.begin(), dC.end());
       }
       INFO("trans_a " << ta << " trans_b " << tb);
@@ -299,6 +300,7 @@ TEST_CASE("device: cuBLAS bf16 GEMM equals the host emulation for every transpos
         OnGpu gpu;
         Buffer<float> dA(A.begin(), A.end()), dB(B.begin(), B.end()), dC(C0.begin(), C0.end());
         gemm(ta, tb, M, N, K, 0.7f, dA.data(), ta ? M : K, dB.data(), tb ? K : N, 0.3f, dC.data(), N);
+        device_synchronize();  // the host reads the GEMM's result
         dev.assign(dC.begin(), dC.end());
       }
       INFO("trans_a " << ta << " trans_b " << tb);

@@ -107,24 +107,28 @@ void on_emulated_warp(int64_t rows, const Body& body) {
   CHECK_FALSE(warp.lanes_disagreed.load());
 }
 
-enum class Where { Host, EmulatedWarp, Gpu };
+// Deferred: the host's lane under the deferred host device (tensor/device.hpp), which checks that
+// the cases wait for the device before they touch a Buffer, as they must on the GPU.
+enum class Where { Host, EmulatedWarp, Gpu, Deferred };
 
 bool gpu_available() { return cuda_compiled() && cuda_device_count() > 0; }
 
 // While it lives, Buffers come from the GPU's arena and for_each_row launches row kernels, when
 // `where` is the GPU. Declared before a case's Buffers, so that they are freed inside it.
 struct DeviceScope {
-  explicit DeviceScope(Where where) : gpu(where == Where::Gpu) {
+  explicit DeviceScope(Where where) : gpu(where == Where::Gpu), deferred(where == Where::Deferred) {
+    if (deferred) set_deferred_host_device(true);
     if (!gpu) return;
     cuda_bind(0);
     set_device(Device::Cuda);
   }
   ~DeviceScope() {
     if (gpu) set_device(Device::Cpu);
+    if (deferred) set_deferred_host_device(false);
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
-  bool gpu;
+  bool gpu, deferred;
 };
 
 // The bodies one after the other: for_each_row on the current device (host or GPU), or the
@@ -141,6 +145,7 @@ template <typename T>
 Buffer<T> random_buffer(size_t n, std::mt19937& gen, double lo = -1, double hi = 1) {
   std::uniform_real_distribution<double> u(lo, hi);
   Buffer<T> v(n);
+  device_synchronize();  // the host writes it
   for (auto& x : v) x = T(u(gen));
   return v;
 }
@@ -150,6 +155,7 @@ using Outputs = std::vector<std::vector<double>>;
 
 template <class... Arrays>
 Outputs outputs(const Arrays&... arrays) {
+  device_synchronize();  // the host reads them
   return {std::vector<double>(arrays.begin(), arrays.end())...};
 }
 
@@ -190,6 +196,7 @@ Outputs causal_softmax_rows(Where where, int Tq, bool segments) {
   std::mt19937 gen(5);
   const int B = 2, heads = 2;
   Buffer<int32_t> segment(size_t(B) * Tq);
+  device_synchronize();
   for (int t = 0; t < Tq; ++t) segment[t] = t < Tq / 2 ? 0 : t < Tq - 7 ? 1 : 2, segment[Tq + t] = t < 33 ? 4 : 5;
   const int64_t rows = int64_t(B) * heads * Tq;
   auto P = random_buffer<T>(size_t(rows) * Tq, gen, -3, 3), dP = random_buffer<T>(P.size(), gen);
@@ -205,6 +212,7 @@ Outputs masked_softmax_rows(Where where, int Tk, bool segments) {
   std::mt19937 gen(7);
   const int B = 2, heads = 3, Tq = 4;
   Buffer<int32_t> qseg(size_t(B) * Tq), kseg(size_t(B) * Tk);
+  device_synchronize();
   for (int i = 0; i < Tq; ++i) qseg[i] = i < 2 ? 0 : i < 3 ? 1 : 9, qseg[Tq + i] = 2;
   for (int j = 0; j < Tk; ++j) kseg[j] = j < Tk / 2 ? 0 : 1, kseg[Tk + j] = 2;
   const int64_t rows = int64_t(B) * heads * Tq;
@@ -213,6 +221,7 @@ Outputs masked_softmax_rows(Where where, int Tk, bool segments) {
            AttentionMaskedSoftmaxRow<T>{P.data(), segments ? qseg.data() : nullptr, segments ? kseg.data() : nullptr,
                                         Tq, Tk, heads},
            AttentionSoftmaxBackwardRow<T>{P.data(), dP.data(), Tk});
+  device_synchronize();
   if (segments)
     for (int j = 0; j < Tk; ++j) CHECK(P[size_t(Tq - 1) * Tk + j] == T(0));
   return outputs(P, dP);
@@ -230,6 +239,7 @@ Outputs cross_entropy_rows(Where where, int V, bool distill) {
   for (auto& p : soft) p *= T(2.0 / V);
   Buffer<T> mask(N, T(1));
   Buffer<int32_t> targets(N);
+  device_synchronize();
   for (int n = 0; n < N; ++n) targets[n] = (5 * n + 2) % V;
   mask[3] = 0;
   targets[3] = -1;
@@ -247,6 +257,7 @@ Outputs cross_entropy_rows(Where where, int V, bool distill) {
     const CrossEntropyForwardRow<T> fwd{d.data(), mask.data(), targets.data(), lse.data(), loss.data(), V};
     run_rows(where, N, CrossEntropyWithGradientRow<CrossEntropyForwardRow<T>, T>{fwd, backward});
   }
+  device_synchronize();
   CHECK(d != logits);
   return outputs(probs, lse, psum, loss, hard, soft_loss, d);
 }
@@ -287,6 +298,18 @@ void check_cases_at(Where where) {
 
 TEST_CASE("row lanes: every row body on an emulated warp equals the host's single lane", "[row_lanes][layers]") {
   check_cases_at(Where::EmulatedWarp);
+}
+
+TEST_CASE("row lanes: the cases wait for the device before the host touches a Buffer", "[row_lanes][deferred]") {
+  // Bitwise the host's results: the same arithmetic, queued (tensor/device.hpp).
+  for (const int M : kRowLengths) {
+    INFO("row length " << M);
+    CHECK(layernorm_rows<float>(Where::Deferred, M) == layernorm_rows<float>(Where::Host, M));
+    CHECK(masked_softmax_rows<float>(Where::Deferred, M, true) == masked_softmax_rows<float>(Where::Host, M, true));
+    for (const bool distill : {false, true})
+      CHECK(cross_entropy_rows<float>(Where::Deferred, M, distill) == cross_entropy_rows<float>(Where::Host, M, distill));
+  }
+  CHECK(causal_softmax_rows<float>(Where::Deferred, 45, true) == causal_softmax_rows<float>(Where::Host, 45, true));
 }
 
 TEST_CASE("row lanes: the row kernels on the GPU equal the host and repeat bitwise", "[row_lanes][cuda]") {
