@@ -126,8 +126,11 @@ void before_device_work() {
 
 void zero_on_device_later_slow(char* p, size_t bytes) {
   queue_pending_zero();
+  // The new range counts as queued work (the host must synchronise to touch it); it is queued
+  // itself only when it stops growing.
+  g_work_queued = true;
+  if (g_deferred_host_device) g_deferred.lock(true);
   g_pending_zero = {p, p + bytes};
-  before_device_work();  // the range counts as queued work: the host must synchronise to touch it
 }
 
 void device_synchronize() {
@@ -153,6 +156,10 @@ void set_deferred_host_device(bool on) {
   g_deferred.lock(false);
   g_deferred_host_device = on;
   g_buffers_on_device = on || g_device == Device::Cuda;
+}
+
+size_t deferred_host_work_queued() {
+  return g_deferred.queue.size() + (g_pending_zero.begin != g_pending_zero.end ? 1 : 0);
 }
 
 void defer_host_work(std::function<void()> work) {

@@ -158,8 +158,12 @@ TEST_CASE("device: the model's host accesses to device Buffers all wait for the 
 
 TEST_CASE("device: a Buffer made on the device is zero, and its host writes wait for queued work", "[device][deferred]") {
   test::DeferredHostDevice guard;
-  Buffer<float> a(1000);  // value-initialised by the device
+  Buffer<float> a(1000);  // value-initialised by the device: one zeroing, not one per element
+  CHECK(deferred_host_work_queued() == 1);
+  Buffer<double> c(300), d(200);
+  CHECK(deferred_host_work_queued() == 3);
   fill_with(a.data(), 10, 2.f);
+  CHECK(deferred_host_work_queued() == 4);
   Buffer<float> b(a.size(), 3.f);  // a host write: waits for the queue first
   a.resize(2000);                  // the grown tail zeroed by the device, the copy by the host
   device_synchronize();
@@ -168,6 +172,8 @@ TEST_CASE("device: a Buffer made on the device is zero, and its host writes wait
   CHECK(a[10] == 0.f);
   CHECK(a[1999] == 0.f);
   CHECK(b[999] == 3.f);
+  CHECK(deferred_host_work_queued() == 0);
+  CHECK(c[299] == 0.0);
 }
 
 TEST_CASE("device: Buffers on the host are 64-byte aligned and free cleanly", "[device]") {
