@@ -23,15 +23,18 @@ class Embedding {
   // tokens [N] (B sequences of T tokens, contiguous) -> x [N, M] = wte[token] + wpe[position], the
   // position within the token's packed example (ctx.position; n % T when null)
   void forward(const StepContext& ctx, const int32_t* tokens, T* x, int N, int T_seq);
-  // dx [N, M] -> adds into wte.g and wpe.g (tokens saved by forward)
+  // dx [N, M] -> adds into wte.g and wpe.g (the grouping of the tokens saved by forward)
   void backward(const StepContext& ctx, const T* dx, int N);
 
   // What backward reads of the last forward (activation_stash.hpp).
   template <class F>
   void saved_state(F&& f) {
     f(T_);
-    f(tokens_);
-    f(positions_);
+    for (RowGrouping* g : {&by_token_, &by_position_}) {
+      f(g->rows);
+      f(g->start);
+      f(g->order);
+    }
   }
 
   ParamView<T> wte, wpe;
@@ -43,7 +46,7 @@ class Embedding {
   int T_ = 0;
   Buffer<int32_t> tokens_, positions_;  // [N]
   std::vector<int32_t> host_positions_;  // [N]: the host's copy, for the grouping
-  // backward's grouping of the tokens n by the table row they read (a stable counting sort): the
+  // backward's grouping of the tokens n by the table row they read, built by forward (a stable counting sort): the
   // distinct rows in use (ascending) [U], where each one's tokens start in `order` [U + 1], the
   // tokens n [N]; `first` [rows + 1] is scratch
   struct RowGrouping {

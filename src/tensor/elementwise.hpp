@@ -7,6 +7,7 @@
 
 #include "core/hd.hpp"
 #include "tensor/launch.hpp"
+#include "tensor/launch_rows.hpp"
 
 namespace meshmoe {
 
@@ -55,11 +56,14 @@ struct FlagNonFiniteChunk {
   const T* v;
   int64_t n;
   int32_t* bad;
-  MESHMOE_HD void operator()(int64_t c) const {
+  // A row body (tensor/launch_rows.hpp): one warp per chunk on the GPU.
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t c, const Lanes& lanes) const {
     const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
     int32_t b = 0;
-    for (int64_t i = c * kChunk; i < end; ++i) b |= !std::isfinite(v[i]);
-    bad[c] = b;
+    for (int64_t i = c * kChunk + lanes.first; i < end; i += lanes.step) b |= !std::isfinite(v[i]);
+    b = lanes.max(b);
+    if (lanes.leader()) bad[c] = b;
   }
 };
 
@@ -84,7 +88,7 @@ template <typename T>
 bool all_finite(const T* v, size_t n) {
   const int64_t chunks = (int64_t(n) + FlagNonFiniteChunk<T>::kChunk - 1) / FlagNonFiniteChunk<T>::kChunk;
   Buffer<int32_t> bad(size_t(chunks), 0);
-  for_each_index(chunks, FlagNonFiniteChunk<T>{v, int64_t(n), bad.data()}, FlagNonFiniteChunk<T>::kChunk);
+  for_each_row(chunks, FlagNonFiniteChunk<T>{v, int64_t(n), bad.data()}, FlagNonFiniteChunk<T>::kChunk);
   device_synchronize();
   for (int32_t b : bad)
     if (b) return false;

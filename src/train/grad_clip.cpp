@@ -20,13 +20,23 @@ std::vector<size_t> entries_where(const ParamStore<float>& store, bool split) {
 std::vector<size_t> whole_entries(const ParamStore<float>& store) { return entries_where(store, false); }
 std::vector<size_t> split_entries(const ParamStore<float>& store) { return entries_where(store, true); }
 
-// Per entry: partial sums per chunk on the device (sum_squares), added here in entry order.
+// Per entry: partial sums per chunk on the device, all entries' queued before the one wait; then
+// each entry's chunks added in order, the entries in entry order (the sums of sum_squares).
 double grad_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries) {
-  Buffer<double> partials;
+  std::vector<int64_t> first(entries.size() + 1, 0);
+  for (size_t k = 0; k < entries.size(); ++k)
+    first[k + 1] = first[k] + sum_squares_chunks<float>(store.infos()[entries[k]].size);
+  Buffer<double> partials(size_t(first.back()));
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const ParamInfo& p = store.infos()[entries[k]];
+    queue_sum_squares(store.grads() + p.flat_offset, p.size, partials.data() + first[k]);
+  }
+  device_synchronize();
   double s = 0.0;
-  for (size_t e : entries) {
-    const ParamInfo& p = store.infos()[e];
-    s += sum_squares(store.grads() + p.flat_offset, p.size, partials);
+  for (size_t k = 0; k < entries.size(); ++k) {
+    double entry = 0.0;
+    for (int64_t c = first[k]; c < first[k + 1]; ++c) entry += partials[size_t(c)];
+    s += entry;
   }
   return s;
 }

@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "tensor/launch.hpp"
+#include "tensor/launch_rows.hpp"
 #include "train/adafactor.hpp"
 #include "train/adamw.hpp"
 #include "train/optimizer_bodies.hpp"
@@ -23,16 +24,29 @@ void Optimizer::check_layout(const ParamStore<float>& store, int64_t t) const {
 }
 
 template <typename T>
+int64_t sum_squares_chunks(size_t n) {
+  return (int64_t(n) + SumSquaresChunk<T>::kChunk - 1) / SumSquaresChunk<T>::kChunk;
+}
+
+template <typename T>
+void queue_sum_squares(const T* v, size_t n, double* partials) {
+  for_each_row(sum_squares_chunks<T>(n), SumSquaresChunk<T>{v, int64_t(n), partials}, SumSquaresChunk<T>::kChunk);
+}
+
+template <typename T>
 double sum_squares(const T* v, size_t n, Buffer<double>& partials) {
-  const int64_t chunks = (int64_t(n) + SumSquaresChunk<T>::kChunk - 1) / SumSquaresChunk<T>::kChunk;
+  const int64_t chunks = sum_squares_chunks<T>(n);
   if (partials.size() < size_t(chunks)) partials.resize(size_t(chunks));
-  for_each_index(chunks, SumSquaresChunk<T>{v, int64_t(n), partials.data()},
-                 SumSquaresChunk<T>::kChunk);
+  queue_sum_squares(v, n, partials.data());
   device_synchronize();
   double s = 0.0;
   for (int64_t c = 0; c < chunks; ++c) s += partials[size_t(c)];
   return s;
 }
+template int64_t sum_squares_chunks<float>(size_t);
+template int64_t sum_squares_chunks<double>(size_t);
+template void queue_sum_squares(const float*, size_t, double*);
+template void queue_sum_squares(const double*, size_t, double*);
 template double sum_squares(const float*, size_t, Buffer<double>&);
 template double sum_squares(const double*, size_t, Buffer<double>&);
 

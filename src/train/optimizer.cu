@@ -1,8 +1,8 @@
 // The optimizers' and gradient clipping's loop bodies on the GPU (tensor/launch_cuda.cuh).
 #include "tensor/launch_cuda.cuh"
+#include "tensor/launch_rows_cuda.cuh"
 #include "train/optimizer_bodies.hpp"
 
-MESHMOE_CUDA_BODY_FD(meshmoe::SumSquaresChunk)
 MESHMOE_CUDA_BODY(meshmoe::AdamWUpdateElement)
 MESHMOE_CUDA_BODY(meshmoe::AdafactorRowSumSquares)
 MESHMOE_CUDA_BODY(meshmoe::AdafactorColumnSumSquares)
@@ -11,3 +11,4 @@ MESHMOE_CUDA_BODY(meshmoe::AdafactorRowMomentSum)
 MESHMOE_CUDA_BODY(meshmoe::AdafactorFactoredUpdateElement)
 MESHMOE_CUDA_BODY(meshmoe::AdafactorUnfactoredUpdateElement)
 MESHMOE_CUDA_BODY(meshmoe::AdafactorApplyElement)
+MESHMOE_CUDA_ROW_BODY_FD(meshmoe::SumSquaresChunk)

@@ -69,6 +69,12 @@ class Optimizer {
 // as needed, so callers can keep it between calls), their sum in chunk order here.
 template <typename T>
 double sum_squares(const T* v, size_t n, Buffer<double>& partials);
+// Its parts: the number of chunk sums of n elements, and those sums queued on the device into
+// partials[0, chunks) (a transfer point must come before the host reads them).
+template <typename T>
+int64_t sum_squares_chunks(size_t n);
+template <typename T>
+void queue_sum_squares(const T* v, size_t n, double* partials);
 
 // Every entry of the store (what a single rank owns).
 std::vector<size_t> all_entries(const ParamStore<float>& store);

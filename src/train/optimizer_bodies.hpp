@@ -16,11 +16,15 @@ struct SumSquaresChunk {
   const T* v;
   int64_t n;
   double* partial;
-  MESHMOE_HD void operator()(int64_t c) const {
+  // A row body (tensor/launch_rows.hpp): the chunk is the row; one warp per chunk on the GPU
+  // (adjacent lanes read adjacent elements), the plain sequential sum on the host.
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t c, const Lanes& lanes) const {
     const int64_t end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
     double s = 0.0;
-    for (int64_t i = c * kChunk; i < end; ++i) s += double(v[i]) * double(v[i]);
-    partial[c] = s;
+    for (int64_t i = c * kChunk + lanes.first; i < end; i += lanes.step) s += double(v[i]) * double(v[i]);
+    s = lanes.sum(s);
+    if (lanes.leader()) partial[c] = s;
   }
 };
 

@@ -21,7 +21,9 @@
 #include "model/attention_bodies.hpp"
 #include "model/cross_entropy_bodies.hpp"
 #include "model/layernorm_bodies.hpp"
+#include "train/optimizer_bodies.hpp"
 #include "tensor/device.hpp"
+#include "tensor/elementwise.hpp"
 #include "tensor/launch_rows.hpp"
 
 using namespace meshmoe;
@@ -298,6 +300,24 @@ void check_cases_at(Where where) {
 
 TEST_CASE("row lanes: every row body on an emulated warp equals the host's single lane", "[row_lanes][layers]") {
   check_cases_at(Where::EmulatedWarp);
+}
+
+TEST_CASE("row lanes: the chunk reductions (gradient norm, finite check) on an emulated warp", "[row_lanes][layers]") {
+  // Three whole chunks and a partial one; a NaN and an Inf in the third.
+  const int64_t n = 3 * SumSquaresChunk<float>::kChunk + 77, chunks = 4;
+  std::mt19937 gen(13);
+  std::uniform_real_distribution<float> u(-2, 2);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = u(gen);
+  std::vector<double> host(chunks), warp(chunks);
+  for (int64_t c = 0; c < chunks; ++c) SumSquaresChunk<float>{v.data(), n, host.data()}(c, HostLanes{});
+  on_emulated_warp(chunks, SumSquaresChunk<float>{v.data(), n, warp.data()});
+  for (int64_t c = 0; c < chunks; ++c) CHECK(std::abs(warp[size_t(c)] - host[size_t(c)]) <= 1e-12 * host[size_t(c)]);
+  v[size_t(2 * FlagNonFiniteChunk<float>::kChunk + 5)] = std::nanf("");
+  v[size_t(2 * FlagNonFiniteChunk<float>::kChunk + 4000)] = INFINITY;
+  std::vector<int32_t> bad(chunks, -1);
+  on_emulated_warp(chunks, FlagNonFiniteChunk<float>{v.data(), n, bad.data()});
+  CHECK(bad == std::vector<int32_t>{0, 0, 1, 0});
 }
 
 TEST_CASE("row lanes: the cases wait for the device before the host touches a Buffer", "[row_lanes][deferred]") {
