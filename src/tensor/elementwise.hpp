@@ -75,6 +75,13 @@ template <typename T>
 void fill_with(T* dst, size_t n, T value) {
   for_each_index(int64_t(n), FillWith<T>{dst, value});
 }
+// b resized to n elements, every one `value`, written by the device (Buffer::assign would write
+// them from the host: a transfer point).
+template <typename T>
+void fill_buffer(Buffer<T>& b, size_t n, T value) {
+  b.resize(n);
+  fill_with(b.data(), n, value);
+}
 template <typename T>
 void scale_by(T* dst, size_t n, T factor) {
   for_each_index(int64_t(n), ScaleBy<T>{dst, factor});

@@ -75,12 +75,14 @@ void for_each_index(int64_t n, const Body& body, int64_t work_per_index = 1) {
     throw std::logic_error("for_each_index on Device::Cuda in a build without CUDA");
 #endif
   }
-  if (deferred_host_device())
-    return defer_host_work([n, body, work_per_index] { host_parallel_for(n, host_threads_for(n * work_per_index), body); });
-  if (host_loop_reversed())
-    for (int64_t i = n; i-- > 0;) body(i);
-  else
-    host_parallel_for(n, host_threads_for(n * work_per_index), body);
+  const auto run = [n, body, work_per_index] {
+    if (host_loop_reversed())
+      for (int64_t i = n; i-- > 0;) body(i);
+    else
+      host_parallel_for(n, host_threads_for(n * work_per_index), body);
+  };
+  if (deferred_host_device()) return defer_host_work(run);
+  run();
 }
 
 template <class Body>
@@ -93,20 +95,18 @@ void for_each_index_2d(int64_t rows, int64_t cols, const Body& body) {
     throw std::logic_error("for_each_index_2d on Device::Cuda in a build without CUDA");
 #endif
   }
-  if (deferred_host_device())
-    return defer_host_work([rows, cols, body] {
+  const auto run = [rows, cols, body] {
+    if (host_loop_reversed()) {
+      for (int64_t r = rows; r-- > 0;)
+        for (int64_t c = cols; c-- > 0;) body(r, c);
+    } else {
       host_parallel_for(rows, host_threads_for(rows * cols), [&](int64_t r) {
         for (int64_t c = 0; c < cols; ++c) body(r, c);
       });
-    });
-  if (host_loop_reversed()) {
-    for (int64_t r = rows; r-- > 0;)
-      for (int64_t c = cols; c-- > 0;) body(r, c);
-  } else {
-    host_parallel_for(rows, host_threads_for(rows * cols), [&](int64_t r) {
-      for (int64_t c = 0; c < cols; ++c) body(r, c);
-    });
-  }
+    }
+  };
+  if (deferred_host_device()) return defer_host_work(run);
+  run();
 }
 
 // fn(i) for i in [0, n), each task free to call gemm (see above).

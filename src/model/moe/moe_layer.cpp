@@ -183,8 +183,7 @@ void MoeLayer<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N, do
       a2a->to_experts(ctx, dout_.data(), dexp_.data());
     }
   }
-  dxe_.resize(a2a ? expert_side_elems_ : buf_.size());
-  fill_with(dxe_.data(), dxe_.size(), T(0));
+  fill_buffer(dxe_, a2a ? expert_side_elems_ : buf_.size(), T(0));
   {
     ScopedPhase t(ctx.timers, "expert");
     experts.backward(ctx, a2a ? dexp_.data() : dout_.data(), dxe_.data());
@@ -192,10 +191,7 @@ void MoeLayer<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N, do
   }
   // With isel dxp_ is this rank's partial dx: the shared experts' partial input gradient goes in
   // before the dispatch's all-reduce (header).
-  if (isel) {
-    dxp_.resize(NM);
-    fill_with(dxp_.data(), NM, T(0));
-  }
+  if (isel) fill_buffer(dxp_, NM, T(0));
   if (shared) {
     ScopedPhase t(ctx.timers, "expert");
     shared->backward(ctx, dy, isel ? dxp_.data() : dx, N);

@@ -164,10 +164,8 @@ void Router<T>::route_expert_choice(int N, int S, int G, int C) {
   for_each_index(int64_t(G) * E, RouterExpertChoiceColumn<T>{probs_.data(), r_.expert.data(), r_.slot.data(),
                                                              r_.gate.data(), count_.data(), S, E, C});
   // What the backward reads of the top-k path: Z = 1 and f = 0 (no aux term).
-  norm_.resize(size_t(N));
-  fill_with(norm_.data(), norm_.size(), 1.0);
-  frac_.resize(size_t(G) * E);
-  fill_with(frac_.data(), frac_.size(), 0.0);
+  fill_buffer(norm_, size_t(N), 1.0);
+  fill_buffer(frac_, size_t(G) * E, 0.0);
   top_.resize(0);
   device_synchronize();
   sum_softmax_terms(N);
