@@ -16,6 +16,7 @@
 #include "core/hash.hpp"
 #include "core/sizes.hpp"
 #include "core/philox.hpp"
+#include "model/param_init_bodies.hpp"
 #include "tensor/device.hpp"
 #include "tensor/elementwise.hpp"
 
@@ -96,8 +97,10 @@ class ParamStore {
 
   void allocate() {
     allocated_ = true;
-    weights_.assign(total_, T(0));
-    grads_.assign(total_, T(0));
+    weights_.clear();  // zero, on the device where the Buffers live
+    weights_.resize(total_);
+    grads_.clear();
+    grads_.resize(total_);
     for (size_t i = 0; i < infos_.size(); ++i) {
       if (!views_[i]) continue;
       views_[i]->w = weights_.data() + infos_[i].flat_offset;
@@ -114,26 +117,28 @@ class ParamStore {
       const ParamInfo& p = infos_[i];
       T* w = weights_.data() + p.flat_offset;
       if (p.init == InitKind::Zeros || p.init == InitKind::Ones) {
-        std::fill(w, w + p.size, p.init == InitKind::Ones ? T(1) : T(0));
+        fill_with(w, p.size, p.init == InitKind::Ones ? T(1) : T(0));
         continue;
       }
-      const Rng rng{seed ^ fnv1a64(p.name), 0, 0, RngPurpose::Init};
-      const double std = std::sqrt(init_scale / p.fan_in);
-      for (size_t local = 0; local < p.size; ++local) w[local] = T(std * rng.truncated_normal(logical_index(p, local)));
+      const int dims = int(p.local_shape.size());
+      if (dims > TruncatedNormalInit<T>::kMaxDims || p.logical_shape.size() != p.local_shape.size() ||
+          p.offset.size() != p.local_shape.size())
+        throw std::logic_error("ParamStore::init: " + p.name + ": more than 4 dimensions, or shapes of unequal rank");
+      TruncatedNormalInit<T> body{w, Rng{seed ^ fnv1a64(p.name), 0, 0, RngPurpose::Init}, std::sqrt(init_scale / p.fan_in),
+                                  dims, {}, {}, {}};
+      for (int d = 0; d < dims; ++d) {
+        body.local_shape[d] = p.local_shape[size_t(d)];
+        body.offset[d] = p.offset[size_t(d)];
+        body.logical_shape[d] = p.logical_shape[size_t(d)];
+      }
+      for_each_index(int64_t(p.size), body, 64);
     }
   }
 
   // Logical (row-major, unsharded) index of local element `local` of parameter p.
   static uint64_t logical_index(const ParamInfo& p, size_t local) {
-    uint64_t logical = 0;
-    size_t rem = local;
-    std::vector<int64_t> coord(p.local_shape.size());
-    for (size_t d = p.local_shape.size(); d-- > 0;) {
-      coord[d] = int64_t(rem % size_t(p.local_shape[d])) + p.offset[d];
-      rem /= size_t(p.local_shape[d]);
-    }
-    for (size_t d = 0; d < coord.size(); ++d) logical = logical * uint64_t(p.logical_shape[d]) + uint64_t(coord[d]);
-    return logical;
+    return logical_element_index(int(p.local_shape.size()), p.local_shape.data(), p.offset.data(),
+                                 p.logical_shape.data(), int64_t(local));
   }
 
   void zero_grad() { fill_with(grads_.data(), grads_.size(), T(0)); }  // on the current device

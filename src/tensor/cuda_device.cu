@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "tensor/cuda_profile.hpp"
 #include "tensor/device.hpp"
 #include "tensor/launch.hpp"
 
@@ -35,6 +36,17 @@ cublasOperation_t op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
 cublasHandle_t handle() {
   if (!g_cublas) throw Error("CUDA GEMM before cuda_bind(): no GPU bound to this process");
   return g_cublas;
+}
+
+// One cuBLAS call, timed per shape under MESHMOE_DEVICE_PROFILE (tensor/cuda_profile.hpp).
+template <class Call>
+void gemm_call(Call call, const char* what, bool trans_a, bool trans_b, int M, int N, int K, int count = 1) {
+  const bool profile = cuda_profiling();
+  if (profile) cuda_profile_begin();
+  check_cublas(call(), what);
+  if (profile)
+    cuda_profile_end(gemm_profile_name(what, trans_a, trans_b, M, N, K, count),
+                     2.0 * double(M) * double(N) * double(K) * count);
 }
 }  // namespace
 
@@ -77,15 +89,37 @@ std::string cuda_device_name() {
 
 // device_synchronize (tensor/device.cpp) waits here once device work is queued.
 void cuda_wait() {
-  if (g_gpu >= 0) cuda_check(cudaDeviceSynchronize(), "device work (kernels, GEMMs, copies)");
+  if (g_gpu < 0) return;
+  cuda_check(cudaDeviceSynchronize(), "device work (kernels, GEMMs, copies)");
+  if (cuda_profiling()) cuda_profile_collect();
 }
 void cuda_zero_async(void* p, size_t bytes) {
+  const bool profile = cuda_profiling();
+  if (profile) cuda_profile_begin();
   cuda_check(cudaMemsetAsync(p, 0, bytes, nullptr), "cudaMemsetAsync (a Buffer's value-initialisation)");
+  if (profile) cuda_profile_end("cudaMemsetAsync (Buffers' zeroing)");
+}
+
+void cuda_copy_async(void* dst, const void* src, size_t bytes) {
+  const bool profile = cuda_profiling();
+  if (profile) cuda_profile_begin();
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, nullptr), "cudaMemcpyAsync (a Buffer's copy)");
+  if (profile) cuda_profile_end("cudaMemcpyAsync (Buffers' copies)");
 }
 
 void* cuda_managed_alloc(size_t bytes) {
   void* p = nullptr;
   cuda_check(cudaMallocManaged(&p, bytes), ("cudaMallocManaged of " + std::to_string(bytes) + " bytes").c_str());
+  // The chunk lives on the GPU: its pages are made there in one prefetch, not one fault per page
+  // at the first kernel that touches them (about 18 s for a 25 GiB plan); a host access at a
+  // transfer point still migrates its pages, and they come back to the GPU when it next touches them.
+  if (g_gpu >= 0) {
+    cudaMemLocation gpu{};
+    gpu.type = cudaMemLocationTypeDevice;
+    gpu.id = g_gpu;
+    cuda_check(cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, gpu), "cudaMemAdvise (GPU home)");
+    cuda_check(cudaMemPrefetchAsync(p, bytes, gpu, 0, nullptr), "cudaMemPrefetchAsync (a new chunk)");
+  }
   return p;
 }
 void cuda_managed_free(void* p) noexcept { cudaFree(p); }
@@ -96,15 +130,15 @@ void cuda_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
                int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
   before_device_work();
-  check_cublas(cublasSgemm(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
-               "sgemm");
+  gemm_call([&] { return cublasSgemm(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc); },
+            "sgemm", trans_a, trans_b, M, N, K);
 }
 void cuda_gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
                const double* B, int ldb, double beta, double* C, int ldc) {
   if (M == 0 || N == 0) return;
   before_device_work();
-  check_cublas(cublasDgemm(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc),
-               "dgemm");
+  gemm_call([&] { return cublasDgemm(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc); },
+            "dgemm", trans_a, trans_b, M, N, K);
 }
 
 // As cuda_gemm, over `count` matrices per operand (B before A, as above).
@@ -113,18 +147,24 @@ void cuda_gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, 
                                int ldc, int64_t stride_c, int count) {
   if (M == 0 || N == 0 || count == 0) return;
   before_device_work();
-  check_cublas(cublasSgemmStridedBatched(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, stride_b, A, lda,
-                                         stride_a, &beta, C, ldc, stride_c, count),
-               "sgemm strided batched");
+  gemm_call(
+      [&] {
+        return cublasSgemmStridedBatched(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, stride_b, A, lda,
+                                         stride_a, &beta, C, ldc, stride_c, count);
+      },
+      "sgemm batched", trans_a, trans_b, M, N, K, count);
 }
 void cuda_gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A,
                                int lda, int64_t stride_a, const double* B, int ldb, int64_t stride_b, double beta,
                                double* C, int ldc, int64_t stride_c, int count) {
   if (M == 0 || N == 0 || count == 0) return;
   before_device_work();
-  check_cublas(cublasDgemmStridedBatched(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, stride_b, A, lda,
-                                         stride_a, &beta, C, ldc, stride_c, count),
-               "dgemm strided batched");
+  gemm_call(
+      [&] {
+        return cublasDgemmStridedBatched(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, stride_b, A, lda,
+                                         stride_a, &beta, C, ldc, stride_c, count);
+      },
+      "dgemm batched", trans_a, trans_b, M, N, K, count);
 }
 
 }  // namespace meshmoe

@@ -48,6 +48,7 @@ void set_device(Device d) {
 void* cuda_managed_alloc(size_t bytes);  // tensor/cuda_device.cu
 void cuda_managed_free(void* p) noexcept;
 void cuda_zero_async(void* p, size_t bytes);
+void cuda_copy_async(void* dst, const void* src, size_t bytes);
 void cuda_wait();
 #endif
 
@@ -160,6 +161,22 @@ void set_deferred_host_device(bool on) {
 
 size_t deferred_host_work_queued() {
   return g_deferred.queue.size() + (g_pending_zero.begin != g_pending_zero.end ? 1 : 0);
+}
+
+void copy_buffer_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  if (!buffers_on_device()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  if (g_deferred_host_device && g_device == Device::Cpu) {
+    defer_host_work([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+    return;
+  }
+#ifdef MESHMOE_CUDA
+  before_device_work();
+  cuda_copy_async(dst, src, bytes);
+#endif
 }
 
 void defer_host_work(std::function<void()> work) {

@@ -15,6 +15,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <new>
 #include <optional>
@@ -88,6 +89,20 @@ std::optional<Arena::Stats> buffer_arena_stats();
 // Tests: host Buffers come from `arena` (null: the heap again) until the next call.
 void set_host_buffer_arena(Arena* arena);
 
+// Copies `bytes` from one Buffer's storage to another's where they live: queued on the device
+// (in order with the launches), a memcpy on the host.
+void copy_buffer_bytes(void* dst, const void* src, size_t bytes);
+
+// New elements of a Buffer are zero: zeroed by the device (queued, one range) or, on the host,
+// by one memset.
+inline void zero_new_elements(void* p, size_t bytes) {
+  if (bytes == 0) return;
+  if (buffers_on_device())
+    zero_on_device_later(p, bytes);
+  else
+    std::memset(p, 0, bytes);
+}
+
 template <class T>
 struct DeviceAllocator {
   using value_type = T;
@@ -96,15 +111,13 @@ struct DeviceAllocator {
   DeviceAllocator(const DeviceAllocator<U>&) {}
   T* allocate(size_t n) { return static_cast<T*>(buffer_alloc(n * sizeof(T))); }
   void deallocate(T* p, size_t) noexcept { buffer_free(p); }
-  // Value-initialisation: on the device zeroed by the device (the host touches nothing); an
-  // element constructed from a value is a host write (a transfer point).
+  // Value-initialisation writes nothing per element: Buffer zeroes its new elements in one piece
+  // (zero_new_elements), so std::vector's per-element loop is empty (on the GPU a loop over every
+  // element of the memory plan took ~17 s of the first step). An element constructed from a value
+  // is a host write (a transfer point).
   template <class U>
-  void construct(U* p) {
+  void construct(U*) {
     static_assert(std::is_trivially_default_constructible_v<U>, "Buffer elements are plain numbers");
-    if (buffers_on_device())
-      zero_on_device_later(p, sizeof(U));
-    else
-      ::new (static_cast<void*>(p)) U();
   }
   template <class U, class... Args>
   void construct(U* p, Args&&... args) {
@@ -117,9 +130,49 @@ struct DeviceAllocator {
   bool operator!=(const DeviceAllocator<U>&) const { return false; }
 };
 
-// A vector whose elements a CUDA kernel can read and write when run.device = "cuda".
+// A vector whose elements a CUDA kernel can read and write when run.device = "cuda". New
+// elements are zero; on the device they are zeroed there, and a copy of a Buffer and the old
+// elements of a Buffer that grows into new storage are copied there: the host touches none.
 template <class T>
-using Buffer = std::vector<T, DeviceAllocator<T>>;
+class Buffer : public std::vector<T, DeviceAllocator<T>> {
+  using Base = std::vector<T, DeviceAllocator<T>>;
+
+ public:
+  using Base::Base;  // (n, value), (first, last), {values}: host writes
+  Buffer() = default;
+  explicit Buffer(size_t n) : Base(n) { zero_new_elements(this->data(), n * sizeof(T)); }
+  Buffer(const Buffer& other) : Base() { copy(other); }
+  Buffer(Buffer&&) noexcept = default;
+  Buffer& operator=(const Buffer& other) {
+    if (this != &other) copy(other);
+    return *this;
+  }
+  Buffer& operator=(Buffer&&) noexcept = default;
+
+  void resize(size_t n) {
+    const size_t old = this->size();
+    if (n > this->capacity() && old > 0 && buffers_on_device()) {  // new storage, filled on the device
+      Buffer grown(n);
+      copy_buffer_bytes(grown.data(), this->data(), old * sizeof(T));
+      this->swap(grown);
+      return;
+    }
+    Base::resize(n);
+    if (n > old) zero_new_elements(this->data() + old, (n - old) * sizeof(T));
+  }
+  void resize(size_t n, const T& value) { Base::resize(n, value); }
+
+ private:
+  void copy(const Buffer& other) {
+    if (!buffers_on_device()) {
+      Base::operator=(other);
+      return;
+    }
+    this->clear();
+    resize(other.size());
+    copy_buffer_bytes(this->data(), other.data(), other.size() * sizeof(T));
+  }
+};
 
 // Resizes a Buffer that the host writes next (a plan or an index table built on the host): the
 // new elements' zeroing is queued on the device, so the host waits for it first.

@@ -6,11 +6,13 @@
 namespace meshmoe {
 
 // Best rate (FLOP/s) of an n x n x n sgemm on the current device with the BLAS threads in force,
-// over repeated calls that together take about `seconds` (after one warm-up call).
-double sgemm_rate(int n, double seconds);
+// over repeated calls that together take about `seconds` (after one warm-up call), timed
+// `per_wait` calls at a time (the device waited for after each group).
+double sgemm_rate(int n, double seconds, int per_wait = 1);
 
-// This rank's peak that `meshmoe train` reports model FLOPs utilisation against: the best of
-// n = 512 and 1024 in about 0.3 s.
+// This rank's peak that `meshmoe train` reports model FLOPs utilisation against: on the host the
+// best of n = 512 and 1024 in about 0.3 s; on a GPU the model's GEMM (its precision's) at n = 4096
+// and 8192, several calls per wait, in about 0.5 s.
 double measure_peak_flops();
 
 struct BenchGemmOptions {

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <typeinfo>
 
+#include "tensor/cuda_profile.hpp"
 #include "tensor/launch.hpp"
 
 namespace meshmoe {
@@ -36,8 +38,11 @@ void launch_on_cuda(int64_t rows, int64_t cols, const Body& body) {
   before_device_work();
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(1) << 16);
+  const bool profile = cuda_profiling();
+  if (profile) cuda_profile_begin();
   for_each_index_kernel<Body><<<unsigned(blocks), kThreads>>>(rows, cols, body);
   cuda_check(cudaGetLastError(), "kernel launch");
+  if (profile) cuda_profile_end(typeid(Body).name());
 }
 
 }  // namespace meshmoe

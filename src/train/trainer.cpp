@@ -16,6 +16,7 @@
 #include "model/transformer.hpp"
 #include "parallel/gradient_sync.hpp"
 #include "parallel/pipeline_executor.hpp"
+#include "tensor/cuda_profile.hpp"
 #include "tensor/gemm_rate.hpp"
 #include "tensor/host_threads.hpp"
 #include "train/checkpoint.hpp"
@@ -77,6 +78,7 @@ class Trainer {
     if (cfg_.eval.bleu_every > 0) cached_ = data_group_cached_model(*model_, mesh);
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
+    if (cfg_.run.phase_sync) timers_.set_fence(device_synchronize);
     pipeline_ = std::make_unique<PipelineExecutor>(*model_, mesh, timers_, cfg_.model.recompute);
     const size_t bucket_elems = size_t(cfg_.run.grad_bucket_mb * (1 << 20)) / sizeof(float);
     grad_sync_ = std::make_unique<GradientSync>(
@@ -136,6 +138,7 @@ class Trainer {
       for (int64_t step = first; step <= steps; ++step) {
         if (const int why = stop_requested()) return checkpoints_->stop(step - 1, why);
         const StepStats s = train_step(step);
+        if (step == first) cuda_profile_restart();  // MESHMOE_DEVICE_PROFILE: the steps after start-up
         done = step;
         interval_tokens += int64_t(cfg_.optim.batch_size) * cfg_.model.seq_len;
         if (step % cfg_.run.log_every == 0 || step == steps || s.skipped || s.empty) {

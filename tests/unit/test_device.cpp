@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "../test_util.hpp"
+#include "core/timers.hpp"
 #include "model/transformer.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/device.hpp"
@@ -165,15 +167,66 @@ TEST_CASE("device: a Buffer made on the device is zero, and its host writes wait
   fill_with(a.data(), 10, 2.f);
   CHECK(deferred_host_work_queued() == 4);
   Buffer<float> b(a.size(), 3.f);  // a host write: waits for the queue first
-  a.resize(2000);                  // the grown tail zeroed by the device, the copy by the host
+  a.resize(2000);                  // new storage: the old elements copied, the tail zeroed, by the device
+  CHECK(deferred_host_work_queued() == 2);
+  const Buffer<float> copy = a;    // copied by the device
+  CHECK(deferred_host_work_queued() == 4);
   device_synchronize();
   CHECK(a[0] == 2.f);
   CHECK(a[9] == 2.f);
   CHECK(a[10] == 0.f);
   CHECK(a[1999] == 0.f);
+  CHECK(copy.size() == 2000);
+  CHECK(copy[9] == 2.f);
+  CHECK(copy[10] == 0.f);
   CHECK(b[999] == 3.f);
   CHECK(deferred_host_work_queued() == 0);
   CHECK(c[299] == 0.0);
+}
+
+TEST_CASE("device: the parameters' initialisation on the device equals the host's", "[device][deferred]") {
+  // Dense and MoE parameters (expert weights of three dimensions) from the same seed: the
+  // initialisation is a loop body (model/param_init_bodies.hpp), queued on the device.
+  for (const std::string router : {"dense", "top2"}) {
+    INFO("router " << router);
+    const Config cfg = device_test_config(router);
+    std::vector<float> host, device;
+    {
+      Transformer<float> m(cfg, 64);
+      m.init(7, 1.0);
+      host.assign(m.params().weights(), m.params().weights() + m.params().size());
+    }
+    {
+      test::DeferredHostDevice guard;
+      Transformer<float> m(cfg, 64);
+      m.init(7, 1.0);
+      CHECK(deferred_host_work_queued() > 0);
+      device_synchronize();
+      device.assign(m.params().weights(), m.params().weights() + m.params().size());
+    }
+    CHECK(host == device);
+    CHECK(std::count(host.begin(), host.end(), 0.f) < std::ptrdiff_t(host.size() / 2));  // initialised
+  }
+}
+
+TEST_CASE("device: run.phase_sync waits for the device at each timed phase's start and end", "[device][deferred]") {
+  test::DeferredHostDevice guard;
+  Buffer<float> a(100);
+  PhaseTimers timers;
+  {
+    ScopedPhase t(&timers, "attention");  // no fence: the queued zeroing stays queued
+    CHECK(deferred_host_work_queued() == 1);
+  }
+  CHECK(deferred_host_work_queued() == 1);
+  timers.set_fence(device_synchronize);
+  {
+    ScopedPhase t(&timers, "attention");  // waits for what earlier phases queued
+    CHECK(deferred_host_work_queued() == 0);
+    fill_with(a.data(), 10, 2.f);
+    CHECK(deferred_host_work_queued() == 1);
+  }
+  CHECK(deferred_host_work_queued() == 0);  // and for its own work at the end
+  CHECK(timers.totals().count("attention") == 1);
 }
 
 TEST_CASE("device: Buffers on the host are 64-byte aligned and free cleanly", "[device]") {
@@ -313,6 +366,39 @@ TEST_CASE("device: cuBLAS bf16 GEMM equals the host emulation for every transpos
       CHECK(rel_norm_diff(dev, host) < 1e-6);
       CHECK(rel_norm_diff(dev, unrounded) > 1e-4);  // the GPU rounded the operands
     }
+}
+
+TEST_CASE("device: the bf16 GEMM's rounding of strided and unaligned operands equals the host emulation",
+          "[device][cuda][bf16]") {
+  if (!gpu_available()) {
+    WARN("skipped: no GPU");
+    return;
+  }
+  // The rounding kernel's two forms (tensor/cuda_gemm_bf16.cu): rows of a matrix with a leading
+  // dimension beyond its columns, and a contiguous operand starting off a 16-byte boundary.
+  const GemmPrecisionScope bf16(Precision::Bf16);
+  const int M = 45, N = 70, K = 33, pad = 5;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (bool padded : {false, true}) {
+    const int lda = K + (padded ? pad : 0), ldb = N + (padded ? pad : 0);
+    std::vector<float> A(1 + size_t(M) * lda), B(1 + size_t(K) * ldb), C0(size_t(M) * N);
+    for (auto& x : A) x = u(rng);
+    for (auto& x : B) x = u(rng);
+    for (auto& x : C0) x = u(rng);
+    std::vector<float> host = C0;
+    gemm(false, false, M, N, K, 1.f, A.data() + 1, lda, B.data() + 1, ldb, 0.5f, host.data(), N);
+    std::vector<float> dev;
+    {
+      OnGpu gpu;
+      Buffer<float> dA(A.begin(), A.end()), dB(B.begin(), B.end()), dC(C0.begin(), C0.end());
+      gemm(false, false, M, N, K, 1.f, dA.data() + 1, lda, dB.data() + 1, ldb, 0.5f, dC.data(), N);
+      device_synchronize();
+      dev.assign(dC.begin(), dC.end());
+    }
+    INFO("padded leading dimensions " << padded);
+    CHECK(rel_norm_diff(dev, host) < 1e-6);
+  }
 }
 
 TEST_CASE("device: the whole model in bf16 on the GPU matches the host bf16 model", "[device][cuda][bf16]") {
