@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <new>
 #include <optional>
 #include <string>
@@ -161,6 +162,18 @@ class Buffer : public std::vector<T, DeviceAllocator<T>> {
     if (n > old) zero_new_elements(this->data() + old, (n - old) * sizeof(T));
   }
   void resize(size_t n, const T& value) { Base::resize(n, value); }
+  // A host write: on the device after the queued work (std::vector's assign fills existing
+  // elements without constructing them, so the allocator's wait would come too late).
+  using Base::assign;
+  void assign(size_t n, const T& value) {
+    if (buffers_on_device()) device_synchronize();
+    Base::assign(n, value);
+  }
+  template <class It, class = typename std::iterator_traits<It>::iterator_category>
+  void assign(It first, It last) {
+    if (buffers_on_device()) device_synchronize();
+    Base::assign(first, last);
+  }
 
  private:
   void copy(const Buffer& other) {

@@ -11,8 +11,8 @@ namespace meshmoe {
 double sgemm_rate(int n, double seconds, int per_wait = 1);
 
 // This rank's peak that `meshmoe train` reports model FLOPs utilisation against: on the host the
-// best of n = 512 and 1024 in about 0.3 s; on a GPU the model's GEMM (its precision's) at n = 4096
-// and 8192, several calls per wait, in about 0.5 s.
+// best of n = 512 and 1024 in about 0.3 s; on a GPU the model's GEMM (its precision's) at n = 4096,
+// 16 calls per wait, in about 0.4 s.
 double measure_peak_flops();
 
 struct BenchGemmOptions {

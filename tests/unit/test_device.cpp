@@ -184,6 +184,24 @@ TEST_CASE("device: a Buffer made on the device is zero, and its host writes wait
   CHECK(c[299] == 0.0);
 }
 
+TEST_CASE("device: Buffer::assign into existing storage waits for queued work", "[device][deferred]") {
+  // std::vector's assign fills existing elements without constructing them: without Buffer's own
+  // wait this host write would hit the locked pages (SIGSEGV) or race the queued fill.
+  test::DeferredHostDevice guard;
+  Buffer<float> a(100);
+  fill_with(a.data(), 100, 2.f);
+  a.assign(50, 1.f);
+  CHECK(deferred_host_work_queued() == 0);
+  CHECK(a.size() == 50);
+  CHECK(a[49] == 1.f);
+  const std::vector<float> v(80, 3.f);
+  fill_with(a.data(), 50, 4.f);
+  a.assign(v.begin(), v.end());
+  CHECK(a.size() == 80);
+  CHECK(a[0] == 3.f);
+  CHECK(a[79] == 3.f);
+}
+
 TEST_CASE("device: the parameters' initialisation on the device equals the host's", "[device][deferred]") {
   // Dense and MoE parameters (expert weights of three dimensions) from the same seed: the
   // initialisation is a loop body (model/param_init_bodies.hpp), queued on the device.
