@@ -153,8 +153,10 @@ class Buffer : public std::vector<T, DeviceAllocator<T>> {
   void resize(size_t n) {
     const size_t old = this->size();
     if (n > this->capacity() && old > 0 && buffers_on_device()) {  // new storage, filled on the device
-      Buffer grown(n);
+      Buffer grown;
+      static_cast<Base&>(grown).resize(n);  // writes nothing (the allocator constructs nothing)
       copy_buffer_bytes(grown.data(), this->data(), old * sizeof(T));
+      zero_new_elements(grown.data() + old, (n - old) * sizeof(T));
       this->swap(grown);
       return;
     }
@@ -182,7 +184,7 @@ class Buffer : public std::vector<T, DeviceAllocator<T>> {
       return;
     }
     this->clear();
-    resize(other.size());
+    Base::resize(other.size());  // writes nothing: the copy fills every element
     copy_buffer_bytes(this->data(), other.data(), other.size() * sizeof(T));
   }
 };

@@ -11,12 +11,16 @@
 #include "core/timers.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/device.hpp"
+#include "tensor/elementwise.hpp"
 #include "tensor/host_threads.hpp"
 
 namespace meshmoe {
 
 double sgemm_rate(int n, double seconds, int per_wait) {
-  Buffer<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);  // on the current device
+  const size_t nn = size_t(n) * n;
+  Buffer<float> a, b, c(nn);  // on the current device, written there
+  fill_buffer(a, nn, 0.5f);
+  fill_buffer(b, nn, 0.25f);
   matmul(false, false, n, n, n, a.data(), b.data(), c.data());                     // warm-up
   device_synchronize();
   double best = 0, spent = 0;

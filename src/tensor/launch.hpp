@@ -65,6 +65,21 @@ template <class Body>
 void launch_on_cuda(int64_t rows, int64_t cols, const Body& body);  // tensor/launch_cuda.cuh
 #endif
 
+// The host side of the launches: fn(i) for every i in [0, n) on the host threads (`work`: the
+// loop's total work, which sets how many), or backwards on one thread when the tests ask
+// (host_loop_reversed); queued instead under the deferred host device.
+template <class Fn>
+void run_host_indices(int64_t n, int64_t work, const Fn& fn) {
+  const auto run = [n, work, fn] {
+    if (host_loop_reversed())
+      for (int64_t i = n; i-- > 0;) fn(i);
+    else
+      host_parallel_for(n, host_threads_for(work), fn);
+  };
+  if (deferred_host_device()) return defer_host_work(run);
+  run();
+}
+
 template <class Body>
 void for_each_index(int64_t n, const Body& body, int64_t work_per_index = 1) {
   if (current_device() == Device::Cuda) {
@@ -75,14 +90,7 @@ void for_each_index(int64_t n, const Body& body, int64_t work_per_index = 1) {
     throw std::logic_error("for_each_index on Device::Cuda in a build without CUDA");
 #endif
   }
-  const auto run = [n, body, work_per_index] {
-    if (host_loop_reversed())
-      for (int64_t i = n; i-- > 0;) body(i);
-    else
-      host_parallel_for(n, host_threads_for(n * work_per_index), body);
-  };
-  if (deferred_host_device()) return defer_host_work(run);
-  run();
+  run_host_indices(n, n * work_per_index, body);
 }
 
 template <class Body>
@@ -95,18 +103,13 @@ void for_each_index_2d(int64_t rows, int64_t cols, const Body& body) {
     throw std::logic_error("for_each_index_2d on Device::Cuda in a build without CUDA");
 #endif
   }
-  const auto run = [rows, cols, body] {
+  run_host_indices(rows, rows * cols, [cols, body](int64_t r) {
     if (host_loop_reversed()) {
-      for (int64_t r = rows; r-- > 0;)
-        for (int64_t c = cols; c-- > 0;) body(r, c);
+      for (int64_t c = cols; c-- > 0;) body(r, c);
     } else {
-      host_parallel_for(rows, host_threads_for(rows * cols), [&](int64_t r) {
-        for (int64_t c = 0; c < cols; ++c) body(r, c);
-      });
+      for (int64_t c = 0; c < cols; ++c) body(r, c);
     }
-  };
-  if (deferred_host_device()) return defer_host_work(run);
-  run();
+  });
 }
 
 // fn(i) for i in [0, n), each task free to call gemm (see above).

@@ -81,15 +81,7 @@ void for_each_row(int64_t rows, const Body& body, int64_t row_len) {
     throw std::logic_error("for_each_row on Device::Cuda in a build without CUDA");
 #endif
   }
-  const auto run = [rows, body, row_len] {
-    const auto row = [&body](int64_t n) { body(n, HostLanes{}); };
-    if (host_loop_reversed())
-      for (int64_t n = rows; n-- > 0;) row(n);
-    else
-      host_parallel_for(rows, host_threads_for(rows * row_len), row);
-  };
-  if (deferred_host_device()) return defer_host_work(run);
-  run();
+  run_host_indices(rows, rows * row_len, [body](int64_t n) { body(n, HostLanes{}); });
 }
 
 }  // namespace meshmoe
