@@ -41,12 +41,9 @@ cublasHandle_t handle() {
 // One cuBLAS call, timed per shape under MESHMOE_DEVICE_PROFILE (tensor/cuda_profile.hpp).
 template <class Call>
 void gemm_call(Call call, const char* what, bool trans_a, bool trans_b, int M, int N, int K, int count = 1) {
-  const bool profile = cuda_profiling();
-  if (profile) cuda_profile_begin();
-  check_cublas(call(), what);
-  if (profile)
-    cuda_profile_end(gemm_profile_name(what, trans_a, trans_b, M, N, K, count),
-                     2.0 * double(M) * double(N) * double(K) * count);
+  profiled([&] { check_cublas(call(), what); },
+           [&] { return gemm_profile_name(what, trans_a, trans_b, M, N, K, count); },
+           2.0 * double(M) * double(N) * double(K) * count);
 }
 }  // namespace
 
@@ -94,17 +91,17 @@ void cuda_wait() {
   if (cuda_profiling()) cuda_profile_collect();
 }
 void cuda_zero_async(void* p, size_t bytes) {
-  const bool profile = cuda_profiling();
-  if (profile) cuda_profile_begin();
-  cuda_check(cudaMemsetAsync(p, 0, bytes, nullptr), "cudaMemsetAsync (a Buffer's value-initialisation)");
-  if (profile) cuda_profile_end("cudaMemsetAsync (Buffers' zeroing)");
+  const auto zero = [&] {
+    cuda_check(cudaMemsetAsync(p, 0, bytes, nullptr), "cudaMemsetAsync (a Buffer's value-initialisation)");
+  };
+  profiled(zero, [] { return "cudaMemsetAsync (Buffers' zeroing)"; });
 }
 
 void cuda_copy_async(void* dst, const void* src, size_t bytes) {
-  const bool profile = cuda_profiling();
-  if (profile) cuda_profile_begin();
-  cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, nullptr), "cudaMemcpyAsync (a Buffer's copy)");
-  if (profile) cuda_profile_end("cudaMemcpyAsync (Buffers' copies)");
+  const auto copy = [&] {
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, nullptr), "cudaMemcpyAsync (a Buffer's copy)");
+  };
+  profiled(copy, [] { return "cudaMemcpyAsync (Buffers' copies)"; });
 }
 
 void* cuda_managed_alloc(size_t bytes) {

@@ -98,20 +98,20 @@ const uint16_t* rounded(const float* src, int rows, int cols, int ld, Scratch& s
   if (n == 0) return dst;
   constexpr int kThreads = 256;
   const bool flat = ld == cols && (count == 1 || stride == int64_t(rows) * cols);
-  const bool profile = cuda_profiling();
-  if (profile) cuda_profile_begin();
-  if (flat) {
-    const int64_t quads = (int64_t(n) + 3) / 4;
-    const int blocks = int(std::min<int64_t>((quads + kThreads - 1) / kThreads, 65535));
-    round_to_bf16_flat_kernel<<<blocks, kThreads>>>(src, int64_t(n), dst);
-  } else {
-    const int64_t pairs = int64_t(rows) * count;
-    const int threads = cols >= kThreads ? kThreads : ((cols + 31) / 32) * 32;
-    round_to_bf16_rows_kernel<<<unsigned(std::min<int64_t>(pairs, 65535)), threads>>>(src, rows, cols, ld, stride,
-                                                                                        pairs, dst);
-  }
-  cuda_check(cudaGetLastError(), "bf16 rounding kernel launch");
-  if (profile) cuda_profile_end("bf16 rounding of a GEMM operand");
+  const auto launch = [&] {
+    if (flat) {
+      const int64_t quads = (int64_t(n) + 3) / 4;
+      const int blocks = int(std::min<int64_t>((quads + kThreads - 1) / kThreads, 65535));
+      round_to_bf16_flat_kernel<<<blocks, kThreads>>>(src, int64_t(n), dst);
+    } else {
+      const int64_t pairs = int64_t(rows) * count;
+      const int threads = cols >= kThreads ? kThreads : ((cols + 31) / 32) * 32;
+      round_to_bf16_rows_kernel<<<unsigned(std::min<int64_t>(pairs, 65535)), threads>>>(src, rows, cols, ld, stride,
+                                                                                          pairs, dst);
+    }
+    cuda_check(cudaGetLastError(), "bf16 rounding kernel launch");
+  };
+  profiled(launch, [] { return "bf16 rounding of a GEMM operand"; });
   return dst;
 }
 
@@ -127,14 +127,14 @@ void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
   const uint16_t* a = rounded(A, a_rows, a_cols, lda, g_a);
   const uint16_t* b = rounded(B, b_rows, b_cols, ldb, g_b);
   const auto op = [](bool t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; };
-  const bool profile = cuda_profiling();
-  if (profile) cuda_profile_begin();
-  check(cublasGemmEx(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, b, CUDA_R_16BF, b_cols > 0 ? b_cols : 1, a,
-                     CUDA_R_16BF, a_cols > 0 ? a_cols : 1, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT),
-        "GemmEx (bf16 operands, fp32 accumulation)");
-  if (profile)
-    cuda_profile_end(gemm_profile_name("bf16 gemm", trans_a, trans_b, M, N, K), 2.0 * double(M) * double(N) * K);
+  const auto gemm = [&] {
+    check(cublasGemmEx(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, b, CUDA_R_16BF, b_cols > 0 ? b_cols : 1,
+                       a, CUDA_R_16BF, a_cols > 0 ? a_cols : 1, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT),
+          "GemmEx (bf16 operands, fp32 accumulation)");
+  };
+  profiled(gemm, [&] { return gemm_profile_name("bf16 gemm", trans_a, trans_b, M, N, K); },
+           2.0 * double(M) * double(N) * K);
 }
 
 // As cuda_gemm_bf16 over `count` matrices per operand: each operand's matrices are rounded into one
@@ -149,16 +149,15 @@ void cuda_gemm_bf16_strided_batched(bool trans_a, bool trans_b, int M, int N, in
   const uint16_t* a = rounded(A, a_rows, a_cols, lda, g_a, stride_a, count);
   const uint16_t* b = rounded(B, b_rows, b_cols, ldb, g_b, stride_b, count);
   const auto op = [](bool t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; };
-  const bool profile = cuda_profiling();
-  if (profile) cuda_profile_begin();
-  check(cublasGemmStridedBatchedEx(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, b, CUDA_R_16BF,
-                                   b_cols > 0 ? b_cols : 1, int64_t(b_rows) * b_cols, a, CUDA_R_16BF,
-                                   a_cols > 0 ? a_cols : 1, int64_t(a_rows) * a_cols, &beta, C, CUDA_R_32F, ldc,
-                                   stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        "GemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
-  if (profile)
-    cuda_profile_end(gemm_profile_name("bf16 gemm", trans_a, trans_b, M, N, K, count),
-                     2.0 * double(M) * double(N) * K * count);
+  const auto gemm = [&] {
+    check(cublasGemmStridedBatchedEx(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, b, CUDA_R_16BF,
+                                     b_cols > 0 ? b_cols : 1, int64_t(b_rows) * b_cols, a, CUDA_R_16BF,
+                                     a_cols > 0 ? a_cols : 1, int64_t(a_rows) * a_cols, &beta, C, CUDA_R_32F, ldc,
+                                     stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "GemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
+  };
+  profiled(gemm, [&] { return gemm_profile_name("bf16 gemm", trans_a, trans_b, M, N, K, count); },
+           2.0 * double(M) * double(N) * K * count);
 }
 
 }  // namespace meshmoe

@@ -14,6 +14,14 @@ bool cuda_profiling();  // MESHMOE_DEVICE_PROFILE is set and not "0" (read once)
 // its floating-point operations (0 for kernels).
 void cuda_profile_begin();
 void cuda_profile_end(std::string what, double flops = 0);
+// launch() between the two events when profiling; name() (what ran) is built only then.
+template <class Launch, class Name>
+void profiled(const Launch& launch, const Name& name, double flops = 0) {
+  if (!cuda_profiling()) return launch();
+  cuda_profile_begin();
+  launch();
+  cuda_profile_end(name(), flops);
+}
 // After the host waited for the device: adds the finished launches to the totals.
 void cuda_profile_collect();
 // Forgets the totals so far (the trainer, after its first step: start-up is not a step's profile).

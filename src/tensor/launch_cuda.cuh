@@ -38,11 +38,12 @@ void launch_on_cuda(int64_t rows, int64_t cols, const Body& body) {
   before_device_work();
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(1) << 16);
-  const bool profile = cuda_profiling();
-  if (profile) cuda_profile_begin();
-  for_each_index_kernel<Body><<<unsigned(blocks), kThreads>>>(rows, cols, body);
-  cuda_check(cudaGetLastError(), "kernel launch");
-  if (profile) cuda_profile_end(typeid(Body).name());
+  profiled(
+      [&] {
+        for_each_index_kernel<Body><<<unsigned(blocks), kThreads>>>(rows, cols, body);
+        cuda_check(cudaGetLastError(), "kernel launch");
+      },
+      [] { return typeid(Body).name(); });
 }
 
 }  // namespace meshmoe

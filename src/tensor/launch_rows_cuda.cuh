@@ -62,11 +62,12 @@ void launch_rows_on_cuda(int64_t rows, const Body& body) {
   before_device_work();
   constexpr int kThreads = 256, kRowsPerBlock = kThreads / kWarpLanes;
   const int64_t blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, int64_t(1) << 16);
-  const bool profile = cuda_profiling();
-  if (profile) cuda_profile_begin();
-  for_each_row_kernel<Body><<<unsigned(blocks), kThreads>>>(rows, body);
-  cuda_check(cudaGetLastError(), "row kernel launch");
-  if (profile) cuda_profile_end(typeid(Body).name());
+  profiled(
+      [&] {
+        for_each_row_kernel<Body><<<unsigned(blocks), kThreads>>>(rows, body);
+        cuda_check(cudaGetLastError(), "row kernel launch");
+      },
+      [] { return typeid(Body).name(); });
 }
 
 }  // namespace meshmoe
