@@ -37,6 +37,15 @@ TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
 $(TEST_OBJ): ALL_CXXFLAGS += -Itests
 VERSION  := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 
+# The build directory records its configuration; another one (CUDA=1 after CUDA=0, other flags)
+# recompiles everything instead of linking a mix of the two.
+BUILD_CONFIG := $(BUILD)/config
+CONFIG_LINE  := $(strip CUDA=$(CUDA) CXX=$(CXX) $(ALL_CXXFLAGS) NVCC=$(NVCC) $(CUDA_ARCH))
+ifneq ($(CONFIG_LINE),$(strip $(shell cat $(BUILD_CONFIG) 2>/dev/null)))
+  $(shell mkdir -p $(BUILD) && printf '%s\n' '$(CONFIG_LINE)' > $(BUILD_CONFIG))
+endif
+$(OBJ) $(TEST_OBJ) $(BUILD)/obj/src/main.o: $(BUILD_CONFIG)
+
 .PHONY: all tests run check check-slurm bench bench-gpu clean deps features readme
 all: features $(BUILD)/meshmoe
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "tensor/cuda_check.hpp"
 #include "tensor/cuda_profile.hpp"
 #include "tensor/device.hpp"
 #include "tensor/launch.hpp"
@@ -29,10 +30,6 @@ const char* cublas_status_name(cublasStatus_t s) {
     default: return "error";
   }
 }
-void check_cublas(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS ") + what + ": " + cublas_status_name(s));
-}
-cublasOperation_t op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
 cublasHandle_t handle() {
   if (!g_cublas) throw Error("CUDA GEMM before cuda_bind(): no GPU bound to this process");
   return g_cublas;
@@ -46,6 +43,10 @@ void gemm_call(Call call, const char* what, bool trans_a, bool trans_b, int M, i
            2.0 * double(M) * double(N) * double(K) * count);
 }
 }  // namespace
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS ") + what + ": " + cublas_status_name(s));
+}
 
 void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
@@ -127,14 +128,16 @@ void cuda_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
                int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
   before_device_work();
-  gemm_call([&] { return cublasSgemm(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc); },
+  gemm_call([&] { return cublasSgemm(handle(), cublas_op(trans_b), cublas_op(trans_a), N, M, K, &alpha, B, ldb, A, lda, &beta,
+                               C, ldc); },
             "sgemm", trans_a, trans_b, M, N, K);
 }
 void cuda_gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
                const double* B, int ldb, double beta, double* C, int ldc) {
   if (M == 0 || N == 0) return;
   before_device_work();
-  gemm_call([&] { return cublasDgemm(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc); },
+  gemm_call([&] { return cublasDgemm(handle(), cublas_op(trans_b), cublas_op(trans_a), N, M, K, &alpha, B, ldb, A, lda, &beta,
+                               C, ldc); },
             "dgemm", trans_a, trans_b, M, N, K);
 }
 
@@ -146,8 +149,8 @@ void cuda_gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, 
   before_device_work();
   gemm_call(
       [&] {
-        return cublasSgemmStridedBatched(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, stride_b, A, lda,
-                                         stride_a, &beta, C, ldc, stride_c, count);
+        return cublasSgemmStridedBatched(handle(), cublas_op(trans_b), cublas_op(trans_a), N, M, K, &alpha, B, ldb,
+                                         stride_b, A, lda, stride_a, &beta, C, ldc, stride_c, count);
       },
       "sgemm batched", trans_a, trans_b, M, N, K, count);
 }
@@ -158,8 +161,8 @@ void cuda_gemm_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, 
   before_device_work();
   gemm_call(
       [&] {
-        return cublasDgemmStridedBatched(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, stride_b, A, lda,
-                                         stride_a, &beta, C, ldc, stride_c, count);
+        return cublasDgemmStridedBatched(handle(), cublas_op(trans_b), cublas_op(trans_a), N, M, K, &alpha, B, ldb,
+                                         stride_b, A, lda, stride_a, &beta, C, ldc, stride_c, count);
       },
       "dgemm batched", trans_a, trans_b, M, N, K, count);
 }

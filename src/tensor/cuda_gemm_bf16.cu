@@ -12,6 +12,7 @@
 
 #include "core/error.hpp"
 #include "tensor/bf16.hpp"
+#include "tensor/cuda_check.hpp"
 #include "tensor/cuda_gemm_bf16.hpp"
 #include "tensor/cuda_profile.hpp"
 #include "tensor/device.hpp"
@@ -19,10 +20,6 @@
 namespace meshmoe {
 
 namespace {
-
-void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
-}
 
 // dst [count, rows, cols] compact = bf16 bits of the count matrices src + j * stride, each
 // [rows, cols] with leading dimension ld: one block row per (matrix, row) pair, its threads along
@@ -80,14 +77,9 @@ struct Scratch {
 Scratch g_a, g_b;
 cublasHandle_t g_handle = nullptr;
 
-void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw Error(std::string("cuBLAS ") + what + ": status " + std::to_string(int(s)));
-}
-
 // Created on first use, after cuda_bind chose this process's GPU.
 cublasHandle_t handle() {
-  if (!g_handle) check(cublasCreate(&g_handle), "cublasCreate (bf16 GEMM)");
+  if (!g_handle) check_cublas(cublasCreate(&g_handle), "cublasCreate (bf16 GEMM)");
   return g_handle;
 }
 
@@ -126,12 +118,11 @@ void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
   const uint16_t* a = rounded(A, a_rows, a_cols, lda, g_a);
   const uint16_t* b = rounded(B, b_rows, b_cols, ldb, g_b);
-  const auto op = [](bool t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; };
   const auto gemm = [&] {
-    check(cublasGemmEx(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, b, CUDA_R_16BF, b_cols > 0 ? b_cols : 1,
-                       a, CUDA_R_16BF, a_cols > 0 ? a_cols : 1, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                       CUBLAS_GEMM_DEFAULT),
-          "GemmEx (bf16 operands, fp32 accumulation)");
+    check_cublas(cublasGemmEx(handle(), cublas_op(trans_b), cublas_op(trans_a), N, M, K, &alpha, b, CUDA_R_16BF,
+                              b_cols > 0 ? b_cols : 1, a, CUDA_R_16BF, a_cols > 0 ? a_cols : 1, &beta, C, CUDA_R_32F,
+                              ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "GemmEx (bf16 operands, fp32 accumulation)");
   };
   profiled(gemm, [&] { return gemm_profile_name("bf16 gemm", trans_a, trans_b, M, N, K); },
            2.0 * double(M) * double(N) * K);
@@ -148,13 +139,12 @@ void cuda_gemm_bf16_strided_batched(bool trans_a, bool trans_b, int M, int N, in
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
   const uint16_t* a = rounded(A, a_rows, a_cols, lda, g_a, stride_a, count);
   const uint16_t* b = rounded(B, b_rows, b_cols, ldb, g_b, stride_b, count);
-  const auto op = [](bool t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; };
   const auto gemm = [&] {
-    check(cublasGemmStridedBatchedEx(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, b, CUDA_R_16BF,
-                                     b_cols > 0 ? b_cols : 1, int64_t(b_rows) * b_cols, a, CUDA_R_16BF,
-                                     a_cols > 0 ? a_cols : 1, int64_t(a_rows) * a_cols, &beta, C, CUDA_R_32F, ldc,
-                                     stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          "GemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
+    check_cublas(cublasGemmStridedBatchedEx(handle(), cublas_op(trans_b), cublas_op(trans_a), N, M, K, &alpha, b,
+                                            CUDA_R_16BF, b_cols > 0 ? b_cols : 1, int64_t(b_rows) * b_cols, a,
+                                            CUDA_R_16BF, a_cols > 0 ? a_cols : 1, int64_t(a_rows) * a_cols, &beta, C,
+                                            CUDA_R_32F, ldc, stride_c, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "GemmStridedBatchedEx (bf16 operands, fp32 accumulation)");
   };
   profiled(gemm, [&] { return gemm_profile_name("bf16 gemm", trans_a, trans_b, M, N, K, count); },
            2.0 * double(M) * double(N) * K * count);

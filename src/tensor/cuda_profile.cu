@@ -11,11 +11,10 @@
 #include <vector>
 
 #include "core/timers.hpp"
+#include "tensor/cuda_check.hpp"
 #include "tensor/cuda_profile.hpp"
 
 namespace meshmoe {
-
-void cuda_check(cudaError_t e, const char* what);  // tensor/cuda_device.cu
 
 namespace {
 struct Launch {

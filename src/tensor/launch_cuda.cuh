@@ -11,12 +11,11 @@
 #include <type_traits>
 #include <typeinfo>
 
+#include "tensor/cuda_check.hpp"
 #include "tensor/cuda_profile.hpp"
 #include "tensor/launch.hpp"
 
 namespace meshmoe {
-
-void cuda_check(cudaError_t e, const char* what);  // tensor/cuda_device.cu
 
 // One thread per element of [0, rows * cols); a 2-D body (for_each_index_2d) gets (row, column),
 // a 1-D body (for_each_index, cols = 1) the flat index.

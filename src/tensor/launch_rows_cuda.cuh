@@ -11,12 +11,11 @@
 #include <cstdint>
 #include <typeinfo>
 
+#include "tensor/cuda_check.hpp"
 #include "tensor/cuda_profile.hpp"
 #include "tensor/launch_rows.hpp"
 
 namespace meshmoe {
-
-void cuda_check(cudaError_t e, const char* what);  // tensor/cuda_device.cu
 
 constexpr int kWarpLanes = 32;
 
