@@ -6,7 +6,9 @@
 
 An example is `<lang> source SEP english EOS` (src/data/prep.hpp); byte-tokenized datasets only
 (ids 0..255 are the text's bytes). Newlines inside a string become spaces, so that line i of
-both files is pair i.
+both files is pair i. --max N writes the N pairs that `meshmoe eval --max-examples N` (and
+eval.examples_per_language / eval.bleu_examples = N) score: those of the smallest hash
+mix64(language << 32 | position), src/data/dataset.hpp's per_language_sample, in file order.
 """
 import argparse
 import sys
@@ -15,6 +17,24 @@ import h5py
 import numpy as np
 
 SEP, EOS, FIRST_LANG = 259, 258, 260
+U64 = np.uint64
+
+
+def mix64(x):
+    """SplitMix64's finaliser on a uint64 array (src/core/hash.hpp), wrapping as C++ does."""
+    with np.errstate(over="ignore"):
+        z = x + U64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> U64(30))) * U64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> U64(27))) * U64(0x94D049BB133111EB)
+    return z ^ (z >> U64(31))
+
+
+def sample(examples, language, n):
+    """The examples (indices, file order) of one language that per_language_sample keeps."""
+    if n <= 0 or len(examples) <= n:
+        return examples
+    keys = mix64((U64(language) << U64(32)) | np.arange(len(examples), dtype=U64))
+    return examples[np.sort(np.lexsort((np.arange(len(examples)), keys))[:n])]
 
 
 def text(ids):
@@ -27,7 +47,7 @@ def main():
     ap.add_argument("lang")
     ap.add_argument("src")
     ap.add_argument("ref")
-    ap.add_argument("--max", type=int, default=0, help="at most this many pairs (0: all)")
+    ap.add_argument("--max", type=int, default=0, help="this many pairs, eval --max-examples's sample (0: all)")
     a = ap.parse_args()
     with h5py.File(a.dataset, "r") as f:
         if f.attrs["tokenizer"] != "bytes+specials+langtags":
@@ -41,15 +61,13 @@ def main():
         lang = f["valid/lang"][()]
     n = 0
     with open(a.src, "w", encoding="utf-8") as src, open(a.ref, "w", encoding="utf-8") as ref:
-        for e in np.flatnonzero(lang == li):
+        for e in sample(np.flatnonzero(lang == li), li, a.max):
             ex = tokens[offsets[e]:offsets[e + 1]]
             sep = int(np.flatnonzero(ex == SEP)[0])
             end = len(ex) - 1 if ex[-1] == EOS else len(ex)
             src.write(text(ex[1:sep]) + "\n")
             ref.write(text(ex[sep + 1:end]) + "\n")
             n += 1
-            if a.max and n == a.max:
-                break
     print("%d pairs of %s -> %s, %s" % (n, a.lang, a.src, a.ref))
 
 

@@ -216,7 +216,7 @@ int run(int argc, char** argv) {
   ev->add_option("--alpha", ev_opt.beam.alpha, "Length normalisation ((5+|Y|)/6)^alpha")->capture_default_str();
   ev->add_option("--max-len", ev_opt.beam.max_len, "Output tokens at most, EOS included")->capture_default_str();
   ev->add_option("--batch", ev_opt.batch, "Sources decoded together; the data ranks share the batches out")->capture_default_str();
-  ev->add_option("--max-examples", ev_opt.max_examples, "Validation pairs translated per language (the first ones); 0: all")
+  ev->add_option("--max-examples", ev_opt.max_examples, "Validation pairs translated per language (a fixed hashed sample, as eval.examples_per_language takes); 0: all")
       ->capture_default_str();
   ev->add_option("--langs", ev_opt.langs, "Languages to translate, comma-separated (default: all)")->delimiter(',');
   ev->add_option("-o,--output", ev_opt.output, "HDF5 file to write (default: eval-<step>.h5 in the checkpoint's run directory)");

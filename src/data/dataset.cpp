@@ -15,6 +15,29 @@ void DataSplit::add_example(const std::vector<int32_t>& tokens, const std::vecto
   lang.push_back(language);
 }
 
+std::vector<size_t> per_language_sample(const DataSplit& split, size_t languages, int64_t per_language) {
+  std::vector<std::vector<size_t>> groups(languages + 1);
+  for (size_t e = 0; e < split.num_examples(); ++e) {
+    const int32_t l = split.lang[e];
+    groups[l >= 0 && size_t(l) < languages ? size_t(l) : languages].push_back(e);
+  }
+  std::vector<size_t> out;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<size_t>& in = groups[g];
+    if (per_language > 0 && int64_t(in.size()) > per_language) {
+      std::vector<std::pair<uint64_t, size_t>> keyed(in.size());  // (hash, position): ties to the earlier
+      for (size_t j = 0; j < in.size(); ++j) keyed[j] = {mix64(uint64_t(g) << 32 | j), j};
+      std::nth_element(keyed.begin(), keyed.begin() + per_language, keyed.end());
+      std::vector<size_t> kept;
+      for (int64_t i = 0; i < per_language; ++i) kept.push_back(in[keyed[size_t(i)].second]);
+      in = std::move(kept);
+    }
+    out.insert(out.end(), in.begin(), in.end());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 Dataset Dataset::from_memory(DatasetInfo info, DataSplit split, std::string name) {
   Dataset d;
   d.info_ = std::move(info);

@@ -44,6 +44,15 @@ struct DataSplit {
   void add_example(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& mask, int32_t language);
 };
 
+// The evaluation sample of a split (eval.examples_per_language, eval.bleu_examples, `meshmoe eval
+// --max-examples`): `per_language` examples of every language, all of a language's when it has no
+// more (or per_language is 0). Within a language, the examples whose hash mix64(language << 32 |
+// position) is smallest, position counting that language's examples in file order: the same sample
+// in every run and on every mesh, and independent between languages, whose validation examples are
+// the same held-out English strings in the same (sorted) order. Examples of a language id outside
+// [0, languages) are one more group. Returns example indices in file order.
+std::vector<size_t> per_language_sample(const DataSplit& split, size_t languages, int64_t per_language);
+
 // What the file says about itself (root attributes and the small datasets).
 struct DatasetInfo {
   std::string tokenizer = Tokenizer::kName;

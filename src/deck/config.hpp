@@ -23,6 +23,7 @@ using Precision_t = Precision;
 using RouterKind_t = RouterKind;
 using SecondExpertPolicy_t = SecondExpertPolicy;
 using AuxLossForm_t = AuxLossForm;
+using DecodeCapacity_t = DecodeCapacity;
 using ExpertAxis_t = ExpertAxis;
 using BalanceKind_t = BalanceKind;
 using OptimizerKind_t = OptimizerKind;

@@ -23,6 +23,7 @@ enum class Recompute {                                      // model.recompute
 enum class RouterKind { Top1, Top2, TopK, ExpertChoice };   // moe.router
 enum class SecondExpertPolicy { Random, Always, Threshold };  // moe.second_expert
 enum class AuxLossForm { Switch, Gshard };                  // moe.aux_loss_form
+enum class DecodeCapacity { Dropless, Eval };               // moe.decode_capacity (model/moe/moe_options.hpp)
 enum class ExpertAxis { Data, Tensor };                     // moe.expert_axis (model/placement.hpp)
 enum class BalanceKind { AuxLoss, Bias };                   // moe.balance (model/moe/router.hpp)
 enum class OptimizerKind { AdamW, Adafactor };              // optim.name
@@ -47,6 +48,7 @@ MESHMOE_OPTION_NAMES(RouterKind, {RouterKind::Top1, "top1"}, {RouterKind::Top2, 
 MESHMOE_OPTION_NAMES(SecondExpertPolicy, {SecondExpertPolicy::Random, "random"}, {SecondExpertPolicy::Always, "always"},
                      {SecondExpertPolicy::Threshold, "threshold"})
 MESHMOE_OPTION_NAMES(AuxLossForm, {AuxLossForm::Switch, "switch"}, {AuxLossForm::Gshard, "gshard"})
+MESHMOE_OPTION_NAMES(DecodeCapacity, {DecodeCapacity::Dropless, "dropless"}, {DecodeCapacity::Eval, "eval"})
 MESHMOE_OPTION_NAMES(ExpertAxis, {ExpertAxis::Data, "data"}, {ExpertAxis::Tensor, "tensor"})
 MESHMOE_OPTION_NAMES(BalanceKind, {BalanceKind::AuxLoss, "aux_loss"}, {BalanceKind::Bias, "bias"})
 MESHMOE_OPTION_NAMES(OptimizerKind, {OptimizerKind::AdamW, "adamw"}, {OptimizerKind::Adafactor, "adafactor"})

@@ -91,6 +91,7 @@ void CachedModel<T>::encode(const std::vector<std::vector<int32_t>>& sources) {
   }
   StepContext ctx;
   ctx.training = false;
+  ctx.decoding = true;
   ctx.moe_group_size = int(tokens.size());
   const size_t NM = tokens.size() * size_t(M);
   receive(enc_in_, NM, kEncodeTag);
@@ -113,6 +114,7 @@ const Buffer<T>& CachedModel<T>::step(const int32_t* tokens, const CachedTokens&
   const size_t nM = size_t(n) * M;
   StepContext ctx;
   ctx.training = false;
+  ctx.decoding = true;
   ctx.moe_group_size = n;
   tokens_.assign(tokens, tokens + n);
   positions_.assign(tok.position, tok.position + n);

@@ -5,10 +5,11 @@
 // then the final LayerNorm and the head give the new tokens' logits.
 //
 // MoE routing groups: the n new tokens of a step on this rank are one group of n tokens
-// (StepContext::moe_group_size), capacity ceil(k n capacity_factor_eval / E) at most n; a choice
-// over capacity is dropped as in training (the token keeps the residual only). The full forward
-// groups moe.group_size consecutive tokens instead, so the two agree exactly when nothing is
-// dropped (e.g. capacity_factor_eval >= E, or moe.dropless).
+// (StepContext::moe_group_size), by default without a capacity limit (moe.decode_capacity =
+// dropless); with moe.decode_capacity = eval, capacity ceil(k n capacity_factor_eval / E) at most
+// n, a choice over capacity dropped as in training (the token keeps the residual only). The full
+// forward groups moe.group_size consecutive tokens instead, so the two agree exactly when nothing
+// is dropped in either (e.g. capacity_factor_eval >= E, or moe.dropless).
 //
 // The encoder-decoder (model.arch = "encdec"): encode() runs the encoder once over the sources
 // (one row each, padded as the Batcher pads; bidirectional within the source; all the rows' tokens

@@ -13,11 +13,10 @@ std::vector<TextPairs> validation_pairs(const Dataset& valid, const Tokenizer& t
   const int32_t sep = int32_t(valid.info().sep_id), eos = int32_t(valid.info().eos_id);
   std::vector<TextPairs> out(valid.info().languages.size());
   bool any = false;
-  for (size_t e = 0; e < s.num_examples(); ++e) {
+  for (const size_t e : per_language_sample(s, out.size(), per_language)) {
     const int32_t lang = s.lang[e];
     if (lang < 0 || size_t(lang) >= out.size()) continue;
     TextPairs& p = out[size_t(lang)];
-    if (per_language > 0 && int64_t(p.sources.size()) >= per_language) continue;
     std::vector<int32_t> ids(s.example_size(e));
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(s.token(s.example_begin(e) + i));
     const auto at = std::find(ids.begin(), ids.end(), sep);

@@ -22,11 +22,12 @@ struct TextPairs {
   std::vector<std::string> sources, references;
 };
 
-// Per language of the dataset's table, its first `per_language` validation examples (all when 0)
-// as text, the way postprocess/valid_pairs.py writes them: the source is what lies between the
-// language tag and the first SEP, the reference what follows the SEP (EOS dropped), each decoded
-// with the tokenizer on one line (newlines become spaces). Examples without a SEP are left out;
-// throws InputError when no example has one (data from `prep text` has no translation pairs).
+// Per language of the dataset's table, its validation examples of per_language_sample
+// (data/dataset.hpp; all when per_language is 0) as text, the way postprocess/valid_pairs.py writes
+// them: the source is what lies between the language tag and the first SEP, the reference what
+// follows the SEP (EOS dropped), each decoded with the tokenizer on one line (newlines become
+// spaces). Examples without a SEP are left out (after the sample is drawn); throws InputError when
+// no example has one (data from `prep text` has no translation pairs).
 std::vector<TextPairs> validation_pairs(const Dataset& valid, const Tokenizer& tokenizer, int64_t per_language);
 
 struct TranslationScore {

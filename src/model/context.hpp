@@ -21,6 +21,8 @@ struct StepContext {
   // Tokens per MoE routing group for this forward; 0: moe.group_size. Incremental decoding routes
   // the few new tokens of a step as one group of their own (docs/ARCHITECTURE.md "Decoding").
   int moe_group_size = 0;
+  // Incremental decoding (decode/cached_model.hpp): MoE capacity by moe.decode_capacity.
+  bool decoding = false;
 };
 
 }  // namespace meshmoe

@@ -26,16 +26,13 @@ Dataset eval_subset(const Dataset& valid, int64_t per_language) {
   if (per_language <= 0) return valid;
   const DataSplit& in = valid.split();
   DataSplit out;
-  std::vector<int64_t> taken(valid.info().languages.size() + 1, 0);
-  for (size_t e = 0; e < in.num_examples(); ++e) {
-    const int32_t lang = in.lang[e];
-    int64_t& n = taken[size_t(std::clamp<int32_t>(lang, 0, int32_t(taken.size()) - 1))];
-    if (n >= per_language) continue;
-    ++n;
+  out.wide = in.wide;
+  for (const size_t e : per_language_sample(in, valid.info().languages.size(), per_language)) {
     const size_t b = in.example_begin(e), len = in.example_size(e);
     std::vector<int32_t> tokens(len);
     for (size_t i = 0; i < len; ++i) tokens[i] = int32_t(in.token(b + i));
-    out.add_example(tokens, std::vector<uint8_t>(in.loss_mask.begin() + long(b), in.loss_mask.begin() + long(b + len)), lang);
+    out.add_example(tokens, std::vector<uint8_t>(in.loss_mask.begin() + long(b), in.loss_mask.begin() + long(b + len)),
+                    in.lang[e]);
   }
   return Dataset::from_memory(valid.info(), std::move(out), valid.path() + " (valid, " + std::to_string(per_language) + " per language)");
 }

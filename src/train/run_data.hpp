@@ -16,8 +16,8 @@ namespace meshmoe {
 // itself, and a rank that cannot (the file missing on its node only) stops every rank, named.
 Dataset open_split(const std::string& path, const std::string& split, MPI_Comm world);
 
-// The first `per_language` examples of every language of a split (all of it when 0), so that an
-// evaluation scores every language, the small ones too.
+// `per_language` examples of every language of a split (per_language_sample; all of it when 0), so
+// that an evaluation scores every language, the small ones too.
 Dataset eval_subset(const Dataset& valid, int64_t per_language);
 
 // The vocabulary size of the model: model.vocab_size, or the dataset's when 0. Throws InputError

@@ -98,7 +98,7 @@ void StepLog::open(int64_t start_step, const std::string& languages, const std::
   metrics_->describe("eval/lang_loss", "nats/token", "validation cross-entropy per language (root attribute languages)");
   metrics_->describe("eval/bleu", "BLEU (0-100)",
                      "corpus BLEU (SacreBLEU 13a) per language (root attribute languages) of the greedy translations "
-                     "of its first eval.bleu_examples validation pairs (eval.bleu_every); NaN: no pair");
+                     "of eval.bleu_examples of its validation pairs (eval.bleu_every); NaN: no pair");
   metrics_->describe("eval/chrf", "chrF (0-100)", "corpus chrF2 per language of the same translations");
   metrics_->describe("eval/bleu_sentences", "sentences", "validation pairs translated per language");
   metrics_->describe("eval/bleu_all", "BLEU (0-100)", "corpus BLEU of every language's translations together");

@@ -345,7 +345,7 @@ class Trainer {
     return 0;
   }
 
-  // Greedy translations of the first eval.bleu_examples validation pairs of every language, scored
+  // Greedy translations of eval.bleu_examples validation pairs of every language (per_language_sample), scored
   // (src/decode/translation_eval.hpp). Decoding runs the model in evaluation mode and keeps no
   // state that a training step reads, so the training is the same with it and without.
   int evaluate_bleu(int64_t step) {
@@ -378,7 +378,7 @@ class Trainer {
   std::string dir_;
   RunDirectory run_dir_;  // locked for this run; checked to be the same directory on every rank
   Dataset train_, valid_;
-  Dataset eval_set_;  // valid_, or its first eval.examples_per_language examples of every language
+  Dataset eval_set_;  // valid_, or eval.examples_per_language examples of every language (eval_subset)
   Tokenizer tokenizer_;                // eval.bleu_every: the dataset's
   std::vector<TextPairs> bleu_pairs_;  // eval.bleu_every: the pairs translated, per language
   int vocab_ = 0;

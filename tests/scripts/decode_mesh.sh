@@ -84,23 +84,27 @@ done
 # The inputs split over the data ranks: 7 lines (more than the ranks, not a multiple of them) in
 # batches of 2 (and of 1), each data group decoding its block of batches, on data=2, data=2 x
 # tensor=2, data=4 with expert replicas and pipe=2 x data=2: one rank's output, byte for byte.
-# With moe.capacity_factor_eval = 0.5 a step's routing drops choices (the output changes), yet
-# each batch still decodes as one rank decodes it, so every mesh still prints one rank's lines.
+# With moe.decode_capacity = eval and moe.capacity_factor_eval = 0.5 a step's routing drops choices
+# (the output changes), yet each batch still decodes as one rank decodes it, so every mesh still
+# prints one rank's lines.
 printf '%s\n' 'Datei 7 kopiert' 'Ordner 12 entfernt' 'Datei 31 kopiert' 'Datei 4 kopiert' 'Ordner 9 entfernt' \
   'Ordner 5 entfernt' 'Datei 20 kopiert' >"$T/in7.txt"
 split_meshes=("2 --set mesh.data=2" "4 --set mesh.data=2 --set mesh.tensor=2"
               "4 --set mesh.data=4 --set mesh.expert_parallel=2" "4 --set mesh.pipe=2 --set mesh.data=2 --set optim.micro_batches=2")
 for cap in 4 0.5; do
-  decode "split.one.$cap" 1 translate --lang de --input "$T/in7.txt" --beam 3 --batch 2 --set moe.capacity_factor_eval=$cap
+  decode "split.one.$cap" 1 translate --lang de --input "$T/in7.txt" --beam 3 --batch 2 --set moe.decode_capacity=eval --set moe.capacity_factor_eval=$cap
   [ "$(wc -l <"$T/split.one.$cap.out")" = 7 ] || fail "seven input lines, not seven translations"
   for mesh in "${split_meshes[@]}"; do
     set -- $mesh
     np=$1; shift
-    decode split.mesh "$np" translate --lang de --input "$T/in7.txt" --beam 3 --batch 2 --set moe.capacity_factor_eval=$cap "$@"
+    decode split.mesh "$np" translate --lang de --input "$T/in7.txt" --beam 3 --batch 2 --set moe.decode_capacity=eval --set moe.capacity_factor_eval=$cap "$@"
     cmp "$T/split.one.$cap.out" "$T/split.mesh.out" || fail "7 lines in batches of 2, capacity_factor_eval $cap, $mesh: differs from one rank"
   done
 done
 cmp -s "$T/split.one.4.out" "$T/split.one.0.5.out" && fail "capacity_factor_eval = 0.5 drops nothing: the test shows nothing"
+# The default moe.decode_capacity = dropless ignores the factor: 0.5 decodes as 4 (= E: no drops) does.
+decode split.one.dropless 1 translate --lang de --input "$T/in7.txt" --beam 3 --batch 2 --set moe.capacity_factor_eval=0.5
+cmp "$T/split.one.4.out" "$T/split.one.dropless.out" || fail "moe.decode_capacity = dropless: capacity_factor_eval 0.5 differs from 4"
 decode split.data4.batch1 4 translate --lang de --input "$T/in7.txt" --beam 1 --batch 1 --set mesh.data=4
 decode split.one.greedy 1 translate --lang de --input "$T/in7.txt" --beam 1
 cmp "$T/split.one.greedy.out" "$T/split.data4.batch1.out" || fail "greedy, batches of 1 on data=4: differs from one rank"

@@ -7,7 +7,8 @@
 #   - for each language, the BLEU and chrF that `meshmoe score` gives on `meshmoe translate`'s
 #     output for the sources and references it wrote (--write-text), bitwise; those sources and
 #     references equal postprocess/valid_pairs.py's;
-#   - with --beam 1 --max-examples 8, the BLEU and chrF the training logged (/eval/bleu, /eval/chrf);
+#   - with --beam 1 --max-examples 8, the BLEU and chrF the training logged (/eval/bleu, /eval/chrf),
+#     on valid_pairs.py --max 8's pairs (a hashed sample per language, not the first 8);
 #   - on data=2, tensor=2, 2x2 and pipe=2 meshes, and with --batch 3 on data=2, data=4 with expert
 #     replicas and pipe=2 x data=2 (the batches split over the data ranks), the one-rank
 #     translations and scores, losses to 1e-5;
@@ -146,9 +147,17 @@ for d in ("bleu", "chrf", "valid_loss", "sentences"):
 print("eval = translate + score, bitwise:", dict(zip(names, g["bleu"][()])), "losses = training's")
 PY
 
-# Greedy on the first 8 pairs: what the training logged at step 120.
-mpirun -np 1 "$M" eval "$T/deck.toml" --checkpoint "$T/on" --beam 1 --max-examples 8 -o "$T/greedy.h5" >/dev/null 2>&1 ||
-  fail "eval --beam 1 failed"
+# Greedy on a sample of 8 pairs per language: what the training logged at step 120; the pairs are
+# valid_pairs.py --max 8's (the same hashed sample), not the first 8 of the language.
+mpirun -np 1 "$M" eval "$T/deck.toml" --checkpoint "$T/on" --beam 1 --max-examples 8 -o "$T/greedy.h5" \
+  --write-text "$T/text8" >/dev/null 2>&1 || fail "eval --beam 1 failed"
+for lang in de fr; do
+  $PYTHON postprocess/valid_pairs.py "$T/data.h5" $lang "$T/$lang.8.src" "$T/$lang.8.ref" --max 8 >/dev/null
+  cmp "$T/$lang.8.src" "$T/text8/$lang.src" && cmp "$T/$lang.8.ref" "$T/text8/$lang.ref" ||
+    fail "$lang: eval --max-examples 8's sources or references differ from valid_pairs.py --max 8's"
+  [ "$(wc -l <"$T/$lang.8.src")" = 8 ] || fail "$lang: not 8 sampled pairs"
+  head -n 8 "$T/$lang.src" | cmp -s - "$T/$lang.8.src" && fail "$lang: the sample of 8 is the first 8 pairs"
+done
 $PYTHON - "$T/greedy.h5" "$T/on/metrics.h5" "$T/data.h5" <<'PY'
 import sys, h5py, numpy as np
 ev, met = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/hash.hpp"
 #include "core/philox.hpp"
 #include "data/batcher.hpp"
 #include "data/mo_file.hpp"
@@ -102,6 +103,44 @@ TEST_CASE("fnv1a64 matches the reference vectors", "[data]") {
   CHECK(fnv1a64("") == 0xcbf29ce484222325ull);
   CHECK(fnv1a64("a") == 0xaf63dc4c8601ec8cull);
   CHECK(fnv1a64("foobar") == 0x85944171f73967e8ull);
+}
+
+TEST_CASE("mix64 is SplitMix64's output for the state before the increment", "[data]") {
+  // SplitMix64 (Steele, Lea, Flood 2014) seeded with 0: its first two outputs.
+  REQUIRE(mix64(0) == 0xE220A8397B1DCDAFull);
+  REQUIRE(mix64(0x9E3779B97F4A7C15ull) == 0x6E789E6AA1B965F4ull);
+}
+
+TEST_CASE("per-language evaluation sample: n of each language, hashed, independent between languages", "[data]") {
+  // Languages 0 and 2 hold the same 20 strings in the same order (as a validation split holds the
+  // same held-out English strings in every language), language 1 five, one example an unknown id.
+  DataSplit split;
+  for (int l : {0, 1, 2})
+    for (int j = 0; j < (l == 1 ? 5 : 20); ++j) split.add_example({100 + j, 7}, {0, 1}, l);
+  split.add_example({1, 2}, {0, 1}, 9);
+  const std::vector<size_t> sample = per_language_sample(split, 3, 8);
+  REQUIRE(std::is_sorted(sample.begin(), sample.end()));
+  std::map<int32_t, std::vector<int>> positions;  // language -> positions within it
+  for (size_t e : sample) positions[split.lang[e]].push_back(int(e) - (split.lang[e] == 0 ? 0 : split.lang[e] == 1 ? 20 : 25));
+  REQUIRE(positions[0].size() == 8);
+  REQUIRE(positions[1] == std::vector<int>{0, 1, 2, 3, 4});  // a small language: all of it
+  REQUIRE(positions[2].size() == 8);
+  REQUIRE(positions[9].size() == 1);
+  REQUIRE(positions[0] != std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});  // not the first n
+  REQUIRE(positions[0] != positions[2]);  // not the same strings in every language
+  // The n smallest hashes of (language, position), by brute force.
+  for (int l : {0, 2}) {
+    std::vector<std::pair<uint64_t, int>> keyed;
+    for (int j = 0; j < 20; ++j) keyed.push_back({mix64(uint64_t(l) << 32 | uint64_t(j)), j});
+    std::sort(keyed.begin(), keyed.end());
+    std::vector<int> want;
+    for (int i = 0; i < 8; ++i) want.push_back(keyed[size_t(i)].second);
+    std::sort(want.begin(), want.end());
+    REQUIRE(positions[l] == want);
+  }
+  REQUIRE(per_language_sample(split, 3, 8) == sample);  // no hidden state
+  REQUIRE(per_language_sample(split, 3, 0).size() == split.num_examples());
+  REQUIRE(per_language_sample(split, 3, 20).size() == split.num_examples());
 }
 
 TEST_CASE(".mo reader: msgfmt catalogs in both byte orders", "[data]") {

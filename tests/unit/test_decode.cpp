@@ -197,8 +197,30 @@ TEST_CASE("decode: encdec sources are checked; a stream needs its source", "[dec
   REQUIRE_THROWS_AS(plain.encode({{1}}), std::logic_error);
 }
 
-TEST_CASE("decode: a step's MoE tokens are one group with capacity_factor_eval; over capacity they drop", "[decode]") {
+TEST_CASE("decode: a step's MoE tokens are one group without capacity by default, however small the factor",
+          "[decode]") {
   Config cfg = decode_config("top1");
+  cfg.moe.capacity_factor_eval = 0.25;  // as in the next case, where it drops; moe.decode_capacity = dropless here
+  REQUIRE(cfg.moe.decode_capacity == DecodeCapacity::Dropless);
+  Transformer<double> model(cfg, 13);
+  model.init(2, 1.0);
+  CachedModel<double> cached(model);
+  cached.reset(1, 8);
+  const int32_t tok[4] = {5, 5, 5, 5}, str[4] = {0, 0, 0, 0}, pos[4] = {0, 1, 2, 3};
+  const Buffer<double>& got = cached.step(tok, {4, str, pos});
+  const MoeStats& st = model.moe_layers().front()->stats();
+  REQUIRE(st.wanted == 4);
+  REQUIRE(st.dropped == 0);
+  REQUIRE(st.capacity == 4);
+  // The full forward's groups are single tokens (decode_config: moe.group_size = 1): none drops there either.
+  const std::vector<double> full = full_logits(model, std::vector<int32_t>(tok, tok + 4), 1, 4);
+  for (int t = 0; t < 4; ++t) require_close(got.data() + size_t(t) * 13, full, size_t(t), 13, "token " + std::to_string(t));
+}
+
+TEST_CASE("decode: with moe.decode_capacity = eval a step's group has capacity_factor_eval's capacity; over it they drop",
+          "[decode]") {
+  Config cfg = decode_config("top1");
+  cfg.moe.decode_capacity = DecodeCapacity::Eval;
   cfg.moe.capacity_factor_eval = 0.25;  // C = ceil(1 * n * 0.25 / 4) = 1 for n = 4 tokens
   Transformer<double> model(cfg, 13);
   model.init(2, 1.0);

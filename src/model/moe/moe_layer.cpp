@@ -71,11 +71,11 @@ void MoeLayer<T>::route(const StepContext& ctx, const T* x, int N) {
 
 // Capacity routing: the row buffers get the room of the full [E, G, C, M] layout once, what the
 // memory plan counts (train/memory.cpp), so that no step reallocates them as the filled rows vary.
-// Dropless routing (C = S) keeps its buffers at the filled rows: the full layout would be E times
-// the tokens.
+// Dropless routing (C = S, also a capacity that reaches the group) keeps its buffers at the filled
+// rows: the full layout would be E times the tokens.
 template <typename T>
 void MoeLayer<T>::reserve_full_layout(const Routing<T>& r) {
-  if (opt_.dropless) return;
+  if (opt_.dropless || r.C >= r.S) return;
   const size_t M = size_t(opt_.d_model), GC = size_t(r.G) * size_t(r.C);
   const size_t token_side = size_t(isel ? isel->e_local() : r.E) * GC;
   // all-to-all: every source rank sends at most G*C rows per expert

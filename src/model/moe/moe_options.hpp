@@ -23,6 +23,7 @@ struct MoeOptions {
   double capacity_factor_train = 1.25;
   double capacity_factor_eval = 2.0;
   bool dropless = false;
+  DecodeCapacity decode_capacity = DecodeCapacity::Dropless;
   SecondExpertPolicy second_expert = SecondExpertPolicy::Random;
   double second_expert_threshold = 0.2;
   bool declined_takes_slot = false;  // GShard Algorithm 1 line 22 literally (router.cpp)
@@ -71,6 +72,10 @@ struct MoeOptions {
     const int64_t c = std::abs(v - r) <= 1e-9 * std::max(1.0, v) ? int64_t(r) : int64_t(std::ceil(v));
     return int(std::clamp<int64_t>(c, 1, group_size));
   }
+  // Decoding's groups are a step's new tokens (a few per stream): a capacity factor there drops
+  // choices that the same tokens in a moe.group_size group would keep (README, Translation), so
+  // decoding is dropless unless moe.decode_capacity = eval.
+  int decode_capacity_of(int S) const { return decode_capacity == DecodeCapacity::Dropless ? S : capacity(false, S); }
 
   // Throws InputError for settings the layer cannot run (the deck schema checks ranges; this checks
   // the combinations).
@@ -105,6 +110,7 @@ inline MoeOptions moe_options(const Config& cfg, uint32_t layer_id) {
   o.capacity_factor_train = cfg.moe.capacity_factor_train;
   o.capacity_factor_eval = cfg.moe.capacity_factor_eval;
   o.dropless = cfg.moe.dropless;
+  o.decode_capacity = cfg.moe.decode_capacity;
   o.second_expert = cfg.moe.second_expert;
   o.second_expert_threshold = cfg.moe.second_expert_threshold;
   o.declined_takes_slot = cfg.moe.declined_takes_slot;

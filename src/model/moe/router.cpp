@@ -32,7 +32,7 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
   if (N % S != 0)
     throw InputError("MoE layer got " + std::to_string(N) + " tokens, not a multiple of moe.group_size = " +
                      std::to_string(S));
-  const int G = N / S, C = opt_.capacity(ctx.training, S);
+  const int G = N / S, C = ctx.decoding ? opt_.decode_capacity_of(S) : opt_.capacity(ctx.training, S);
 
   // Switch appendix C: multiplicative jitter on the router input, training only. Keyed by global
   // token index * M + m so that sharding does not change it.
