@@ -17,7 +17,8 @@ bool changes_training(const std::string& section, const std::string& key) {
   if (section == "data" && key == "path") return false;  // the data's identity has its own check
   if (section != "run") return true;
   for (const std::string_view k : {"name", "out_dir", "steps", "log_every", "resume", "max_walltime", "max_bad_steps",
-                                   "device", "threads", "grad_bucket_mb", "max_memory", "shm_collectives", "phase_sync"})
+                                   "device", "threads", "grad_bucket_mb", "max_memory", "shm_collectives", "phase_sync",
+                                   "peak_gflops"})
     if (key == k) return false;
   return true;  // run.seed
 }

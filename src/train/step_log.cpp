@@ -87,7 +87,7 @@ void StepLog::open(int64_t start_step, const std::string& languages, const std::
   metrics_->describe("empty", "1",
                      "1 when the step's batch held no target token: no forward and no update (loss NaN); every "
                      "such step is logged, so the sum counts them");
-  metrics_->describe("mfu", "1", "model FLOPs utilisation against the fp32 sgemm peak measured at start-up");
+  metrics_->describe("mfu", "1", "model FLOPs utilisation against the sgemm peak measured at start-up (or run.peak_gflops)");
   metrics_->describe("eval/time", "s", "wall time of the evaluation");
   metrics_->describe("eval/tokens", "tokens", "masked target tokens in the validation batches");
   metrics_->describe("eval/empty_batches", "batches", "validation batches without a target token (skipped: no forward)");
@@ -118,9 +118,9 @@ void StepLog::header(int blas_threads, const Dataset& train, const Dataset& vali
               "(target too long); evaluated %zu truncated, %zu dropped\n",
               (long long)cfg_.model.seq_len + 1, train_too_long.truncated, train_too_long.dropped,
               valid_too_long.truncated, valid_too_long.dropped);
-  std::printf("  model: %d layers (%d MoE), d_model %lld, %zu parameters; %.3g train FLOPs/token; peak %.1f GFLOP/s\n",
+  std::printf("  model: %d layers (%d MoE), d_model %lld, %zu parameters; %.3g train FLOPs/token; peak %.1f GFLOP/s%s\n",
               shape_.num_layers, shape_.num_moe_layers(), (long long)cfg_.model.d_model, params, flops_per_token_,
-              peak_ / 1e9);
+              peak_ / 1e9, cfg_.run.peak_gflops > 0 ? " (run.peak_gflops)" : "");
   std::fflush(stdout);
 }
 
@@ -159,6 +159,13 @@ void StepLog::write_step_row(int64_t step, const StepStats& s, double tokens_per
               (long long)step, (long long)cfg_.run.steps, s.loss, s.aux, s.lr, s.grad_norm, tokens_per_s,
               100 * mfu, bubble_text, format_eta(eta).c_str(), s.skipped ? " | SKIPPED" : s.empty ? " | EMPTY" : "");
   std::fflush(stdout);
+  if (mfu > 1 && !warned_mfu_) {
+    warned_mfu_ = true;
+    std::fprintf(stderr,
+                 "meshmoe: warning: MFU %.0f%% is over 100%%: the ceiling measured at start-up (%.1f GFLOP/s) is too "
+                 "low, the node was busy then; set run.peak_gflops (e.g. from meshmoe bench-gemm) for a true MFU\n",
+                 100 * mfu, peak_ / 1e9);
+  }
   std::map<std::string, double> row{{"loss", s.loss},       {"aux_loss", s.aux},          {"z_loss", s.z},
                                     {"lr", s.lr},           {"grad_norm", s.grad_norm},   {"tokens_per_s", tokens_per_s},
                                     {"mfu", mfu},           {"skipped", s.skipped ? 1.0 : 0.0},

@@ -82,6 +82,7 @@ class StepLog {
   PhaseTimers& timers_;
   PipelineExecutor& pipeline_;
   double flops_per_token_, peak_;
+  bool warned_mfu_ = false;  // the MFU-over-100% warning, once a run
   std::unique_ptr<MetricsFile> metrics_;  // rank 0 only
 };
 

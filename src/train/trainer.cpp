@@ -106,9 +106,13 @@ class Trainer {
     flops_per_token_ = train_flops_per_token(cfg_, model_->shape());
     // The sgemm ceiling with the run's BLAS threads (applied above), measured by every rank at once so
     // that the ranks of a node share its cores as they do in a step; the mesh's ceiling is the sum.
-    mesh.world_comm().barrier();
-    peak_ = measure_peak_flops();
-    mesh.world_comm().all_reduce(&peak_, 1, Op::Sum);
+    if (cfg_.run.peak_gflops > 0) {
+      peak_ = cfg_.run.peak_gflops * 1e9;
+    } else {
+      mesh.world_comm().barrier();
+      peak_ = measure_peak_flops();
+      mesh.world_comm().all_reduce(&peak_, 1, Op::Sum);
+    }
     const std::string memory = memory_report_collective(cfg_, mesh.shape(), mesh.world());
     if (mesh.rank() == 0) std::fputs(memory.c_str(), stdout);
     checkpoints_->resume();

@@ -5,6 +5,7 @@
 # consistent with its mfu column (mfu = tokens_per_s * train_flops_per_token / sgemm_peak_flops,
 # rtol 1e-5: the attributes are printed with 6 significant digits). A rank with more threads
 # (run.threads) than cores in its CPU affinity is warned about, with the launch option that fixes it.
+# run.peak_gflops sets the ceiling instead; an MFU over 100% is warned about once.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -41,6 +42,20 @@ with h5py.File(sys.argv[1], "r") as f:
     assert len(mfu) == 2, mfu
     np.testing.assert_allclose(mfu, tps * flops / peak, rtol=1e-5)
     print(f"metrics.h5: train_flops_per_token {flops:.6g}, sgemm_peak_flops {peak:.6g}, mfu {mfu}")
+PY
+# run.peak_gflops replaces the start-up measurement: the attribute and the mfu column use it; an
+# MFU over 100% (a ceiling far too low, as a busy node measures) is warned about once.
+timeout 300 "$M" train inputs/m4-dense-tiny.toml --set data.path="$T/data.h5" --set run.out_dir="$T/peak" \
+  --set run.steps=4 --set run.log_every=2 --set eval.every=0 --set model.seq_len=32 --set model.num_layers=1 \
+  --set optim.batch_size=4 --set run.peak_gflops=0.001 >"$T/peak.out" 2>&1 || { fail "peak: exit $?"; tail "$T/peak.out"; }
+grep -q "peak 0.0 GFLOP/s (run.peak_gflops)" "$T/peak.out" || { fail "peak: header"; cat "$T/peak.out"; }
+[ "$(grep -c 'warning: MFU .* is over 100%' "$T/peak.out")" = 1 ] || { fail "peak: not one MFU warning"; cat "$T/peak.out"; }
+/usr/bin/python3 - "$T/peak/metrics.h5" <<'PY' || fail "run.peak_gflops: metrics.h5"
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r") as f:
+    peak = float(f.attrs["sgemm_peak_flops"]); flops = float(f.attrs["train_flops_per_token"])
+    assert peak == 1e6, peak
+    np.testing.assert_allclose(f["mfu"][()], f["tokens_per_s"][()] * flops / peak, rtol=1e-5)
 PY
 # run.threads = 2 on a rank that mpirun bound to one core: a warning naming the fix; unbound, none.
 threads_run() {  # NAME MPIRUN-OPTIONS...
