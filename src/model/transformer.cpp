@@ -217,8 +217,13 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   h_.resize(NM);
   f_.resize(NM);
   first_nonfinite_.clear();
+  finite_resolved_ = false;
+  finite_scans_used_ = 0;
   CheckFinite check_finite = [&](const Buffer<T>& v, size_t n, const std::string& where) {
-    if (first_nonfinite_.empty() && !all_finite(v.data(), n)) first_nonfinite_ = where;
+    if (finite_scans_used_ == finite_scans_.size()) finite_scans_.emplace_back();
+    FiniteScan& scan = finite_scans_[finite_scans_used_++];
+    scan.where = where;
+    flag_nonfinite(v.data(), n, scan.flags);
   };
   ForwardStats st;
   size_t decoder_begin = 0;  // the first decoder block in blocks_
@@ -283,9 +288,24 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
 }
 
 template <typename T>
+const std::string& Transformer<T>::first_nonfinite() const {
+  if (!finite_resolved_) {
+    device_synchronize();  // a transfer point: the host reads the scans' flags
+    for (size_t i = 0; i < finite_scans_used_ && first_nonfinite_.empty(); ++i)
+      for (const int32_t bad : finite_scans_[i].flags)
+        if (bad) {
+          first_nonfinite_ = finite_scans_[i].where;
+          break;
+        }
+    finite_resolved_ = true;
+  }
+  return first_nonfinite_;
+}
+
+template <typename T>
 void Transformer<T>::poison_if_asked() {  // debug.nan_step: the first activation
   if (!inject_nan_) return;
-  x_[0] = std::numeric_limits<T>::quiet_NaN();
+  fill_with(x_.data(), 1, std::numeric_limits<T>::quiet_NaN());  // on the device: no host access to x_
   inject_nan_ = false;
 }
 

@@ -163,8 +163,9 @@ class Transformer {
   int stage_streams() const { return encdec() ? 2 : 1; }
   const Buffer<T>& stage_output() const { return encdec() ? message_ : x_; }
   // The first part of this stage whose output held a NaN or Inf in the last forward ("embed",
-  // "blocks.<i>", "head"), or "" when all were finite.
-  const std::string& first_nonfinite() const { return first_nonfinite_; }
+  // "blocks.<i>", "head"), or "" when all were finite. The forward only queues the scans; the first
+  // call after it waits for the device (one wait a forward, not one a layer).
+  const std::string& first_nonfinite() const;
   // Testing aid (deck key debug.nan_step): the next forward poisons its first activation with NaN.
   void inject_nan_next_forward() { inject_nan_ = true; }
   const Buffer<T>& input_grad() const { return encdec() ? dmessage_ : d_; }
@@ -240,7 +241,14 @@ class Transformer {
   bool loss_gradient_in_forward_ = false;
   Placement placement_;
   PhaseTimers* timers_ = nullptr;  // of the pass in progress (the tensor all-reduce hook times itself)
-  std::string first_nonfinite_;
+  struct FiniteScan {
+    std::string where;       // the part scanned
+    Buffer<int32_t> flags;   // flag_nonfinite's, per chunk
+  };
+  std::vector<FiniteScan> finite_scans_;  // the last forward's, in order: the first finite_scans_used_
+  size_t finite_scans_used_ = 0;
+  mutable std::string first_nonfinite_;   // resolved from the scans by first_nonfinite()
+  mutable bool finite_resolved_ = true;
   bool inject_nan_ = false;
   int N_ = 0, T_ = 0;
   Buffer<T> x_, h_, f_, logits_, d_, dh_;

@@ -82,6 +82,7 @@ struct DeferredDevice {
 };
 DeferredDevice g_deferred;
 bool g_work_queued = false;
+size_t g_waits = 0;  // device_synchronize calls that found work queued
 
 void* deferred_chunk_alloc(size_t bytes) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -138,6 +139,7 @@ void device_synchronize() {
   queue_pending_zero();
   if (!g_work_queued) return;
   g_work_queued = false;
+  ++g_waits;
   if (g_deferred_host_device) {
     g_deferred.lock(false);
     // Work may queue more work only through device_synchronize's callers, never from inside.
@@ -158,6 +160,8 @@ void set_deferred_host_device(bool on) {
   g_deferred_host_device = on;
   g_buffers_on_device = on || g_device == Device::Cuda;
 }
+
+size_t device_waits() { return g_waits; }
 
 size_t deferred_host_work_queued() {
   return g_deferred.queue.size() + (g_pending_zero.begin != g_pending_zero.end ? 1 : 0);

@@ -56,6 +56,7 @@ inline bool g_deferred_host_device = false;
 inline bool deferred_host_device() { return g_deferred_host_device; }
 void defer_host_work(std::function<void()> work);
 size_t deferred_host_work_queued();  // tests: the queue's length
+size_t device_waits();               // tests: device_synchronize() calls that found work queued
 
 // Whether Buffers allocated now are device memory, never touched by the host between transfer
 // points (run.device = "cuda", or the deferred host device).

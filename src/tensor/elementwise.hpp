@@ -90,16 +90,13 @@ template <typename T>
 void copy_from(T* dst, const T* src, size_t n) {
   for_each_index(int64_t(n), CopyFrom<T>{dst, src});
 }
-// Whether all of v[0, n) is finite.
+// Queues the scan of v[0, n) for NaN and Inf: bad[c] = 1 when chunk c (FlagNonFiniteChunk::kChunk
+// values) holds one, else 0. No wait: the host reads `bad` after device_synchronize().
 template <typename T>
-bool all_finite(const T* v, size_t n) {
+void flag_nonfinite(const T* v, size_t n, Buffer<int32_t>& bad) {
   const int64_t chunks = (int64_t(n) + FlagNonFiniteChunk<T>::kChunk - 1) / FlagNonFiniteChunk<T>::kChunk;
-  Buffer<int32_t> bad(size_t(chunks), 0);
+  bad.resize(size_t(chunks));
   for_each_row(chunks, FlagNonFiniteChunk<T>{v, int64_t(n), bad.data()}, FlagNonFiniteChunk<T>::kChunk);
-  device_synchronize();
-  for (int32_t b : bad)
-    if (b) return false;
-  return true;
 }
 
 }  // namespace meshmoe

@@ -158,6 +158,39 @@ TEST_CASE("device: the model's host accesses to device Buffers all wait for the 
   }
 }
 
+TEST_CASE("device: a forward waits for the device as often with 6 layers as with 2; NaN still named", "[device][deferred]") {
+  // The finite scans of the parts' outputs are queued, and read after one wait by first_nonfinite(),
+  // not each after a wait of its own (a GPU would drain once a layer).
+  const int V = 13, B = 2;
+  std::vector<size_t> waits;
+  for (int layers : {2, 6}) {
+    INFO(layers << " layers");
+    Config cfg = device_test_config("dense");
+    cfg.model.num_layers = layers;
+    const int Tn = int(cfg.model.seq_len);
+    std::vector<int32_t> tokens(size_t(B) * Tn, 3);
+    std::vector<float> mask(tokens.size(), 1.f);
+    const MicroBatch mb{B, Tn, tokens.data(), tokens.data(), mask.data()};
+    const StepContext ctx{42, 3, true, 0, nullptr};
+    const LossWeights w{1.0 / (B * Tn), 0, 0};
+    test::DeferredHostDevice guard;
+    Transformer<float> model(cfg, V);
+    model.init(5, 1.0);
+    device_synchronize();
+    const size_t before = device_waits();
+    model.forward(ctx, mb, w);
+    CHECK(model.first_nonfinite().empty());
+    waits.push_back(device_waits() - before);
+    model.inject_nan_next_forward();
+    model.forward(ctx, mb, w);
+    CHECK(model.first_nonfinite() == "embed");
+    model.forward(ctx, mb, w);
+    CHECK(model.first_nonfinite().empty());
+  }
+  INFO("waits of one forward: " << waits[0] << " (2 layers), " << waits[1] << " (6 layers)");
+  CHECK(waits[0] == waits[1]);
+}
+
 TEST_CASE("device: a Buffer made on the device is zero, and its host writes wait for queued work", "[device][deferred]") {
   test::DeferredHostDevice guard;
   Buffer<float> a(1000);  // value-initialised by the device: one zeroing, not one per element
