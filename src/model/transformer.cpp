@@ -291,12 +291,10 @@ template <typename T>
 const std::string& Transformer<T>::first_nonfinite() const {
   if (!finite_resolved_) {
     device_synchronize();  // a transfer point: the host reads the scans' flags
-    for (size_t i = 0; i < finite_scans_used_ && first_nonfinite_.empty(); ++i)
-      for (const int32_t bad : finite_scans_[i].flags)
-        if (bad) {
-          first_nonfinite_ = finite_scans_[i].where;
-          break;
-        }
+    for (size_t i = 0; i < finite_scans_used_ && first_nonfinite_.empty(); ++i) {
+      const auto& flags = finite_scans_[i].flags;
+      if (std::find(flags.begin(), flags.end(), 1) != flags.end()) first_nonfinite_ = finite_scans_[i].where;
+    }
     finite_resolved_ = true;
   }
   return first_nonfinite_;

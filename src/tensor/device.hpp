@@ -165,6 +165,15 @@ class Buffer : public std::vector<T, DeviceAllocator<T>> {
     if (n > old) zero_new_elements(this->data() + old, (n - old) * sizeof(T));
   }
   void resize(size_t n, const T& value) { Base::resize(n, value); }
+  // Room for n elements; into new storage the old elements are copied on the device, as resize's.
+  void reserve(size_t n) {
+    if (n <= this->capacity() || this->empty() || !buffers_on_device()) return Base::reserve(n);
+    Buffer grown;
+    static_cast<Base&>(grown).reserve(n);
+    static_cast<Base&>(grown).resize(this->size());  // writes nothing (the allocator constructs nothing)
+    copy_buffer_bytes(grown.data(), this->data(), this->size() * sizeof(T));
+    this->swap(grown);
+  }
   // A host write: on the device after the queued work (std::vector's assign fills existing
   // elements without constructing them, so the allocator's wait would come too late).
   using Base::assign;

@@ -120,8 +120,11 @@ TEST_CASE("per-language evaluation sample: n of each language, hashed, independe
   split.add_example({1, 2}, {0, 1}, 9);
   const std::vector<size_t> sample = per_language_sample(split, 3, 8);
   REQUIRE(std::is_sorted(sample.begin(), sample.end()));
-  std::map<int32_t, std::vector<int>> positions;  // language -> positions within it
-  for (size_t e : sample) positions[split.lang[e]].push_back(int(e) - (split.lang[e] == 0 ? 0 : split.lang[e] == 1 ? 20 : 25));
+  std::map<int32_t, int> seen;  // language -> its examples counted so far
+  std::vector<int> position(split.num_examples());
+  for (size_t e = 0; e < split.num_examples(); ++e) position[e] = seen[split.lang[e]]++;  // the position within its language
+  std::map<int32_t, std::vector<int>> positions;  // language -> the sampled positions within it
+  for (size_t e : sample) positions[split.lang[e]].push_back(position[e]);
   REQUIRE(positions[0].size() == 8);
   REQUIRE(positions[1] == std::vector<int>{0, 1, 2, 3, 4});  // a small language: all of it
   REQUIRE(positions[2].size() == 8);

@@ -32,6 +32,7 @@
 #include "tensor/host_threads.hpp"
 #include "tensor/launch.hpp"
 #include "train/memory.hpp"
+#include "test_moe_util.hpp"
 
 using namespace meshmoe;
 
@@ -191,6 +192,93 @@ TEST_CASE("device: a forward waits for the device as often with 6 layers as with
   CHECK(waits[0] == waits[1]);
 }
 
+TEST_CASE("device: an MoE layer waits once a forward; routing and dispatch plan are device work", "[device][deferred][moe]") {
+  // The router queues its triples and totals without a wait; the plan's row counts and the
+  // router's totals are read after one wait; the row maps are queued after it. Everything equals
+  // the plain host's, statistics included.
+  for (const RouterKind kind : {RouterKind::Top1, RouterKind::Top2, RouterKind::ExpertChoice}) {
+    INFO("router " << int(kind));
+    MoeOptions o = test::small_moe(kind);
+    o.no_token_left_behind = kind == RouterKind::Top1;
+    o.second_expert = SecondExpertPolicy::Random;
+    o.jitter_eps = 0.01;
+    o.expert_dropout = 0.2;
+    const int N = 32, M = o.d_model;
+    const std::vector<double> xd = test::normal_vector(size_t(N) * M, 3);
+    const std::vector<float> x(xd.begin(), xd.end());
+    StepContext ctx;
+    ctx.seed = 5;
+    ctx.step = 2;
+    ctx.training = true;
+    ctx.token_offset = 16;
+    test::MoeHarness<float> plain(o, 9);
+    std::vector<float> y_plain(x.size()), y(x.size());
+    plain.layer->forward(ctx, x.data(), y_plain.data(), N);
+
+    test::DeferredHostDevice guard;
+    test::MoeHarness<float> h(o, 9);
+    MoeLayer<float>& layer = *h.layer;
+    device_synchronize();
+    size_t waits = device_waits();
+    layer.router.route(ctx, x.data(), N);
+    CHECK(device_waits() == waits);
+    CHECK(deferred_host_work_queued() > 0);
+    layer.dispatcher.count_rows(layer.router.routing());
+    layer.router.read_totals();
+    CHECK(device_waits() == waits + 1);
+    layer.dispatcher.map_rows(layer.router.routing(), ctx.token_offset);
+    CHECK(device_waits() == waits + 1);  // nothing was queued since the wait
+    CHECK(deferred_host_work_queued() > 0);  // the maps
+    device_synchronize();
+    const Routing<float>& r = layer.router.routing();
+    const Routing<float>& rp = plain.layer->router.routing();
+    CHECK(r.load == rp.load);
+    CHECK(r.experts_per_token == rp.experts_per_token);
+    CHECK(std::vector<int>(layer.dispatcher.slot_token().begin(), layer.dispatcher.slot_token().end()) ==
+          std::vector<int>(plain.layer->dispatcher.slot_token().begin(), plain.layer->dispatcher.slot_token().end()));
+    CHECK(std::vector<int64_t>(layer.dispatcher.choice_row().begin(), layer.dispatcher.choice_row().end()) ==
+          std::vector<int64_t>(plain.layer->dispatcher.choice_row().begin(), plain.layer->dispatcher.choice_row().end()));
+
+    waits = device_waits();
+    layer.forward(ctx, x.data(), y.data(), N);
+    CHECK(device_waits() == waits + 1);
+    device_synchronize();
+    CHECK(y == y_plain);
+    const MoeStats &s = layer.stats(), &sp = plain.layer->stats();
+    CHECK(s.aux_sum == sp.aux_sum);
+    CHECK(s.z_sum == sp.z_sum);
+    CHECK(s.entropy_sum == sp.entropy_sum);
+    CHECK(s.load == sp.load);
+    CHECK(s.wanted == sp.wanted);
+    CHECK(s.dropped == sp.dropped);
+    CHECK(s.rerouted == sp.rerouted);
+    CHECK(s.declined == sp.declined);
+    CHECK(s.experts_per_token == sp.experts_per_token);
+    CHECK(sp.wanted > 0);
+  }
+}
+
+TEST_CASE("device: the dispatch plan names a routing choice outside the experts' slots", "[device][moe]") {
+  MoeOptions o = test::small_moe(RouterKind::Top1);
+  const int N = 16, M = o.d_model;
+  const std::vector<double> xd = test::normal_vector(size_t(N) * M, 4);
+  const std::vector<float> x(xd.begin(), xd.end());
+  test::MoeHarness<float> h(o, 9);
+  StepContext ctx;
+  ctx.training = true;
+  h.layer->router.forward(ctx, x.data(), N);
+  Routing<float> r = h.layer->router.routing();
+  IndexDispatcher<float> d;
+  d.plan(r, 0);  // a valid routing plans
+  int c = 0;
+  while (r.expert[size_t(c)] < 0) ++c;
+  r.slot[size_t(c)] = r.C;  // one slot past capacity
+  CHECK_THROWS_WITH(d.plan(r, 0), Catch::Contains("choice " + std::to_string(c) + " has expert"));
+  r.slot[size_t(c)] = 0;
+  r.expert[size_t(c + 1)] = r.E;
+  CHECK_THROWS_WITH(d.plan(r, 0), Catch::Contains("choice " + std::to_string(c + 1) + " has expert " + std::to_string(r.E)));
+}
+
 TEST_CASE("device: a Buffer made on the device is zero, and its host writes wait for queued work", "[device][deferred]") {
   test::DeferredHostDevice guard;
   Buffer<float> a(1000);  // value-initialised by the device: one zeroing, not one per element
@@ -233,6 +321,23 @@ TEST_CASE("device: Buffer::assign into existing storage waits for queued work", 
   CHECK(a.size() == 80);
   CHECK(a[0] == 3.f);
   CHECK(a[79] == 3.f);
+}
+
+TEST_CASE("device: Buffer::reserve into new storage copies on the device, without a wait", "[device][deferred]") {
+  test::DeferredHostDevice guard;
+  Buffer<float> a(10);
+  fill_with(a.data(), 10, 7.f);
+  device_synchronize();
+  const size_t waits = device_waits();
+  fill_with(a.data(), 5, 3.f);
+  a.reserve(1000);
+  CHECK(a.capacity() >= 1000);
+  CHECK(a.size() == 10);
+  CHECK(device_waits() == waits);
+  CHECK(deferred_host_work_queued() > 0);
+  device_synchronize();
+  CHECK(a[4] == 3.f);
+  CHECK(a[5] == 7.f);
 }
 
 TEST_CASE("device: the parameters' initialisation on the device equals the host's", "[device][deferred]") {

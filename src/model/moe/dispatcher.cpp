@@ -11,56 +11,48 @@ namespace meshmoe {
 
 template <typename T>
 void IndexDispatcher<T>::plan(const Routing<T>& r, uint64_t token_offset, DispatchLayout layout) {
-  const int e0 = layout.e0, El = layout.count < 0 ? r.E - e0 : layout.count, G = r.G;
-  for (int n = 0; n < r.N; ++n)
-    for (int i = 0; i < r.k; ++i) {
-      const size_t c = size_t(n) * r.k + i;
-      if (r.expert[c] < 0) continue;
-      if (r.expert[c] >= r.E || r.slot[c] < 0 || r.slot[c] >= r.C)
-        throw Error("MoE routing: choice " + std::to_string(c) + " has expert " + std::to_string(r.expert[c]) +
-                    " slot " + std::to_string(r.slot[c]) + " outside E = " + std::to_string(r.E) +
-                    ", C = " + std::to_string(r.C));
-    }
-  // start [El*G]: first row of (expert e0 + el, group g); fill [El*G]: its rows (highest slot + 1).
-  start_.assign(size_t(El) * G, 0);
-  fill_.assign(size_t(El) * G, 0);
-  for (int n = 0; n < r.N; ++n)
-    for (int i = 0; i < r.k; ++i) {
-      const size_t c = size_t(n) * r.k + i;
-      const int el = r.expert[c] - e0;
-      if (r.expert[c] < 0 || el < 0 || el >= El) continue;
-      int64_t& f = fill_[size_t(el) * G + n / r.S];
-      f = std::max<int64_t>(f, r.slot[c] + 1);
-    }
-  expert_rows_.assign(size_t(El), 0);
-  int64_t total = 0;
-  for (int el = 0; el < El; ++el)
-    for (int g = 0; g < G; ++g) {
-      start_[size_t(el) * G + g] = total;
-      total += fill_[size_t(el) * G + g];
-      expert_rows_[el] += int(fill_[size_t(el) * G + g]);
-    }
-  slot_token_.assign(size_t(total), -1);
-  slot_global_.assign(size_t(total), -1);
-  slot_choice_.assign(size_t(total), -1);
-  choice_row_.assign(size_t(r.N) * r.k, -1);
-  token_rows_.assign(size_t(r.N) * r.k, -1);
-  for (int n = 0; n < r.N; ++n) {
-    int64_t* rows_of_n = &token_rows_[size_t(n) * r.k];
-    int held = 0;
-    for (int i = 0; i < r.k; ++i) {
-      const size_t c = size_t(n) * r.k + i;
-      const int el = r.expert[c] - e0;
-      if (r.expert[c] < 0 || el < 0 || el >= El) continue;
-      const int64_t row = start_[size_t(el) * G + n / r.S] + r.slot[c];
-      choice_row_[c] = row;
-      slot_token_[row] = n;
-      slot_global_[row] = int64_t(token_offset + uint64_t(n));
-      slot_choice_[row] = int64_t(c);
-      rows_of_n[held++] = row;
-    }
-    std::sort(rows_of_n, rows_of_n + held);
-  }
+  count_rows(r, layout);
+  map_rows(r, token_offset);
+}
+
+// The rows of each (expert, group) and their offsets, on the device (dispatcher_bodies.hpp).
+template <typename T>
+void IndexDispatcher<T>::count_rows(const Routing<T>& r, DispatchLayout layout) {
+  e0_ = layout.e0;
+  el_ = layout.count < 0 ? r.E - e0_ : layout.count;
+  const int G = r.G;
+  fill_.resize(size_t(el_) * G);
+  start_.resize(size_t(el_) * G);
+  bad_.resize(size_t(G));
+  sizes_.resize(size_t(el_) + 2);
+  for_each_index(G, PlanFillGroup{r.expert.data(), r.slot.data(), fill_.data(), bad_.data(), r.S, r.k, r.E, r.C, e0_, el_, G},
+                 int64_t(r.S) * r.k);
+  for_each_index(1, PlanStarts{fill_.data(), bad_.data(), start_.data(), sizes_.data(), el_, G});
+}
+
+// The host sizes the maps from the counts (a transfer point), then every choice's row on the device.
+template <typename T>
+void IndexDispatcher<T>::map_rows(const Routing<T>& r, uint64_t token_offset) {
+  const int El = el_;
+  device_synchronize();  // a transfer point: the host reads the row counts
+  if (const int64_t c = sizes_[size_t(El) + 1]; c >= 0)
+    throw Error("MoE routing: choice " + std::to_string(c) + " has expert " + std::to_string(r.expert[size_t(c)]) +
+                " slot " + std::to_string(r.slot[size_t(c)]) + " outside E = " + std::to_string(r.E) +
+                ", C = " + std::to_string(r.C));
+  expert_rows_.resize(size_t(El));
+  for (int el = 0; el < El; ++el) expert_rows_[size_t(el)] = int(sizes_[size_t(el)]);
+  const size_t rows = size_t(sizes_[size_t(El)]);
+  slot_token_.resize(rows);
+  slot_global_.resize(rows);
+  slot_choice_.resize(rows);
+  choice_row_.resize(size_t(r.N) * r.k);
+  token_rows_.resize(size_t(r.N) * r.k);
+  for_each_index(int64_t(rows), PlanClearRow{slot_token_.data(), slot_global_.data(), slot_choice_.data()});
+  for_each_index(r.N,
+                 PlanScatterToken{r.expert.data(), r.slot.data(), start_.data(), slot_token_.data(), slot_global_.data(),
+                                  slot_choice_.data(), choice_row_.data(), token_rows_.data(), token_offset, r.S, r.k,
+                                  e0_, El, r.G},
+                 r.k);
 }
 
 template <typename T>

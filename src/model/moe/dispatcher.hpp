@@ -31,7 +31,12 @@ template <typename T>
 class IndexDispatcher {
  public:
   // Builds the row <-> choice maps of routing r. token_offset: global index of local token 0.
+  // plan = count_rows (device work: the rows of each expert and group) + map_rows (a wait: the host
+  // sizes the maps from the counts; then device work: the maps). The MoE layer reads the router's
+  // totals at that wait, between the two.
   void plan(const Routing<T>& r, uint64_t token_offset, DispatchLayout layout = {});
+  void count_rows(const Routing<T>& r, DispatchLayout layout = {});
+  void map_rows(const Routing<T>& r, uint64_t token_offset);
   // Room for `rows` rows in the maps, so that plan() does not reallocate below it.
   void reserve(size_t rows);
 
@@ -75,7 +80,10 @@ class IndexDispatcher {
   Buffer<int64_t> choice_row_;
   Buffer<int64_t> token_rows_;   // [N, k] rows of each token's choices, ascending, -1 after the last
   std::vector<int> expert_rows_;
-  std::vector<int64_t> start_, fill_;  // plan's scratch [experts held, G]: first row and rows of (e, g)
+  // plan's scratch: first row and rows of (e, g) [experts held, G], each group's first bad choice
+  // [G], and what the host reads (PlanStarts) [experts held + 2]
+  Buffer<int64_t> start_, fill_, bad_, sizes_;
+  int e0_ = 0, el_ = 0;  // count_rows' layout: experts [e0, e0 + el) held
 };
 
 }  // namespace meshmoe

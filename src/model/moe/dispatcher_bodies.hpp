@@ -10,6 +10,99 @@
 
 namespace meshmoe {
 
+// The dispatch plan (IndexDispatcher::plan) is made on the device in three bodies, with one wait
+// between the second and the third for the host to size the rows.
+//
+// Group g: fill [El, G] = each held expert's highest filled slot of the group + 1 (its rows), and
+// bad [g] = the group's first choice whose expert or slot lies outside [0, E) x [0, C), or -1.
+struct PlanFillGroup {
+  const int *expert, *slot;
+  int64_t *fill, *bad;
+  int S, k, E, C, e0, El, G;
+  MESHMOE_HD void operator()(int64_t g) const {
+    for (int el = 0; el < El; ++el) fill[el * G + g] = 0;
+    bad[g] = -1;
+    for (int64_t c = g * S * k; c < (g + 1) * S * k; ++c) {
+      const int e = expert[c];
+      if (e < 0) continue;
+      if (e >= E || slot[c] < 0 || slot[c] >= C) {
+        if (bad[g] < 0) bad[g] = c;
+        continue;
+      }
+      const int el = e - e0;
+      if (el < 0 || el >= El) continue;
+      int64_t& f = fill[int64_t(el) * G + g];
+      if (f < slot[c] + 1) f = slot[c] + 1;
+    }
+  }
+};
+
+// One body (index 0): start [El, G] = the first row of (expert, group), rows in (expert, group)
+// order; sizes [El + 2] = each held expert's rows, all rows, and the first bad choice (in choice
+// order: groups are consecutive tokens) or -1.
+struct PlanStarts {
+  const int64_t *fill, *bad;
+  int64_t *start, *sizes;
+  int El, G;
+  MESHMOE_HD void operator()(int64_t) const {
+    int64_t total = 0;
+    for (int el = 0; el < El; ++el) {
+      int64_t rows = 0;
+      for (int g = 0; g < G; ++g) {
+        start[el * G + g] = total;
+        total += fill[el * G + g];
+        rows += fill[el * G + g];
+      }
+      sizes[el] = rows;
+    }
+    sizes[El] = total;
+    int64_t first_bad = -1;
+    for (int g = 0; g < G && first_bad < 0; ++g) first_bad = bad[g];
+    sizes[El + 1] = first_bad;
+  }
+};
+
+// Row r: empty (-1 in slot_token, slot_global, slot_choice) until a choice takes it.
+struct PlanClearRow {
+  int* slot_token;
+  int64_t *slot_global, *slot_choice;
+  MESHMOE_HD void operator()(int64_t row) const {
+    slot_token[row] = -1;
+    slot_global[row] = -1;
+    slot_choice[row] = -1;
+  }
+};
+
+// Token n: the row of each of its choices held here (choice_row [N*k], -1 otherwise), and in that
+// row its token, global token and choice; token_rows [n, k] = its rows ascending, -1 after the last.
+struct PlanScatterToken {
+  const int *expert, *slot;
+  const int64_t* start;
+  int* slot_token;
+  int64_t *slot_global, *slot_choice, *choice_row, *token_rows;
+  uint64_t token_offset;
+  int S, k, e0, El, G;
+  MESHMOE_HD void operator()(int64_t n) const {
+    int64_t* rows_of_n = token_rows + n * k;
+    int held = 0;
+    for (int i = 0; i < k; ++i) {
+      const int64_t c = n * k + i;
+      const int el = expert[c] - e0;
+      choice_row[c] = -1;
+      if (expert[c] < 0 || el < 0 || el >= El) continue;
+      const int64_t row = start[int64_t(el) * G + n / S] + slot[c];
+      choice_row[c] = row;
+      slot_token[row] = int(n);
+      slot_global[row] = int64_t(token_offset + uint64_t(n));
+      slot_choice[row] = c;
+      int j = held++;  // insertion into the ascending rows
+      for (; j > 0 && rows_of_n[j - 1] > row; --j) rows_of_n[j] = rows_of_n[j - 1];
+      rows_of_n[j] = row;
+    }
+    for (int j = held; j < k; ++j) rows_of_n[j] = -1;
+  }
+};
+
 // Index i = row * M + m: dst[row, m] = src[index[row], m], 0 where index[row] < 0 (an empty slot).
 template <typename T, typename I>
 struct GatherRows {

@@ -44,9 +44,10 @@ void MoeLayer<T>::declare(ParamStore<T>& store, const std::string& prefix) {
                    {&shared->w_in, &shared->w_out});
 }
 
+// The router's totals into stats_ (dispatch: the wait for them is also the row counts' wait).
 template <typename T>
-void MoeLayer<T>::route(const StepContext& ctx, const T* x, int N) {
-  router.forward(ctx, x, N);
+void MoeLayer<T>::record_stats() {
+  router.read_totals();
   const Routing<T>& r = router.routing();
   stats_.aux_sum = router.aux_sum;
   stats_.z_sum = router.z_sum;
@@ -55,27 +56,21 @@ void MoeLayer<T>::route(const StepContext& ctx, const T* x, int N) {
   stats_.dropped = r.dropped;
   stats_.rerouted = r.rerouted;
   stats_.declined = r.declined;
-  stats_.tokens = N;
-  stats_.second_choices = int64_t(N) * (r.k - 1);
+  stats_.tokens = r.N;
+  stats_.second_choices = int64_t(r.N) * (r.k - 1);
   stats_.capacity = r.C;
   stats_.entropy_sum = router.entropy_sum;
   stats_.bias_max_abs = router.bias_max_abs();
-  const int bins = MoeStats::kExpertCountBins;
-  stats_.experts_per_token.assign(bins, 0);
-  for (int n = 0; n < N; ++n) {
-    int got = 0;
-    for (int i = 0; i < r.k; ++i) got += r.expert[size_t(n) * r.k + i] >= 0;
-    stats_.experts_per_token[size_t(std::min(got, bins - 1))] += 1;
-  }
+  stats_.experts_per_token = r.experts_per_token;
 }
 
 // Capacity routing: the row buffers get the room of the full [E, G, C, M] layout once, what the
 // memory plan counts (train/memory.cpp), so that no step reallocates them as the filled rows vary.
-// Dropless routing (C = S, also a capacity that reaches the group) keeps its buffers at the filled
-// rows: the full layout would be E times the tokens.
+// A capacity that reaches the group (C >= S: dropless routing, a large capacity factor, dropless
+// decoding) keeps its buffers at the filled rows: the full layout would be E times the tokens.
 template <typename T>
 void MoeLayer<T>::reserve_full_layout(const Routing<T>& r) {
-  if (opt_.dropless || r.C >= r.S) return;
+  if (r.C >= r.S) return;
   const size_t M = size_t(opt_.d_model), GC = size_t(r.G) * size_t(r.C);
   const size_t token_side = size_t(isel ? isel->e_local() : r.E) * GC;
   // all-to-all: every source rank sends at most G*C rows per expert
@@ -97,7 +92,10 @@ void MoeLayer<T>::dispatch(const StepContext& ctx, const T* x) {
   const int M = opt_.d_model;
   // Only the filled slots get a row (dispatcher.hpp): an empty slot of the [E, G, C, M] form would
   // be an all-zero row through every expert GEMM, and moves over the all-to-all for nothing.
-  dispatcher.plan(r, ctx.token_offset, isel ? isel->layout() : DispatchLayout{});
+  // The layer's one wait: the router's totals and the row counts are read together.
+  dispatcher.count_rows(r, isel ? isel->layout() : DispatchLayout{});
+  record_stats();
+  dispatcher.map_rows(r, ctx.token_offset);
   reserve_full_layout(r);
   buf_.resize(dispatcher.rows() * M);
   dispatcher.dispatch(r, x, buf_.data(), M);
@@ -149,7 +147,7 @@ template <typename T>
 void MoeLayer<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
   {
     ScopedPhase t(ctx.timers, "gate");
-    route(ctx, x, N);
+    router.route(ctx, x, N);
   }
   {
     ScopedPhase t(ctx.timers, "dispatch");

@@ -59,7 +59,7 @@ struct MoeStats {
   double bias_max_abs = 0;     // moe.balance = bias: max |selection bias| the forward ranked with
   // [kExpertCountBins] tokens dispatched to 0, 1, 2, >= 3 experts (expert choice: 0..E per token)
   std::vector<int64_t> experts_per_token;
-  static constexpr int kExpertCountBins = 4;
+  static constexpr int kExpertCountBins = Routing<float>::kPlacedBins;
 };
 
 template <typename T>
@@ -110,9 +110,9 @@ class MoeLayer {
   std::unique_ptr<MLP<T>> shared;                   // moe.shared_experts > 0: this rank's hidden units
 
  private:
-  // The stages, in order.
-  void route(const StepContext& ctx, const T* x, int N);
+  // The stages, in order (the routing is router.route).
   void dispatch(const StepContext& ctx, const T* x);
+  void record_stats();  // in dispatch: the router's totals, read at the layer's one wait
   void run_experts(const StepContext& ctx);
   void run_shared(const StepContext& ctx, const T* x, int N);
   void combine(const StepContext& ctx, T* y);

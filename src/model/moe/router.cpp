@@ -24,9 +24,15 @@ void Router<T>::declare(ParamStore<T>& store, const std::string& prefix) {
   declare_params(store, router_params(prefix, opt_.d_model, opt_.num_experts), {&wg});
 }
 
-// x [N, M] -> logits [N, E] -> probs [N, E] -> triples (expert, slot, gate) [N*k]
 template <typename T>
 void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
+  route(ctx, x, N);
+  read_totals();
+}
+
+// x [N, M] -> logits [N, E] -> probs [N, E] -> triples (expert, slot, gate) [N*k], then the totals
+template <typename T>
+void Router<T>::route(const StepContext& ctx, const T* x, int N) {
   const int M = opt_.d_model, E = opt_.num_experts, k = opt_.k();
   const int S = ctx.moe_group_size > 0 ? ctx.moe_group_size : opt_.group_size;
   if (N % S != 0)
@@ -115,36 +121,40 @@ void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
                                          frac_.data(), aux_term_.data(), group_stats_.data(), S, k, E, C,
                                          opt_.no_token_left_behind, opt_.declined_takes_slot, bias()});
 
-  // Totals over the groups, in group order, on the host (the routing's one transfer point).
-  device_synchronize();
-  sum_softmax_terms(N);
-  r_.load.assign(E, 0);
-  r_.wanted = r_.dropped = r_.rerouted = r_.declined = 0;
-  aux_sum = 0;
-  for (int g = 0; g < G; ++g) {
-    for (int e = 0; e < E; ++e) r_.load[e] += count_[size_t(g) * E + e];
-    r_.wanted += group_stats_[size_t(g) * 4 + 0];
-    r_.declined += group_stats_[size_t(g) * 4 + 1];
-    r_.dropped += group_stats_[size_t(g) * 4 + 2];
-    r_.rerouted += group_stats_[size_t(g) * 4 + 3];
-    for (int e = 0; e < E; ++e) aux_sum += aux_term_[size_t(g) * E + e];
-  }
-  aux_sum *= aux_form_scale();
+  sum_totals(group_stats_.data(), aux_term_.data());
 }
 
-// z_sum and entropy_sum from the router's softmax of N tokens, on the host in token order.
+// The routing's totals over tokens and groups, on the device into totals_ (RouterGroupTerms, then
+// RouterTotals; read by read_totals). group_stats and aux_term nullptr: expert choice.
 template <typename T>
-void Router<T>::sum_softmax_terms(int N) {
+void Router<T>::sum_totals(const int64_t* group_stats, const double* aux_term) {
+  const RouterTotalsLayout at{opt_.num_experts, Routing<T>::kPlacedBins};
+  group_terms_.resize(size_t(r_.G) * size_t(at.size()));
+  totals_.resize(size_t(at.size()));
+  for_each_index(r_.G,
+                 RouterGroupTerms<T>{probs_.data(), logits_.data(), lse_.data(), r_.expert.data(), group_terms_.data(), at,
+                                     r_.S, r_.k},
+                 int64_t(r_.S) * at.E);
+  for_each_index(1, RouterTotals{count_.data(), group_stats, aux_term, group_terms_.data(), totals_.data(), at, r_.G});
+}
+
+template <typename T>
+void Router<T>::read_totals() {
+  device_synchronize();  // a transfer point: the host reads the routing's totals
   const int E = opt_.num_experts;
-  z_sum = 0;
-  entropy_sum = 0;
-  for (int n = 0; n < N; ++n) {
-    z_sum += lse_[n] * lse_[n];  // router z-loss term (ST-MoE), summed over tokens
-    // H = -sum_e p log p = lse - sum_e p * logit (for the log only)
-    double p_logit = 0;
-    for (int e = 0; e < E; ++e) p_logit += double(probs_[size_t(n) * E + e]) * double(logits_[size_t(n) * E + e]);
-    entropy_sum += lse_[n] - p_logit;
-  }
+  const RouterTotalsLayout at{E, Routing<T>::kPlacedBins};
+  const auto count = [&](int i) { return int64_t(totals_[size_t(i)]); };
+  r_.load.resize(size_t(E));
+  for (int e = 0; e < E; ++e) r_.load[size_t(e)] = count(at.load() + e);
+  r_.wanted = count(at.stat(0));
+  r_.declined = count(at.stat(1));
+  r_.dropped = count(at.stat(2));
+  r_.rerouted = count(at.stat(3));
+  r_.experts_per_token.resize(size_t(at.bins));
+  for (int b = 0; b < at.bins; ++b) r_.experts_per_token[size_t(b)] = count(at.placed(b));
+  aux_sum = totals_[size_t(at.aux())] * aux_form_scale();
+  z_sum = totals_[size_t(at.z())];
+  entropy_sum = totals_[size_t(at.entropy())];
 }
 
 // Expert choice (Zhou et al. 2022, section 3.1): probs [N, E] -> triples [N*E], choice n * E + e
@@ -167,15 +177,7 @@ void Router<T>::route_expert_choice(int N, int S, int G, int C) {
   fill_buffer(norm_, size_t(N), 1.0);
   fill_buffer(frac_, size_t(G) * E, 0.0);
   top_.resize(0);
-  device_synchronize();
-  sum_softmax_terms(N);
-  r_.load.assign(E, 0);
-  for (int g = 0; g < G; ++g)
-    for (int e = 0; e < E; ++e) r_.load[e] += count_[size_t(g) * E + e];
-  r_.wanted = 0;
-  for (const int64_t l : r_.load) r_.wanted += l;
-  r_.dropped = r_.rerouted = r_.declined = 0;
-  aux_sum = 0;
+  sum_totals(nullptr, nullptr);
 }
 
 // dgate [N*k] -> dprobs -> dlogits [N, E] -> dwg [M, E] (added), dx [N, M] (added)

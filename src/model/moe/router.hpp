@@ -36,6 +36,8 @@ struct Routing {
   int64_t dropped = 0;        // of those, choices lost to capacity (after NTLB rerouting)
   int64_t rerouted = 0;       // choices placed by NTLB
   int64_t declined = 0;       // second choices not dispatched by random / threshold routing
+  static constexpr int kPlacedBins = 4;
+  std::vector<int64_t> experts_per_token;  // [kPlacedBins] tokens with 0, 1, 2, >= 3 experts
 };
 
 // Auxiliary-loss-free balancing (Wang et al. 2024, as DeepSeek-V3 uses it): after a step with
@@ -53,8 +55,14 @@ class Router {
 
   // x [N, M] -> routing(), aux_sum (sum over local groups of the load-balancing loss of
   // moe.aux_loss_form: Switch eq. 4 without alpha, or GShard Algorithm 1 line 13),
-  // z_sum (sum over tokens of logsumexp(logits)^2). N must be a multiple of group_size.
+  // z_sum (sum over tokens of logsumexp(logits)^2: each group's in token order, then over the groups).
+  // N must be a multiple of group_size.
+  // forward = route (device work only: the triples and the totals) + read_totals (a wait, then the
+  // host's copy of the totals: routing()'s load and counts, aux_sum, z_sum, entropy_sum). The MoE
+  // layer reads the totals at its dispatch plan's wait instead, so that a layer waits once.
   void forward(const StepContext& ctx, const T* x, int N);
+  void route(const StepContext& ctx, const T* x, int N);
+  void read_totals();
   // dgate [N*k] (d loss / d gate of each choice; ignored where not dispatched) -> dx [N, M] (added),
   // wg.g (added). The aux and z terms enter with weights aux_weight and z_weight (the trainer's
   // coef / total groups and coef / total tokens).
@@ -90,7 +98,7 @@ class Router {
  private:
   MoeOptions opt_;
   void route_expert_choice(int N, int S, int G, int C);  // forward's routing for moe.router = expert_choice
-  void sum_softmax_terms(int N);                         // z_sum, entropy_sum (host, after the routing)
+  void sum_totals(const int64_t* group_stats, const double* aux_term);  // into totals_ (device work)
   const float* bias() const { return selection_bias.empty() ? nullptr : selection_bias.data(); }
   // The bodies compute the Switch form E * sum_e f_e P_e; GShard's mean_e f_e P_e is 1/E^2 of it.
   double aux_form_scale() const {
@@ -108,11 +116,13 @@ class Router {
   Routing<T> r_;
   // Scratch, not saved state (members so that a step does not allocate them). Forward: want [N*k]
   // (choice wants dispatch), and per group count [G, E], position [G, E], dropped [N*k], aux_term
-  // [G, E], stats [G, 4] (RouterAssignGroup). Backward: dxr [N, M] (jitter only).
+  // [G, E], stats [G, 4] (RouterAssignGroup), the totals and their per-token terms (sum_totals).
+  // Backward: dxr [N, M] (jitter only).
   Buffer<uint8_t> want_, dropped_;
   Buffer<int> count_, position_;
   Buffer<double> aux_term_;
   Buffer<int64_t> group_stats_;
+  Buffer<double> group_terms_, totals_;  // [G, RouterTotalsLayout] and [RouterTotalsLayout]
   Buffer<T> dxr_;
 };
 

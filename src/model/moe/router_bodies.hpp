@@ -104,6 +104,80 @@ struct RouterTopChoicesRow {
   }
 };
 
+// The routing's totals are summed in a fixed order on every device: each group's tokens in token
+// order (RouterGroupTerms, a body per group), then the groups in group order (RouterTotals, one
+// body). Layout of both outputs: RouterTotalsLayout.
+struct RouterTotalsLayout {
+  int E, bins;
+  MESHMOE_HD int load() const { return 0; }
+  MESHMOE_HD int stat(int i) const { return E + i; }  // wanted, declined, dropped, rerouted
+  MESHMOE_HD int aux() const { return E + 4; }
+  MESHMOE_HD int z() const { return E + 5; }
+  MESHMOE_HD int entropy() const { return E + 6; }
+  MESHMOE_HD int placed(int bin) const { return E + 7 + bin; }
+  MESHMOE_HD int size() const { return E + 7 + bins; }
+};
+
+// Group g: over its tokens, the z-loss terms logsumexp^2 (ST-MoE), the router softmax's entropies
+// lse - sum_e p * logit (nats, for the log), and the tokens by how many of their choices have an
+// expert (dispatched or held elsewhere; the last bin counts that many or more), into
+// terms [g, at.size()] at z(), entropy() and placed(bin).
+template <typename T>
+struct RouterGroupTerms {
+  const T *probs, *logits;
+  const double* lse;
+  const int* expert;
+  double* terms;
+  RouterTotalsLayout at;
+  int S, k;
+  MESHMOE_HD void operator()(int64_t g) const {
+    const int E = at.E;
+    double* t = terms + g * at.size();
+    double z = 0, entropy = 0;
+    for (int b = 0; b < at.bins; ++b) t[at.placed(b)] = 0;
+    for (int64_t n = g * S; n < (g + 1) * S; ++n) {
+      z += lse[n] * lse[n];
+      double p_logit = 0;
+      for (int e = 0; e < E; ++e) p_logit += double(probs[n * E + e]) * double(logits[n * E + e]);
+      entropy += lse[n] - p_logit;
+      int got = 0;
+      for (int i = 0; i < k; ++i) got += expert[n * k + i] >= 0;
+      t[at.placed(got < at.bins - 1 ? got : at.bins - 1)] += 1;
+    }
+    t[at.z()] = z;
+    t[at.entropy()] = entropy;
+  }
+};
+
+// One body (index 0): out = the sums over the G groups, in group order, of each expert's load
+// (count [G, E]), the groups' stats [G, 4] (nullptr: expert choice, whose wanted is the load's sum
+// and the rest 0), the aux terms [G, E] (nullptr: 0) and the group terms (RouterGroupTerms).
+struct RouterTotals {
+  const int* count;
+  const int64_t* group_stats;
+  const double *aux_term, *terms;
+  double* out;
+  RouterTotalsLayout at;
+  int G;
+  MESHMOE_HD void operator()(int64_t) const {
+    const int E = at.E;
+    for (int i = 0; i < at.size(); ++i) out[i] = 0;
+    for (int g = 0; g < G; ++g) {
+      for (int e = 0; e < E; ++e) out[at.load() + e] += double(count[g * E + e]);
+      if (group_stats)
+        for (int i = 0; i < 4; ++i) out[at.stat(i)] += double(group_stats[g * 4 + i]);
+      if (aux_term)
+        for (int e = 0; e < E; ++e) out[at.aux()] += aux_term[g * E + e];
+      const double* t = terms + int64_t(g) * at.size();
+      out[at.z()] += t[at.z()];
+      out[at.entropy()] += t[at.entropy()];
+      for (int b = 0; b < at.bins; ++b) out[at.placed(b)] += t[at.placed(b)];
+    }
+    if (!group_stats)
+      for (int e = 0; e < E; ++e) out[at.stat(0)] += out[at.load() + e];
+  }
+};
+
 // Group g (tokens g*S .. g*S+S-1): slot assignment in token order, first choices before second
 // choices, ... (router.cpp explains the rule), then No-Token-Left-Behind when ntlb, then the group's
 // Switch eq. 5 fractions and aux terms. Writes the group's (expert, slot, gate) triples, its expert
