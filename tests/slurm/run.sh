@@ -11,6 +11,9 @@
 #      stand-in (cluster.sh), so meshmoe must stop with exit 2 naming the rank, the host and the
 #      reason, and the job must fail without requeueing; on a node with a real GPU this job trains
 #      (tests/scripts/gpu_train.sh checks the CUDA path itself).
+#   5. gshard-experiment.sbatch (GShard's experiment as one job) on a tiny corpus, stopped by USR1
+#      mid-training: both trainings checkpoint and resume after the requeue, both models are
+#      evaluated, the BLEU report and its figure are written.
 # Everything it started is stopped at the end, by process id. Ends with "N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -137,6 +140,34 @@ grep -q "run.device=cuda" "$out" && ok "gpu job $id: ran with run.device = cuda"
 if grep -qE 'run.device = "cuda": rank 0 on .*: no CUDA device is visible' "$out" && grep -q "meshmoe exited with 2" "$out" &&
    [ "$(job_state "$id")" = FAILED ] && ! grep -q "restart 1" "$out"; then ok "gpu job $id: no usable GPU -> exit 2 with the reason, no requeue"
 else bad "gpu job $id: state $(job_state "$id")"; tail -8 "$out"; fi
+
+# 5. GShard's experiment as one job (gshard-experiment.sbatch) on a 3-language byte-level corpus,
+# sent USR1 mid-training: both trainings checkpoint, the job requeues itself, both resume to the
+# last step, then both models are evaluated and the BLEU report and figure are written.
+"$MESHMOE" prep gettext -q --languages de,fr,es --max-len 64 -o "$T/gettext3.h5" >/dev/null
+GS_STEPS=100
+id=$(DATA="$T/gettext3.h5" TOKENIZER=bytes OUT="$T/gshard-exp" LANGS=de,fr MAX_EXAMPLES=4 BEAM=2 \
+  sbatch --parsable "$ROOT/jobscripts/gshard-experiment.sbatch" --set run.steps=$GS_STEPS --set run.log_every=5 \
+  --set optim.batch_size=4 --set eval.every=0 --set eval.bleu_every=0 --set checkpoint.every=0)
+for _ in $(seq 600); do
+  [ -s "$T/gshard-exp/gshard/metrics.h5" ] && /usr/bin/python3 -c "import h5py,sys; sys.exit(0 if h5py.File('$T/gshard-exp/gshard/metrics.h5','r')['step'].shape[0] >= 3 else 1)" 2>/dev/null && break
+  sleep 0.2
+done
+scancel --signal=USR1 --batch "$id"
+wait_job "$id" >/dev/null
+out="$T/meshmoe-gshard-$id.out"
+grep -q "checkpointed; requeueing" "$out" && grep -q "restart 1" "$out" && [ "$(job_state "$id")" = COMPLETED ] &&
+  ok "gshard experiment job $id: USR1 -> both trainings checkpoint, requeue, restart, complete" ||
+  { bad "gshard experiment job $id: state $(job_state "$id")"; tail -30 "$out"; }
+n=0
+for m in dense gshard; do
+  read -r _ s < <(final_loss "$T/gshard-exp/$m/metrics.h5" 2>/dev/null) || true
+  [ "${s:-0}" = "$GS_STEPS" ] && [ -s "$T/gshard-exp/$m/eval-langs.h5" ] && n=$((n + 1))
+done
+[ "$n" = 2 ] && ok "gshard experiment: both models trained to step $GS_STEPS and evaluated" ||
+  { bad "gshard experiment: $n of 2 models trained and evaluated"; tail -5 "$T"/gshard-exp/*.log; }
+grep -q "^mean delta .* BLEU over 2 languages" "$out" && [ -s "$T/gshard-exp/figure6.png" ] &&
+  ok "gshard experiment: BLEU report (figure 6) for de and fr" || { bad "gshard experiment: no report"; tail -12 "$out"; }
 
 cd "$ROOT"
 echo "$passed passed, $failed failed"
