@@ -78,6 +78,12 @@ wait_job() {  # job id -> prints final state
   echo "TIMEOUT_WAITING($state)"
 }
 job_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+wait_logged() {  # metrics.h5 tries: until the run has logged 3 steps (0.2 s a try)
+  for _ in $(seq "$2"); do
+    [ -s "$1" ] && /usr/bin/python3 -c "import h5py,sys; sys.exit(0 if h5py.File(sys.argv[1],'r')['step'].shape[0] >= 3 else 1)" "$1" 2>/dev/null && return
+    sleep 0.2
+  done
+}
 final_loss() { /usr/bin/python3 -c "import h5py,sys; f=h5py.File(sys.argv[1],'r'); print(repr(float(f['loss'][-1])), int(f['step'][-1]))" "$1"; }
 
 cd "$T"
@@ -94,10 +100,7 @@ else bad "run1 has no checkpoint directory"; fi
 
 # 2. USR1 mid-run: checkpoint, exit 75, requeue, resume, same final loss
 id=$("$ROOT/jobscripts/submit.sh" deck.toml --set run.out_dir="$T/run2" -- --parsable)
-for _ in $(seq 300); do  # wait until it has logged a few steps
-  [ -s "$T/run2/metrics.h5" ] && /usr/bin/python3 -c "import h5py,sys; sys.exit(0 if h5py.File('$T/run2/metrics.h5','r')['step'].shape[0] >= 3 else 1)" 2>/dev/null && break
-  sleep 0.2
-done
+wait_logged "$T/run2/metrics.h5" 300  # until it has logged a few steps
 scancel --signal=USR1 --batch "$id"
 state=$(wait_job "$id")
 out="$T/meshmoe-$id.out"
@@ -111,10 +114,7 @@ else bad "final loss after resume ${loss2:-none} (step ${step2:-none}) differs f
 # 2b. INT to the batch shell (any stop request is passed on to the ranks as USR1): checkpoint,
 # exit 75, requeue, resume, same final loss
 id=$("$ROOT/jobscripts/submit.sh" deck.toml --set run.out_dir="$T/run2b" -- --parsable)
-for _ in $(seq 300); do
-  [ -s "$T/run2b/metrics.h5" ] && /usr/bin/python3 -c "import h5py,sys; sys.exit(0 if h5py.File('$T/run2b/metrics.h5','r')['step'].shape[0] >= 3 else 1)" 2>/dev/null && break
-  sleep 0.2
-done
+wait_logged "$T/run2b/metrics.h5" 300
 scancel --signal=INT --batch "$id"
 wait_job "$id" >/dev/null
 out="$T/meshmoe-$id.out"
@@ -149,10 +149,7 @@ GS_STEPS=100
 id=$(DATA="$T/gettext3.h5" TOKENIZER=bytes OUT="$T/gshard-exp" LANGS=de,fr MAX_EXAMPLES=4 BEAM=2 \
   sbatch --parsable "$ROOT/jobscripts/gshard-experiment.sbatch" --set run.steps=$GS_STEPS --set run.log_every=5 \
   --set optim.batch_size=4 --set eval.every=0 --set eval.bleu_every=0 --set checkpoint.every=0)
-for _ in $(seq 600); do
-  [ -s "$T/gshard-exp/gshard/metrics.h5" ] && /usr/bin/python3 -c "import h5py,sys; sys.exit(0 if h5py.File('$T/gshard-exp/gshard/metrics.h5','r')['step'].shape[0] >= 3 else 1)" 2>/dev/null && break
-  sleep 0.2
-done
+wait_logged "$T/gshard-exp/gshard/metrics.h5" 600
 scancel --signal=USR1 --batch "$id"
 wait_job "$id" >/dev/null
 out="$T/meshmoe-gshard-$id.out"

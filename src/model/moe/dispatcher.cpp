@@ -1,6 +1,5 @@
 #include "model/moe/dispatcher.hpp"
 
-#include <algorithm>
 #include <string>
 
 #include "core/error.hpp"

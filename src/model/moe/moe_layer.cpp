@@ -1,7 +1,5 @@
 #include "model/moe/moe_layer.hpp"
 
-#include <algorithm>
-
 #include "tensor/elementwise.hpp"
 
 namespace meshmoe {

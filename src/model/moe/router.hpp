@@ -116,7 +116,7 @@ class Router {
   Routing<T> r_;
   // Scratch, not saved state (members so that a step does not allocate them). Forward: want [N*k]
   // (choice wants dispatch), and per group count [G, E], position [G, E], dropped [N*k], aux_term
-  // [G, E], stats [G, 4] (RouterAssignGroup), the totals and their per-token terms (sum_totals).
+  // [G, E], stats [G, 4] (RouterAssignGroup), the totals and their per-group terms (sum_totals).
   // Backward: dxr [N, M] (jitter only).
   Buffer<uint8_t> want_, dropped_;
   Buffer<int> count_, position_;
