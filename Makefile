@@ -7,8 +7,11 @@ PKGS     := hdf5-openmpi openblas tomlplusplus sentencepiece
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 # -fno-math-errno: sqrt and friends do not set errno, so element-wise loops with a sqrt (AdamW)
-# can become vector code; the results are the same IEEE operations.
-ALL_CXXFLAGS = -std=c++20 -fno-math-errno -DOMPI_SKIP_MPICXX -Wall -Wextra -Wno-unused-parameter -MMD -MP -Isrc $(PKG_CFLAGS) $(CXXFLAGS)
+# can become vector code; -fvect-cost-model=dynamic: -O2's default model ("very-cheap") vectorizes
+# no loop whose trip count is unknown or whose arrays need a run-time overlap check, so AdamW's
+# update stayed scalar (3.5x its vector time, bench/RESULTS.md "Session 20"). Vector code runs the
+# same IEEE operations per element; floating-point sums are not reordered (no -ffast-math).
+ALL_CXXFLAGS = -std=c++20 -fno-math-errno -fvect-cost-model=dynamic -DOMPI_SKIP_MPICXX -Wall -Wextra -Wno-unused-parameter -MMD -MP -Isrc $(PKG_CFLAGS) $(CXXFLAGS)
 LDLIBS   := $(PKG_LIBS) -lm
 
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
