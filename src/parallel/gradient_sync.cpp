@@ -67,10 +67,15 @@ GradientSync::GradientSync(Transformer<float>& model, Mesh& mesh, size_t bucket_
   if (!sharded_) {
     owned_.resize(infos.size());
     std::iota(owned_.begin(), owned_.end(), size_t(0));
-    return;
   }
+  if (mesh_.extent(Axis::Data) == 1) return;
+  // The data ranks share the norm of the data-replicated entries by the optimizer-state owners'
+  // partition, sharded or not: without it the first data rank alone read every such gradient
+  // while the others waited at the norm's all-reduce.
   const std::vector<int> owners = state_owners(model_.params(), mesh_.extent(Axis::Data));
-  owned_ = meshmoe::owned_entries(owners, mesh_.coord(Axis::Data));
+  norm_owned_ = meshmoe::owned_entries(owners, mesh_.coord(Axis::Data));
+  if (!sharded_) return;
+  owned_ = norm_owned_;
   plan_sharded(owners, tied_over_pipe);
 }
 
@@ -199,7 +204,7 @@ void GradientSync::gather_params() {
 
 // The data-replicated entries' sums of squares come from their owners (each element of the
 // all-reduced vector has one non-zero term: exact), then every rank adds its norm entries in the
-// unsharded order, so the norm is bitwise the unsharded one given the same gradients.
+// order of one data rank's sum, so the norm is bitwise that sum given the same gradients.
 double GradientSync::owned_norm_squares() {
   const ParamStore<float>& store = model_.params();
   const auto& infos = store.infos();
@@ -207,8 +212,8 @@ double GradientSync::owned_norm_squares() {
   std::vector<size_t> one(1);
   size_t k = 0;
   for (size_t i = 0; i < norm_replicated_.size(); ++i) {
-    while (k < owned_.size() && owned_[k] < norm_replicated_[i]) ++k;
-    if (k < owned_.size() && owned_[k] == norm_replicated_[i])
+    while (k < norm_owned_.size() && norm_owned_[k] < norm_replicated_[i]) ++k;
+    if (k < norm_owned_.size() && norm_owned_[k] == norm_replicated_[i])
       one[0] = norm_replicated_[i], replicated[i] = grad_sum_squares(store, one);
   }
   mesh_.axis(Axis::Data).all_reduce(replicated.data(), replicated.size(), Op::Sum);
@@ -226,7 +231,7 @@ double GradientSync::owned_norm_squares() {
 }
 
 double GradientSync::global_norm() {
-  double sq = sharded_ ? owned_norm_squares() : grad_sum_squares(model_.params(), norm_entries_);
+  double sq = norm_owned_.empty() ? grad_sum_squares(model_.params(), norm_entries_) : owned_norm_squares();
   mesh_.world_comm().all_reduce(&sq, 1, Op::Sum);
   return std::sqrt(sq);
 }

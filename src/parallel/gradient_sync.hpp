@@ -65,9 +65,10 @@ class GradientSync {
   size_t num_buckets() const { return buckets_.size(); }
 
   // The global gradient norm: each rank sums the squares of the elements it is responsible for
-  // (a replicated parameter on one rank of its replicas: coordinate 0 of every axis it is not
-  // split over, an expert with replicas on the first of its replica group; the tied copy on the
-  // last stage not at all), then one world all-reduce.
+  // (a replicated parameter on one rank of its replicas: over data its state owner
+  // (parallel/state_shards.hpp), over the other axes coordinate 0, an expert with replicas on the
+  // first of its replica group; the tied copy on the last stage not at all), then one world
+  // all-reduce.
   double global_norm();
 
  private:
@@ -108,6 +109,7 @@ class GradientSync {
   std::vector<size_t> norm_entries_;
   bool sharded_ = false;
   std::vector<size_t> owned_;
+  std::vector<size_t> norm_owned_;  // data > 1: the entries whose norm this rank takes (= owned_ when sharded)
   std::vector<ShardedRun> scatter_runs_, gather_runs_;  // sharded: the gradients' and the parameters'
   std::vector<Range> tied_all_reduce_;                  // sharded: the tied embedding over pipe
   std::vector<size_t> norm_replicated_;                 // sharded: norm entries replicated over data

@@ -7,12 +7,15 @@
 // summation orders that differ per message size, and this test is where that would show.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <numeric>
 #include <random>
 
 #include "../test_util.hpp"
 #include "mesh/mesh.hpp"
 #include "parallel/gradient_sync.hpp"
 #include "parallel/pipeline_executor.hpp"
+#include "train/grad_clip.hpp"
 
 using namespace meshmoe;
 
@@ -200,4 +203,57 @@ TEST_CASE("gradient sync: expert replicas sum their gradients over the replica g
       CHECK(overlapped.weights == blocking.weights);
     }
   }
+}
+
+// The data ranks share the norm of the data-replicated gradients (each takes its state owners'
+// entries, parallel/state_shards.hpp) whether the optimizer state is sharded or not. Oracle: every
+// data rank holds the summed gradients after reduce_over_data (unsharded), so the one-rank sum of
+// all entries in store order, taken on this rank, is the same double sums in the same order:
+// bitwise equal, on every data rank; and the sharded sync gives bitwise the same norm.
+TEST_CASE("gradient sync: the data ranks share the norm, bitwise the one-rank order", "[grad_sync][mpi]") {
+  if (test::world_size() < 2) {
+    SUCCEED("needs 2 or more ranks");
+    return;
+  }
+  Config cfg = overlap_config();
+  cfg.moe.every = 0;  // dense: every parameter is replicated over data
+  Mesh mesh(MPI_COMM_WORLD, 1, test::world_size(), 1);
+  const Batch batch = test::random_batch(kRows, kSeq, kVocab, 654u, 4);
+  double norms[2] = {0, 0};
+  for (const bool shard : {false, true}) {
+    INFO("optim.shard_state = " << shard << ", rank " << mesh.rank());
+    Transformer<float> model(cfg, kVocab, model_sharding(mesh, cfg));
+    model.init(7, 1.0);
+    GradientSync sync(model, mesh, 0, cfg.model.tied_embeddings, nullptr, shard);
+    norms[shard] = step_grads(cfg, model, mesh, sync, batch).norm;
+    if (!shard) {
+      std::vector<size_t> every(model.params().infos().size());
+      std::iota(every.begin(), every.end(), size_t(0));
+      CHECK(norms[0] == std::sqrt(grad_sum_squares(model.params(), every)));
+    }
+  }
+  CHECK(norms[1] == norms[0]);
+}
+
+// The entries the optimizer updates: all of them on every rank unless the state is sharded, then
+// each data-replicated entry on exactly one data rank.
+TEST_CASE("gradient sync: the optimizer's entries, sharded or not", "[grad_sync][mpi]") {
+  Config cfg = overlap_config();
+  cfg.moe.every = 0;
+  Mesh self(MPI_COMM_SELF, 1, 1, 1), world(MPI_COMM_WORLD, 1, test::world_size(), 1);
+  for (Mesh* mesh : {&self, &world})
+    for (const bool shard : {false, true}) {
+      INFO("data ranks " << mesh->extent(Axis::Data) << ", optim.shard_state = " << shard);
+      Transformer<float> model(cfg, kVocab, model_sharding(*mesh, cfg));
+      GradientSync sync(model, *mesh, 0, cfg.model.tied_embeddings, nullptr, shard);
+      const size_t entries = model.params().infos().size();
+      if (!shard || mesh->extent(Axis::Data) == 1) {
+        CHECK(sync.owned_entries().size() == entries);
+        continue;
+      }
+      std::vector<int> owned(entries, 0);
+      for (size_t e : sync.owned_entries()) owned[e] = 1;
+      mesh->axis(Axis::Data).all_reduce(owned.data(), owned.size(), Op::Sum);
+      CHECK(owned == std::vector<int>(entries, 1));
+    }
 }
