@@ -112,7 +112,7 @@ class GradientSync {
   std::vector<size_t> norm_owned_;  // data > 1: the entries whose norm this rank takes (= owned_ when sharded)
   std::vector<ShardedRun> scatter_runs_, gather_runs_;  // sharded: the gradients' and the parameters'
   std::vector<Range> tied_all_reduce_;                  // sharded: the tied embedding over pipe
-  std::vector<size_t> norm_replicated_;                 // sharded: norm entries replicated over data
+  std::vector<size_t> norm_replicated_;                 // data > 1: norm entries replicated over data
 };
 
 }  // namespace meshmoe
