@@ -208,20 +208,22 @@ void GradientSync::gather_params() {
 double GradientSync::owned_norm_squares() {
   const ParamStore<float>& store = model_.params();
   const auto& infos = store.infos();
+  std::vector<size_t> share, share_entries;  // this rank's replicated entries: index in norm_replicated_, entry
+  for (size_t i = 0; i < norm_replicated_.size(); ++i)
+    if (std::binary_search(norm_owned_.begin(), norm_owned_.end(), norm_replicated_[i]))
+      share.push_back(i), share_entries.push_back(norm_replicated_[i]);
+  const std::vector<double> share_sums = grad_entry_sum_squares(store, share_entries);
   std::vector<double> replicated(norm_replicated_.size(), 0.0);
-  std::vector<size_t> one(1);
-  size_t k = 0;
-  for (size_t i = 0; i < norm_replicated_.size(); ++i) {
-    while (k < norm_owned_.size() && norm_owned_[k] < norm_replicated_[i]) ++k;
-    if (k < norm_owned_.size() && norm_owned_[k] == norm_replicated_[i])
-      one[0] = norm_replicated_[i], replicated[i] = grad_sum_squares(store, one);
-  }
+  for (size_t j = 0; j < share.size(); ++j) replicated[share[j]] = share_sums[j];
   mesh_.axis(Axis::Data).all_reduce(replicated.data(), replicated.size(), Op::Sum);
+  std::vector<size_t> split;  // this rank's own blocks of entries split over data
+  for (size_t e : norm_entries_)
+    if (infos[e].sharded_over & kShardData) split.push_back(e);
+  const std::vector<double> split_sums = grad_entry_sum_squares(store, split);
   double sq = 0.0;
-  size_t r = 0;
+  size_t r = 0, b = 0;
   for (size_t e : norm_entries_) {
-    one[0] = e;
-    if (infos[e].sharded_over & kShardData) sq += grad_sum_squares(store, one);
+    if (infos[e].sharded_over & kShardData) sq += split_sums[b++];
     else {
       while (norm_replicated_[r] != e) ++r;
       sq += replicated[r];
@@ -231,7 +233,8 @@ double GradientSync::owned_norm_squares() {
 }
 
 double GradientSync::global_norm() {
-  double sq = norm_owned_.empty() ? grad_sum_squares(model_.params(), norm_entries_) : owned_norm_squares();
+  // Every data rank takes the shared path (it has a collective), even one that owns no entry.
+  double sq = mesh_.extent(Axis::Data) > 1 ? owned_norm_squares() : grad_sum_squares(model_.params(), norm_entries_);
   mesh_.world_comm().all_reduce(&sq, 1, Op::Sum);
   return std::sqrt(sq);
 }

@@ -22,7 +22,7 @@ std::vector<size_t> split_entries(const ParamStore<float>& store) { return entri
 
 // Per entry: partial sums per chunk on the device, all entries' queued before the one wait; then
 // each entry's chunks added in order, the entries in entry order (the sums of sum_squares).
-double grad_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries) {
+std::vector<double> grad_entry_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries) {
   std::vector<int64_t> first(entries.size() + 1, 0);
   for (size_t k = 0; k < entries.size(); ++k)
     first[k + 1] = first[k] + sum_squares_chunks<float>(store.infos()[entries[k]].size);
@@ -32,12 +32,15 @@ double grad_sum_squares(const ParamStore<float>& store, const std::vector<size_t
     queue_sum_squares(store.grads() + p.flat_offset, p.size, partials.data() + first[k]);
   }
   device_synchronize();
+  std::vector<double> sums(entries.size(), 0.0);
+  for (size_t k = 0; k < entries.size(); ++k)
+    for (int64_t c = first[k]; c < first[k + 1]; ++c) sums[k] += partials[size_t(c)];
+  return sums;
+}
+
+double grad_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries) {
   double s = 0.0;
-  for (size_t k = 0; k < entries.size(); ++k) {
-    double entry = 0.0;
-    for (int64_t c = first[k]; c < first[k + 1]; ++c) entry += partials[size_t(c)];
-    s += entry;
-  }
+  for (double entry : grad_entry_sum_squares(store, entries)) s += entry;
   return s;
 }
 

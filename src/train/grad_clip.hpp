@@ -19,6 +19,9 @@ std::vector<size_t> split_entries(const ParamStore<float>& store);
 
 // Sum of squared gradients of the given entries (indices into store.infos()) / of every entry.
 double grad_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries);
+// Each entry's sum, in the order of `entries` (one wait for all): grad_sum_squares adds these in
+// that order.
+std::vector<double> grad_entry_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries);
 double grad_sum_squares(const ParamStore<float>& store);
 
 // The factor to multiply every gradient by. A non-finite norm gives NaN (never silently 1): the
