@@ -157,7 +157,7 @@ int run(int argc, char** argv) {
   bench->add_option("-o,--output", bench_opt.output, "HDF5 file written by rank 0")->capture_default_str();
   bench->add_flag("-q,--quiet", bench_opt.quiet, "No table on stdout");
   bench->add_option("--max-memory", bench_opt.max_memory, "Memory per node the buffers may use, e.g. 8G (default: cgroup limit or MemAvailable)");
-  bench->add_option("--shm", bench_opt.shm, "on: all_reduce of >= 256 KiB through a shared-memory window when the group is on one node (run.shm_collectives); off: MPI's")
+  bench->add_option("--shm", bench_opt.shm, "on: all_reduce of >= 256 KiB through a shared-memory window when the group is on one node (run.shm_collectives); resident: with its buffer in node-shared memory, as the trainer's gradients; off: MPI's")
       ->capture_default_str();
 
   CkptCliOptions ckpt_opt;

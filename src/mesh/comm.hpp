@@ -73,6 +73,14 @@ class Comm {
   virtual void synchronize() {}
   // A short label for errors and logs, e.g. "data axis (2 ranks)".
   virtual std::string name() const = 0;
+  // Collective: `bytes` of zeroed host memory of this rank that the collectives of this group read
+  // from and write to directly when a buffer lies in it on every rank (MpiComm on one node:
+  // mesh/shm_collectives.hpp), or nullptr on every rank (the default; other nodes; no room). Lives
+  // as long as the Comm.
+  virtual void* node_shared_alloc(size_t /*bytes*/) { return nullptr; }
+  // Collective: returns memory from node_shared_alloc (skipped while an exception unwinds, when a
+  // collective could hang: then the Comm's end frees it).
+  virtual void node_shared_free(void* /*p*/) {}
 
   // ---- type-erased core ----------------------------------------------------------------------
   virtual void all_reduce_raw(void* buf, size_t n, DType t, Op op) = 0;

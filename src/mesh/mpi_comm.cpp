@@ -112,6 +112,14 @@ ShmCollectives* MpiComm::shm_sum_for(size_t bytes, DType t, Op op) {
   return op == Op::Sum && (t == DType::F32 || t == DType::F64) ? shm_for(bytes) : nullptr;
 }
 
+void* MpiComm::node_shared_alloc(size_t bytes) {
+  return shm_active() ? shm_->shared_alloc(bytes) : nullptr;
+}
+
+void MpiComm::node_shared_free(void* p) {
+  if (p && shm_) shm_->shared_free(p);
+}
+
 void MpiComm::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
 // Every transfer starts with device_synchronize(): MPI reads and writes the buffers from the host

@@ -9,7 +9,11 @@
 // closes the round, so no rank refills its slot while a peer still reads it.
 #include "mesh/shm_collectives.hpp"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <utility>
@@ -67,6 +71,10 @@ ShmCollectives::~ShmCollectives() {
   MPI_Finalized(&finalized);
   if (finalized || std::uncaught_exceptions() > 0) return;
   free_window();
+  for (Resident& r : resident_) {
+    MPI_Win_unlock_all(r.win);
+    MPI_Win_free(&r.win);
+  }
   MPI_Comm_free(&node_);
 }
 
@@ -105,10 +113,97 @@ void ShmCollectives::reserve(size_t bytes) {
   check(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "MPI_Win_lock_all");
 }
 
-void ShmCollectives::sync() {
-  check(MPI_Win_sync(win_), "MPI_Win_sync");
+void ShmCollectives::sync() { sync(win_); }
+void ShmCollectives::sync(MPI_Win win) {
+  check(MPI_Win_sync(win), "MPI_Win_sync");
   check(MPI_Barrier(node_), "MPI_Barrier");
-  check(MPI_Win_sync(win_), "MPI_Win_sync");
+  check(MPI_Win_sync(win), "MPI_Win_sync");
+}
+
+void* ShmCollectives::shared_alloc(size_t bytes) {
+  bytes = std::max<size_t>((bytes + 4095) & ~size_t(4095), 4096);
+  int room = 0;  // rank 0's verdict for all: the backing files of one node share one directory
+  if (rank_ == 0) {
+    const char* dir = std::getenv("OMPI_MCA_osc_sm_backing_directory");
+    struct statvfs fs {};
+    if (statvfs(dir && *dir ? dir : "/dev/shm", &fs) == 0)
+      room = double(fs.f_bavail) * double(fs.f_frsize) >= 1.05 * double(bytes) * double(size_);
+  }
+  check(MPI_Bcast(&room, 1, MPI_INT, 0, node_), "MPI_Bcast");
+  if (!room) return nullptr;
+  Resident r{MPI_WIN_NULL, bytes, std::vector<char*>(size_t(size_), nullptr)};
+  MPI_Info info = MPI_INFO_NULL;
+  MPI_Info_create(&info);
+  MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each rank's memory page-aligned, its own pages
+  char* mine = nullptr;
+  const int rc = MPI_Win_allocate_shared(MPI_Aint(bytes), 1, info, node_, &mine, &r.win);
+  MPI_Info_free(&info);
+  check(rc, "MPI_Win_allocate_shared");
+  for (int k = 0; k < size_; ++k) {
+    MPI_Aint got = 0;
+    int disp = 0;
+    check(MPI_Win_shared_query(r.win, k, &got, &disp, &r.base[size_t(k)]), "MPI_Win_shared_query");
+    if (size_t(got) < bytes) throw Error(label_ + ": shared-memory window smaller than asked");
+  }
+  check(MPI_Win_lock_all(MPI_MODE_NOCHECK, r.win), "MPI_Win_lock_all");
+  std::memset(mine, 0, bytes);  // this rank's pages made by this rank
+  resident_.push_back(std::move(r));
+  sync(resident_.back().win);
+  return mine;
+}
+
+void ShmCollectives::shared_free(void* p) {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || std::uncaught_exceptions() > 0) return;
+  for (auto r = resident_.begin(); r != resident_.end(); ++r)
+    if (r->base[size_t(rank_)] == p) {
+      MPI_Win_unlock_all(r->win);
+      MPI_Win_free(&r->win);
+      resident_.erase(r);
+      return;
+    }
+}
+
+bool ShmCollectives::run_resident(char* buf, const std::vector<size_t>& off, DType t, bool reduce, bool gather) {
+  if (resident_.empty()) return false;  // on every rank alike: shared_alloc is collective
+  const size_t n = size_t(size_), me = size_t(rank_), elem = dtype_size(t);
+  const size_t bytes = off[n] * elem;
+  // (window, offset) where buf lies, and their negations: one MPI_MAX gives every rank the largest
+  // and the smallest of each; they agree when those are equal.
+  int64_t where[4] = {-1, -1, 1, 1};
+  for (size_t w = 0; w < resident_.size(); ++w) {
+    char* base = resident_[w].base[me];
+    if (buf >= base && buf + bytes <= base + resident_[w].bytes) {
+      where[0] = int64_t(w), where[1] = buf - base, where[2] = -where[0], where[3] = -where[1];
+      check(MPI_Win_sync(resident_[w].win), "MPI_Win_sync");  // this rank's writes to buf visible
+      break;
+    }
+  }
+  // Also the start barrier: every rank's buffer is final when this returns.
+  check(MPI_Allreduce(MPI_IN_PLACE, where, 4, MPI_INT64_T, MPI_MAX, node_), "MPI_Allreduce");
+  if (where[0] < 0 || where[0] != -where[2] || where[1] != -where[3]) return false;
+  const Resident& r = resident_[size_t(where[0])];
+  check(MPI_Win_sync(r.win), "MPI_Win_sync");
+  const size_t offset = size_t(where[1]);
+  auto block = [&](size_t k, size_t s) { return r.base[k] + offset + off[s] * elem; };  // block s in rank k's memory
+  const size_t mine = off[me + 1] - off[me];
+  if (reduce && mine > 0) {
+    auto sum_block = [&](auto zero) {
+      using T = decltype(zero);
+      std::vector<const T*> ops(n);
+      for (size_t k = 0; k < n; ++k) ops[k] = reinterpret_cast<const T*>(block(k, me));
+      sum_in_rank_order(reinterpret_cast<T*>(block(me, me)), ops, mine);
+    };
+    if (t == DType::F32) sum_block(0.0f);
+    else sum_block(0.0);
+  }
+  if (reduce && gather) sync(r.win);
+  if (gather)
+    for (size_t s = 0; s < n; ++s)
+      if (s != me && off[s + 1] > off[s]) std::memcpy(block(me, s), block(s, s), (off[s + 1] - off[s]) * elem);
+  sync(r.win);  // no rank changes its buffer while a peer still reads it
+  return true;
 }
 
 void ShmCollectives::run(void* buf, const size_t* counts, DType t, bool reduce, bool gather, size_t slot_bytes) {
@@ -119,6 +214,7 @@ void ShmCollectives::run(void* buf, const size_t* counts, DType t, bool reduce, 
   size_t longest = 0;
   for (size_t s = 0; s < n; ++s) off[s + 1] = off[s] + counts[s], longest = std::max(longest, counts[s]);
   if (longest == 0) return;
+  if (run_resident(static_cast<char*>(buf), off, t, reduce, gather)) return;
   // P elements per region, n regions per slot: a round's slot within slot_bytes.
   const size_t P = std::clamp(slot_bytes / (n * elem), size_t(1), longest);
   if (n * P * elem > slot_bytes_) reserve(std::max(n * P * elem, std::min(2 * slot_bytes_, slot_bytes)));

@@ -16,6 +16,7 @@
 #include "core/hash.hpp"
 #include "core/sizes.hpp"
 #include "core/philox.hpp"
+#include "mesh/comm.hpp"
 #include "model/param_init_bodies.hpp"
 #include "tensor/device.hpp"
 #include "tensor/elementwise.hpp"
@@ -73,6 +74,22 @@ inline ParamInfo param_entry(std::string name, std::vector<int64_t> logical, std
 template <typename T>
 class ParamStore {
  public:
+  ParamStore() = default;
+  ~ParamStore() {
+    if (share_) share_->node_shared_free(w_);
+  }
+  // A copy (tests: a fresh start to compare against) holds its values in private memory.
+  ParamStore(const ParamStore& o)
+      : infos_(o.infos_), views_(o.views_), total_(o.total_), allocated_(o.allocated_) {
+    if (!o.node_shared()) {
+      weights_ = o.weights_, grads_ = o.grads_;
+    } else {  // on the host
+      weights_.assign(o.w_, o.w_ + total_);
+      grads_.assign(o.g_, o.g_ + total_);
+    }
+    w_ = weights_.data(), g_ = grads_.data();
+  }
+  ParamStore& operator=(const ParamStore&) = delete;
   // Registers a parameter whose local block equals its logical shape.
   ParamInfo& add(std::string name, std::vector<int64_t> shape, InitKind init, double fan_in, ParamView<T>* view) {
     return add_block(std::move(name), shape, shape, std::vector<int64_t>(shape.size(), 0), init, fan_in, view);
@@ -95,19 +112,36 @@ class ParamStore {
     return infos_.back();
   }
 
-  void allocate() {
+  // Zero weights and gradients. With `share` (the data axis, on the host) they live in memory its
+  // collectives read directly (Comm::node_shared_alloc): the gradient sum over data and the
+  // all-gather of sharded updates then move no bytes through a staging window. Collective over
+  // `share`, and so is the store's destruction then; `share` must outlive the store. Private
+  // Buffers when it gives none.
+  void allocate(Comm* share = nullptr) {
     allocated_ = true;
     weights_.clear();  // zero, on the device where the Buffers live
-    weights_.resize(total_);
     grads_.clear();
-    grads_.resize(total_);
+    const size_t stride = (total_ + 15) / 16 * 16;  // the gradients 64-byte aligned after the weights
+    void* shared = share && share->size() > 1 && !buffers_on_device() ? share->node_shared_alloc(2 * stride * sizeof(T))
+                                                                       : nullptr;
+    if (shared) {
+      share_ = share;
+      w_ = static_cast<T*>(shared);
+      g_ = w_ + stride;
+    } else {
+      weights_.resize(total_);
+      grads_.resize(total_);
+      w_ = weights_.data(), g_ = grads_.data();
+    }
     for (size_t i = 0; i < infos_.size(); ++i) {
       if (!views_[i]) continue;
-      views_[i]->w = weights_.data() + infos_[i].flat_offset;
-      views_[i]->g = grads_.data() + infos_[i].flat_offset;
+      views_[i]->w = w_ + infos_[i].flat_offset;
+      views_[i]->g = g_ + infos_[i].flat_offset;
       views_[i]->size = infos_[i].size;
     }
   }
+  // Whether allocate() placed the weights and gradients in node-shared memory.
+  bool node_shared() const { return share_ != nullptr; }
   bool allocated() const { return allocated_; }
 
   // Initialises every parameter from (seed, parameter name, logical element index), so a sharded
@@ -115,7 +149,7 @@ class ParamStore {
   void init(uint64_t seed, double init_scale) {
     for (size_t i = 0; i < infos_.size(); ++i) {
       const ParamInfo& p = infos_[i];
-      T* w = weights_.data() + p.flat_offset;
+      T* w = w_ + p.flat_offset;
       if (p.init == InitKind::Zeros || p.init == InitKind::Ones) {
         fill_with(w, p.size, p.init == InitKind::Ones ? T(1) : T(0));
         continue;
@@ -141,12 +175,12 @@ class ParamStore {
                                  p.logical_shape.data(), int64_t(local));
   }
 
-  void zero_grad() { fill_with(grads_.data(), grads_.size(), T(0)); }  // on the current device
+  void zero_grad() { fill_with(g_, total_, T(0)); }  // on the current device
 
-  T* weights() { return weights_.data(); }
-  T* grads() { return grads_.data(); }
-  const T* weights() const { return weights_.data(); }
-  const T* grads() const { return grads_.data(); }
+  T* weights() { return w_; }
+  T* grads() { return g_; }
+  const T* weights() const { return w_; }
+  const T* grads() const { return g_; }
   size_t size() const { return total_; }
   const std::vector<ParamInfo>& infos() const { return infos_; }
   std::vector<ParamInfo>& infos() { return infos_; }
@@ -159,7 +193,10 @@ class ParamStore {
  private:
   std::vector<ParamInfo> infos_;
   std::vector<ParamView<T>*> views_;
-  Buffer<T> weights_, grads_;
+  Buffer<T> weights_, grads_;  // unless node-shared
+  T* w_ = nullptr;
+  T* g_ = nullptr;
+  Comm* share_ = nullptr;  // node-shared: the Comm whose memory w_ and g_ are
   size_t total_ = 0;
   bool allocated_ = false;
 };

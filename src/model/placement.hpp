@@ -38,6 +38,9 @@ struct Placement {
   int expert_parallel = 1;  // P: data ranks of an expert group (shape_rules.hpp expert_parallel)
   Comm* expert_group = nullptr;   // the all-to-all among the P ranks (the data axis when P = data_size)
   Comm* replica_group = nullptr;  // the data_size / P ranks holding this rank's experts, when 1 < P < data_size
+  // The trainer's model: its weights and gradients in memory the data axis's collectives read
+  // directly (ParamStore::allocate); model_sharding leaves it null. Must outlive the model.
+  Comm* data = nullptr;
 
   bool first_stage() const { return pipe_rank == 0; }
   bool last_stage() const { return pipe_rank == pipe_size - 1; }

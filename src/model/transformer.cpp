@@ -120,7 +120,7 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const Placement& place
     head_.declare(params_, "head", tied);
   }
   check_registered(table);
-  params_.allocate();
+  params_.allocate(placement.data);
   auto flat_begin = [&](size_t param) {
     return param < params_.infos().size() ? params_.infos()[param].flat_offset : params_.size();
   };

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <span>
 
 #include "core/error.hpp"
 #include "mesh/agree.hpp"
@@ -126,22 +127,36 @@ struct OpRun {
   std::function<void()> call;   // one collective
   std::function<int64_t()> check;  // runs the op once on patterned data; returns wrong elements
   std::vector<float> a, b;
+  // --shm resident: all_reduce's buffer in node-shared memory (Comm::node_shared_alloc), as the
+  // trainer's gradients; freed (collectively) with the run.
+  std::span<float> resident;
+  Comm* owner = nullptr;
+  OpRun() = default;
+  OpRun(const OpRun&) = delete;
+  OpRun& operator=(const OpRun&) = delete;
+  ~OpRun() {
+    if (owner) owner->node_shared_free(resident.data());
+  }
 };
 
-void setup_op(OpRun& r, const std::string& op, int64_t size, Comm& comm) {
+void setup_op(OpRun& r, const std::string& op, int64_t size, Comm& comm, bool resident) {
   const int n = comm.size(), me = comm.rank();
   const int64_t elems = size / 4;
   if (op == "all_reduce") {
     // a [elems], in place
-    r.a.assign(size_t(elems), 0.f);
+    if (float* p = resident ? static_cast<float*>(comm.node_shared_alloc(size_t(elems) * sizeof(float))) : nullptr)
+      r.resident = std::span<float>(p, size_t(elems)), r.owner = &comm;
+    else
+      r.a.assign(size_t(elems), 0.f);
+    const std::span<float> a = r.owner ? r.resident : std::span<float>(r.a);
     r.bytes = 4 * elems;
-    r.call = [&r, &comm] { comm.all_reduce(r.a.data(), r.a.size(), Op::Sum); };
-    r.check = [&r, &comm, n, me] {
-      for (size_t i = 0; i < r.a.size(); ++i) r.a[i] = float(me + 1 + int(i % 5));
-      comm.all_reduce(r.a.data(), r.a.size(), Op::Sum);
+    r.call = [a, &comm] { comm.all_reduce(a.data(), a.size(), Op::Sum); };
+    r.check = [a, &comm, n, me] {
+      for (size_t i = 0; i < a.size(); ++i) a[i] = float(me + 1 + int(i % 5));
+      comm.all_reduce(a.data(), a.size(), Op::Sum);
       int64_t bad = 0;
-      for (size_t i = 0; i < r.a.size(); ++i) bad += r.a[i] != float(n * int(i % 5) + n * (n + 1) / 2);
-      std::fill(r.a.begin(), r.a.end(), 0.f);  // timed calls then sum zeros: no growth, no denormals
+      for (size_t i = 0; i < a.size(); ++i) bad += a[i] != float(n * int(i % 5) + n * (n + 1) / 2);
+      std::fill(a.begin(), a.end(), 0.f);  // timed calls then sum zeros: no growth, no denormals
       return bad;
     };
   } else if (op == "all_to_all") {
@@ -308,10 +323,11 @@ int bench_comm_main(const BenchCommOptions& opt) {
   const std::vector<int64_t> sizes = opt.sizes.empty() ? default_sizes() : parse_sizes(opt.sizes);
   const std::vector<std::string> ops = parse_ops(opt.ops);
   if (opt.iters < 0) throw InputError("bench-comm: --iters " + std::to_string(opt.iters) + ": give >= 1, or 0 for adaptive");
-  if (opt.shm != "on" && opt.shm != "off") throw InputError("bench-comm: --shm '" + opt.shm + "': give on or off");
+  if (opt.shm != "on" && opt.shm != "off" && opt.shm != "resident")
+    throw InputError("bench-comm: --shm '" + opt.shm + "': give on, off or resident");
   Mesh mesh(MPI_COMM_WORLD, shape.pipe, shape.data, shape.tensor);  // InputError when it does not fit the job
   ShmSettings shm;
-  shm.enabled = opt.shm == "on";
+  shm.enabled = opt.shm != "off";
   mesh.set_shm(shm);
   Comm& comm = mesh.axis(axis);
   // Collective: whether all_reduce of >= 256 KiB takes the shared-memory window (mesh/mpi_comm.hpp).
@@ -353,7 +369,9 @@ int bench_comm_main(const BenchCommOptions& opt) {
                 shape.str().c_str(), axis_name(axis), world_size / n, n,
                 opt.iters > 0 ? (std::to_string(opt.iters) + " timed calls per size").c_str()
                               : "adaptive (>= 0.05 s or 100 calls)",
-                shm_used ? "from 256 KiB through shared memory (--shm on)" : "by MPI");
+                !shm_used                ? "by MPI"
+                : opt.shm == "resident" ? "from 256 KiB in place in node-shared memory (--shm resident)"
+                                        : "from 256 KiB through shared memory (--shm on)");
     if (n == 1) std::printf("# note: the %s axis has 1 rank: nothing crosses the wire\n", axis_name(axis));
     std::printf("%12s  %-10s  %12s  %12s  %12s  %6s\n", "size", "op", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
                 "iters");
@@ -370,7 +388,7 @@ int bench_comm_main(const BenchCommOptions& opt) {
     for (size_t oi = 0; oi < ops.size(); ++oi) {
       const std::string& op = ops[oi];
       OpRun r;
-      setup_op(r, op, sizes[si], comm);
+      setup_op(r, op, sizes[si], comm, opt.shm == "resident");
       int64_t bad = r.check();
       world.all_reduce(&bad, 1, Op::Max);
       if (bad > 0)
@@ -405,7 +423,7 @@ int bench_comm_main(const BenchCommOptions& opt) {
     file.set_attr("hostnames", host_list);
     file.set_attr("dtype", std::string("float32"));
     file.set_attr("iters_mode", std::string(opt.iters > 0 ? "fixed" : "adaptive"));
-    file.set_attr("shm_collectives", std::string(shm_used ? "on" : "off"));
+    file.set_attr("shm_collectives", std::string(shm_used ? opt.shm : "off"));
     file.set_attr("description",
                   std::string("collective time against message size over one mesh axis; all groups of the axis run "
                               "at once; size = bytes of one rank's largest buffer (NCCL-tests convention); time per "

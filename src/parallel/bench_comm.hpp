@@ -26,7 +26,8 @@ struct BenchCommOptions {
   std::string output = "bench-comm.h5"; // written by rank 0
   bool quiet = false;                   // no table on stdout
   std::string max_memory;               // "8G": memory per node for the buffers; "" = detect (train/memory_limit.hpp)
-  std::string shm = "on";               // on | off: the shared-memory sums of a group on one node (run.shm_collectives)
+  std::string shm = "on";               // on | off | resident: the shared-memory sums of a group on one node
+                                        // (run.shm_collectives); resident: all_reduce's buffer node-shared
 };
 
 // Collective over MPI_COMM_WORLD (call on every rank). Returns an exit code; bad options raise

@@ -73,7 +73,13 @@ class Trainer {
       const int64_t n = cfg_.eval.bleu_examples > 0 ? cfg_.eval.bleu_examples : cfg_.eval.examples_per_language;
       bleu_pairs_ = validation_pairs(valid_, tokenizer_, n);
     }
-    model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, model_sharding(mesh, cfg_));
+    Placement placement = model_sharding(mesh, cfg_);
+    placement.data = &mesh.axis(Axis::Data);  // weights and gradients node-shared over data (ParamStore::allocate)
+    model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, placement);
+    if (mesh.rank() == 0 && mesh.extent(Axis::Data) > 1)
+      std::printf("weights and gradients: %s\n", model_->params().node_shared()
+                                                     ? "node-shared over the data axis (the sums read them in place)"
+                                                     : "private to each rank");
     model_->set_loss_gradient_in_forward(true);
     if (cfg_.eval.bleu_every > 0) cached_ = data_group_cached_model(*model_, mesh);
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);

@@ -7,12 +7,14 @@
 // summation orders that differ per message size, and this test is where that would show.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <random>
 
 #include "../test_util.hpp"
 #include "mesh/mesh.hpp"
+#include "mesh/mpi_comm.hpp"
 #include "parallel/gradient_sync.hpp"
 #include "parallel/pipeline_executor.hpp"
 #include "train/grad_clip.hpp"
@@ -49,9 +51,13 @@ struct Trained {
   size_t buckets = 0;
 };
 
-// `steps` SGD steps (w -= 0.1 g) of the whole trainer's gradient path on `mesh`.
-Trained train(const Config& cfg, Mesh& mesh, size_t bucket_elems, int steps) {
-  Transformer<float> model(cfg, kVocab, model_sharding(mesh, cfg));
+// `steps` SGD steps (w -= 0.1 g) of the whole trainer's gradient path on `mesh`; node_shared: the
+// weights and gradients in memory the data axis's collectives read directly, as the Trainer's.
+Trained train(const Config& cfg, Mesh& mesh, size_t bucket_elems, int steps, bool node_shared = false) {
+  Placement placement = model_sharding(mesh, cfg);
+  if (node_shared) placement.data = &mesh.axis(Axis::Data);
+  Transformer<float> model(cfg, kVocab, placement);
+  CHECK(model.params().node_shared() == (node_shared && mesh.extent(Axis::Data) > 1));
   model.init(7, 1.0);
   PhaseTimers timers;
   PipelineExecutor exec(model, mesh, timers);
@@ -106,6 +112,32 @@ TEST_CASE("gradient sync: buckets overlapped with the backward give the blocking
     REQUIRE(overlapped.weights.size() == blocking.weights.size());
     size_t differ = 0;
     for (size_t i = 0; i < blocking.weights.size(); ++i) differ += overlapped.weights[i] != blocking.weights[i];
+    CHECK(differ == 0);
+  }
+}
+
+// The Trainer's weights and gradients live in node-shared memory, where the shared-memory
+// collectives sum and gather in place (mesh/shm_collectives.hpp): training gives bitwise the
+// parameters of private memory summed through the window's slots (both add in rank order).
+TEST_CASE("gradient sync: node-shared weights and gradients train bitwise as private ones", "[grad_sync][mpi]") {
+  const int W = test::world_size();
+  std::vector<std::array<int, 3>> shapes;  // pipe, data, tensor
+  if (W >= 2) shapes.push_back({1, W, 1});
+  if (W == 4) shapes.push_back({2, 2, 1}), shapes.push_back({1, 2, 2});
+  if (shapes.empty()) SUCCEED("needs at least 2 ranks");
+  ShmSettings small;  // the tiny model's gradient runs take the window
+  small.min_bytes = 64;
+  small.slot_bytes = 4096;
+  for (const auto& [pipe, data, tensor] : shapes) {
+    Mesh mesh(MPI_COMM_WORLD, pipe, data, tensor);
+    mesh.set_shm(small);
+    INFO("mesh pipe=" << pipe << " data=" << data << " tensor=" << tensor << ", rank " << mesh.rank());
+    const Config cfg = overlap_config();
+    const Trained private_memory = train(cfg, mesh, 0, 3, false);
+    const Trained node_shared = train(cfg, mesh, 0, 3, true);
+    REQUIRE(node_shared.weights.size() == private_memory.weights.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < node_shared.weights.size(); ++i) differ += node_shared.weights[i] != private_memory.weights[i];
     CHECK(differ == 0);
   }
 }

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -184,4 +185,74 @@ TEST_CASE("shm: a buffer beyond the default 64 MiB slot, in two rounds", "[comm]
   size_t bad = 0;
   for (size_t i = 0; i < n; ++i) bad += buf[i] != rank_order_sum<float>(members, i, 11);
   CHECK(bad == 0);
+}
+
+// Buffers in node-shared memory (Comm::node_shared_alloc) take the resident path: each rank sums
+// its block from the peers' memory. Oracle as above (a serial sum in rank order, bitwise), for
+// sub-ranges at an offset into the memory, uneven blocks with zeros, float and double.
+TEMPLATE_TEST_CASE("shm: buffers in node-shared memory sum and gather in place", "[comm][mpi][shm]", float, double) {
+  using T = TestType;
+  const int me = test::world_rank();
+  for_each_axis(small_slots(), [&](MpiComm& c, const std::vector<int>& members) {
+    const size_t p = members.size(), r = size_t(c.rank());
+    const size_t n = 5000, at = 13;  // elements, and the buffer's offset in the shared memory
+    T* shared = static_cast<T*>(c.node_shared_alloc((n + at) * sizeof(T)));
+    REQUIRE((shared != nullptr) == (p > 1));
+    if (!shared) return;
+    CHECK(std::all_of(shared, shared + n + at, [](T x) { return x == T(0); }));
+    T* buf = shared + at;
+    for (size_t i = 0; i < n; ++i) buf[i] = value<T>(me, i, 21);
+    c.all_reduce(buf, n, Op::Sum);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += buf[i] != rank_order_sum<T>(members, i, 21);
+    CHECK(bad == 0);
+
+    const std::vector<size_t> counts = counts_with_zeros(p, 700);
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
+    const size_t mine = std::accumulate(counts.begin(), counts.begin() + ptrdiff_t(r), size_t(0));
+    REQUIRE(total <= n);
+    for (size_t i = 0; i < total; ++i) buf[i] = value<T>(me, i, 22);
+    c.reduce_scatterv_in_place(buf, counts, Op::Sum);
+    bad = 0;
+    for (size_t i = 0; i < counts[r]; ++i) bad += buf[mine + i] != rank_order_sum<T>(members, mine + i, 22);
+    CHECK(bad == 0);
+
+    for (size_t i = 0; i < total; ++i) buf[i] = T(-1);
+    for (size_t i = 0; i < counts[r]; ++i) buf[mine + i] = T(bits64(me, i, 23) % 97);
+    c.all_gatherv_in_place(buf, counts);
+    bad = 0;
+    for (size_t j = 0, off = 0; j < p; off += counts[j++])
+      for (size_t i = 0; i < counts[j]; ++i) bad += buf[off + i] != T(bits64(members[j], i, 23) % 97);
+    CHECK(bad == 0);
+    c.node_shared_free(shared);
+  });
+}
+
+// A buffer node-shared on some ranks only (or at different offsets) must not take the resident
+// path anywhere: the ranks agree first, and all take the slots. Also: memory freed and taken again.
+TEST_CASE("shm: a buffer node-shared on some ranks only sums through the slots", "[comm][mpi][shm]") {
+  const int me = test::world_rank();
+  Mesh mesh(MPI_COMM_WORLD, 1, test::world_size(), 1);
+  mesh.set_shm(small_slots());
+  auto& data = static_cast<MpiComm&>(mesh.axis(Axis::Data));
+  const std::vector<int> members = MeshShape{1, test::world_size(), 1}.group_of(Axis::Data, me);
+  const size_t n = 3001;
+  for (int round = 0; round < 2; ++round) {
+    float* shared = static_cast<float*>(data.node_shared_alloc((n + 8) * sizeof(float)));
+    if (!shared) {
+      CHECK(test::world_size() == 1);
+      return;
+    }
+    std::vector<float> own(n);
+    for (int mode = 0; mode < 2; ++mode) {
+      INFO("round " << round << (mode == 0 ? ": rank 0 private" : ": offsets differ by rank"));
+      float* buf = mode == 0 ? (me == 0 ? own.data() : shared) : shared + (me % 2);
+      for (size_t i = 0; i < n; ++i) buf[i] = value<float>(me, i, 31 + mode);
+      data.all_reduce(buf, n, Op::Sum);
+      size_t bad = 0;
+      for (size_t i = 0; i < n; ++i) bad += buf[i] != rank_order_sum<float>(members, i, 31 + mode);
+      CHECK(bad == 0);
+    }
+    data.node_shared_free(shared);
+  }
 }
