@@ -98,7 +98,7 @@ int MpiComm::count(size_t n, const char* what) const {
 bool MpiComm::shm_active() {
   if (!shm_settings_.enabled || size_ < 2) return false;
   if (shm_state_ == ShmState::Unknown) {
-    shm_ = ShmCollectives::open(comm_, name());
+    shm_ = ShmCollectives::open(comm_, name(), shm_settings_.slot_bytes);
     shm_state_ = shm_ ? ShmState::On : ShmState::Off;
   }
   return shm_state_ == ShmState::On;

@@ -13,9 +13,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <string>
 #include <utility>
 
 namespace meshmoe {
@@ -41,9 +43,33 @@ void sum_in_rank_order(T* dst, const std::vector<const T*>& ops, size_t len) {
   }
 }
 
+// Open MPI's directory for the backing files of shared windows, and whether it has room for
+// `bytes` more: rank 0 of `node` looks, every rank gets its verdict (one directory per node).
+// A tmpfs that fills up kills the job with SIGBUS at a page's first touch, not with an error.
+struct BackingRoom {
+  bool fits = false;
+  std::string dir;
+  double free_bytes = 0;
+};
+BackingRoom backing_room(MPI_Comm node, double bytes) {
+  const char* env = std::getenv("OMPI_MCA_osc_sm_backing_directory");
+  BackingRoom room{false, env && *env ? env : "/dev/shm", 0};
+  int rank = 0;
+  MPI_Comm_rank(node, &rank);
+  double verdict[2] = {0, 0};  // fits, free bytes
+  if (rank == 0) {
+    struct statvfs fs {};
+    if (statvfs(room.dir.c_str(), &fs) == 0) verdict[1] = double(fs.f_bavail) * double(fs.f_frsize);
+    verdict[0] = verdict[1] >= 1.05 * bytes;
+  }
+  MPI_Bcast(verdict, 2, MPI_DOUBLE, 0, node);
+  room.fits = verdict[0] != 0, room.free_bytes = verdict[1];
+  return room;
+}
+
 }  // namespace
 
-std::unique_ptr<ShmCollectives> ShmCollectives::open(MPI_Comm comm, const std::string& label) {
+std::unique_ptr<ShmCollectives> ShmCollectives::open(MPI_Comm comm, const std::string& label, size_t slot_bytes) {
   int rank = 0, size = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
@@ -54,6 +80,18 @@ std::unique_ptr<ShmCollectives> ShmCollectives::open(MPI_Comm comm, const std::s
   int node_size = 0;
   MPI_Comm_size(node, &node_size);
   if (node_size != size) {  // on every rank alike: some rank of the group is on another node
+    MPI_Comm_free(&node);
+    return nullptr;
+  }
+  // The slot window grows up to slot_bytes per rank: without room for that, MPI's collectives.
+  const BackingRoom room = backing_room(node, double(slot_bytes) * size);
+  if (!room.fits) {
+    if (rank == 0)
+      std::fprintf(stderr,
+                   "meshmoe: warning: %s: %s has %.0f MiB free, less than the shared-memory collectives' window "
+                   "(%d x %.0f MiB): MPI's collectives instead (a larger /dev/shm, e.g. --shm-size, or "
+                   "OMPI_MCA_osc_sm_backing_directory elsewhere gives the faster path)\n",
+                   label.c_str(), room.dir.c_str(), room.free_bytes / (1 << 20), size, double(slot_bytes) / (1 << 20));
     MPI_Comm_free(&node);
     return nullptr;
   }
@@ -122,15 +160,7 @@ void ShmCollectives::sync(MPI_Win win) {
 
 void* ShmCollectives::shared_alloc(size_t bytes) {
   bytes = std::max<size_t>((bytes + 4095) & ~size_t(4095), 4096);
-  int room = 0;  // rank 0's verdict for all: the backing files of one node share one directory
-  if (rank_ == 0) {
-    const char* dir = std::getenv("OMPI_MCA_osc_sm_backing_directory");
-    struct statvfs fs {};
-    if (statvfs(dir && *dir ? dir : "/dev/shm", &fs) == 0)
-      room = double(fs.f_bavail) * double(fs.f_frsize) >= 1.05 * double(bytes) * double(size_);
-  }
-  check(MPI_Bcast(&room, 1, MPI_INT, 0, node_), "MPI_Bcast");
-  if (!room) return nullptr;
+  if (!backing_room(node_, double(bytes) * size_).fits) return nullptr;
   Resident r{MPI_WIN_NULL, bytes, std::vector<char*>(size_t(size_), nullptr)};
   MPI_Info info = MPI_INFO_NULL;
   MPI_Info_create(&info);

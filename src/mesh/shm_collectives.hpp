@@ -18,9 +18,11 @@ namespace meshmoe {
 class ShmCollectives {
  public:
   // Collective over `comm`: the window's group when every rank of `comm` shares this node (the
-  // MPI_COMM_TYPE_SHARED split of `comm` is as large as `comm`), else nullptr on every rank.
-  // `label` names the group in errors.
-  static std::unique_ptr<ShmCollectives> open(MPI_Comm comm, const std::string& label);
+  // MPI_COMM_TYPE_SHARED split of `comm` is as large as `comm`) and Open MPI's backing directory
+  // for shared windows (/dev/shm unless OMPI_MCA_osc_sm_backing_directory says otherwise) has room
+  // for slot_bytes per rank (else a warning from the group's rank 0), nullptr on every rank
+  // otherwise. `label` names the group in errors.
+  static std::unique_ptr<ShmCollectives> open(MPI_Comm comm, const std::string& label, size_t slot_bytes);
   // Frees the window (collective), except while an exception unwinds on this rank alone or after
   // MPI_Finalize, when a collective could hang: then the process exit releases it.
   ~ShmCollectives();
@@ -42,10 +44,8 @@ class ShmCollectives {
 
   // Collective: `bytes` of memory of this rank that every rank of the group can read (the
   // model's flat weights and gradients: ParamStore::allocate), zeroed, in a window of its own that
-  // lives as long as this object; nullptr on every rank when the backing directory of Open MPI's
-  // shared windows (/dev/shm unless OMPI_MCA_osc_sm_backing_directory says otherwise) has less
-  // room than the group's total (a tmpfs that fills up kills the job with SIGBUS at a page's
-  // first touch, not with an error).
+  // lives as long as this object; nullptr on every rank when the backing directory (see open) has
+  // less room than the group's total.
   void* shared_alloc(size_t bytes);
   // Collective: frees what shared_alloc returned (not while an exception unwinds on this rank).
   void shared_free(void* p);

@@ -10,6 +10,9 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <string>
 #include <numeric>
 
 #include "../test_util.hpp"
@@ -255,4 +258,31 @@ TEST_CASE("shm: a buffer node-shared on some ranks only sums through the slots",
     }
     data.node_shared_free(shared);
   }
+}
+
+// Without room in Open MPI's backing directory for the window (here: a directory that does not
+// exist), a group keeps MPI's collectives and private memory, on every rank alike, instead of
+// failing in MPI_Win_allocate_shared or dying of SIGBUS on a full tmpfs.
+TEST_CASE("shm: no room in the backing directory: MPI's collectives, private memory", "[comm][mpi][shm]") {
+  const char* before = std::getenv("OMPI_MCA_osc_sm_backing_directory");
+  const std::string saved = before ? before : "";
+  setenv("OMPI_MCA_osc_sm_backing_directory", "/nonexistent/meshmoe-test", 1);
+  {
+    const int me = test::world_rank();
+    Mesh mesh(MPI_COMM_WORLD, 1, test::world_size(), 1);
+    auto& data = static_cast<MpiComm&>(mesh.axis(Axis::Data));
+    CHECK_FALSE(data.shm_active());
+    CHECK(data.node_shared_alloc(4096) == nullptr);
+    const std::vector<int> members = MeshShape{1, test::world_size(), 1}.group_of(Axis::Data, me);
+    const size_t n = 300001;  // above the default threshold
+    std::vector<float> buf(n);
+    for (size_t i = 0; i < n; ++i) buf[i] = value<float>(me, i, 41);
+    data.all_reduce(buf.data(), n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i)
+      bad += std::abs(buf[i] - rank_order_sum<float>(members, i, 41)) > 4 * float(members.size()) * std::numeric_limits<float>::epsilon();
+    CHECK(bad == 0);
+  }
+  if (before) setenv("OMPI_MCA_osc_sm_backing_directory", saved.c_str(), 1);
+  else unsetenv("OMPI_MCA_osc_sm_backing_directory");
 }
