@@ -21,12 +21,15 @@ source tests/env.sh
 source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir distill
-tiny_data "$T" src/model/*.cpp src/model/moe/*.cpp
+tiny_data "$T"
 cp tests/decks/good/distill_switch.toml "$T/deck.toml"
 data="--set data.path=$T/data.h5"
 dense="--set moe.every=0"
-# The teacher trains three times as long as the baseline and the student, so that it is the
-# better model whatever text the data set holds (the model sources change).
+# The data: the stable license texts (tests/lib/common.sh TINY_TEXT), not the model's sources:
+# with those as text, an edit of src/model/ changed the trajectories, and on one such text the
+# tensor-2 and pipe-2 x data-2 runs drifted to 1e-4 of one rank by the last step (old and new
+# binaries alike). The teacher trains three times as long as the baseline and the student, so
+# that it is the better model.
 # shellcheck disable=SC2086
 train_or_fail teacher 1 $data --set run.steps=120
 # shellcheck disable=SC2086
