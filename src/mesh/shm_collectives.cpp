@@ -67,6 +67,14 @@ BackingRoom backing_room(MPI_Comm node, double bytes) {
   return room;
 }
 
+// A collective free could hang after MPI_Finalize or while an exception unwinds on this rank
+// alone: then the process exit releases the memory.
+bool collective_free_safe() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return !finalized && std::uncaught_exceptions() == 0;
+}
+
 }  // namespace
 
 std::unique_ptr<ShmCollectives> ShmCollectives::open(MPI_Comm comm, const std::string& label, size_t slot_bytes) {
@@ -105,14 +113,9 @@ ShmCollectives::ShmCollectives(MPI_Comm node, std::string label) : node_(node), 
 }
 
 ShmCollectives::~ShmCollectives() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized || std::uncaught_exceptions() > 0) return;
+  if (!collective_free_safe()) return;
   free_window();
-  for (Resident& r : resident_) {
-    MPI_Win_unlock_all(r.win);
-    MPI_Win_free(&r.win);
-  }
+  for (Resident& r : resident_) free_resident(r);
   MPI_Comm_free(&node_);
 }
 
@@ -182,14 +185,16 @@ void* ShmCollectives::shared_alloc(size_t bytes) {
   return mine;
 }
 
+void ShmCollectives::free_resident(Resident& r) {
+  MPI_Win_unlock_all(r.win);
+  MPI_Win_free(&r.win);
+}
+
 void ShmCollectives::shared_free(void* p) {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized || std::uncaught_exceptions() > 0) return;
+  if (!collective_free_safe()) return;
   for (auto r = resident_.begin(); r != resident_.end(); ++r)
     if (r->base[size_t(rank_)] == p) {
-      MPI_Win_unlock_all(r->win);
-      MPI_Win_free(&r->win);
+      free_resident(*r);
       resident_.erase(r);
       return;
     }

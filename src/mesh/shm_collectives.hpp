@@ -75,6 +75,7 @@ class ShmCollectives {
     std::vector<char*> base;  // [size]: every rank's memory of this window
   };
   std::vector<Resident> resident_;  // shared_alloc's windows
+  static void free_resident(Resident& r);  // collective
 };
 
 }  // namespace meshmoe
