@@ -59,7 +59,7 @@ struct HostLoopsReversed {
 // RAII: the deferred host device while it lives (tensor/device.hpp: launches and GEMMs wait for
 // device_synchronize, and a host access to a Buffer without it stops the test with SIGSEGV).
 struct DeferredHostDevice {
-  DeferredHostDevice() { set_deferred_host_device(true); }
+  explicit DeferredHostDevice(DeviceAccess access = DeviceAccess::AfterWait) { set_deferred_host_device(true, access); }
   ~DeferredHostDevice() { set_deferred_host_device(false); }
   DeferredHostDevice(const DeferredHostDevice&) = delete;
   DeferredHostDevice& operator=(const DeferredHostDevice&) = delete;

@@ -36,13 +36,14 @@ double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, con
   gradient_done_ = dlogits != nullptr;
   loss_.resize(N);
   lse_.resize(std::max<size_t>(lse_.size(), N));
-  device_synchronize();  // a transfer point: the host writes the targets and the mask
-  mask_.assign(N, T(1));
-  if (mask) std::copy(mask, mask + N, mask_.begin());
-  targets_.assign(targets, targets + N);
+  // Transfer points: the host checks the targets and uploads them and the mask.
+  host_mask_.assign(size_t(N), T(1));
+  if (mask) std::copy(mask, mask + N, host_mask_.begin());
+  upload(mask_, host_mask_.data(), size_t(N));
+  upload(targets_, targets, size_t(N));
   for (int n = 0; n < N; ++n) {
-    const int32_t t = targets_[n];
-    if (mask_[n] != T(0) && (t < 0 || t >= V))
+    const int32_t t = targets[n];
+    if (host_mask_[size_t(n)] != T(0) && (t < 0 || t >= V))
       throw Error("target token " + std::to_string(t) + " outside the vocabulary [0, " + std::to_string(V) +
                   "): the data file does not match model.vocab_size");
   }
@@ -56,7 +57,8 @@ double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, con
       for_each_row(N, row, work);
   };
   if (soft) {
-    soft_.assign(soft, soft + size_t(N) * V);
+    soft_.resize(size_t(N) * V);  // a copy on the device (the teacher's probabilities are device work)
+    copy_buffer_bytes(soft_.data(), soft, soft_.size() * sizeof(T));
     psum_.resize(N);
     soft_loss_.resize(N);
     mixed_.resize(N);
@@ -68,14 +70,22 @@ double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, con
     soft_loss_.clear();
     run_rows(CrossEntropyForwardRow<T>{logits, mask_.data(), targets_.data(), lse_.data(), loss_.data(), V}, V);
   }
-  const Buffer<double>& objective = soft ? mixed_ : loss_;
-  // The sum over tokens stays on the host, in token order.
-  device_synchronize();
+  // The sum over tokens stays on the host, in token order (a transfer point: the per-token losses).
+  host_loss_.resize(size_t(N));
+  download(loss_, 0, size_t(N), host_loss_.data());
+  host_soft_loss_.resize(soft ? size_t(N) : 0);
+  std::vector<double> mixed(soft ? size_t(N) : 0);
+  if (soft) {
+    download(soft_loss_, 0, size_t(N), host_soft_loss_.data());
+    download(mixed_, 0, size_t(N), mixed.data());
+  }
+  const std::vector<double>& objective = soft ? mixed : host_loss_;
   double total = 0;
   for (int n = 0; n < N; ++n) {
-    if (mask_[n] == T(0)) continue;
-    count_ += double(mask_[n]);
-    total += double(mask_[n]) * objective[n];
+    const T m = host_mask_[size_t(n)];
+    if (m == T(0)) continue;
+    count_ += double(m);
+    total += double(m) * objective[size_t(n)];
   }
   return weight * total;
 }

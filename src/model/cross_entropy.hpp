@@ -17,7 +17,7 @@ template <typename T>
 class CrossEntropy {
  public:
   // logits [N, V], targets [N], mask [N] (0/1; nullptr = all ones) -> weighted loss sum (accumulated
-  // in double). Targets of masked tokens are ignored (may be -1); others must lie in [0, V).
+  // in double). The targets and the mask are host memory (the micro-batch): checked and uploaded here. Targets of masked tokens are ignored (may be -1); others must lie in [0, V).
   // With `soft` [N, V] (device-readable, copied), the teacher's probabilities of every token, the
   // loss per token is (1 - alpha) CE(target) + alpha CE(soft); the sum returned is that mixture's.
   double forward(const StepContext& ctx, const T* logits, const int32_t* targets, const T* mask, int N, int V,
@@ -50,8 +50,8 @@ class CrossEntropy {
   // From the last forward: unweighted per-token loss [N] against the ground truth (0 where
   // masked), the masked-token count; with soft targets, the unweighted per-token cross-entropy
   // against them (else empty).
-  const Buffer<double>& per_token_loss() const { return loss_; }
-  const Buffer<double>& per_token_soft_loss() const { return soft_loss_; }
+  const std::vector<double>& per_token_loss() const { return host_loss_; }
+  const std::vector<double>& per_token_soft_loss() const { return host_soft_loss_; }
   double count() const { return count_; }
 
  private:
@@ -67,6 +67,8 @@ class CrossEntropy {
   Buffer<T> lse_, mask_;  // [N]
   Buffer<T> soft_, psum_;  // soft targets [N, V] (empty without), their row sums [N]
   Buffer<int32_t> targets_;
+  std::vector<T> host_mask_;                          // [N] the host's mask (1 where none)
+  std::vector<double> host_loss_, host_soft_loss_;  // [N] the host's copies of loss_, soft_loss_
 };
 
 }  // namespace meshmoe

@@ -23,9 +23,8 @@ void Embedding<T>::forward(const StepContext& ctx, const int32_t* tokens, T* x, 
     throw Error("Embedding: " + std::to_string(N) + " tokens do not form sequences of length " +
                 std::to_string(T_seq) + " (at most " + std::to_string(Tmax_) + ")");
   T_ = T_seq;
-  // A transfer point: the host reads the tokens and positions (ctx.position may be a Buffer) and
-  // writes them and backward's grouping of them.
-  device_synchronize();
+  // A transfer point: the host checks the tokens and positions and uploads them and backward's
+  // grouping of them.
   for (int n = 0; n < N; ++n)
     if (tokens[n] < 0 || tokens[n] >= V_)
       throw Error("token id " + std::to_string(tokens[n]) + " outside the vocabulary [0, " + std::to_string(V_) +
@@ -37,8 +36,8 @@ void Embedding<T>::forward(const StepContext& ctx, const int32_t* tokens, T* x, 
       throw Error("Embedding: position " + std::to_string(host_positions_[size_t(n)]) + " of token " +
                   std::to_string(n) + " outside its sequence [0, " + std::to_string(T_) + ")");
   }
-  tokens_.assign(tokens, tokens + N);
-  positions_.assign(host_positions_.begin(), host_positions_.end());
+  upload(tokens_, tokens, size_t(N));
+  upload(positions_, host_positions_.data(), size_t(N));
   by_token_.build(tokens, N, V_);
   by_position_.build(host_positions_.data(), N, Tmax_);
   for_each_index_2d(N, M_, EmbeddingForwardElement<T>{wte.w, wpe.w, tokens_.data(), positions_.data(), x, M_});
@@ -48,17 +47,20 @@ template <typename T>
 void Embedding<T>::RowGrouping::build(const int32_t* row_of, int N, int table_rows) {
   first.assign(size_t(table_rows) + 1, 0);
   for (int n = 0; n < N; ++n) ++first[size_t(row_of[n]) + 1];
-  rows.clear();
-  start.assign(1, 0);
+  host_rows.clear();
+  host_start.assign(1, 0);
   for (int v = 0; v < table_rows; ++v) {
     if (first[size_t(v) + 1] > 0) {
-      rows.push_back(v);
-      start.push_back(start.back() + first[size_t(v) + 1]);
+      host_rows.push_back(v);
+      host_start.push_back(host_start.back() + first[size_t(v) + 1]);
     }
     first[size_t(v) + 1] += first[v];  // now the first slot of row v + 1
   }
-  order.assign(size_t(N), 0);
-  for (int n = 0; n < N; ++n) order[size_t(first[row_of[n]]++)] = n;
+  host_order.assign(size_t(N), 0);
+  for (int n = 0; n < N; ++n) host_order[size_t(first[row_of[n]]++)] = n;
+  upload(rows, host_rows.data(), host_rows.size());
+  upload(start, host_start.data(), host_start.size());
+  upload(order, host_order.data(), host_order.size());
 }
 
 // dx [N, M] -> wte.g, wpe.g

@@ -21,7 +21,8 @@ class Embedding {
   void declare(ParamStore<T>& store, const std::string& prefix);
 
   // tokens [N] (B sequences of T tokens, contiguous) -> x [N, M] = wte[token] + wpe[position], the
-  // position within the token's packed example (ctx.position; n % T when null)
+  // position within the token's packed example (ctx.position; n % T when null). The tokens and
+  // ctx.position are host memory (the micro-batch): the host checks them and groups them for backward.
   void forward(const StepContext& ctx, const int32_t* tokens, T* x, int N, int T_seq);
   // dx [N, M] -> adds into wte.g and wpe.g (the grouping of the tokens saved by forward)
   void backward(const StepContext& ctx, const T* dx, int N);
@@ -51,7 +52,7 @@ class Embedding {
   // tokens n [N]; `first` [rows + 1] is scratch
   struct RowGrouping {
     Buffer<int32_t> rows, start, order;
-    std::vector<int32_t> first;
+    std::vector<int32_t> first, host_rows, host_start, host_order;  // the host's, built first
     void build(const int32_t* row_of, int N, int table_rows);
   };
   RowGrouping by_token_, by_position_;

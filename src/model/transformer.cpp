@@ -206,9 +206,8 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   // The layers see the packed examples through the context (docs/ARCHITECTURE.md "Packed sequences").
   StepContext ctx = step_ctx;
   if (mb.segment && mb.position) {
-    device_synchronize();  // a transfer point: the host writes the micro-batch's packing
-    segment_.assign(mb.segment, mb.segment + N_);
-    position_.assign(mb.position, mb.position + N_);
+    upload(segment_, mb.segment, size_t(N_));  // transfer points: the micro-batch's packing
+    upload(position_, mb.position, size_t(N_));
     ctx.segment = segment_.data();
     ctx.position = position_.data();
   }
@@ -230,20 +229,18 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   if (encdec()) {
     if (mb.enc_len != T_ || !mb.enc_inputs || !mb.enc_segment || !mb.enc_position || !mb.segment)
       throw Error("Transformer: model.arch = encdec needs the encoder's tokens, segment ids and positions (enc_len = seq_len)");
-    device_synchronize();  // a transfer point: the host writes the encoder's micro-batch
-    enc_inputs_.assign(mb.enc_inputs, mb.enc_inputs + N_);
-    enc_segment_.assign(mb.enc_segment, mb.enc_segment + N_);
-    enc_position_.assign(mb.enc_position, mb.enc_position + N_);
-    encoder_stage(ctx, x_in, st, check_finite);
+    upload(enc_segment_, mb.enc_segment, size_t(N_));  // transfer points: the encoder's packing
+    upload(enc_position_, mb.enc_position, size_t(N_));
+    encoder_stage(ctx, x_in, mb.enc_inputs, mb.enc_position, st, check_finite);
     decoder_begin = decoder_begin_local();
     if (!last_stage()) message_.resize(2 * NM);
     if (!last_stage() && !encoder_output_here()) copy_from(message_.data(), x_.data(), NM);  // still a residual
   }
 
   if (first_stage()) {
-    device_synchronize();  // a transfer point: the host writes the tokens
-    inputs_.assign(mb.inputs, mb.inputs + N_);  // the batch is host memory; a kernel reads the copy
-    emb_.forward(ctx, inputs_.data(), x_.data(), N_, T_);
+    StepContext emb_ctx = ctx;  // the embedding reads the micro-batch's tokens and positions on the host
+    emb_ctx.position = mb.segment && mb.position ? mb.position : nullptr;
+    emb_.forward(emb_ctx, mb.inputs, x_.data(), N_, T_);
   } else {
     copy_from(x_.data(), x_in + (encdec() ? NM : 0), NM);
   }
@@ -262,14 +259,17 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   logits_.resize(size_t(N_) * V);
   head_.forward(ctx, h_.data(), logits_.data(), N_);
   check_finite(logits_, logits_.size(), "head");
-  device_synchronize();  // a transfer point: the host writes the targets and the mask
-  targets_.assign(mb.targets, mb.targets + N_);
-  mask_.assign(mb.mask, mb.mask + N_);
-  const T* soft = nullptr;
-  if (mb.soft_targets) {
-    if constexpr (std::is_same_v<T, float>) {
-      soft = mb.soft_targets;
-    } else {
+  // The targets, the mask and the soft targets are host memory: CrossEntropy uploads them.
+  const T *mask = nullptr, *soft = nullptr;
+  if constexpr (std::is_same_v<T, float>) {
+    mask = mb.mask;
+    soft = mb.soft_targets;
+  } else {
+    if (mb.mask) {
+      mask_.assign(mb.mask, mb.mask + N_);
+      mask = mask_.data();
+    }
+    if (mb.soft_targets) {
       soft_.assign(mb.soft_targets, mb.soft_targets + logits_.size());
       soft = soft_.data();
     }
@@ -278,9 +278,9 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   // over each row (CrossEntropy::forward_with_gradient); on the GPU a row is one thread, and the
   // element-wise backward suits it better.
   if (loss_gradient_in_forward_ && ctx.training && current_device() == Device::Cpu)
-    ce_.forward_with_gradient(ctx, logits_.data(), targets_.data(), mask_.data(), N_, V, w.ce, soft, w.distill_alpha);
+    ce_.forward_with_gradient(ctx, logits_.data(), mb.targets, mask, N_, V, w.ce, soft, w.distill_alpha);
   else
-    ce_.forward(ctx, logits_.data(), targets_.data(), mask_.data(), N_, V, w.ce, soft, w.distill_alpha);
+    ce_.forward(ctx, logits_.data(), mb.targets, mask, N_, V, w.ce, soft, w.distill_alpha);
   for (double l : ce_.per_token_loss()) st.ce_sum += l;
   for (double l : ce_.per_token_soft_loss()) st.soft_sum += l;
   st.mask_sum = ce_.count();
@@ -290,9 +290,9 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
 template <typename T>
 const std::string& Transformer<T>::first_nonfinite() const {
   if (!finite_resolved_) {
-    device_synchronize();  // a transfer point: the host reads the scans' flags
+    std::vector<int32_t> host;  // a transfer point: the host reads the scans' flags (the first copy waits)
     for (size_t i = 0; i < finite_scans_used_ && first_nonfinite_.empty(); ++i) {
-      const auto& flags = finite_scans_[i].flags;
+      const std::span<const int32_t> flags = host_view(finite_scans_[i].flags, host);
       if (std::find(flags.begin(), flags.end(), 1) != flags.end()) first_nonfinite_ = finite_scans_[i].where;
     }
     finite_resolved_ = true;
@@ -312,8 +312,8 @@ void Transformer<T>::poison_if_asked() {  // debug.nan_step: the first activatio
 // stage of the first decoder block). After it, x_ holds the encoder residual (a stage that ends
 // inside the encoder) and enc_out_ the encoder output (a stage with decoder blocks).
 template <typename T>
-void Transformer<T>::encoder_stage(const StepContext& ctx, const T* x_in, ForwardStats& st,
-                                   const CheckFinite& check_finite) {
+void Transformer<T>::encoder_stage(const StepContext& ctx, const T* x_in, const int32_t* host_tokens,
+                                   const int32_t* host_position, ForwardStats& st, const CheckFinite& check_finite) {
   const size_t NM = size_t(N_) * shape_.d_model;
   enc_out_.resize(NM);
   if (!first_stage() && !encoder_residual_in()) {  // the encoder output, as a later stage received it
@@ -324,7 +324,9 @@ void Transformer<T>::encoder_stage(const StepContext& ctx, const T* x_in, Forwar
   enc_ctx.segment = enc_segment_.data();
   enc_ctx.position = enc_position_.data();
   if (first_stage()) {
-    emb_enc_.forward(enc_ctx, enc_inputs_.data(), x_.data(), N_, T_);
+    StepContext emb_ctx = enc_ctx;  // the host's tokens and positions (Embedding::forward)
+    emb_ctx.position = host_position;
+    emb_enc_.forward(emb_ctx, host_tokens, x_.data(), N_, T_);
     poison_if_asked();
     check_finite(x_, NM, "embed.encoder");
   } else {
@@ -346,12 +348,10 @@ void Transformer<T>::encode(const StepContext& ctx, int rows, int len, const int
   x_.resize(NM);
   h_.resize(NM);
   f_.resize(NM);
-  device_synchronize();  // a transfer point: the host writes the encoder's tokens and packing
-  enc_inputs_.assign(tokens, tokens + N_);
-  enc_segment_.assign(segment, segment + N_);
-  enc_position_.assign(position, position + N_);
+  upload(enc_segment_, segment, size_t(N_));  // transfer points: the encoder's packing
+  upload(enc_position_, position, size_t(N_));
   ForwardStats unused;
-  encoder_stage(ctx, x_in, unused, [](const Buffer<T>&, size_t, const std::string&) {});
+  encoder_stage(ctx, x_in, tokens, position, unused, [](const Buffer<T>&, size_t, const std::string&) {});
 }
 
 template <typename T>

@@ -217,9 +217,10 @@ class Transformer {
   // Forward of blocks_[begin, end) on x_ (ctx: their tokens' segments); stats and finiteness as forward.
   void forward_blocks(const StepContext& ctx, size_t begin, size_t end, ForwardStats& st,
                       const CheckFinite& check_finite);
-  // encdec: the N_ tokens of enc_inputs_ (T_ a sequence, enc_segment_, enc_position_) through this
+  // encdec: the N_ tokens host_tokens (T_ a sequence, enc_segment_, enc_position_) through this
   // stage's part of the encoder (transformer.cpp).
-  void encoder_stage(const StepContext& ctx, const T* x_in, ForwardStats& st, const CheckFinite& check_finite);
+  void encoder_stage(const StepContext& ctx, const T* x_in, const int32_t* host_tokens, const int32_t* host_position,
+                     ForwardStats& st, const CheckFinite& check_finite);
   // encdec on a pipeline: this stage holds blocks [b0, b1) of the 2L, the encoder's are [0, L), and
   // ln_enc sits with block L.
   int blocks_end() const { return first_block_ + int(blocks_.size()); }
@@ -252,12 +253,11 @@ class Transformer {
   bool inject_nan_ = false;
   int N_ = 0, T_ = 0;
   Buffer<T> x_, h_, f_, logits_, d_, dh_;
-  Buffer<int32_t> inputs_, targets_, segment_, position_;  // device-readable copies of the micro-batch
+  Buffer<int32_t> segment_, position_;                       // device copies of the micro-batch's packing
   Buffer<T> enc_out_, denc_;                                 // encdec: encoder output [N, M], its gradient
   Buffer<T> message_, dmessage_;                             // encdec: stage_output(), input_grad() [2, N, M]
-  Buffer<int32_t> enc_inputs_, enc_segment_, enc_position_;  // encdec: the encoder's tokens
-  Buffer<T> mask_;
-  Buffer<T> soft_;  // MicroBatch::soft_targets as T (T = double: the tests' models)
+  Buffer<int32_t> enc_segment_, enc_position_;              // encdec: the encoder's packing
+  std::vector<T> mask_, soft_;  // the host's MicroBatch::mask, soft_targets as T (T = double: the tests' models)
 };
 
 }  // namespace meshmoe

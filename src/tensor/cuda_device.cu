@@ -105,6 +105,18 @@ void cuda_copy_async(void* dst, const void* src, size_t bytes) {
   profiled(copy, [] { return "cudaMemcpyAsync (Buffers' copies)"; });
 }
 
+// The transfer points' copies (tensor/device.hpp): on the default stream, so in order with the
+// queued work; the host waits for a copy to the host, and a copy from the host has taken the host's
+// bytes when cudaMemcpy returns.
+void cuda_copy_to_host(void* host, const void* device, size_t bytes) {
+  profiled([&] { cuda_check(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (to the host)"); },
+           [] { return "cudaMemcpy (to the host)"; });
+}
+void cuda_copy_from_host(void* device, const void* host, size_t bytes) {
+  profiled([&] { cuda_check(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (from the host)"); },
+           [] { return "cudaMemcpy (from the host)"; });
+}
+
 void* cuda_managed_alloc(size_t bytes) {
   void* p = nullptr;
   cuda_check(cudaMallocManaged(&p, bytes), ("cudaMallocManaged of " + std::to_string(bytes) + " bytes").c_str());

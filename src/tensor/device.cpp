@@ -2,11 +2,16 @@
 
 #include <cblas.h>
 
+#include <execinfo.h>
+#include <signal.h>
+#include <ucontext.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <utility>
 #include <vector>
@@ -49,6 +54,8 @@ void* cuda_managed_alloc(size_t bytes);  // tensor/cuda_device.cu
 void cuda_managed_free(void* p) noexcept;
 void cuda_zero_async(void* p, size_t bytes);
 void cuda_copy_async(void* dst, const void* src, size_t bytes);
+void cuda_copy_to_host(void* host, const void* device, size_t bytes);
+void cuda_copy_from_host(void* device, const void* host, size_t bytes);
 void cuda_wait();
 #endif
 
@@ -69,20 +76,75 @@ Arena& cuda_arena() {
 #endif
 
 // The deferred host device (tensor/device.hpp): its Buffers' chunks are mapped pages that are
-// made inaccessible while device work is queued.
+// made inaccessible while device work is queued, and with DeviceAccess::Copies always, but inside
+// copy_to_host and copy_from_host (as cudaMalloc'd memory is to the host).
 struct DeferredDevice {
   std::vector<std::function<void()>> queue;
   std::vector<std::pair<void*, size_t>> chunks;
+  DeviceAccess access = DeviceAccess::AfterWait;
   bool locked = false;  // chunks inaccessible
   void lock(bool on) {
     if (on == locked) return;
     for (const auto& [p, bytes] : chunks) mprotect(p, bytes, on ? PROT_NONE : PROT_READ | PROT_WRITE);
     locked = on;
   }
+  bool copies_only() const { return access != DeviceAccess::AfterWait; }
+  bool in_chunk(const void* a) const {
+    for (const auto& [p, bytes] : chunks)
+      if (a >= p && a < static_cast<const char*>(p) + bytes) return true;
+    return false;
+  }
 };
 DeferredDevice g_deferred;
 bool g_work_queued = false;
 size_t g_waits = 0;  // device_synchronize calls that found work queued
+size_t g_host_copies = 0;  // copy_to_host / copy_from_host calls on a device
+
+// DeviceAccess::CopiesListed: a host access to a device Buffer prints its call stack (once per
+// place) and goes on: the faulting page is opened for that one instruction (the trap flag
+// single-steps it; SIGTRAP closes the page again), so every later access is caught as well.
+constexpr int kListedFrames = 12;
+std::vector<std::vector<void*>> g_listed;  // call stacks printed so far
+struct sigaction g_previous_segv {}, g_previous_trap {};
+bool g_listing = false;  // list_host_access is the SIGSEGV handler
+constexpr int kOpenPages = 8;
+void* g_open_pages[kOpenPages];  // opened for the instruction being single-stepped
+int g_open_count = 0;
+void close_open_pages(int, siginfo_t*, void* context) {
+  for (int i = 0; i < g_open_count; ++i)
+    if (g_deferred.locked) mprotect(g_open_pages[i], size_t(getpagesize()), PROT_NONE);
+  g_open_count = 0;
+#if defined(__x86_64__)
+  static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_EFL] &= ~0x100LL;
+#endif
+}
+void list_host_access(int sig, siginfo_t* info, void* context) {
+  if (g_deferred_host_device && g_deferred.access == DeviceAccess::CopiesListed && g_deferred.in_chunk(info->si_addr)) {
+    void* frames[kListedFrames];
+    const int n = backtrace(frames, kListedFrames);
+    std::vector<void*> stack(frames + 2, frames + std::max(n, 2));  // past this handler and the signal frame
+    bool seen = false;
+    for (const auto& s : g_listed) seen = seen || s == stack;
+    if (!seen) {
+      g_listed.push_back(stack);
+      const char head[] = "meshmoe: host access to device memory at\n";
+      (void)!write(2, head, sizeof head - 1);
+      backtrace_symbols_fd(stack.data(), int(stack.size()), 2);
+    }
+#if defined(__x86_64__)
+    void* page = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(info->si_addr) & ~uintptr_t(getpagesize() - 1));
+    mprotect(page, size_t(getpagesize()), PROT_READ | PROT_WRITE);
+    if (g_open_count < kOpenPages) g_open_pages[g_open_count++] = page;
+    static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_EFL] |= 0x100LL;  // trap after one instruction
+#else
+    g_deferred.lock(false);  // until the next device work locks them again
+#endif
+    return;
+  }
+  sigaction(SIGSEGV, &g_previous_segv, nullptr);  // anything else: the default's crash
+  (void)sig;
+  (void)context;
+}
 
 void* deferred_chunk_alloc(size_t bytes) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -126,6 +188,8 @@ void before_device_work() {
   if (g_deferred_host_device) g_deferred.lock(true);
 }
 
+size_t listed_host_accesses() { return g_listed.size(); }
+
 void zero_on_device_later_slow(char* p, size_t bytes) {
   queue_pending_zero();
   // The new range counts as queued work (the host must synchronise to touch it); it is queued
@@ -146,19 +210,38 @@ void device_synchronize() {
     std::vector<std::function<void()>> queue;
     queue.swap(g_deferred.queue);
     for (const auto& work : queue) work();
+    g_deferred.lock(g_deferred.copies_only());
   }
 #ifdef MESHMOE_CUDA
   cuda_wait();
 #endif
 }
 
-void set_deferred_host_device(bool on) {
-  if (on == g_deferred_host_device) return;
+void set_deferred_host_device(bool on, DeviceAccess access) {
   if (on && g_device != Device::Cpu) throw std::logic_error("the deferred host device needs Device::Cpu");
   device_synchronize();
   g_deferred.lock(false);
   g_deferred_host_device = on;
+  g_deferred.access = on ? access : DeviceAccess::AfterWait;
   g_buffers_on_device = on || g_device == Device::Cuda;
+  const bool listing = on && access == DeviceAccess::CopiesListed;
+  if (listing && !g_listing) {
+    struct sigaction a {};
+    a.sa_sigaction = list_host_access;
+    a.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&a.sa_mask);
+    sigaction(SIGSEGV, &a, &g_previous_segv);
+    struct sigaction t {};
+    t.sa_sigaction = close_open_pages;
+    t.sa_flags = SA_SIGINFO;
+    sigemptyset(&t.sa_mask);
+    sigaction(SIGTRAP, &t, &g_previous_trap);
+  } else if (!listing && g_listing) {
+    sigaction(SIGSEGV, &g_previous_segv, nullptr);
+    sigaction(SIGTRAP, &g_previous_trap, nullptr);
+  }
+  g_listing = listing;
+  g_deferred.lock(g_deferred.copies_only());
 }
 
 size_t device_waits() { return g_waits; }
@@ -182,6 +265,46 @@ void copy_buffer_bytes(void* dst, const void* src, size_t bytes) {
   cuda_copy_async(dst, src, bytes);
 #endif
 }
+
+void copy_to_host(void* host, const void* device, size_t bytes) {
+  if (bytes == 0) return;
+  if (!buffers_on_device()) {
+    std::memcpy(host, device, bytes);
+    return;
+  }
+  device_synchronize();
+  ++g_host_copies;
+  if (g_deferred_host_device) {
+    g_deferred.lock(false);
+    std::memcpy(host, device, bytes);
+    g_deferred.lock(g_deferred.copies_only());
+    return;
+  }
+#ifdef MESHMOE_CUDA
+  cuda_copy_to_host(host, device, bytes);
+#endif
+}
+
+void copy_from_host(void* device, const void* host, size_t bytes) {
+  if (bytes == 0) return;
+  if (!buffers_on_device()) {
+    std::memcpy(device, host, bytes);
+    return;
+  }
+  ++g_host_copies;
+  if (g_deferred_host_device) {
+    // In order with the queued work, from the host's bytes as they are now (cudaMemcpy's semantics).
+    auto bytes_now = std::make_shared<std::vector<char>>(static_cast<const char*>(host), static_cast<const char*>(host) + bytes);
+    defer_host_work([device, bytes_now] { std::memcpy(device, bytes_now->data(), bytes_now->size()); });
+    return;
+  }
+#ifdef MESHMOE_CUDA
+  before_device_work();
+  cuda_copy_from_host(device, host, bytes);
+#endif
+}
+
+size_t host_copies() { return g_host_copies; }
 
 void defer_host_work(std::function<void()> work) {
   before_device_work();

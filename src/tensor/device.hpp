@@ -20,6 +20,7 @@
 #include <iterator>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -50,8 +51,12 @@ void before_device_work();
 // Tests: the deferred host device (see above). While on, with Device::Cpu, for_each_index,
 // for_each_index_2d and the host GEMMs queue their work (defer_host_work), device_synchronize() runs
 // the queue in order, and Buffers come from a host arena whose pages are inaccessible while work is
-// queued. Switching it off runs what is queued.
-void set_deferred_host_device(bool on);
+// queued (DeviceAccess::AfterWait: managed memory's rule), or always, but inside copy_to_host and
+// copy_from_host (Copies: cudaMalloc's rule; CopiesListed: a host access prints its call stack once
+// per place and goes on, so that one run lists them all). Switching it off runs what is queued.
+enum class DeviceAccess { AfterWait, Copies, CopiesListed };
+void set_deferred_host_device(bool on, DeviceAccess access = DeviceAccess::AfterWait);
+size_t listed_host_accesses();  // CopiesListed: the places printed so far
 inline bool g_deferred_host_device = false;
 inline bool deferred_host_device() { return g_deferred_host_device; }
 void defer_host_work(std::function<void()> work);
@@ -90,6 +95,13 @@ void reserve_buffer_memory(size_t bytes);
 std::optional<Arena::Stats> buffer_arena_stats();
 // Tests: host Buffers come from `arena` (null: the heap again) until the next call.
 void set_host_buffer_arena(Arena* arena);
+
+// The host's copies of device memory, the only host accesses to it that cudaMalloc allows:
+// copy_to_host waits for the queued work, then copies; copy_from_host is queued in order with the
+// work, from the host's bytes as they are at the call. Plain memcpy on the host path.
+void copy_to_host(void* host, const void* device, size_t bytes);
+void copy_from_host(void* device, const void* host, size_t bytes);
+size_t host_copies();  // tests: calls of the two on a device
 
 // Copies `bytes` from one Buffer's storage to another's where they live: queued on the device
 // (in order with the launches), a memcpy on the host.
@@ -206,6 +218,63 @@ void resize_for_host(Buffer<T>& b, size_t n) {
   b.resize(n);
   device_synchronize();
 }
+
+// The transfer points on Buffers (docs/ARCHITECTURE.md "Device work and transfer points"): the
+// host's elements into a Buffer (resized to n), in order with the queued work...
+template <class T>
+void upload(Buffer<T>& b, const T* host, size_t n) {
+  if (!buffers_on_device()) return b.assign(host, host + n);
+  if (b.size() != n) b.resize(n);
+  copy_from_host(b.data(), host, n * sizeof(T));
+}
+template <class T>
+void upload(Buffer<T>& b, size_t n, const T& value) {
+  if (!buffers_on_device()) return b.assign(n, value);
+  const std::vector<T> values(n, value);
+  upload(b, values.data(), n);
+}
+// ... a Buffer's elements [first, first + n) into host memory, after the queued work...
+template <class T>
+void download(const Buffer<T>& b, size_t first, size_t n, T* host) {
+  copy_to_host(host, b.data() + first, n * sizeof(T));
+}
+template <class T>
+T download_one(const Buffer<T>& b, size_t i) {
+  T v;
+  download(b, i, 1, &v);
+  return v;
+}
+// ... and the host's view of a whole Buffer: the Buffer itself on the host path, else a copy in
+// `scratch` (valid until scratch changes).
+template <class T>
+std::span<const T> host_view(const Buffer<T>& b, std::vector<T>& scratch) {
+  if (!buffers_on_device()) return {b.data(), b.size()};
+  scratch.resize(b.size());
+  download(b, 0, b.size(), scratch.data());
+  return {scratch.data(), scratch.size()};
+}
+
+// The host's working copy of the device range [device, device + n): the range itself on the host
+// path; on a device a copy taken at construction, written back by upload() (transfer points).
+template <class T>
+class HostCopy {
+ public:
+  HostCopy(T* device, size_t n) : device_(device), n_(n), copied_(buffers_on_device()) {
+    if (!copied_) return;
+    copy_.resize(n);
+    copy_to_host(copy_.data(), device, n * sizeof(T));
+  }
+  T* data() { return copied_ ? copy_.data() : device_; }
+  void upload() {
+    if (copied_) copy_from_host(device_, copy_.data(), n_ * sizeof(T));
+  }
+
+ private:
+  T* device_;
+  size_t n_;
+  bool copied_;
+  std::vector<T> copy_;
+};
 
 // Row-major GEMM on the bound GPU (cuBLAS, fp32 without TF32, or fp64); see tensor/blas.hpp.
 void cuda_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,

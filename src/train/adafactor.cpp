@@ -33,10 +33,10 @@ Adafactor::Adafactor(const ParamStore<float>& store, std::vector<size_t> owned, 
       en.rows = size_t(s[s.size() - 2]);
       en.cols = size_t(s[s.size() - 1]);
       en.batch = en.rows * en.cols == 0 ? 0 : en.info.size / (en.rows * en.cols);
-      en.v_row.assign(en.batch * en.rows, 0.0f);
-      en.v_col.assign(en.batch * en.cols, 0.0f);
+      en.v_row.resize(en.batch * en.rows);  // zero (on the device: zeroed there)
+      en.v_col.resize(en.batch * en.cols);
     } else {
-      en.v.assign(en.info.size, 0.0f);
+      en.v.resize(en.info.size);
     }
     row_sums_.resize(std::max(row_sums_.size(), en.batch * en.rows));
     col_sums_.resize(std::max(col_sums_.size(), en.batch * en.cols));

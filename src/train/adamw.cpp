@@ -16,8 +16,8 @@ AdamW::AdamW(const ParamStore<float>& store, std::vector<size_t> owned, AdamWOpt
     : Optimizer(store, std::move(owned)), opt_(opt) {
   for (size_t e : owned_) {
     infos_.push_back(store.infos()[e]);
-    m_.emplace_back(infos_.back().size, 0.0f);
-    v_.emplace_back(infos_.back().size, 0.0f);
+    m_.emplace_back(infos_.back().size);  // zero (on the device: zeroed there)
+    v_.emplace_back(infos_.back().size);
   }
 }
 

@@ -96,26 +96,34 @@ CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store
       if (bad.size() > 12) msg += "\n  ... and " + std::to_string(bad.size() - 12) + " more";
       throw InputError(msg);
     }
+    // Read on the host, checked there, then uploaded (transfer points on a device).
+    HostCopy<float> weights(store.weights(), store.size());
     for (const auto& p : store.infos())
-      f.dataset("/params/" + p.name).read_block(p.offset, p.local_shape, store.weights() + p.flat_offset);
-    for (auto& t : state) {
+      f.dataset("/params/" + p.name).read_block(p.offset, p.local_shape, weights.data() + p.flat_offset);
+    std::vector<std::vector<float>> values(state.size());
+    for (size_t s = 0; s < state.size(); ++s) {
+      const StateTensor& t = state[s];
       if (!t.data) throw Error("checkpoint: optimizer state '" + t.name + "' has no buffer");
-      t.data->resize(size_t(product(t.local_shape)));
-      f.dataset("/optim/" + t.name).read_block(t.offset, t.local_shape, t.data->data());
+      values[s].resize(size_t(product(t.local_shape)));
+      f.dataset("/optim/" + t.name).read_block(t.offset, t.local_shape, values[s].data());
     }
     // A state that is not finite cannot train (a resume from it would only run non-finite steps):
     // the same check as `ckpt verify`, on the blocks this rank read (run.resume = PATH skips verify).
     for (const auto& p : store.infos())
-      if (const int64_t i = first_bad_value(store.weights() + p.flat_offset, product(p.local_shape), false); i >= 0)
+      if (const int64_t i = first_bad_value(weights.data() + p.flat_offset, product(p.local_shape), false); i >= 0)
         throw InputError("checkpoint " + path + " is bad: non-finite value: " +
-                         bad_value_str("/params/" + p.name, p.offset, p.local_shape, i, store.weights()[p.flat_offset + size_t(i)]));
-    for (const auto& t : state) {
+                         bad_value_str("/params/" + p.name, p.offset, p.local_shape, i, weights.data()[p.flat_offset + size_t(i)]));
+    for (size_t s = 0; s < state.size(); ++s) {
+      const StateTensor& t = state[s];
+      const std::vector<float>& v = values[s];
       const bool nonnegative = is_second_moment_state(t.name);
-      if (const int64_t i = first_bad_value(t.data->data(), int64_t(t.data->size()), nonnegative); i >= 0)
+      if (const int64_t i = first_bad_value(v.data(), int64_t(v.size()), nonnegative); i >= 0)
         throw InputError("checkpoint " + path + " is bad: " +
-                         (std::isfinite((*t.data)[size_t(i)]) ? "negative second moment: " : "non-finite value: ") +
-                         bad_value_str("/optim/" + t.name, t.offset, t.local_shape, i, (*t.data)[size_t(i)]));
+                         (std::isfinite(v[size_t(i)]) ? "negative second moment: " : "non-finite value: ") +
+                         bad_value_str("/optim/" + t.name, t.offset, t.local_shape, i, v[size_t(i)]));
     }
+    weights.upload();
+    for (size_t s = 0; s < state.size(); ++s) upload(*state[s].data, values[s].data(), values[s].size());
   } catch (const InputError& e) {
     err = e.what();
   } catch (const std::exception& e) {
@@ -132,11 +140,12 @@ InitFromResult init_from_checkpoint(const std::string& path, ParamStore<float>& 
     if (!fs::is_regular_file(path)) throw InputError("--init-from " + path + " does not exist or is not a file");
     h5::File f = h5::File::open(path);
     read_meta_attrs(f);  // a meshmoe checkpoint, not any HDF5 file
+    HostCopy<float> weights(store.weights(), store.size());  // read on the host, then uploaded
     for (const auto& p : store.infos()) {
       const std::string dpath = "/params/" + p.name;
       const bool match = f.is_dataset(dpath) && f.dataset(dpath).shape() == p.logical_shape;
       if (match) {
-        float* block = store.weights() + p.flat_offset;
+        float* block = weights.data() + p.flat_offset;
         f.dataset(dpath).read_block(p.offset, p.local_shape, block);
         if (const int64_t i = first_bad_value(block, product(p.local_shape), false); i >= 0)
           throw InputError("--init-from " + path + " is bad: non-finite value: " +
@@ -145,6 +154,7 @@ InitFromResult init_from_checkpoint(const std::string& path, ParamStore<float>& 
       mine.i64(match ? 1 : 0);
       mine.str(p.name);
     }
+    weights.upload();
   } catch (const InputError& e) {
     err = e.what();
   } catch (const std::exception& e) {

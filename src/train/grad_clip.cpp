@@ -31,10 +31,11 @@ std::vector<double> grad_entry_sum_squares(const ParamStore<float>& store, const
     const ParamInfo& p = store.infos()[entries[k]];
     queue_sum_squares(store.grads() + p.flat_offset, p.size, partials.data() + first[k]);
   }
-  device_synchronize();
+  std::vector<double> host;
+  const std::span<const double> chunks = host_view(partials, host);  // a transfer point: the chunk sums
   std::vector<double> sums(entries.size(), 0.0);
   for (size_t k = 0; k < entries.size(); ++k)
-    for (int64_t c = first[k]; c < first[k + 1]; ++c) sums[k] += partials[size_t(c)];
+    for (int64_t c = first[k]; c < first[k + 1]; ++c) sums[k] += chunks[size_t(c)];
   return sums;
 }
 

@@ -43,10 +43,14 @@ std::string select_device(Device device, Precision precision, MPI_Comm world) {
     set_device(Device::Cpu);
     // Tests only (tests/scripts/deferred_device.sh): the host path run as the GPU path runs, its work
     // queued until each transfer point (tensor/device.hpp).
-    const char* deferred = std::getenv("MESHMOE_TEST_DEFERRED_DEVICE");
-    if (deferred && std::string(deferred) == "1") {
-      set_deferred_host_device(true);
-      return "device: cpu, deferred as a GPU's work (MESHMOE_TEST_DEFERRED_DEVICE=1, tests only)";
+    // "1": the host may touch the Buffers after a wait (managed memory); "copies": only through
+    // copy_to_host / copy_from_host (device memory); "list": as "copies", printing each other access.
+    const std::string deferred = std::getenv("MESHMOE_TEST_DEFERRED_DEVICE") ? std::getenv("MESHMOE_TEST_DEFERRED_DEVICE") : "";
+    if (deferred == "1" || deferred == "copies" || deferred == "list") {
+      set_deferred_host_device(true, deferred == "1"        ? DeviceAccess::AfterWait
+                                     : deferred == "copies" ? DeviceAccess::Copies
+                                                            : DeviceAccess::CopiesListed);
+      return "device: cpu, deferred as a GPU's work (MESHMOE_TEST_DEFERRED_DEVICE=" + deferred + ", tests only)";
     }
     return bf16 ? "device: cpu (OpenBLAS; GEMM operands rounded to bf16, fp32 sums)" : "device: cpu (OpenBLAS, fp32)";
   }

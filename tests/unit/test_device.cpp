@@ -621,3 +621,51 @@ TEST_CASE("device: host Buffers from an arena give the same step, free everythin
     CHECK(double(s.high_water) <= 1.05 * double(planned));
   }
 }
+
+TEST_CASE("device: with device-memory access the host reaches a Buffer only through the transfer copies", "[device][deferred]") {
+  // DeviceAccess::Copies is cudaMalloc's rule: the Buffers' pages are inaccessible to the host always,
+  // but inside copy_to_host / copy_from_host. The listing variant names each other access and goes
+  // on (one instruction at a time), so the accesses below are counted, and the copies are not.
+  test::DeferredHostDevice guard(DeviceAccess::CopiesListed);
+  const size_t listed = listed_host_accesses();
+  Buffer<float> b(8);  // zeroed on the device
+  const std::vector<float> values{1, 2, 3, 4, 5, 6, 7, 8};
+  upload(b, values.data(), values.size());
+  CHECK(deferred_host_work_queued() > 0);  // the upload is queued in order with the device's work
+  std::vector<float> back(8);
+  download(b, 0, back.size(), back.data());
+  CHECK(back == values);
+  CHECK(download_one(b, 6) == 7.0f);
+  {
+    HostCopy<float> copy(b.data(), b.size());
+    copy.data()[0] = -1.0f;
+    copy.upload();
+  }
+  CHECK(download_one(b, 0) == -1.0f);
+  std::vector<float> scratch;
+  const std::span<const float> view = host_view(b, scratch);
+  CHECK(view.data() == scratch.data());
+  CHECK(view[3] == 4.0f);
+  CHECK(listed_host_accesses() == listed);  // only copies so far
+  const volatile float* p = b.data();
+  const float read = p[3];  // a host read of device memory: listed, and it reads the value
+  CHECK(read == 4.0f);
+  CHECK(listed_host_accesses() == listed + 1);
+  b[5] = 9.0f;  // a host write, at another place
+  CHECK(listed_host_accesses() == listed + 2);
+  CHECK(download_one(b, 5) == 9.0f);
+  CHECK(listed_host_accesses() == listed + 2);
+}
+
+TEST_CASE("device: on the host path the transfer copies are plain copies and host_view is the Buffer", "[device]") {
+  Buffer<double> b;
+  const std::vector<double> values{0.5, 1.5, 2.5};
+  upload(b, values.data(), values.size());
+  CHECK(std::vector<double>(b.begin(), b.end()) == values);
+  std::vector<double> scratch;
+  CHECK(host_view(b, scratch).data() == b.data());
+  CHECK(scratch.empty());
+  CHECK(download_one(b, 2) == 2.5);
+  HostCopy<double> copy(b.data(), b.size());
+  CHECK(copy.data() == b.data());
+}

@@ -33,14 +33,16 @@ void IndexDispatcher<T>::count_rows(const Routing<T>& r, DispatchLayout layout) 
 template <typename T>
 void IndexDispatcher<T>::map_rows(const Routing<T>& r, uint64_t token_offset) {
   const int El = el_;
-  device_synchronize();  // a transfer point: the host reads the row counts
-  if (const int64_t c = sizes_[size_t(El) + 1]; c >= 0)
-    throw Error("MoE routing: choice " + std::to_string(c) + " has expert " + std::to_string(r.expert[size_t(c)]) +
-                " slot " + std::to_string(r.slot[size_t(c)]) + " outside E = " + std::to_string(r.E) +
+  std::vector<int64_t> sizes(sizes_.size());
+  download(sizes_, 0, sizes.size(), sizes.data());  // a transfer point: the host reads the row counts
+  if (const int64_t c = sizes[size_t(El) + 1]; c >= 0)
+    throw Error("MoE routing: choice " + std::to_string(c) + " has expert " +
+                std::to_string(download_one(r.expert, size_t(c))) + " slot " +
+                std::to_string(download_one(r.slot, size_t(c))) + " outside E = " + std::to_string(r.E) +
                 ", C = " + std::to_string(r.C));
   expert_rows_.resize(size_t(El));
-  for (int el = 0; el < El; ++el) expert_rows_[size_t(el)] = int(sizes_[size_t(el)]);
-  const size_t rows = size_t(sizes_[size_t(El)]);
+  for (int el = 0; el < El; ++el) expert_rows_[size_t(el)] = int(sizes[size_t(el)]);
+  const size_t rows = size_t(sizes[size_t(El)]);
   slot_token_.resize(rows);
   slot_global_.resize(rows);
   slot_choice_.resize(rows);

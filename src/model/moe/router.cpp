@@ -140,10 +140,11 @@ void Router<T>::sum_totals(const int64_t* group_stats, const double* aux_term) {
 
 template <typename T>
 void Router<T>::read_totals() {
-  device_synchronize();  // a transfer point: the host reads the routing's totals
   const int E = opt_.num_experts;
   const RouterTotalsLayout at{E, Routing<T>::kPlacedBins};
-  const auto count = [&](int i) { return int64_t(totals_[size_t(i)]); };
+  std::vector<double> totals(totals_.size());
+  download(totals_, 0, totals.size(), totals.data());  // a transfer point: the host reads the routing's totals
+  const auto count = [&](int i) { return int64_t(totals[size_t(i)]); };
   r_.load.resize(size_t(E));
   for (int e = 0; e < E; ++e) r_.load[size_t(e)] = count(at.load() + e);
   r_.wanted = count(at.stat(0));
@@ -152,9 +153,9 @@ void Router<T>::read_totals() {
   r_.rerouted = count(at.stat(3));
   r_.experts_per_token.resize(size_t(at.bins));
   for (int b = 0; b < at.bins; ++b) r_.experts_per_token[size_t(b)] = count(at.placed(b));
-  aux_sum = totals_[size_t(at.aux())] * aux_form_scale();
-  z_sum = totals_[size_t(at.z())];
-  entropy_sum = totals_[size_t(at.entropy())];
+  aux_sum = totals[size_t(at.aux())] * aux_form_scale();
+  z_sum = totals[size_t(at.z())];
+  entropy_sum = totals[size_t(at.entropy())];
 }
 
 // Expert choice (Zhou et al. 2022, section 3.1): probs [N, E] -> triples [N*E], choice n * E + e
@@ -205,7 +206,7 @@ void Router<T>::backward(const StepContext& ctx, const T* dgate, T* dx, int N, d
 
 template <typename T>
 Router<T>::Router(const MoeOptions& opt) : opt_(opt) {
-  if (opt.balance == BalanceKind::Bias) selection_bias.assign(size_t(opt.num_experts), 0.0f);
+  if (opt.balance == BalanceKind::Bias) selection_bias.resize(size_t(opt.num_experts));  // zero
 }
 
 void update_selection_bias(float* bias, const double* load, int E, double rate) {
@@ -222,14 +223,17 @@ template <typename T>
 void Router<T>::update_bias(std::span<const double> load) {
   if (selection_bias.empty()) return;
   if (load.size() != selection_bias.size()) throw std::logic_error("Router::update_bias: one load per expert");
-  device_synchronize();  // a transfer point: the host updates the bias
-  update_selection_bias(selection_bias.data(), load.data(), opt_.num_experts, opt_.bias_update_rate);
+  std::vector<float> bias(selection_bias.size());  // transfer points: the host updates the bias
+  download(selection_bias, 0, bias.size(), bias.data());
+  update_selection_bias(bias.data(), load.data(), opt_.num_experts, opt_.bias_update_rate);
+  upload(selection_bias, bias.data(), bias.size());
 }
 
 template <typename T>
 double Router<T>::bias_max_abs() const {
   double m = 0;
-  for (const float b : selection_bias) m = std::max(m, std::abs(double(b)));
+  std::vector<float> host;
+  for (const float b : host_view(selection_bias, host)) m = std::max(m, std::abs(double(b)));
   return m;
 }
 
