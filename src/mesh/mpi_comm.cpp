@@ -123,38 +123,48 @@ void MpiComm::node_shared_free(void* p) {
 void MpiComm::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
 // Every transfer starts with device_synchronize(): MPI reads and writes the buffers from the host
-// (tensor/device.hpp, transfer points).
-void MpiComm::all_reduce_raw(void* buf, size_t n, DType t, Op op) {
+// (tensor/device.hpp, transfer points), device memory through host copies (HostStaged: what MPI
+// reads is copied to the host first, what it writes is copied back after).
+void MpiComm::all_reduce_raw(void* buf_in, size_t n, DType t, Op op) {
   device_synchronize();
   const int c = count(n, "all_reduce");  // the same limits on both paths
+  HostStaged staged(buf_in, n * dtype_size(t), /*read=*/true);
+  void* buf = staged.host();
   if (ShmCollectives* shm = shm_sum_for(n * dtype_size(t), t, op)) {
     // Blocks of n / size elements (the first n % size one longer): every rank sums one.
     std::vector<size_t> counts(static_cast<size_t>(size_));
     for (size_t r = 0; r < counts.size(); ++r) counts[r] = n / counts.size() + (r < n % counts.size() ? 1 : 0);
     shm->run(buf, counts.data(), t, /*reduce=*/true, /*gather=*/true, shm_settings_.slot_bytes);
-    return;
+  } else {
+    check(MPI_Allreduce(MPI_IN_PLACE, buf, c, mpi_type(t), mpi_op(op), comm_), "MPI_Allreduce");
   }
-  check(MPI_Allreduce(MPI_IN_PLACE, buf, c, mpi_type(t), mpi_op(op), comm_), "MPI_Allreduce");
+  staged.write_back();
 }
 
 void MpiComm::broadcast_raw(void* buf, size_t n, DType t, int root) {
   device_synchronize();
   check_rank(root, "broadcast root");
-  check(MPI_Bcast(buf, count(n, "broadcast"), mpi_type(t), root, comm_), "MPI_Bcast");
+  HostStaged staged(buf, n * dtype_size(t), /*read=*/rank_ == root);
+  check(MPI_Bcast(staged.host(), count(n, "broadcast"), mpi_type(t), root, comm_), "MPI_Bcast");
+  staged.write_back();
 }
 
 void MpiComm::all_gather_raw(const void* send, size_t n, void* recv, DType t) {
   device_synchronize();
   count(n * size_t(size_), "all_gather result");
   const int c = count(n, "all_gather");
-  check(MPI_Allgather(send, c, mpi_type(t), recv, c, mpi_type(t), comm_), "MPI_Allgather");
+  HostStaged in(send, n * dtype_size(t), true), out(recv, n * size_t(size_) * dtype_size(t), false);
+  check(MPI_Allgather(in.host(), c, mpi_type(t), out.host(), c, mpi_type(t), comm_), "MPI_Allgather");
+  out.write_back();
 }
 
 void MpiComm::reduce_scatter_raw(const void* send, void* recv, size_t n, DType t, Op op) {
   device_synchronize();
   count(n * size_t(size_), "reduce_scatter input");
-  check(MPI_Reduce_scatter_block(send, recv, count(n, "reduce_scatter"), mpi_type(t), mpi_op(op), comm_),
+  HostStaged in(send, n * size_t(size_) * dtype_size(t), true), out(recv, n * dtype_size(t), false);
+  check(MPI_Reduce_scatter_block(in.host(), out.host(), count(n, "reduce_scatter"), mpi_type(t), mpi_op(op), comm_),
         "MPI_Reduce_scatter_block");
+  out.write_back();
 }
 
 void MpiComm::counts_and_displs(const size_t* counts, const char* what, std::vector<int>& c,
@@ -176,38 +186,47 @@ size_t MpiComm::total_bytes(const size_t* counts, DType t) const {
   return total * dtype_size(t);
 }
 
-void MpiComm::reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DType t, Op op) {
+void MpiComm::reduce_scatterv_in_place_raw(void* buf_in, const size_t* counts, DType t, Op op) {
   device_synchronize();
   std::vector<int> c, d;
   counts_and_displs(counts, "reduce_scatterv", c, d);  // the same limits on both paths
+  HostStaged staged(buf_in, total_bytes(counts, t), /*read=*/true);
+  void* buf = staged.host();
   if (ShmCollectives* shm = shm_sum_for(total_bytes(counts, t), t, op)) {
     shm->run(buf, counts, t, /*reduce=*/true, /*gather=*/false, shm_settings_.slot_bytes);
-    return;
+  } else {
+    // In place, MPI leaves this rank's reduced block at the start of buf: move it to its own place.
+    check(MPI_Reduce_scatter(MPI_IN_PLACE, buf, c.data(), mpi_type(t), mpi_op(op), comm_), "MPI_Reduce_scatter");
+    char* base = static_cast<char*>(buf);
+    const size_t mine = size_t(d[size_t(rank_)]) * dtype_size(t);
+    if (mine > 0) std::memmove(base + mine, base, counts[rank_] * dtype_size(t));
   }
-  // In place, MPI leaves this rank's reduced block at the start of buf: move it to its own place.
-  check(MPI_Reduce_scatter(MPI_IN_PLACE, buf, c.data(), mpi_type(t), mpi_op(op), comm_), "MPI_Reduce_scatter");
-  char* base = static_cast<char*>(buf);
-  const size_t mine = size_t(d[size_t(rank_)]) * dtype_size(t);
-  if (mine > 0) std::memmove(base + mine, base, counts[rank_] * dtype_size(t));
+  staged.write_back();
 }
 
-void MpiComm::all_gatherv_in_place_raw(void* buf, const size_t* counts, DType t) {
+void MpiComm::all_gatherv_in_place_raw(void* buf_in, const size_t* counts, DType t) {
   device_synchronize();
   std::vector<int> c, d;
   counts_and_displs(counts, "all_gatherv", c, d);
+  HostStaged staged(buf_in, total_bytes(counts, t), /*read=*/true);
+  void* buf = staged.host();
   if (ShmCollectives* shm = shm_for(total_bytes(counts, t))) {
     shm->run(buf, counts, t, /*reduce=*/false, /*gather=*/true, shm_settings_.slot_bytes);
-    return;
+  } else {
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(), mpi_type(t), comm_),
+          "MPI_Allgatherv");
   }
-  check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(), mpi_type(t), comm_),
-        "MPI_Allgatherv");
+  staged.write_back();
 }
 
 void MpiComm::all_to_all_raw(const void* send, void* recv, size_t n, DType t) {
   device_synchronize();
   count(n * size_t(size_), "all_to_all buffer");
   const int c = count(n, "all_to_all");
-  check(MPI_Alltoall(send, c, mpi_type(t), recv, c, mpi_type(t), comm_), "MPI_Alltoall");
+  const size_t bytes = n * size_t(size_) * dtype_size(t);
+  HostStaged in(send, bytes, true), out(recv, bytes, false);
+  check(MPI_Alltoall(in.host(), c, mpi_type(t), out.host(), c, mpi_type(t), comm_), "MPI_Alltoall");
+  out.write_back();
 }
 
 void MpiComm::all_to_allv_raw(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
@@ -227,30 +246,42 @@ void MpiComm::all_to_allv_raw(const void* send, const size_t* send_counts, void*
   }
   count(s_off, "all_to_allv send total");
   count(r_off, "all_to_allv receive total");
-  check(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type(t), recv, rc.data(), rd.data(), mpi_type(t), comm_),
+  HostStaged in(send, s_off * dtype_size(t), true), out(recv, r_off * dtype_size(t), false);
+  check(MPI_Alltoallv(in.host(), sc.data(), sd.data(), mpi_type(t), out.host(), rc.data(), rd.data(), mpi_type(t),
+                      comm_),
         "MPI_Alltoallv");
+  out.write_back();
 }
 
+// Device memory: the host copy lives until the reduction completes, then goes back (finish_reduces).
 void MpiComm::iall_reduce_raw(void* buf, size_t n, DType t, Op op) {
   device_synchronize();
+  const int c = count(n, "iall_reduce");
+  staged_reduces_.emplace_back(buf, n * dtype_size(t), /*read=*/true);
   MPI_Request r;
-  check(MPI_Iallreduce(MPI_IN_PLACE, buf, count(n, "iall_reduce"), mpi_type(t), mpi_op(op), comm_, &r),
+  check(MPI_Iallreduce(MPI_IN_PLACE, staged_reduces_.back().host(), c, mpi_type(t), mpi_op(op), comm_, &r),
         "MPI_Iallreduce");
   pending_reduces_.push_back(r);
+}
+
+void MpiComm::finish_reduces() {
+  pending_reduces_.clear();
+  for (HostStaged& s : staged_reduces_) s.write_back();
+  staged_reduces_.clear();
 }
 
 bool MpiComm::test_all_reduces() {
   if (pending_reduces_.empty()) return true;
   int done = 0;
   check(MPI_Testall(int(pending_reduces_.size()), pending_reduces_.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-  if (done) pending_reduces_.clear();
+  if (done) finish_reduces();
   return done != 0;
 }
 
 void MpiComm::wait_all_reduces() {
   if (pending_reduces_.empty()) return;
   check(MPI_Waitall(int(pending_reduces_.size()), pending_reduces_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
-  pending_reduces_.clear();
+  finish_reduces();
 }
 
 std::vector<size_t> MpiComm::exchange_counts(std::span<const size_t> send_counts) {
@@ -270,9 +301,12 @@ void MpiComm::permute_raw(const void* send, size_t n_send, int dest, void* recv,
   const int d = dest == kNoRank ? MPI_PROC_NULL : dest, s = source == kNoRank ? MPI_PROC_NULL : source;
   constexpr int kPermuteTag = 7001;
   MPI_Status st;
-  check(MPI_Sendrecv(send, count(n_send, "permute send"), mpi_type(t), d, kPermuteTag, recv,
+  HostStaged in(send, d == MPI_PROC_NULL ? 0 : n_send * dtype_size(t), true);
+  HostStaged out(recv, s == MPI_PROC_NULL ? 0 : n_recv * dtype_size(t), false);
+  check(MPI_Sendrecv(in.host(), count(n_send, "permute send"), mpi_type(t), d, kPermuteTag, out.host(),
                      count(n_recv, "permute receive"), mpi_type(t), s, kPermuteTag, comm_, &st),
         "MPI_Sendrecv");
+  out.write_back();
   if (s != MPI_PROC_NULL) {
     int got = 0;
     MPI_Get_count(&st, mpi_type(t), &got);
@@ -285,14 +319,17 @@ void MpiComm::permute_raw(const void* send, size_t n_send, int dest, void* recv,
 void MpiComm::send_raw(const void* buf, size_t n, DType t, int dest, int tag) {
   device_synchronize();
   check_rank(dest, "send destination");
-  check(MPI_Send(buf, count(n, "send"), mpi_type(t), dest, tag, comm_), "MPI_Send");
+  HostStaged in(buf, n * dtype_size(t), true);
+  check(MPI_Send(in.host(), count(n, "send"), mpi_type(t), dest, tag, comm_), "MPI_Send");
 }
 
 void MpiComm::recv_raw(void* buf, size_t n, DType t, int source, int tag) {
   device_synchronize();
   check_rank(source, "receive source");
   MPI_Status st;
-  check(MPI_Recv(buf, count(n, "recv"), mpi_type(t), source, tag, comm_, &st), "MPI_Recv");
+  HostStaged out(buf, n * dtype_size(t), false);
+  check(MPI_Recv(out.host(), count(n, "recv"), mpi_type(t), source, tag, comm_, &st), "MPI_Recv");
+  out.write_back();
   int got = 0;
   MPI_Get_count(&st, mpi_type(t), &got);
   if (size_t(got) != n)
@@ -303,8 +340,10 @@ void MpiComm::recv_raw(void* buf, size_t n, DType t, int source, int tag) {
 void MpiComm::isend_raw(const void* buf, size_t n, DType t, int dest, int tag) {
   device_synchronize();
   check_rank(dest, "send destination");
+  const int c = count(n, "isend");
+  staged_sends_.emplace_back(buf, n * dtype_size(t), /*read=*/true);  // lives until wait_sends
   MPI_Request r;
-  check(MPI_Isend(buf, count(n, "isend"), mpi_type(t), dest, tag, comm_, &r), "MPI_Isend");
+  check(MPI_Isend(staged_sends_.back().host(), c, mpi_type(t), dest, tag, comm_, &r), "MPI_Isend");
   pending_sends_.push_back(r);
 }
 
@@ -312,6 +351,7 @@ void MpiComm::wait_sends() {
   if (pending_sends_.empty()) return;
   check(MPI_Waitall(int(pending_sends_.size()), pending_sends_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
   pending_sends_.clear();
+  staged_sends_.clear();
 }
 
 }  // namespace meshmoe

@@ -2,9 +2,11 @@
 #pragma once
 #include <mpi.h>
 
+#include <deque>
 #include <memory>
 
 #include "mesh/comm.hpp"
+#include "tensor/device.hpp"
 
 namespace meshmoe {
 
@@ -85,6 +87,9 @@ class MpiComm final : public Comm {
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<MPI_Request> pending_sends_;
   std::vector<MPI_Request> pending_reduces_;
+  // Host copies of device memory under the pending operations (std::deque: an element never moves).
+  std::deque<HostStaged> staged_sends_, staged_reduces_;
+  void finish_reduces();  // the pending reductions are complete: copies back, lists cleared
   std::string label_;
   int rank_ = 0, size_ = 0;
   ShmSettings shm_settings_;

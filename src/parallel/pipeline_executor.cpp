@@ -138,14 +138,15 @@ void PipelineExecutor::sync_tied_embedding(bool tied_embeddings) {
   if (!v) return;
   Comm& pipe = mesh_.axis(Axis::Pipe);
   const int other = model_.first_stage() ? pipe.size() - 1 : 0;
-  device_synchronize();  // a transfer point: the gradients go through the host
-  std::vector<float> mine(v->g, v->g + v->size), theirs(v->size);
+  HostCopy<float> grads(v->g, v->size);  // transfer points: the gradients go through the host
+  std::vector<float> mine(grads.data(), grads.data() + v->size), theirs(v->size);
   pipe.isend(mine.data(), mine.size(), other, 1 << 20);
   pipe.recv(theirs.data(), theirs.size(), other, 1 << 20);
   pipe.wait_sends();
   // Same order of the two terms on both stages, so the copies stay bitwise equal.
   const bool first = model_.first_stage();
-  for (size_t i = 0; i < v->size; ++i) v->g[i] = first ? mine[i] + theirs[i] : theirs[i] + mine[i];
+  for (size_t i = 0; i < v->size; ++i) grads.data()[i] = first ? mine[i] + theirs[i] : theirs[i] + mine[i];
+  grads.upload();
 }
 
 }  // namespace meshmoe

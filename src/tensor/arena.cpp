@@ -96,6 +96,15 @@ bool Arena::owns(const void* ptr) const {
   return busy_.count(static_cast<char*>(const_cast<void*>(ptr))) != 0;
 }
 
+bool Arena::contains(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const char* p = static_cast<const char*>(ptr);
+  auto it = chunks_.upper_bound(const_cast<char*>(p));
+  if (it == chunks_.begin()) return false;
+  --it;
+  return p < it->first + it->second;
+}
+
 Arena::Stats Arena::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   Stats s = stats_;

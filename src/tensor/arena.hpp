@@ -46,6 +46,7 @@ class Arena {
   // p must come from allocate() of this arena and not be freed yet (checked: std::logic_error).
   void deallocate(void* p);
   bool owns(const void* p) const;
+  bool contains(const void* p) const;  // p lies in one of the chunks (a block's start or inside it)
 
   Stats stats() const;
   size_t alignment() const { return alignment_; }

@@ -306,6 +306,25 @@ void copy_from_host(void* device, const void* host, size_t bytes) {
 
 size_t host_copies() { return g_host_copies; }
 
+bool device_memory(const void* p) {
+  if (!p || !buffers_on_device()) return false;
+  for (const Arena* arena : {g_cuda_arena, g_deferred_arena})
+    if (arena && arena->contains(p)) return true;
+  return false;
+}
+
+HostStaged::HostStaged(const void* p, size_t bytes, bool read) : host_(const_cast<void*>(p)) {
+  if (bytes == 0 || !device_memory(p)) return;
+  device_ = const_cast<void*>(p);
+  copy_.resize(bytes);
+  host_ = copy_.data();
+  if (read) copy_to_host(host_, p, bytes);
+}
+
+void HostStaged::write_back() {
+  if (device_) copy_from_host(device_, copy_.data(), copy_.size());
+}
+
 void defer_host_work(std::function<void()> work) {
   before_device_work();
   g_deferred.queue.push_back(std::move(work));

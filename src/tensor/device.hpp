@@ -102,6 +102,27 @@ void set_host_buffer_arena(Arena* arena);
 void copy_to_host(void* host, const void* device, size_t bytes);
 void copy_from_host(void* device, const void* host, size_t bytes);
 size_t host_copies();  // tests: calls of the two on a device
+// Whether p points into device memory (the GPU's or the deferred host device's arena).
+bool device_memory(const void* p);
+
+// A host range for an MPI call (which reads and writes host memory): the range itself, or, for device
+// memory, a host copy (taken at construction when `read`; written back by write_back()).
+class HostStaged {
+ public:
+  HostStaged() = default;
+  HostStaged(const void* p, size_t bytes, bool read);
+  HostStaged(const HostStaged&) = delete;  // host() may point into copy_
+  HostStaged& operator=(const HostStaged&) = delete;
+  HostStaged(HostStaged&&) noexcept = default;  // a moved vector keeps its storage
+  HostStaged& operator=(HostStaged&&) noexcept = default;
+  void* host() const { return host_; }
+  void write_back();
+
+ private:
+  void* device_ = nullptr;
+  void* host_ = nullptr;
+  std::vector<char> copy_;
+};
 
 // Copies `bytes` from one Buffer's storage to another's where they live: queued on the device
 // (in order with the launches), a memcpy on the host.

@@ -7,10 +7,10 @@
 # expert choice, dropless bf16 with bias balancing, and on 2 ranks data = 2 (all-to-all; sharded
 # optimizer state with a shared expert), tensor = 2 (index-select experts) and pipe = 2 train 6 steps
 # with evaluation and a checkpoint, deferred and not: every logged number is bitwise the same, and
-# the deferred run resumes from its checkpoint to the same final loss. The 1-rank runs take the
+# the deferred run resumes from its checkpoint to the same final loss. The deferred runs take the
 # device-memory rule (MESHMOE_TEST_DEFERRED_DEVICE=copies, cudaMalloc's): the host reaches a Buffer
-# only through the transfer points' copies, every other access stops the run; the 2-rank runs keep
-# the managed-memory rule (=1: any access after a wait), since MPI still reads the Buffers in place.
+# only through the transfer points' copies (MPI through host copies), every other access stops the
+# run. The Switch run also passes under the managed-memory rule (=1: any access after a wait).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -61,7 +61,7 @@ for variant in "switch:1:--set moe.router=top1" "gshard:1:--set moe.router=top2 
                "isel-tensor2:2:--set moe.expert_axis=tensor --set mesh.tensor=2" "pipe2:2:--set mesh.pipe=2 --set optim.micro_batches=4"; do
   name=${variant%%:*}; rest=${variant#*:}; np=${rest%%:*}; sets=${rest#*:}
   echo "== $name ($np rank(s))"
-  access=1; [ "$np" = 1 ] && access=copies
+  access=copies
   train $np "$name-now" 0 $sets
   train $np "$name-deferred" $access $sets
   grep -q "deferred as a GPU" "$T/$name-deferred.log" || fail "the deferred run does not say so"
@@ -93,4 +93,12 @@ assert last_r == last_d, f"resumed final loss {last_r} vs {last_d}"
 print(f"  {len(x)} datasets bitwise equal; resumed: final loss equal")
 PY
 done
+echo "== switch under the managed-memory rule (=1)"
+train 1 switch-managed 1 --set moe.router=top1
+$PYTHON - "$T" <<'PY'
+import sys, h5py, numpy as np
+with h5py.File(f"{sys.argv[1]}/switch-now/metrics.h5") as a, h5py.File(f"{sys.argv[1]}/switch-managed/metrics.h5") as b:
+    assert np.array_equal(a["loss"][()], b["loss"][()]), "managed-rule deferred loss differs"
+print("  loss bitwise equal")
+PY
 echo "deferred_device: ok"

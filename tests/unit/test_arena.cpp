@@ -116,7 +116,11 @@ TEST_CASE("arena: a pointer it did not give out is refused", "[arena]") {
   Arena arena(counting.backend(), 4096, 256);
   void* p = arena.allocate(100);
   CHECK(arena.owns(p));
+  CHECK(arena.contains(p));
+  CHECK(arena.contains(static_cast<char*>(p) + 99));  // inside a block: not its start
+  CHECK_FALSE(arena.owns(static_cast<char*>(p) + 99));
   int other = 0;
+  CHECK_FALSE(arena.contains(&other));
   CHECK_THROWS_AS(arena.deallocate(&other), std::logic_error);
   arena.deallocate(p);
   CHECK_FALSE(arena.owns(p));

@@ -669,3 +669,24 @@ TEST_CASE("device: on the host path the transfer copies are plain copies and hos
   HostCopy<double> copy(b.data(), b.size());
   CHECK(copy.data() == b.data());
 }
+
+TEST_CASE("device: MPI's host copies of device memory (HostStaged)", "[device][deferred]") {
+  // MpiComm hands MPI a host range: device memory goes through a copy, read first where MPI reads
+  // it and written back where MPI writes it; host memory is handed over as it is.
+  std::vector<float> host{1, 2, 3};
+  HostStaged plain(host.data(), host.size() * sizeof(float), true);
+  CHECK(plain.host() == host.data());
+  test::DeferredHostDevice guard(DeviceAccess::Copies);
+  Buffer<float> b(3);
+  upload(b, host.data(), host.size());
+  CHECK(device_memory(b.data()));
+  CHECK(device_memory(b.data() + 2));
+  CHECK_FALSE(device_memory(host.data()));
+  HostStaged staged(b.data(), b.size() * sizeof(float), /*read=*/true);
+  REQUIRE(staged.host() != static_cast<void*>(b.data()));
+  float* h = static_cast<float*>(staged.host());
+  CHECK(h[2] == 3.0f);
+  h[1] = 20.0f;  // what MPI would write
+  staged.write_back();
+  CHECK(download_one(b, 1) == 20.0f);
+}

@@ -63,19 +63,20 @@ void AllToAllDispatcher<T>::plan(const StepContext& ctx, std::span<const int> se
       expert_off_[size_t(j) * El_ + el] = off;
       off += size_t(recv_rows_[size_t(j) * El_ + el]);
     }
-  resize_for_host(expert_from_recv_, expert_total_);
-  resize_for_host(recv_from_expert_, expert_total_);
+  // The permutation tables, built on the host and uploaded (transfer points).
+  host_table_.resize(expert_total_);
   for (size_t b = 0; b < recv_rows_.size(); ++b)
-    for (int64_t q = 0; q < recv_rows_[b]; ++q) {
-      expert_from_recv_[expert_off_[b] + size_t(q)] = int64_t(recv_off_[b]) + q;
-      recv_from_expert_[recv_off_[b] + size_t(q)] = int64_t(expert_off_[b]) + q;
-    }
-
+    for (int64_t q = 0; q < recv_rows_[b]; ++q) host_table_[expert_off_[b] + size_t(q)] = int64_t(recv_off_[b]) + q;
+  upload(expert_from_recv_, host_table_.data(), expert_total_);
   // The global token of every row travels with it (keys the expert dropout on the receiving rank).
   recv_tok_.resize(expert_total_);
   exchange(row_token, recv_tok_.data(), 1, false);
-  resize_for_host(expert_token_, expert_total_);
-  for (size_t row = 0; row < expert_total_; ++row) expert_token_[row] = recv_tok_[size_t(expert_from_recv_[row])];
+  std::vector<int64_t> token(expert_total_);
+  for (size_t row = 0; row < expert_total_; ++row) token[row] = recv_tok_[size_t(host_table_[row])];
+  upload(expert_token_, token.data(), expert_total_);
+  for (size_t b = 0; b < recv_rows_.size(); ++b)
+    for (int64_t q = 0; q < recv_rows_[b]; ++q) host_table_[recv_off_[b] + size_t(q)] = int64_t(expert_off_[b]) + q;
+  upload(recv_from_expert_, host_table_.data(), expert_total_);
 }
 
 template <typename T>
@@ -96,8 +97,9 @@ void AllToAllDispatcher<T>::exchange(const U* send, U* recv, size_t width, bool 
   if (D_ == 1) {
     if constexpr (std::is_same_v<U, T>) {
       copy_from(recv, send, s[0] * width);
+    } else if (device_memory(send)) {
+      copy_to_host(recv, send, s[0] * width * sizeof(U));  // the row tokens, to the host (a transfer point)
     } else {
-      device_synchronize();  // a host copy
       std::copy(send, send + s[0] * width, recv);
     }
     return;

@@ -86,7 +86,8 @@ class AllToAllDispatcher {
   Buffer<T> recv_;                    // [expert_rows_total, M] in recv order
   // plan's and exchange's scratch: this rank's counts [E], the row tokens in recv order, the
   // all_to_allv element counts [D]
-  std::vector<int64_t> mine_, recv_tok_;
+  std::vector<int64_t> mine_, recv_tok_;  // the host's: counts sent; the rows' tokens in recv order
+  std::vector<int64_t> host_table_;       // the host's copy of a permutation table, uploaded
   std::vector<size_t> sc_, rc_;
 };
 
