@@ -17,7 +17,8 @@ template <typename T>
 class CrossEntropy {
  public:
   // logits [N, V], targets [N], mask [N] (0/1; nullptr = all ones) -> weighted loss sum (accumulated
-  // in double). The targets and the mask are host memory (the micro-batch): checked and uploaded here. Targets of masked tokens are ignored (may be -1); others must lie in [0, V).
+  // in double). The targets and the mask are host memory (the micro-batch): checked and uploaded
+  // here. Targets of masked tokens are ignored (may be -1); others must lie in [0, V).
   // With `soft` [N, V] (device-readable, copied), the teacher's probabilities of every token, the
   // loss per token is (1 - alpha) CE(target) + alpha CE(soft); the sum returned is that mixture's.
   double forward(const StepContext& ctx, const T* logits, const int32_t* targets, const T* mask, int N, int V,

@@ -98,7 +98,6 @@ struct DeferredDevice {
 DeferredDevice g_deferred;
 bool g_work_queued = false;
 size_t g_waits = 0;  // device_synchronize calls that found work queued
-size_t g_host_copies = 0;  // copy_to_host / copy_from_host calls on a device
 
 // DeviceAccess::CopiesListed: a host access to a device Buffer prints its call stack (once per
 // place) and goes on: the faulting page is opened for that one instruction (the trap flag
@@ -273,7 +272,6 @@ void copy_to_host(void* host, const void* device, size_t bytes) {
     return;
   }
   device_synchronize();
-  ++g_host_copies;
   if (g_deferred_host_device) {
     g_deferred.lock(false);
     std::memcpy(host, device, bytes);
@@ -291,7 +289,6 @@ void copy_from_host(void* device, const void* host, size_t bytes) {
     std::memcpy(device, host, bytes);
     return;
   }
-  ++g_host_copies;
   if (g_deferred_host_device) {
     // In order with the queued work, from the host's bytes as they are now (cudaMemcpy's semantics).
     auto bytes_now = std::make_shared<std::vector<char>>(static_cast<const char*>(host), static_cast<const char*>(host) + bytes);
@@ -303,8 +300,6 @@ void copy_from_host(void* device, const void* host, size_t bytes) {
   cuda_copy_from_host(device, host, bytes);
 #endif
 }
-
-size_t host_copies() { return g_host_copies; }
 
 bool device_memory(const void* p) {
   if (!p || !buffers_on_device()) return false;

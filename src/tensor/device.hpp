@@ -101,12 +101,12 @@ void set_host_buffer_arena(Arena* arena);
 // work, from the host's bytes as they are at the call. Plain memcpy on the host path.
 void copy_to_host(void* host, const void* device, size_t bytes);
 void copy_from_host(void* device, const void* host, size_t bytes);
-size_t host_copies();  // tests: calls of the two on a device
 // Whether p points into device memory (the GPU's or the deferred host device's arena).
 bool device_memory(const void* p);
 
-// A host range for an MPI call (which reads and writes host memory): the range itself, or, for device
-// memory, a host copy (taken at construction when `read`; written back by write_back()).
+// A host range for host code (MPI, checkpoints) that reads or writes a range of memory: the range
+// itself, or, for device memory, a host copy (taken at construction when `read`; written back by
+// write_back()).
 class HostStaged {
  public:
   HostStaged() = default;
@@ -198,6 +198,12 @@ class Buffer : public std::vector<T, DeviceAllocator<T>> {
     if (n > old) zero_new_elements(this->data() + old, (n - old) * sizeof(T));
   }
   void resize(size_t n, const T& value) { Base::resize(n, value); }
+  // n elements that the caller overwrites next (an upload): the old ones are dropped, nothing is
+  // zeroed or copied on the device.
+  void resize_to_overwrite(size_t n) {
+    this->clear();
+    Base::resize(n);  // writes nothing (the allocator constructs nothing)
+  }
   // Room for n elements; into new storage the old elements are copied on the device, as resize's.
   void reserve(size_t n) {
     if (n <= this->capacity() || this->empty() || !buffers_on_device()) return Base::reserve(n);
@@ -232,27 +238,13 @@ class Buffer : public std::vector<T, DeviceAllocator<T>> {
   }
 };
 
-// Resizes a Buffer that the host writes next (a plan or an index table built on the host): the
-// new elements' zeroing is queued on the device, so the host waits for it first.
-template <class T>
-void resize_for_host(Buffer<T>& b, size_t n) {
-  b.resize(n);
-  device_synchronize();
-}
-
 // The transfer points on Buffers (docs/ARCHITECTURE.md "Device work and transfer points"): the
 // host's elements into a Buffer (resized to n), in order with the queued work...
 template <class T>
 void upload(Buffer<T>& b, const T* host, size_t n) {
   if (!buffers_on_device()) return b.assign(host, host + n);
-  if (b.size() != n) b.resize(n);
+  b.resize_to_overwrite(n);
   copy_from_host(b.data(), host, n * sizeof(T));
-}
-template <class T>
-void upload(Buffer<T>& b, size_t n, const T& value) {
-  if (!buffers_on_device()) return b.assign(n, value);
-  const std::vector<T> values(n, value);
-  upload(b, values.data(), n);
 }
 // ... a Buffer's elements [first, first + n) into host memory, after the queued work...
 template <class T>
@@ -275,26 +267,17 @@ std::span<const T> host_view(const Buffer<T>& b, std::vector<T>& scratch) {
   return {scratch.data(), scratch.size()};
 }
 
-// The host's working copy of the device range [device, device + n): the range itself on the host
-// path; on a device a copy taken at construction, written back by upload() (transfer points).
+// HostStaged of n elements, typed, read first: the host's working copy of [p, p + n), written back
+// by upload() (transfer points).
 template <class T>
 class HostCopy {
  public:
-  HostCopy(T* device, size_t n) : device_(device), n_(n), copied_(buffers_on_device()) {
-    if (!copied_) return;
-    copy_.resize(n);
-    copy_to_host(copy_.data(), device, n * sizeof(T));
-  }
-  T* data() { return copied_ ? copy_.data() : device_; }
-  void upload() {
-    if (copied_) copy_from_host(device_, copy_.data(), n_ * sizeof(T));
-  }
+  HostCopy(T* p, size_t n) : staged_(p, n * sizeof(T), /*read=*/true) {}
+  T* data() { return static_cast<T*>(staged_.host()); }
+  void upload() { staged_.write_back(); }
 
  private:
-  T* device_;
-  size_t n_;
-  bool copied_;
-  std::vector<T> copy_;
+  HostStaged staged_;
 };
 
 // Row-major GEMM on the bound GPU (cuBLAS, fp32 without TF32, or fp64); see tensor/blas.hpp.

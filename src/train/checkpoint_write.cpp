@@ -2,6 +2,7 @@
 // the collective write of step_N.h5.tmp, and its commit (checkpoint_dir.cpp).
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -39,30 +40,22 @@ struct Planned {
   std::vector<Block> blocks;  // distinct blocks, tiling the logical shape
 };
 
-// On a device the blocks are read from host copies in `staged` (transfer points).
+// The blocks as the host reads them: on a device, host copies kept in `staged` (transfer points).
 std::vector<Held> held_tensors(const ParamStore<float>& store, const std::vector<StateTensor>& state,
-                               std::vector<std::vector<float>>& staged) {
+                               std::deque<HostStaged>& staged) {
   std::vector<Held> out;
-  const bool device = buffers_on_device();
-  const float* weights = store.weights();
-  if (device) {
-    staged.emplace_back(store.size());
-    copy_to_host(staged.back().data(), store.weights(), store.size() * sizeof(float));
-    weights = staged.back().data();
-  }
+  const auto on_host = [&](const float* p, size_t n) {
+    return static_cast<const float*>(staged.emplace_back(p, n * sizeof(float), /*read=*/true).host());
+  };
+  const float* weights = on_host(store.weights(), store.size());
   for (const auto& p : store.infos())
     out.push_back({Kind::Param, p.name, p.logical_shape, p.offset, p.local_shape, weights + p.flat_offset});
   for (const auto& t : state) {
     if (!t.data || int64_t(t.data->size()) != product(t.local_shape))
       throw Error("checkpoint: optimizer state '" + t.name + "' holds " + std::to_string(t.data ? t.data->size() : 0) +
                   " values for its block " + shape_str(t.local_shape));
-    const float* values = t.data->data();
-    if (device) {
-      staged.emplace_back(t.data->size());
-      download(*t.data, 0, t.data->size(), staged.back().data());
-      values = staged.back().data();
-    }
-    out.push_back({Kind::Optim, t.name, t.logical_shape, t.offset, t.local_shape, values});
+    out.push_back(
+        {Kind::Optim, t.name, t.logical_shape, t.offset, t.local_shape, on_host(t.data->data(), t.data->size())});
   }
   std::set<std::pair<Kind, std::string>> seen;
   for (const auto& h : out) {
@@ -149,7 +142,7 @@ std::string write_checkpoint(const std::string& ckpt_dir, const ParamStore<float
 
   std::string err;
   std::vector<Held> mine;
-  std::vector<std::vector<float>> staged;  // on a device: the host copies mine points into
+  std::deque<HostStaged> staged;  // on a device: the host copies mine points into
   try {
     mine = held_tensors(store, state, staged);
   } catch (const std::exception& e) {

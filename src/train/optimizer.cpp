@@ -38,10 +38,10 @@ double sum_squares(const T* v, size_t n, Buffer<double>& partials) {
   const int64_t chunks = sum_squares_chunks<T>(n);
   if (partials.size() < size_t(chunks)) partials.resize(size_t(chunks));
   queue_sum_squares(v, n, partials.data());
-  std::vector<double> host(static_cast<size_t>(chunks));
-  download(partials, 0, host.size(), host.data());  // a transfer point: the chunk sums
+  std::vector<double> host;
+  const std::span<const double> sums = host_view(partials, host);  // a transfer point: the chunk sums
   double s = 0.0;
-  for (int64_t c = 0; c < chunks; ++c) s += host[size_t(c)];
+  for (int64_t c = 0; c < chunks; ++c) s += sums[size_t(c)];
   return s;
 }
 template int64_t sum_squares_chunks<float>(size_t);
