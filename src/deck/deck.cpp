@@ -358,8 +358,6 @@ void Parser::cross_checks() {
          kv("eval.bleu_every", ev.bleu_every) +
              " translates the first eval.bleu_examples validation pairs of every language: set eval.bleu_examples "
              "(or eval.examples_per_language) > 0");
-    rule({"eval.bleu_every", "run.device"}, cfg.run.device == Device::Cpu,
-         kv("eval.bleu_every", ev.bleu_every) + " decodes on the host only: set eval.bleu_every = 0 with run.device = \"cuda\"");
   }
   const auto& c = cfg.checkpoint;
   if (c.every > 0 && c.keep_every > 0)

@@ -1,4 +1,4 @@
-// The CUDA side of tensor/device.hpp: managed memory, GPU binding, cuBLAS GEMM; everything on the
+// The CUDA side of tensor/device.hpp: device memory, GPU binding, cuBLAS GEMM; everything on the
 // default stream, returning without waiting (device_synchronize waits).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -117,22 +117,14 @@ void cuda_copy_from_host(void* device, const void* host, size_t bytes) {
            [] { return "cudaMemcpy (from the host)"; });
 }
 
-void* cuda_managed_alloc(size_t bytes) {
+// The arena's chunks: GPU memory, which the host reaches only through the transfer copies.
+// cudaMalloc waits for nothing queued; cudaFree waits for the whole device (rare: chunks are kept).
+void* cuda_device_alloc(size_t bytes) {
   void* p = nullptr;
-  cuda_check(cudaMallocManaged(&p, bytes), ("cudaMallocManaged of " + std::to_string(bytes) + " bytes").c_str());
-  // The chunk lives on the GPU: its pages are made there in one prefetch, not one fault per page
-  // at the first kernel that touches them (about 18 s for a 25 GiB plan); a host access at a
-  // transfer point still migrates its pages, and they come back to the GPU when it next touches them.
-  if (g_gpu >= 0) {
-    cudaMemLocation gpu{};
-    gpu.type = cudaMemLocationTypeDevice;
-    gpu.id = g_gpu;
-    cuda_check(cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, gpu), "cudaMemAdvise (GPU home)");
-    cuda_check(cudaMemPrefetchAsync(p, bytes, gpu, 0, nullptr), "cudaMemPrefetchAsync (a new chunk)");
-  }
+  cuda_check(cudaMalloc(&p, bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str());
   return p;
 }
-void cuda_managed_free(void* p) noexcept { cudaFree(p); }
+void cuda_device_free(void* p) noexcept { cudaFree(p); }
 
 // Row-major C[M,N] = alpha op(A) op(B) + beta C is column-major C^T = alpha op(B)^T op(A)^T + beta C^T:
 // hand cuBLAS B first and A second, with the row-major leading dimensions.

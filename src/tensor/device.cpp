@@ -50,8 +50,8 @@ void set_device(Device d) {
 }
 
 #ifdef MESHMOE_CUDA
-void* cuda_managed_alloc(size_t bytes);  // tensor/cuda_device.cu
-void cuda_managed_free(void* p) noexcept;
+void* cuda_device_alloc(size_t bytes);  // tensor/cuda_device.cu
+void cuda_device_free(void* p) noexcept;
 void cuda_zero_async(void* p, size_t bytes);
 void cuda_copy_async(void* dst, const void* src, size_t bytes);
 void cuda_copy_to_host(void* host, const void* device, size_t bytes);
@@ -67,10 +67,9 @@ Arena* g_cuda_arena = nullptr;
 Arena* g_deferred_arena = nullptr;
 
 #ifdef MESHMOE_CUDA
-// The GPU's Buffers: one pooled arena over managed memory (the arena's backend becomes cudaMalloc
-// once every host access goes through a transfer point).
+// The GPU's Buffers: one pooled arena over cudaMalloc'd chunks.
 Arena& cuda_arena() {
-  if (!g_cuda_arena) g_cuda_arena = new Arena({cuda_managed_alloc, cuda_managed_free}, size_t(256) << 20);
+  if (!g_cuda_arena) g_cuda_arena = new Arena({cuda_device_alloc, cuda_device_free}, size_t(256) << 20);
   return *g_cuda_arena;
 }
 #endif
@@ -241,6 +240,18 @@ void set_deferred_host_device(bool on, DeviceAccess access) {
   }
   g_listing = listing;
   g_deferred.lock(g_deferred.copies_only());
+}
+
+HostSection::HostSection() : device_(g_device), deferred_(g_deferred_host_device) {
+  device_synchronize();
+  g_device = Device::Cpu;
+  g_deferred_host_device = false;
+  g_buffers_on_device = false;
+}
+HostSection::~HostSection() {
+  g_device = device_;
+  g_deferred_host_device = deferred_;
+  g_buffers_on_device = device_ == Device::Cuda || deferred_;
 }
 
 size_t device_waits() { return g_waits; }

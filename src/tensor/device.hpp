@@ -1,17 +1,18 @@
 // Where the model's numbers live and are computed (DESIGN.md principle 4: one code path, two
 // devices). With run.device = "cuda" every model buffer (parameters, gradients, activations,
-// optimizer state) is a Buffer in CUDA managed memory, so the same layer code, MPI calls,
-// checkpoint and metrics can read it from either side; the layers' loops are functors that
+// optimizer state) is a Buffer in GPU memory (cudaMalloc'd chunks of the rank's arena), which the
+// host reaches only through the transfer copies below; the layers' loops are functors that
 // for_each_index (tensor/launch.hpp) runs as a host loop or as a CUDA kernel, and GEMMs go to
 // OpenBLAS or cuBLAS (tensor/blas.hpp).
 //
 // Transfer points (docs/ARCHITECTURE.md "Device work and transfer points"): CUDA launches and GEMMs
-// are queued on one stream and return at once. Host code that reads or writes a device Buffer's
-// elements calls device_synchronize() first; a Buffer made on the device is zeroed there (no host
-// value-initialisation). Without a GPU the tests check every such point with the deferred host
-// device (set_deferred_host_device): launches and GEMMs wait in a queue until
-// device_synchronize(), and the device Buffers' memory is unreadable while work is queued, so a
-// host access without its synchronisation stops the test with SIGSEGV at that line.
+// are queued on one stream and return at once. Host code reads or writes a device Buffer's
+// elements only by copy_to_host / copy_from_host (upload, download, host_view, HostCopy,
+// HostStaged); a Buffer made on the device is zeroed there (no host value-initialisation). Without
+// a GPU the tests check every such point with the deferred host device (set_deferred_host_device):
+// launches and GEMMs wait in a queue until device_synchronize(), and the device Buffers' memory is
+// inaccessible to the host (DeviceAccess::Copies: but inside the copies), so a host access that is
+// not a copy stops the test with SIGSEGV at that line.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -85,7 +86,7 @@ inline void zero_on_device_later(void* p, size_t bytes) {
 }
 
 // Raw storage for Buffer: 64-byte aligned host memory on Device::Cpu; on Cuda a block of the
-// device's arena (tensor/arena.hpp, pooled managed memory). A Buffer is freed where it came from.
+// device's arena (tensor/arena.hpp, pooled cudaMalloc chunks). A Buffer is freed where it came from.
 void* buffer_alloc(size_t bytes);
 void buffer_free(void* p) noexcept;
 // Makes the current device's arena hold `bytes` in one piece (the memory plan's total, before the
@@ -103,6 +104,22 @@ void copy_to_host(void* host, const void* device, size_t bytes);
 void copy_from_host(void* device, const void* host, size_t bytes);
 // Whether p points into device memory (the GPU's or the deferred host device's arena).
 bool device_memory(const void* p);
+
+// Host work while the model's Buffers live on a device (decoding, host code, for eval.bleu_every):
+// waits for the device's queued work, then, while it lives, launches and GEMMs run on the host and
+// new Buffers are host memory. The device's Buffers stay where they are (the deferred host
+// device's stay inaccessible), so the host copies what it needs of them before. Not nested.
+class HostSection {
+ public:
+  HostSection();
+  ~HostSection();
+  HostSection(const HostSection&) = delete;
+  HostSection& operator=(const HostSection&) = delete;
+
+ private:
+  Device device_;
+  bool deferred_;
+};
 
 // A host range for host code (MPI, checkpoints) that reads or writes a range of memory: the range
 // itself, or, for device memory, a host copy (taken at construction when `read`; written back by
@@ -149,15 +166,19 @@ struct DeviceAllocator {
   // Value-initialisation writes nothing per element: Buffer zeroes its new elements in one piece
   // (zero_new_elements), so std::vector's per-element loop is empty (on the GPU a loop over every
   // element of the memory plan took ~17 s of the first step). An element constructed from a value
-  // is a host write (a transfer point).
+  // (emplace_back into reserved room) is a copy from the host on the device.
   template <class U>
   void construct(U*) {
     static_assert(std::is_trivially_default_constructible_v<U>, "Buffer elements are plain numbers");
   }
   template <class U, class... Args>
   void construct(U* p, Args&&... args) {
-    if (buffers_on_device()) device_synchronize();
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    if (!buffers_on_device()) {
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+      return;
+    }
+    const U value(std::forward<Args>(args)...);
+    copy_from_host(p, &value, sizeof(U));
   }
   template <class U>
   bool operator==(const DeviceAllocator<U>&) const { return true; }
@@ -167,15 +188,22 @@ struct DeviceAllocator {
 
 // A vector whose elements a CUDA kernel can read and write when run.device = "cuda". New
 // elements are zero; on the device they are zeroed there, and a copy of a Buffer and the old
-// elements of a Buffer that grows into new storage are copied there: the host touches none.
+// elements of a Buffer that grows into new storage are copied there: the host touches none. The
+// forms that take the host's values ((n, value), (first, last), {values}, assign) upload them on
+// the device; element access (operator[], iterators) is for host Buffers only.
 template <class T>
 class Buffer : public std::vector<T, DeviceAllocator<T>> {
   using Base = std::vector<T, DeviceAllocator<T>>;
 
  public:
-  using Base::Base;  // (n, value), (first, last), {values}: host writes
   Buffer() = default;
   explicit Buffer(size_t n) : Base(n) { zero_new_elements(this->data(), n * sizeof(T)); }
+  Buffer(size_t n, const T& value) { assign(n, value); }
+  template <class It, class = typename std::iterator_traits<It>::iterator_category>
+  Buffer(It first, It last) {
+    assign(first, last);
+  }
+  Buffer(std::initializer_list<T> values) { assign(values.begin(), values.end()); }
   Buffer(const Buffer& other) : Base() { copy(other); }
   Buffer(Buffer&&) noexcept = default;
   Buffer& operator=(const Buffer& other) {
@@ -197,7 +225,15 @@ class Buffer : public std::vector<T, DeviceAllocator<T>> {
     Base::resize(n);
     if (n > old) zero_new_elements(this->data() + old, (n - old) * sizeof(T));
   }
-  void resize(size_t n, const T& value) { Base::resize(n, value); }
+  void resize(size_t n, const T& value) {
+    if (!buffers_on_device()) return Base::resize(n, value);
+    const size_t old = this->size();
+    resize(n);
+    if (n > old) {
+      const std::vector<T> tail(n - old, value);
+      copy_from_host(this->data() + old, tail.data(), tail.size() * sizeof(T));
+    }
+  }
   // n elements that the caller overwrites next (an upload): the old ones are dropped, nothing is
   // zeroed or copied on the device.
   void resize_to_overwrite(size_t n) {
@@ -213,20 +249,25 @@ class Buffer : public std::vector<T, DeviceAllocator<T>> {
     copy_buffer_bytes(grown.data(), this->data(), this->size() * sizeof(T));
     this->swap(grown);
   }
-  // A host write: on the device after the queued work (std::vector's assign fills existing
-  // elements without constructing them, so the allocator's wait would come too late).
-  using Base::assign;
+  // The host's values, copied in order with the queued work on the device.
   void assign(size_t n, const T& value) {
-    if (buffers_on_device()) device_synchronize();
-    Base::assign(n, value);
+    if (!buffers_on_device()) return Base::assign(n, value);
+    const std::vector<T> values(n, value);
+    upload_values(values.data(), n);
   }
   template <class It, class = typename std::iterator_traits<It>::iterator_category>
   void assign(It first, It last) {
-    if (buffers_on_device()) device_synchronize();
-    Base::assign(first, last);
+    if (!buffers_on_device()) return Base::assign(first, last);
+    const std::vector<T> values(first, last);
+    upload_values(values.data(), values.size());
   }
+  void assign(std::initializer_list<T> values) { assign(values.begin(), values.end()); }
 
  private:
+  void upload_values(const T* host, size_t n) {
+    resize_to_overwrite(n);
+    copy_from_host(this->data(), host, n * sizeof(T));
+  }
   void copy(const Buffer& other) {
     if (!buffers_on_device()) {
       Base::operator=(other);
@@ -242,14 +283,18 @@ class Buffer : public std::vector<T, DeviceAllocator<T>> {
 // host's elements into a Buffer (resized to n), in order with the queued work...
 template <class T>
 void upload(Buffer<T>& b, const T* host, size_t n) {
-  if (!buffers_on_device()) return b.assign(host, host + n);
-  b.resize_to_overwrite(n);
-  copy_from_host(b.data(), host, n * sizeof(T));
+  b.assign(host, host + n);
 }
 // ... a Buffer's elements [first, first + n) into host memory, after the queued work...
 template <class T>
 void download(const Buffer<T>& b, size_t first, size_t n, T* host) {
   copy_to_host(host, b.data() + first, n * sizeof(T));
+}
+template <class T>
+std::vector<T> download(const Buffer<T>& b) {
+  std::vector<T> host(b.size());
+  download(b, 0, b.size(), host.data());
+  return host;
 }
 template <class T>
 T download_one(const Buffer<T>& b, size_t i) {

@@ -43,8 +43,9 @@ std::string select_device(Device device, Precision precision, MPI_Comm world) {
     set_device(Device::Cpu);
     // Tests only (tests/scripts/deferred_device.sh): the host path run as the GPU path runs, its work
     // queued until each transfer point (tensor/device.hpp).
-    // "1": the host may touch the Buffers after a wait (managed memory); "copies": only through
-    // copy_to_host / copy_from_host (device memory); "list": as "copies", printing each other access.
+    // "copies": the host reaches the Buffers only through copy_to_host / copy_from_host (device
+    // memory's rule, the GPU's); "list": as "copies", printing each other access; "1": any access
+    // after a wait (a weaker rule, the queue's order alone).
     const std::string deferred = std::getenv("MESHMOE_TEST_DEFERRED_DEVICE") ? std::getenv("MESHMOE_TEST_DEFERRED_DEVICE") : "";
     if (deferred == "1" || deferred == "copies" || deferred == "list") {
       set_deferred_host_device(true, deferred == "1"        ? DeviceAccess::AfterWait
@@ -84,7 +85,7 @@ std::string select_device(Device device, Precision precision, MPI_Comm world) {
     throw InputError(msg);
   }
   return "device: cuda, " + cuda_device_name() + " on rank 0; cuBLAS " +
-         (bf16 ? "bf16 GEMM operands, fp32 accumulation" : "fp32") + ", managed memory";
+         (bf16 ? "bf16 GEMM operands, fp32 accumulation" : "fp32") + ", device memory";
 }
 
 }  // namespace meshmoe

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/timers.hpp"
@@ -81,7 +82,16 @@ class Trainer {
                                                      ? "node-shared over the data axis (the sums read them in place)"
                                                      : "private to each rank");
     model_->set_loss_gradient_in_forward(true);
-    if (cfg_.eval.bleu_every > 0) cached_ = data_group_cached_model(*model_, mesh);
+    if (cfg_.eval.bleu_every > 0) {
+      // Decoding is host code (src/decode): on a device it decodes a host copy of the model,
+      // refreshed from the trained weights before each evaluation (refresh_host_decoder).
+      std::optional<HostSection> host;
+      if (buffers_on_device()) {
+        host.emplace();
+        host_decoder_ = std::make_unique<Transformer<float>>(cfg_, vocab_, model_sharding(mesh, cfg_));
+      }
+      cached_ = data_group_cached_model(host_decoder_ ? *host_decoder_ : *model_, mesh);
+    }
     for (int i = 0; i < model_->first_block(); ++i) first_moe_layer_ += model_->shape().is_moe_block(i);
     model_->init(uint64_t(cfg_.run.seed), cfg_.model.init_scale);
     if (cfg_.run.phase_sync) timers_.set_fence(device_synchronize);
@@ -366,6 +376,11 @@ class Trainer {
     BeamOptions greedy;
     greedy.beam = 1;
     int stopped = 0;
+    std::optional<HostSection> host;
+    if (host_decoder_) {
+      refresh_host_decoder();
+      host.emplace();
+    }
     const std::vector<TranslationScore> scores = translate_and_score(
         *cached_, data_comm_, tokenizer_, bleu_pairs_, which, greedy, kBleuBatch, [this] { return stop_requested(); }, {}, &stopped);
     if (stopped) {
@@ -375,6 +390,13 @@ class Trainer {
     }
     log_->bleu(step, scores, start);
     return 0;
+  }
+  // The trained weights and the routers' selection biases into the host copy that decodes.
+  void refresh_host_decoder() {
+    copy_to_host(host_decoder_->params().weights(), model_->params().weights(), model_->params().size() * sizeof(float));
+    const std::vector<StateTensor> from = selection_bias_state(*model_), to = selection_bias_state(*host_decoder_);
+    for (size_t i = 0; i < from.size(); ++i)
+      copy_to_host(to[i].data->data(), from[i].data->data(), from[i].data->size() * sizeof(float));
   }
   // Sources decoded together, the batches shared out over the data ranks (the scores depend on it
   // only where capacity drops choices).
@@ -393,7 +415,8 @@ class Trainer {
   std::vector<TextPairs> bleu_pairs_;  // eval.bleu_every: the pairs translated, per language
   int vocab_ = 0;
   std::unique_ptr<Transformer<float>> model_;
-  std::unique_ptr<CachedModel<float>> cached_;  // eval.bleu_every: decodes with model_
+  std::unique_ptr<Transformer<float>> host_decoder_;  // eval.bleu_every on a device: model_'s host copy
+  std::unique_ptr<CachedModel<float>> cached_;        // eval.bleu_every: decodes with model_ or host_decoder_
   std::unique_ptr<PipelineExecutor> pipeline_;
   std::unique_ptr<GradientSync> grad_sync_;
   std::unique_ptr<Optimizer> optimizer_;

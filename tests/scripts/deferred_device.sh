@@ -7,10 +7,12 @@
 # expert choice, dropless bf16 with bias balancing, and on 2 ranks data = 2 (all-to-all; sharded
 # optimizer state with a shared expert), tensor = 2 (index-select experts) and pipe = 2 train 6 steps
 # with evaluation and a checkpoint, deferred and not: every logged number is bitwise the same, and
-# the deferred run resumes from its checkpoint to the same final loss. The deferred runs take the
-# device-memory rule (MESHMOE_TEST_DEFERRED_DEVICE=copies, cudaMalloc's): the host reaches a Buffer
-# only through the transfer points' copies (MPI through host copies), every other access stops the
-# run. The Switch run also passes under the managed-memory rule (=1: any access after a wait).
+# the deferred run resumes from its checkpoint to the same final loss. GShard on translation pairs
+# also scores translations (eval.bleu_every) on 1 rank and on tensor = 2: decoding, host code,
+# runs on a host copy of the weights (HostSection). The deferred runs take the device-memory rule
+# (MESHMOE_TEST_DEFERRED_DEVICE=copies, cudaMalloc's): the host reaches a Buffer only through the
+# transfer points' copies (MPI through host copies), every other access stops the run. The Switch
+# run also passes under the weaker rule of the queue's order alone (=1: any access after a wait).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -18,6 +20,8 @@ source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir deferred-device
 tiny_data "$T"
+mkdir -p "$T/pairs"
+demo_pairs "$T/pairs" long
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "deferred"
@@ -53,12 +57,14 @@ train() {  # ranks dir env overrides...
   env MESHMOE_TEST_DEFERRED_DEVICE=$env timeout 300 mpirun -np "$np" $M train "$T/deck.toml" \
     --set run.out_dir="$T/$dir" "$@" >"$T/$dir.log" 2>&1 || { tail -20 "$T/$dir.log"; fail "run $dir"; }
 }
+bleu="--set data.path=$T/pairs/data.h5 --set model.seq_len=48 --set moe.router=top2 --set optim.lr=0.02 --set eval.bleu_every=3 --set eval.bleu_examples=2 --set eval.examples_per_language=6"
 for variant in "switch:1:--set moe.router=top1" "gshard:1:--set moe.router=top2 --set optim.name=adafactor" \
                "dense:1:--set moe.every=0" "expert-choice:1:--set moe.router=expert_choice" \
                "dropless-bf16-bias:1:--set moe.dropless=true --set model.precision=bf16 --set moe.balance=bias" \
                "switch-data2:2:--set moe.router=top1 --set mesh.data=2" \
                "shard-state-shared:2:--set mesh.data=2 --set optim.shard_state=true --set moe.shared_experts=1" \
-               "isel-tensor2:2:--set moe.expert_axis=tensor --set mesh.tensor=2" "pipe2:2:--set mesh.pipe=2 --set optim.micro_batches=4"; do
+               "isel-tensor2:2:--set moe.expert_axis=tensor --set mesh.tensor=2" "pipe2:2:--set mesh.pipe=2 --set optim.micro_batches=4" \
+               "bleu:1:$bleu" "bleu-tensor2:2:$bleu --set mesh.tensor=2"; do
   name=${variant%%:*}; rest=${variant#*:}; np=${rest%%:*}; sets=${rest#*:}
   echo "== $name ($np rank(s))"
   access=copies
@@ -85,6 +91,9 @@ def walk(f, prefix=""):
 with h5py.File(f"{base}-now/metrics.h5") as a, h5py.File(f"{base}-deferred/metrics.h5") as b:
     x, y = walk(a), walk(b)
 assert x.keys() == y.keys(), f"datasets differ: {sorted(set(x) ^ set(y))}"
+if base.split("/")[-1].startswith("bleu"):
+    scored = x["eval/chrf_all"][~np.isnan(x["eval/chrf_all"])]
+    assert len(scored) == 2 and scored.max() > 0, f"translation scores of steps 3 and 6: {scored}"
 for k in x:
     assert np.array_equal(x[k], y[k], equal_nan=True), f"{k}: deferred {y[k]} vs {x[k]}"
 with h5py.File(f"{base}-resumed/metrics.h5") as r:
@@ -93,7 +102,7 @@ assert last_r == last_d, f"resumed final loss {last_r} vs {last_d}"
 print(f"  {len(x)} datasets bitwise equal; resumed: final loss equal")
 PY
 done
-echo "== switch under the managed-memory rule (=1)"
+echo "== switch under the queue-order rule (=1)"
 train 1 switch-managed 1 --set moe.router=top1
 $PYTHON - "$T" <<'PY'
 import sys, h5py, numpy as np

@@ -87,11 +87,10 @@ StepResult<T> run_step(const Config& cfg, int V) {
   model.params().zero_grad();
   StepResult<T> r;
   r.stats = model.forward(ctx, mb, w);
-  device_synchronize();  // the host reads the device's logits and gradients
-  r.logits.assign(model.logits().begin(), model.logits().end());
+  r.logits = download(model.logits());  // the host's copies of device results
   model.backward(ctx, w);
-  device_synchronize();
-  r.grads.assign(model.params().grads(), model.params().grads() + model.params().size());
+  r.grads.resize(model.params().size());
+  copy_to_host(r.grads.data(), model.params().grads(), r.grads.size() * sizeof(T));
   return r;
 }
 
@@ -138,17 +137,19 @@ TEST_CASE("device: the model is bitwise the same with every host loop run backwa
   }
 }
 
-TEST_CASE("device: the model's host accesses to device Buffers all wait for the device", "[device][deferred]") {
-  // Under the deferred host device every launch and GEMM waits until device_synchronize(), and the
-  // Buffers cannot be read or written in between: a layer that reads a device result on the host
-  // without synchronising stops here with SIGSEGV (or, reading a value not yet computed, differs).
+TEST_CASE("device: the model reaches device Buffers only through the transfer copies", "[device][deferred]") {
+  // Under the deferred host device every launch and GEMM waits until device_synchronize(), and with
+  // DeviceAccess::Copies (cudaMalloc's rule) the Buffers cannot be read or written but by
+  // copy_to_host / copy_from_host: a layer, or this test's run_step, that touches a device Buffer
+  // otherwise stops here with SIGSEGV (or, reading a value not yet computed, differs). The [cuda]
+  // cases below run the same run_step on a GPU.
   for (const std::string router : {"dense", "top1", "top2"}) {
     INFO("router " << router);
     const Config cfg = device_test_config(router);
     const StepResult<float> now = run_step<float>(cfg, 13);
     StepResult<float> deferred;
     {
-      test::DeferredHostDevice guard;
+      test::DeferredHostDevice guard(DeviceAccess::Copies);
       deferred = run_step<float>(cfg, 13);
     }
     CHECK(now.stats.ce_sum == deferred.stats.ce_sum);
@@ -279,52 +280,59 @@ TEST_CASE("device: the dispatch plan names a routing choice outside the experts'
   CHECK_THROWS_WITH(d.plan(r, 0), Catch::Contains("choice " + std::to_string(c + 1) + " has expert " + std::to_string(r.E)));
 }
 
-TEST_CASE("device: a Buffer made on the device is zero, and its host writes wait for queued work", "[device][deferred]") {
-  test::DeferredHostDevice guard;
+TEST_CASE("device: a Buffer made on the device is zero; the host's values reach it by queued copies", "[device][deferred]") {
+  test::DeferredHostDevice guard(DeviceAccess::Copies);
   Buffer<float> a(1000);  // value-initialised by the device: one zeroing, not one per element
   CHECK(deferred_host_work_queued() == 1);
   Buffer<double> c(300), d(200);
   CHECK(deferred_host_work_queued() == 3);
   fill_with(a.data(), 10, 2.f);
   CHECK(deferred_host_work_queued() == 4);
-  Buffer<float> b(a.size(), 3.f);  // a host write: waits for the queue first
-  a.resize(2000);                  // new storage: the old elements copied, the tail zeroed, by the device
-  CHECK(deferred_host_work_queued() == 2);
-  const Buffer<float> copy = a;    // copied by the device (one copy, no zeroing of what it overwrites)
-  CHECK(deferred_host_work_queued() == 3);
-  device_synchronize();
-  CHECK(a[0] == 2.f);
-  CHECK(a[9] == 2.f);
-  CHECK(a[10] == 0.f);
-  CHECK(a[1999] == 0.f);
-  CHECK(copy.size() == 2000);
-  CHECK(copy[9] == 2.f);
-  CHECK(copy[10] == 0.f);
-  CHECK(b[999] == 3.f);
+  const size_t waits = device_waits();
+  const Buffer<float> b(a.size(), 3.f);  // the host's values: one copy, queued, no wait
+  CHECK(deferred_host_work_queued() == 5);
+  a.resize(2000);  // new storage: the old elements copied, the tail zeroed, by the device
+  const Buffer<float> copy = a;  // copied by the device (one copy, no zeroing of what it overwrites)
+  const Buffer<int32_t> listed{4, 5, 6};  // the host's values again
+  CHECK(device_waits() == waits);
+  const std::vector<float> ha = download(a);  // waits, then copies
   CHECK(deferred_host_work_queued() == 0);
-  CHECK(c[299] == 0.0);
+  CHECK(ha[0] == 2.f);
+  CHECK(ha[9] == 2.f);
+  CHECK(ha[10] == 0.f);
+  CHECK(ha[1999] == 0.f);
+  const std::vector<float> hcopy = download(copy);
+  CHECK(hcopy.size() == 2000);
+  CHECK(hcopy[9] == 2.f);
+  CHECK(hcopy[10] == 0.f);
+  CHECK(download(b) == std::vector<float>(1000, 3.f));
+  CHECK(download(listed) == std::vector<int32_t>{4, 5, 6});
+  CHECK(download_one(c, 299) == 0.0);
 }
 
-TEST_CASE("device: Buffer::assign into existing storage waits for queued work", "[device][deferred]") {
-  // std::vector's assign fills existing elements without constructing them: without Buffer's own
-  // wait this host write would hit the locked pages (SIGSEGV) or race the queued fill.
-  test::DeferredHostDevice guard;
+TEST_CASE("device: Buffer::assign and resize with a value copy the host's values in order with queued work", "[device][deferred]") {
+  // Each is a copy from the host queued behind the work before it, and taken from the host's
+  // values at the call: no wait, and later work overwrites it in order.
+  test::DeferredHostDevice guard(DeviceAccess::Copies);
   Buffer<float> a(100);
   fill_with(a.data(), 100, 2.f);
+  const size_t waits = device_waits();
   a.assign(50, 1.f);
-  CHECK(deferred_host_work_queued() == 0);
+  CHECK(device_waits() == waits);
   CHECK(a.size() == 50);
-  CHECK(a[49] == 1.f);
-  const std::vector<float> v(80, 3.f);
+  std::vector<float> v(80, 3.f);
   fill_with(a.data(), 50, 4.f);
   a.assign(v.begin(), v.end());
-  CHECK(a.size() == 80);
-  CHECK(a[0] == 3.f);
-  CHECK(a[79] == 3.f);
+  v.assign(80, 5.f);  // after the call: not what the copy takes
+  a.resize(90, 6.f);
+  CHECK(device_waits() == waits);
+  std::vector<float> expected(90, 3.f);
+  std::fill(expected.begin() + 80, expected.end(), 6.f);
+  CHECK(download(a) == expected);
 }
 
 TEST_CASE("device: Buffer::reserve into new storage copies on the device, without a wait", "[device][deferred]") {
-  test::DeferredHostDevice guard;
+  test::DeferredHostDevice guard(DeviceAccess::Copies);
   Buffer<float> a(10);
   fill_with(a.data(), 10, 7.f);
   device_synchronize();
@@ -335,9 +343,8 @@ TEST_CASE("device: Buffer::reserve into new storage copies on the device, withou
   CHECK(a.size() == 10);
   CHECK(device_waits() == waits);
   CHECK(deferred_host_work_queued() > 0);
-  device_synchronize();
-  CHECK(a[4] == 3.f);
-  CHECK(a[5] == 7.f);
+  CHECK(download_one(a, 4) == 3.f);
+  CHECK(download_one(a, 5) == 7.f);
 }
 
 TEST_CASE("device: the parameters' initialisation on the device equals the host's", "[device][deferred]") {
@@ -453,8 +460,7 @@ TEST_CASE("device: cuBLAS row-major GEMM equals OpenBLAS for every transpose", "
         OnGpu gpu;
         Buffer<double> dA(A.begin(), A.end()), dB(B.begin(), B.end()), dC(C0.begin(), C0.end());
         gemm(ta, tb, M, N, K, 0.7, dA.data(), ta ? M : K, dB.data(), tb ? K : N, 0.3, dC.data(), N);
-        device_synchronize();  // the host reads the GEMM's result
-        dev.assign(dC.begin(), dC.end());
+        dev = download(dC);
       }
       INFO("trans_a " << ta << " trans_b " << tb);
       CHECK(rel_norm_diff(dev, host) < 1e-13);
@@ -515,8 +521,7 @@ TEST_CASE("device: cuBLAS bf16 GEMM equals the host emulation for every transpos
         OnGpu gpu;
         Buffer<float> dA(A.begin(), A.end()), dB(B.begin(), B.end()), dC(C0.begin(), C0.end());
         gemm(ta, tb, M, N, K, 0.7f, dA.data(), ta ? M : K, dB.data(), tb ? K : N, 0.3f, dC.data(), N);
-        device_synchronize();  // the host reads the GEMM's result
-        dev.assign(dC.begin(), dC.end());
+        dev = download(dC);
       }
       INFO("trans_a " << ta << " trans_b " << tb);
       CHECK(rel_norm_diff(dev, host) < 1e-6);
@@ -549,8 +554,7 @@ TEST_CASE("device: the bf16 GEMM's rounding of strided and unaligned operands eq
       OnGpu gpu;
       Buffer<float> dA(A.begin(), A.end()), dB(B.begin(), B.end()), dC(C0.begin(), C0.end());
       gemm(false, false, M, N, K, 1.f, dA.data() + 1, lda, dB.data() + 1, ldb, 0.5f, dC.data(), N);
-      device_synchronize();
-      dev.assign(dC.begin(), dC.end());
+      dev = download(dC);
     }
     INFO("padded leading dimensions " << padded);
     CHECK(rel_norm_diff(dev, host) < 1e-6);

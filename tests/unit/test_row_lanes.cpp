@@ -109,8 +109,9 @@ void on_emulated_warp(int64_t rows, const Body& body) {
   CHECK_FALSE(warp.lanes_disagreed.load());
 }
 
-// Deferred: the host's lane under the deferred host device (tensor/device.hpp), which checks that
-// the cases wait for the device before they touch a Buffer, as they must on the GPU.
+// Deferred: the host's lane under the deferred host device (tensor/device.hpp) with device memory's
+// rule (DeviceAccess::Copies), which checks that the cases reach their Buffers only through the
+// transfer copies, as they must on the GPU.
 enum class Where { Host, EmulatedWarp, Gpu, Deferred };
 
 bool gpu_available() { return cuda_compiled() && cuda_device_count() > 0; }
@@ -119,7 +120,7 @@ bool gpu_available() { return cuda_compiled() && cuda_device_count() > 0; }
 // `where` is the GPU. Declared before a case's Buffers, so that they are freed inside it.
 struct DeviceScope {
   explicit DeviceScope(Where where) : gpu(where == Where::Gpu), deferred(where == Where::Deferred) {
-    if (deferred) set_deferred_host_device(true);
+    if (deferred) set_deferred_host_device(true, DeviceAccess::Copies);
     if (!gpu) return;
     cuda_bind(0);
     set_device(Device::Cuda);
@@ -144,21 +145,29 @@ void run_rows(Where where, int64_t rows, const Bodies&... bodies) {
 }
 
 template <typename T>
-Buffer<T> random_buffer(size_t n, std::mt19937& gen, double lo = -1, double hi = 1) {
+std::vector<T> random_values(size_t n, std::mt19937& gen, double lo = -1, double hi = 1) {
   std::uniform_real_distribution<double> u(lo, hi);
-  Buffer<T> v(n);
-  device_synchronize();  // the host writes it
+  std::vector<T> v(n);
   for (auto& x : v) x = T(u(gen));
   return v;
+}
+template <typename T>
+Buffer<T> random_buffer(size_t n, std::mt19937& gen, double lo = -1, double hi = 1) {
+  const std::vector<T> v = random_values<T>(n, gen, lo, hi);
+  return Buffer<T>(v.begin(), v.end());  // uploaded on the device
 }
 
 // A case's results, each array widened to double (exactly).
 using Outputs = std::vector<std::vector<double>>;
 
+template <class T>
+std::vector<double> widened(const Buffer<T>& b) {
+  const std::vector<T> host = download(b);
+  return {host.begin(), host.end()};
+}
 template <class... Arrays>
 Outputs outputs(const Arrays&... arrays) {
-  device_synchronize();  // the host reads them
-  return {std::vector<double>(arrays.begin(), arrays.end())...};
+  return {widened(arrays)...};
 }
 
 // |b - a| <= tol (1 + |a|) everywhere, a the host's.
@@ -197,9 +206,10 @@ Outputs causal_softmax_rows(Where where, int Tq, bool segments) {
   DeviceScope scope(where);
   std::mt19937 gen(5);
   const int B = 2, heads = 2;
-  Buffer<int32_t> segment(size_t(B) * Tq);
-  device_synchronize();
-  for (int t = 0; t < Tq; ++t) segment[t] = t < Tq / 2 ? 0 : t < Tq - 7 ? 1 : 2, segment[Tq + t] = t < 33 ? 4 : 5;
+  std::vector<int32_t> segment_values(size_t(B) * Tq);
+  for (int t = 0; t < Tq; ++t)
+    segment_values[t] = t < Tq / 2 ? 0 : t < Tq - 7 ? 1 : 2, segment_values[Tq + t] = t < 33 ? 4 : 5;
+  const Buffer<int32_t> segment(segment_values.begin(), segment_values.end());
   const int64_t rows = int64_t(B) * heads * Tq;
   auto P = random_buffer<T>(size_t(rows) * Tq, gen, -3, 3), dP = random_buffer<T>(P.size(), gen);
   run_rows(where, rows, AttentionCausalSoftmaxRow<T>{P.data(), segments ? segment.data() : nullptr, Tq, heads},
@@ -213,20 +223,20 @@ Outputs masked_softmax_rows(Where where, int Tk, bool segments) {
   DeviceScope scope(where);
   std::mt19937 gen(7);
   const int B = 2, heads = 3, Tq = 4;
-  Buffer<int32_t> qseg(size_t(B) * Tq), kseg(size_t(B) * Tk);
-  device_synchronize();
-  for (int i = 0; i < Tq; ++i) qseg[i] = i < 2 ? 0 : i < 3 ? 1 : 9, qseg[Tq + i] = 2;
-  for (int j = 0; j < Tk; ++j) kseg[j] = j < Tk / 2 ? 0 : 1, kseg[Tk + j] = 2;
+  std::vector<int32_t> q(size_t(B) * Tq), k(size_t(B) * Tk);
+  for (int i = 0; i < Tq; ++i) q[i] = i < 2 ? 0 : i < 3 ? 1 : 9, q[Tq + i] = 2;
+  for (int j = 0; j < Tk; ++j) k[j] = j < Tk / 2 ? 0 : 1, k[Tk + j] = 2;
+  const Buffer<int32_t> qseg(q.begin(), q.end()), kseg(k.begin(), k.end());
   const int64_t rows = int64_t(B) * heads * Tq;
   auto P = random_buffer<T>(size_t(rows) * Tk, gen, -3, 3), dP = random_buffer<T>(P.size(), gen);
   run_rows(where, rows,
            AttentionMaskedSoftmaxRow<T>{P.data(), segments ? qseg.data() : nullptr, segments ? kseg.data() : nullptr,
                                         Tq, Tk, heads},
            AttentionSoftmaxBackwardRow<T>{P.data(), dP.data(), Tk});
-  device_synchronize();
+  Outputs out = outputs(P, dP);
   if (segments)
-    for (int j = 0; j < Tk; ++j) CHECK(P[size_t(Tq - 1) * Tk + j] == T(0));
-  return outputs(P, dP);
+    for (int j = 0; j < Tk; ++j) CHECK(out[0][size_t(Tq - 1) * Tk + j] == 0.0);
+  return out;
 }
 
 // The fused forward and gradient (in place over the logits), plain or with soft targets, and the
@@ -237,14 +247,15 @@ Outputs cross_entropy_rows(Where where, int V, bool distill) {
   std::mt19937 gen(11);
   const int N = 7;
   const auto logits = random_buffer<T>(size_t(N) * V, gen, -4, 4);
-  auto soft = random_buffer<T>(logits.size(), gen, 0, 1);  // rows summing to about 1, not exactly
-  for (auto& p : soft) p *= T(2.0 / V);
-  Buffer<T> mask(N, T(1));
-  Buffer<int32_t> targets(N);
-  device_synchronize();
-  for (int n = 0; n < N; ++n) targets[n] = (5 * n + 2) % V;
-  mask[3] = 0;
-  targets[3] = -1;
+  std::vector<T> soft_values = random_values<T>(logits.size(), gen, 0, 1);  // rows summing to about 1, not exactly
+  for (auto& p : soft_values) p *= T(2.0 / V);
+  std::vector<T> mask_values(N, T(1));
+  std::vector<int32_t> target_values(N);
+  for (int n = 0; n < N; ++n) target_values[n] = (5 * n + 2) % V;
+  mask_values[3] = 0;
+  target_values[3] = -1;
+  const Buffer<T> soft(soft_values.begin(), soft_values.end()), mask(mask_values.begin(), mask_values.end());
+  const Buffer<int32_t> targets(target_values.begin(), target_values.end());
   const T weight = T(0.3), alpha = T(0.4);
   Buffer<T> lse(N), psum(N), probs(logits.size()), d = logits;
   Buffer<double> loss(N), hard(N), soft_loss(N);
@@ -259,9 +270,9 @@ Outputs cross_entropy_rows(Where where, int V, bool distill) {
     const CrossEntropyForwardRow<T> fwd{d.data(), mask.data(), targets.data(), lse.data(), loss.data(), V};
     run_rows(where, N, CrossEntropyWithGradientRow<CrossEntropyForwardRow<T>, T>{fwd, backward});
   }
-  device_synchronize();
-  CHECK(d != logits);
-  return outputs(probs, lse, psum, loss, hard, soft_loss, d);
+  Outputs out = outputs(probs, lse, psum, loss, hard, soft_loss, d);
+  CHECK(out.back() != widened(logits));
+  return out;
 }
 
 // Every case at `where` against the host; on the GPU also run twice, bitwise the same.
@@ -320,7 +331,7 @@ TEST_CASE("row lanes: the chunk reductions (gradient norm, finite check) on an e
   CHECK(bad == std::vector<int32_t>{0, 0, 1, 0});
 }
 
-TEST_CASE("row lanes: the cases wait for the device before the host touches a Buffer", "[row_lanes][deferred]") {
+TEST_CASE("row lanes: the cases reach their Buffers only through the transfer copies", "[row_lanes][deferred]") {
   // Bitwise the host's results: the same arithmetic, queued (tensor/device.hpp).
   for (const int M : kRowLengths) {
     INFO("row length " << M);
