@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <sstream>
 
+#include "mesh/routed_comm.hpp"
+
 #ifdef MESHMOE_CUDA
 #include "mesh/nccl_comm.hpp"
 #endif
@@ -209,6 +211,8 @@ void Mesh::enable_device() {
   select_local_device(world_->mpi());
   for (Axis a : kAxes)
     dev_axes_[size_t(a)] = std::make_unique<NcclComm>(*axes_[size_t(a)], std::string(axis_name(a)) + " axis (nccl)");
+  for (Axis a : {Axis::Data, Axis::Tensor})
+    routed_[size_t(a)] = std::make_unique<RoutedComm>(*axes_[size_t(a)], *dev_axes_[size_t(a)]);
 }
 
 Comm& Mesh::device_axis(Axis a) {

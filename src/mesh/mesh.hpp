@@ -58,7 +58,8 @@ class Mesh {
   ~Mesh();
 
   const MeshShape& shape() const { return shape_; }
-  Comm& axis(Axis a) { return *axes_[size_t(a)]; }
+  // After enable_device(), the data and tensor axes' Comms route device buffers to NCCL.
+  Comm& axis(Axis a) { return routed_[size_t(a)] ? *routed_[size_t(a)] : *axes_[size_t(a)]; }
   int coord(Axis a) const { return coords_[size_t(a)]; }
   int extent(Axis a) const { return shape_.extent(a); }
   int rank() const { return rank_; }
@@ -87,7 +88,10 @@ class Mesh {
 
 #ifdef MESHMOE_CUDA
   // Collective over the world: selects this rank's GPU (node-local rank modulo the device count)
-  // and creates one NCCL communicator per axis group. Needs a GPU per rank of a node.
+  // and creates one NCCL communicator per axis group. From then on axis(Data) and axis(Tensor) are
+  // RoutedComms (mesh/routed_comm.hpp): collectives of device buffers go to NCCL, in place on the
+  // rank's stream, the rest to MPI. The pipe axis stays MPI: 1F1B's sends and receives between two
+  // stages cross, which one stream of NCCL sends and receives would deadlock without grouping them.
   void enable_device();
   bool device_enabled() const { return dev_axes_[0] != nullptr; }
   // The NCCL Comm of an axis (device buffers); Error before enable_device().
@@ -102,6 +106,7 @@ class Mesh {
   std::array<std::unique_ptr<MpiComm>, 3> axes_;
   std::map<int, std::array<std::unique_ptr<MpiComm>, 2>> expert_comms_;  // P -> (expert group, replica group)
   ShmSettings shm_;
+  std::array<std::unique_ptr<Comm>, 3> routed_;  // enable_device(): data and tensor
 #ifdef MESHMOE_CUDA
   std::array<std::unique_ptr<Comm>, 3> dev_axes_;
 #endif

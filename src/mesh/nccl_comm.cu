@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "tensor/cuda_check.hpp"
+
 namespace meshmoe {
 namespace {
 
@@ -57,7 +59,7 @@ NcclComm::NcclComm(MpiComm& group, std::string label) : group_(group), label_(st
   ncclUniqueId id;
   if (group_.rank() == 0) nccl_check(ncclGetUniqueId(&id), name(), "ncclGetUniqueId");
   group_.broadcast(reinterpret_cast<uint8_t*>(&id), sizeof(id), 0);
-  cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), name(), "cudaStreamCreate");
+  stream_ = cuda_stream();  // in order with the kernels that produce and read the buffers
   nccl_check(ncclCommInitRank(&comm_, group_.size(), id, group_.rank()), name(), "ncclCommInitRank");
 }
 
@@ -66,7 +68,6 @@ NcclComm::~NcclComm() {
     cudaStreamSynchronize(stream_);
     ncclCommDestroy(comm_);
   }
-  if (stream_) cudaStreamDestroy(stream_);
 }
 
 std::string NcclComm::name() const { return label_ + " (" + std::to_string(size()) + " ranks)"; }

@@ -1,7 +1,7 @@
 // NcclComm: Comm over NCCL for device buffers (built only with MESHMOE_CUDA).
 // MPI is used only to hand out the NCCL unique id (created on the group's rank 0) and for the
-// host-side counts exchange of all_to_allv. Every operation is enqueued on the comm's own stream
-// and returns at once; order it against compute with events (stream()), or call synchronize().
+// host-side counts exchange of all_to_allv. Every operation is enqueued on the rank's stream
+// (cuda_stream(), the kernels' own, so in order with them) and returns at once; synchronize() waits.
 // NCCL has no variable all-to-all (nor an all-to-all at all): both are grouped ncclSend/ncclRecv.
 #pragma once
 #ifdef MESHMOE_CUDA

@@ -1,5 +1,5 @@
 // The CUDA side of tensor/device.hpp: device memory, GPU binding, cuBLAS GEMM; everything on the
-// default stream, returning without waiting (device_synchronize waits).
+// rank's stream (cuda_stream()), returning without waiting (device_synchronize waits).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -72,6 +72,7 @@ void cuda_bind(int node_local_rank) {
   cuda_check(cudaSetDevice(g_gpu), "cudaSetDevice");
   if (!g_cublas) {
     check_cublas(cublasCreate(&g_cublas), "cublasCreate");
+    check_cublas(cublasSetStream(g_cublas, cuda_stream()), "cublasSetStream");
     // Plain fp32 (no TF32 tensor-op rounding): the CUDA run must match the host run to float
     // tolerance (DESIGN.md "exactness first").
     check_cublas(cublasSetMathMode(g_cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
@@ -93,20 +94,20 @@ void cuda_wait() {
 }
 void cuda_zero_async(void* p, size_t bytes) {
   const auto zero = [&] {
-    cuda_check(cudaMemsetAsync(p, 0, bytes, nullptr), "cudaMemsetAsync (a Buffer's value-initialisation)");
+    cuda_check(cudaMemsetAsync(p, 0, bytes, cuda_stream()), "cudaMemsetAsync (a Buffer's value-initialisation)");
   };
   profiled(zero, [] { return "cudaMemsetAsync (Buffers' zeroing)"; });
 }
 
 void cuda_copy_async(void* dst, const void* src, size_t bytes) {
   const auto copy = [&] {
-    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, nullptr), "cudaMemcpyAsync (a Buffer's copy)");
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream()), "cudaMemcpyAsync (a Buffer's copy)");
   };
   profiled(copy, [] { return "cudaMemcpyAsync (Buffers' copies)"; });
 }
 
-// The transfer points' copies (tensor/device.hpp): on the default stream, so in order with the
-// queued work; the host waits for a copy to the host, and a copy from the host has taken the host's
+// The transfer points' copies (tensor/device.hpp): cudaMemcpy, on the legacy default stream that
+// cuda_stream() is, so in order with the queued work; the host waits for a copy to the host, and a copy from the host has taken the host's
 // bytes when cudaMemcpy returns.
 void cuda_copy_to_host(void* host, const void* device, size_t bytes) {
   profiled([&] { cuda_check(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (to the host)"); },

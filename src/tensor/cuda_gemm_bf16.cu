@@ -79,7 +79,10 @@ cublasHandle_t g_handle = nullptr;
 
 // Created on first use, after cuda_bind chose this process's GPU.
 cublasHandle_t handle() {
-  if (!g_handle) check_cublas(cublasCreate(&g_handle), "cublasCreate (bf16 GEMM)");
+  if (!g_handle) {
+    check_cublas(cublasCreate(&g_handle), "cublasCreate (bf16 GEMM)");
+    check_cublas(cublasSetStream(g_handle, cuda_stream()), "cublasSetStream (bf16 GEMM)");
+  }
   return g_handle;
 }
 
@@ -94,11 +97,11 @@ const uint16_t* rounded(const float* src, int rows, int cols, int ld, Scratch& s
     if (flat) {
       const int64_t quads = (int64_t(n) + 3) / 4;
       const int blocks = int(std::min<int64_t>((quads + kThreads - 1) / kThreads, 65535));
-      round_to_bf16_flat_kernel<<<blocks, kThreads>>>(src, int64_t(n), dst);
+      round_to_bf16_flat_kernel<<<blocks, kThreads, 0, cuda_stream()>>>(src, int64_t(n), dst);
     } else {
       const int64_t pairs = int64_t(rows) * count;
       const int threads = cols >= kThreads ? kThreads : ((cols + 31) / 32) * 32;
-      round_to_bf16_rows_kernel<<<unsigned(std::min<int64_t>(pairs, 65535)), threads>>>(src, rows, cols, ld, stride,
+      round_to_bf16_rows_kernel<<<unsigned(std::min<int64_t>(pairs, 65535)), threads, 0, cuda_stream()>>>(src, rows, cols, ld, stride,
                                                                                           pairs, dst);
     }
     cuda_check(cudaGetLastError(), "bf16 rounding kernel launch");

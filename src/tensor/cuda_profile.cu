@@ -85,12 +85,12 @@ bool cuda_profiling() {
 void cuda_profile_begin() {
   if (g_first_launch == 0) g_first_launch = wall_seconds();
   g_open = take_event();
-  cuda_check(cudaEventRecord(g_open, nullptr), "profile: cudaEventRecord");
+  cuda_check(cudaEventRecord(g_open, cuda_stream()), "profile: cudaEventRecord");
 }
 
 void cuda_profile_end(std::string what, double flops) {
   cudaEvent_t end = take_event();
-  cuda_check(cudaEventRecord(end, nullptr), "profile: cudaEventRecord");
+  cuda_check(cudaEventRecord(end, cuda_stream()), "profile: cudaEventRecord");
   g_launches.push_back({std::move(what), flops, g_open, end});
   g_open = nullptr;
   if (g_launches.size() >= 8192) {  // bound the events held: wait for these and add them up

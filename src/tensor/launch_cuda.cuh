@@ -39,7 +39,7 @@ void launch_on_cuda(int64_t rows, int64_t cols, const Body& body) {
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(1) << 16);
   profiled(
       [&] {
-        for_each_index_kernel<Body><<<unsigned(blocks), kThreads>>>(rows, cols, body);
+        for_each_index_kernel<Body><<<unsigned(blocks), kThreads, 0, cuda_stream()>>>(rows, cols, body);
         cuda_check(cudaGetLastError(), "kernel launch");
       },
       [] { return typeid(Body).name(); });

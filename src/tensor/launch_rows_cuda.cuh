@@ -63,7 +63,7 @@ void launch_rows_on_cuda(int64_t rows, const Body& body) {
   const int64_t blocks = std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, int64_t(1) << 16);
   profiled(
       [&] {
-        for_each_row_kernel<Body><<<unsigned(blocks), kThreads>>>(rows, body);
+        for_each_row_kernel<Body><<<unsigned(blocks), kThreads, 0, cuda_stream()>>>(rows, body);
         cuda_check(cudaGetLastError(), "row kernel launch");
       },
       [] { return typeid(Body).name(); });

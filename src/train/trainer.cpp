@@ -55,7 +55,13 @@ class Trainer {
     blas_threads_ = apply_run_threads(cfg_.run.threads);  // before the sgemm peak is measured
     warn_threads_over_cores(blas_threads_, mesh.world());
     // Before anything the model allocates: its Buffers live where run.device says.
-    const std::string device_line = select_device(cfg_.run.device, cfg_.model.precision, mesh.world());
+    std::string device_line = select_device(cfg_.run.device, cfg_.model.precision, mesh.world());
+#ifdef MESHMOE_CUDA
+    if (cfg_.run.device == Device::Cuda) {
+      mesh.enable_device();
+      device_line += "; NCCL for the data and tensor axes' device buffers, MPI for the pipe axis and host values";
+    }
+#endif
     if (mesh.rank() == 0) std::printf("%s\n", device_line.c_str());
     check_dataset_tokenizer(cfg_.data.path, train_.info(), cfg_.data.tokenizer, cfg_.data.spm_pieces);
     vocab_ = model_vocab(cfg_, train_);
