@@ -34,7 +34,6 @@ double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, con
   weight_ = weight;
   count_ = 0;
   gradient_done_ = dlogits != nullptr;
-  loss_.resize(N);
   lse_.resize(std::max<size_t>(lse_.size(), N));
   // Transfer points: the host checks the targets and uploads them and the mask.
   host_mask_.assign(size_t(N), T(1));
@@ -60,32 +59,30 @@ double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, con
     soft_.resize(size_t(N) * V);  // a copy on the device (the teacher's probabilities are device work)
     copy_buffer_bytes(soft_.data(), soft, soft_.size() * sizeof(T));
     psum_.resize(N);
-    soft_loss_.resize(N);
-    mixed_.resize(N);
+    losses_.resize(3 * size_t(N));
+    double* const hard = losses_.data();
     run_rows(SoftTargetForwardRow<T>{logits, mask_.data(), soft_.data(), targets_.data(), lse_.data(), psum_.data(),
-                                     mixed_.data(), loss_.data(), soft_loss_.data(), T(alpha), V},
+                                     hard + 2 * N, hard, hard + N, T(alpha), V},
              3 * int64_t(V));
   } else {
     soft_.clear();
-    soft_loss_.clear();
-    run_rows(CrossEntropyForwardRow<T>{logits, mask_.data(), targets_.data(), lse_.data(), loss_.data(), V}, V);
+    losses_.resize(N);
+    run_rows(CrossEntropyForwardRow<T>{logits, mask_.data(), targets_.data(), lse_.data(), losses_.data(), V}, V);
   }
-  // The sum over tokens stays on the host, in token order (a transfer point: the per-token losses).
-  host_loss_.resize(size_t(N));
-  download(loss_, 0, size_t(N), host_loss_.data());
-  host_soft_loss_.resize(soft ? size_t(N) : 0);
-  std::vector<double> mixed(soft ? size_t(N) : 0);
-  if (soft) {
-    download(soft_loss_, 0, size_t(N), host_soft_loss_.data());
-    download(mixed_, 0, size_t(N), mixed.data());
-  }
-  const std::vector<double>& objective = soft ? mixed : host_loss_;
+  // The sum over tokens stays on the host, in token order (a transfer point: the per-token losses,
+  // one copy).
+  host_losses_.resize(losses_.size());
+  download(losses_, 0, losses_.size(), host_losses_.data());
+  const auto row = [&](int k) { return host_losses_.begin() + ptrdiff_t(k) * N; };
+  host_loss_.assign(row(0), row(1));
+  host_soft_loss_.assign(soft ? row(1) : row(0), soft ? row(2) : row(0));
+  const double* objective = host_losses_.data() + (soft ? 2 * size_t(N) : 0);
   double total = 0;
   for (int n = 0; n < N; ++n) {
     const T m = host_mask_[size_t(n)];
     if (m == T(0)) continue;
     count_ += double(m);
-    total += double(m) * objective[size_t(n)];
+    total += double(m) * objective[n];
   }
   return weight * total;
 }

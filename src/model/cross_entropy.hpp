@@ -64,12 +64,15 @@ class CrossEntropy {
   int V_ = 0;
   bool gradient_done_ = false;  // the last forward was forward_with_gradient
   double weight_ = 0, count_ = 0, alpha_ = 0;
-  Buffer<double> loss_, soft_loss_, mixed_;  // [N]
+  // [N] per-token losses; with soft targets [3, N]: the hard loss, the soft loss and the mixed
+  // objective, one after the other, so that the host takes them in one copy.
+  Buffer<double> losses_;
   Buffer<T> lse_, mask_;  // [N]
   Buffer<T> soft_, psum_;  // soft targets [N, V] (empty without), their row sums [N]
   Buffer<int32_t> targets_;
   std::vector<T> host_mask_;                          // [N] the host's mask (1 where none)
-  std::vector<double> host_loss_, host_soft_loss_;  // [N] the host's copies of loss_, soft_loss_
+  std::vector<double> host_losses_;                 // the host's copy of losses_
+  std::vector<double> host_loss_, host_soft_loss_;  // [N] the hard and the soft losses of host_losses_
 };
 
 }  // namespace meshmoe

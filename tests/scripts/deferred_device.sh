@@ -9,7 +9,8 @@
 # with evaluation and a checkpoint, deferred and not: every logged number is bitwise the same, and
 # the deferred run resumes from its checkpoint to the same final loss. GShard on translation pairs
 # also scores translations (eval.bleu_every) on 1 rank and on tensor = 2: decoding, host code,
-# runs on a host copy of the weights (HostSection). The deferred runs take the device-memory rule
+# runs on a host copy of the weights (HostSection); a dense student distils from the Switch run
+# (the teacher's soft targets each step). The deferred runs take the device-memory rule
 # (MESHMOE_TEST_DEFERRED_DEVICE=copies, cudaMalloc's): the host reaches a Buffer only through the
 # transfer points' copies (MPI through host copies), every other access stops the run. The Switch
 # run also passes under the weaker rule of the queue's order alone (=1: any access after a wait).
@@ -57,6 +58,39 @@ train() {  # ranks dir env overrides...
   env MESHMOE_TEST_DEFERRED_DEVICE=$env timeout 300 mpirun -np "$np" $M train "$T/deck.toml" \
     --set run.out_dir="$T/$dir" "$@" >"$T/$dir.log" 2>&1 || { tail -20 "$T/$dir.log"; fail "run $dir"; }
 }
+# compare NOW DEFERRED [RESUMED]: every logged number of the two runs bitwise equal; the resumed
+# run's final loss the deferred run's.
+compare() {
+  $PYTHON - "$@" <<'PY'
+import sys, h5py, numpy as np
+now, deferred = sys.argv[1], sys.argv[2]
+skip = ("time", "throughput", "tokens_per_s", "mfu", "deck", "wall", "bubble")  # timings
+def walk(f, prefix=""):
+    out = {}
+    for k, v in f.items():
+        name = prefix + k
+        if isinstance(v, h5py.Group):
+            out.update(walk(v, name + "/"))
+        elif not any(s in name for s in skip) and v.dtype.kind in "fiub":
+            out[name] = v[()]
+    return out
+with h5py.File(f"{now}/metrics.h5") as a, h5py.File(f"{deferred}/metrics.h5") as b:
+    x, y = walk(a), walk(b)
+assert x.keys() == y.keys(), f"datasets differ: {sorted(set(x) ^ set(y))}"
+if now.split("/")[-1].startswith("bleu"):
+    scored = x["eval/chrf_all"][~np.isnan(x["eval/chrf_all"])]
+    assert len(scored) == 2 and scored.max() > 0, f"translation scores of steps 3 and 6: {scored}"
+for k in x:
+    assert np.array_equal(x[k], y[k], equal_nan=True), f"{k}: deferred {y[k]} vs {x[k]}"
+message = f"  {len(x)} datasets bitwise equal"
+if len(sys.argv) > 3:
+    with h5py.File(f"{sys.argv[3]}/metrics.h5") as r:
+        last_r, last_d = r["loss"][()][-1], y["loss"][-1]
+    assert last_r == last_d, f"resumed final loss {last_r} vs {last_d}"
+    message += "; resumed: final loss equal"
+print(message)
+PY
+}
 bleu="--set data.path=$T/pairs/data.h5 --set model.seq_len=48 --set moe.router=top2 --set optim.lr=0.02 --set eval.bleu_every=3 --set eval.bleu_examples=2 --set eval.examples_per_language=6"
 for variant in "switch:1:--set moe.router=top1" "gshard:1:--set moe.router=top2 --set optim.name=adafactor" \
                "dense:1:--set moe.every=0" "expert-choice:1:--set moe.router=expert_choice" \
@@ -75,33 +109,16 @@ for variant in "switch:1:--set moe.router=top1" "gshard:1:--set moe.router=top2 
   cp -r "$T/$name-deferred" "$T/$name-resumed"
   rm -f "$T/$name-resumed/ckpt/step_00000006.h5"; echo step_00000003.h5 > "$T/$name-resumed/ckpt/LATEST"
   train $np "$name-resumed" $access $sets --set run.resume=auto
-  $PYTHON - "$T/$name" <<'PY'
-import sys, h5py, numpy as np
-base = sys.argv[1]
-skip = ("time", "throughput", "tokens_per_s", "mfu", "deck", "wall", "bubble")  # timings
-def walk(f, prefix=""):
-    out = {}
-    for k, v in f.items():
-        name = prefix + k
-        if isinstance(v, h5py.Group):
-            out.update(walk(v, name + "/"))
-        elif not any(s in name for s in skip) and v.dtype.kind in "fiub":
-            out[name] = v[()]
-    return out
-with h5py.File(f"{base}-now/metrics.h5") as a, h5py.File(f"{base}-deferred/metrics.h5") as b:
-    x, y = walk(a), walk(b)
-assert x.keys() == y.keys(), f"datasets differ: {sorted(set(x) ^ set(y))}"
-if base.split("/")[-1].startswith("bleu"):
-    scored = x["eval/chrf_all"][~np.isnan(x["eval/chrf_all"])]
-    assert len(scored) == 2 and scored.max() > 0, f"translation scores of steps 3 and 6: {scored}"
-for k in x:
-    assert np.array_equal(x[k], y[k], equal_nan=True), f"{k}: deferred {y[k]} vs {x[k]}"
-with h5py.File(f"{base}-resumed/metrics.h5") as r:
-    last_r, last_d = r["loss"][()][-1], y["loss"][-1]
-assert last_r == last_d, f"resumed final loss {last_r} vs {last_d}"
-print(f"  {len(x)} datasets bitwise equal; resumed: final loss equal")
-PY
+  compare "$T/$name-now" "$T/$name-deferred" "$T/$name-resumed"
 done
+# Distillation (soft targets, the teacher's forward each step): a dense student of the Switch run.
+echo "== distill (1 rank)"
+for env in 0 copies; do
+  env MESHMOE_TEST_DEFERRED_DEVICE=$env timeout 300 mpirun -np 1 $M distill "$T/deck.toml" --set moe.every=0 \
+    --teacher "$T/switch-now" --set run.out_dir="$T/distill-$env" >"$T/distill-$env.log" 2>&1 ||
+    { tail -20 "$T/distill-$env.log"; fail "distill $env"; }
+done
+compare "$T/distill-0" "$T/distill-copies"
 echo "== switch under the queue-order rule (=1)"
 train 1 switch-managed 1 --set moe.router=top1
 $PYTHON - "$T" <<'PY'

@@ -694,3 +694,30 @@ TEST_CASE("device: MPI's host copies of device memory (HostStaged)", "[device][d
   staged.write_back();
   CHECK(download_one(b, 1) == 20.0f);
 }
+
+TEST_CASE("device: a HostSection computes on the host while the device's Buffers stay put", "[device][deferred]") {
+  // Decoding for eval.bleu_every on a device (README, Translation): inside the section launches run
+  // at once on the host and new Buffers are host memory; the device's Buffers stay inaccessible
+  // (device memory's rule), so the host copies what it needs of them before.
+  test::DeferredHostDevice guard(DeviceAccess::Copies);
+  Buffer<float> on_device(4);
+  fill_with(on_device.data(), 4, 2.f);
+  CHECK(deferred_host_work_queued() > 0);
+  std::vector<float> copied(4);
+  copy_to_host(copied.data(), on_device.data(), copied.size() * sizeof(float));
+  {
+    HostSection host;
+    CHECK_FALSE(buffers_on_device());
+    Buffer<float> here(4);
+    CHECK_FALSE(device_memory(here.data()));
+    fill_with(here.data(), 4, 3.f);  // runs now
+    CHECK(deferred_host_work_queued() == 0);
+    CHECK(here[3] == 3.f);
+    add_into(here.data(), copied.data(), 4);
+    CHECK(here[0] == 5.f);
+  }
+  CHECK(buffers_on_device());
+  fill_with(on_device.data(), 2, 7.f);  // queued again
+  CHECK(deferred_host_work_queued() > 0);
+  CHECK(download(on_device) == std::vector<float>{7.f, 7.f, 2.f, 2.f});
+}
