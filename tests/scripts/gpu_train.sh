@@ -5,6 +5,8 @@
 # to 1e-4 relative (fp32 without TF32; only the summation order of cuBLAS and the kernels differs,
 # and it compounds over the steps), expert loads exactly for the first step. Then a checkpoint
 # written on the GPU run resumes on the host and finishes with the host run's final loss (1e-4).
+# GShard on translation pairs also scores translations (eval.bleu_every): decoding, host code,
+# runs on a host copy of the GPU's weights, and the scores are logged as on the host.
 # Without a GPU (or in a build without CUDA) it prints "skipped" and passes: it cannot run here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,6 +17,8 @@ if ! "$M" --version 2>/dev/null | grep -q "CUDA"; then echo "skipped: this meshm
 if ! have_gpu; then echo "skipped: no GPU"; exit 0; fi
 test_dir gpu-train
 tiny_data "$T"
+mkdir -p "$T/pairs"
+demo_pairs "$T/pairs" long
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "gpu"
@@ -50,7 +54,8 @@ train() {  # dir overrides...
   timeout 300 mpirun -np 1 $M train "$T/deck.toml" --set run.out_dir="$T/$dir" "$@" >"$T/$dir.log" 2>&1 ||
     { tail -20 "$T/$dir.log"; fail "run $dir"; }
 }
-for variant in "switch:--set moe.router=top1" "gshard:--set moe.router=top2 --set optim.name=adafactor"; do
+bleu="--set moe.router=top2 --set data.path=$T/pairs/data.h5 --set model.seq_len=48 --set eval.bleu_every=6 --set eval.bleu_examples=2 --set eval.examples_per_language=6"
+for variant in "switch:--set moe.router=top1" "gshard:--set moe.router=top2 --set optim.name=adafactor" "bleu:$bleu"; do
   name=${variant%%:*}; sets=${variant#*:}
   echo "== $name"
   train "$name-cpu" $sets --set run.device=cpu
@@ -81,6 +86,10 @@ with h5py.File(f"{base}-cpu/metrics.h5") as fc, h5py.File(f"{base}-gpu/metrics.h
     for layer in fc["moe"]:
         a, b = fc[f"moe/{layer}/expert_load"][0], fg[f"moe/{layer}/expert_load"][0]
         assert np.array_equal(a, b), f"moe/{layer}: step-1 expert loads differ: {a} vs {b}"
+if base.endswith("bleu"):
+    for side in ("cpu", "gpu"):
+        _, chrf = series(f"{base}-{side}", "eval/chrf_all")
+        assert np.isfinite(chrf).sum() == 2, f"{side}: translation scores of steps 6 and 12: {chrf}"
 _, c = series(base + "-cpu", "loss")
 _, r = series(base + "-resumed", "loss")
 rel = abs(r[-1] - c[-1]) / abs(c[-1])
