@@ -3,9 +3,10 @@
 // on the rank's stream), any with a host buffer to `host` (MpiComm, which stages device memory
 // through host copies). Every rank of the group must pick the same backend for a call: the code
 // passes host memory where it passes it on every rank (scalars, sums, counts), and null (no data
-// on this rank) takes the device's side. Host-side work stays on the host backend: the counts exchange of a variable all-to-all,
-// node-shared memory, the waits of non-blocking host transfers. Both backends see their calls in
-// the program's order on every rank, so each keeps its collectives matched.
+// on this rank) takes the device's side. Host-side work stays on the host backend: the counts
+// exchange of a variable all-to-all, node-shared memory, the waits of non-blocking host transfers.
+// Both backends see their calls in the program's order on every rank, so each keeps its
+// collectives matched.
 #pragma once
 #include <string>
 

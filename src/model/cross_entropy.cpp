@@ -73,18 +73,21 @@ double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, con
   // one copy).
   host_losses_.resize(losses_.size());
   download(losses_, 0, losses_.size(), host_losses_.data());
-  const auto row = [&](int k) { return host_losses_.begin() + ptrdiff_t(k) * N; };
-  host_loss_.assign(row(0), row(1));
-  host_soft_loss_.assign(soft ? row(1) : row(0), soft ? row(2) : row(0));
-  const double* objective = host_losses_.data() + (soft ? 2 * size_t(N) : 0);
+  const std::span<const double> objective = host_losses(soft ? 2 : 0);
   double total = 0;
   for (int n = 0; n < N; ++n) {
     const T m = host_mask_[size_t(n)];
     if (m == T(0)) continue;
     count_ += double(m);
-    total += double(m) * objective[n];
+    total += double(m) * objective[size_t(n)];
   }
   return weight * total;
+}
+
+template <typename T>
+std::span<const double> CrossEntropy<T>::host_losses(int row) const {
+  const size_t n = host_losses_.size() / (soft_.empty() ? 1 : 3);
+  return {host_losses_.data() + size_t(row) * n, n};
 }
 
 // The gradient body of the last forward's state (plain or soft targets).

@@ -6,6 +6,7 @@
 //   (1 - alpha) CE(ground truth) + alpha CE(teacher probabilities)   (cross_entropy_bodies.hpp).
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "model/context.hpp"
 #include "model/cross_entropy_bodies.hpp"
@@ -51,8 +52,8 @@ class CrossEntropy {
   // From the last forward: unweighted per-token loss [N] against the ground truth (0 where
   // masked), the masked-token count; with soft targets, the unweighted per-token cross-entropy
   // against them (else empty).
-  const std::vector<double>& per_token_loss() const { return host_loss_; }
-  const std::vector<double>& per_token_soft_loss() const { return host_soft_loss_; }
+  std::span<const double> per_token_loss() const { return host_losses(0); }
+  std::span<const double> per_token_soft_loss() const { return soft_.empty() ? std::span<const double>{} : host_losses(1); }
   double count() const { return count_; }
 
  private:
@@ -71,8 +72,8 @@ class CrossEntropy {
   Buffer<T> soft_, psum_;  // soft targets [N, V] (empty without), their row sums [N]
   Buffer<int32_t> targets_;
   std::vector<T> host_mask_;                          // [N] the host's mask (1 where none)
-  std::vector<double> host_losses_;                 // the host's copy of losses_
-  std::vector<double> host_loss_, host_soft_loss_;  // [N] the hard and the soft losses of host_losses_
+  std::vector<double> host_losses_;                   // the host's copy of losses_
+  std::span<const double> host_losses(int row) const;  // its row [N]: 0 hard, 1 soft, 2 mixed
 };
 
 }  // namespace meshmoe

@@ -107,8 +107,8 @@ void cuda_copy_async(void* dst, const void* src, size_t bytes) {
 }
 
 // The transfer points' copies (tensor/device.hpp): cudaMemcpy, on the legacy default stream that
-// cuda_stream() is, so in order with the queued work; the host waits for a copy to the host, and a copy from the host has taken the host's
-// bytes when cudaMemcpy returns.
+// cuda_stream() is, so in order with the queued work; the host waits for a copy to the host, and a
+// copy from the host has taken the host's bytes when cudaMemcpy returns.
 void cuda_copy_to_host(void* host, const void* device, size_t bytes) {
   profiled([&] { cuda_check(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (to the host)"); },
            [] { return "cudaMemcpy (to the host)"; });

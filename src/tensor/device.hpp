@@ -19,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <iterator>
+#include <memory>
 #include <new>
 #include <optional>
 #include <span>
@@ -258,8 +259,12 @@ class Buffer : public std::vector<T, DeviceAllocator<T>> {
   template <class It, class = typename std::iterator_traits<It>::iterator_category>
   void assign(It first, It last) {
     if (!buffers_on_device()) return Base::assign(first, last);
-    const std::vector<T> values(first, last);
-    upload_values(values.data(), values.size());
+    if constexpr (std::contiguous_iterator<It> && std::is_same_v<std::iter_value_t<It>, T>) {
+      upload_values(std::to_address(first), size_t(last - first));  // the host's elements as they are
+    } else {
+      const std::vector<T> values(first, last);
+      upload_values(values.data(), values.size());
+    }
   }
   void assign(std::initializer_list<T> values) { assign(values.begin(), values.end()); }
 
