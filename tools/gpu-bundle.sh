@@ -3,7 +3,7 @@
 # (README "GPU"): builds here with CUDA=1, then puts into one compressed archive
 #   meshmoe, meshmoe_tests (at the top, so that the unpacked folder serves as BUILD; debug sections
 #             stripped, symbols kept)
-#   bin/      mpirun (orterun), orted
+#   bin/      mpirun (orterun), orted, and msgfmt (the test scripts write small catalogs with it)
 #   lib/      every shared library they load that is neither glibc, libstdc++/libgcc_s (the GPU
 #             machine's newer ones serve) nor CUDA's own (cudart, cuBLAS, NCCL come from there)
 #   lib/x86_64-linux-gnu/{openmpi/lib/openmpi3,pmix2/{lib,share}}, share/openmpi
@@ -38,6 +38,7 @@ strip --strip-debug "$stage/meshmoe" "$stage/meshmoe_tests"
 cp "$(readlink -f "$(command -v orterun)")" "$stage/bin/orterun"
 cp "$(readlink -f "$(command -v orted)")" "$stage/bin/orted"
 ln -s orterun "$stage/bin/mpirun"
+command -v msgfmt >/dev/null && cp "$(readlink -f "$(command -v msgfmt)")" "$stage/bin/msgfmt"
 
 # Plug-in trees, mirrored under the prefix the relocated installation will use.
 ompi_pkglib=$(ompi_info --path pkglibdir --parsable | sed -n 's/^path:pkglibdir://p')
@@ -54,7 +55,7 @@ echo "${pmix_prefix#/usr}" >"$stage/pmix_prefix"
 # Shared libraries: the closure of what ldd resolves for the executables and plug-ins, minus the
 # ones the GPU machine brings. A plug-in whose library is not there at all is left out.
 skip='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia)[.-]'
-objects=("$stage/meshmoe" "$stage/meshmoe_tests" "$stage/bin/orterun" "$stage/bin/orted")
+objects=("$stage/meshmoe" "$stage/meshmoe_tests" "$stage"/bin/*)
 while IFS= read -r -d '' so; do objects+=("$so"); done < <(find "$stage/lib" -name '*.so' -print0)
 declare -A seen=()
 missing=()

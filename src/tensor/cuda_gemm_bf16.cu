@@ -3,6 +3,13 @@
 // cublasGemmEx multiplies them with fp32 accumulation into the fp32 C. Kept apart from
 // tensor/cuda_device.cu: its own cuBLAS handle and scratch, on the default stream like cuda_gemm,
 // returning without waiting (the scratch is reused in stream order).
+//
+// M and K are padded with zeros to a multiple of kPadTo: an expert's token count (M of its
+// forward and input-gradient GEMMs, K of its weight gradient) is new at nearly every call, and
+// cuBLAS's bf16 GEMM spends about 1.6 ms of host time on each shape it has not seen (fp32 and
+// shapes it has seen: about 30 us; bench/cuda_gemm_probe.cu, bench/RESULTS.md "Session 24").
+// Padded, the shapes are a small set met in the first steps. Zero rows and columns add exact
+// zeros to the sums; a padded M goes through an fp32 scratch C whose first M rows join C.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -57,24 +64,54 @@ __global__ void round_to_bf16_flat_kernel(const float* src, int64_t n, uint16_t*
   for (int64_t i = 4 * quads + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) dst[i] = bf16_bits(src[i]);
 }
 
-// Grow-only device scratch for the two rounded operands (plain cudaMalloc, never managed memory).
+// dst [rows_p, cols_p] compact = bf16 bits of src [rows, cols] (leading dimension ld), zero in the
+// padding rows r >= rows and columns c >= cols: one block row per destination row.
+__global__ void round_to_bf16_padded_kernel(const float* src, int64_t rows, int64_t cols, int64_t ld, int64_t rows_p,
+                                            int64_t cols_p, uint16_t* dst) {
+  for (int64_t r = blockIdx.x; r < rows_p; r += gridDim.x) {
+    const float* s = src + r * ld;
+    uint16_t* d = dst + r * cols_p;
+    for (int64_t c = threadIdx.x; c < cols_p; c += blockDim.x) d[c] = r < rows && c < cols ? bf16_bits(s[c]) : 0;
+  }
+}
+
+// C [rows, cols] (leading dimension ldc) = S [rows, cols] (compact) + beta C; beta = 0 does not
+// read C (cuBLAS's rule: C may hold anything, NaN included).
+__global__ void join_padded_product_kernel(const float* S, int64_t rows, int64_t cols, float beta, float* C,
+                                           int64_t ldc) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      float& out = C[r * ldc + c];
+      out = beta == 0.0f ? S[r * cols + c] : S[r * cols + c] + beta * out;
+    }
+}
+
+// Grow-only device scratch (plain cudaMalloc, never managed memory): the two rounded operands and
+// the padded product.
+template <typename E>
 struct Scratch {
-  uint16_t* data = nullptr;
+  E* data = nullptr;
   size_t elems = 0;
-  uint16_t* get(size_t n) {
+  E* get(size_t n) {
     if (n <= elems) return data;
     if (data) {
       cuda_check(cudaDeviceSynchronize(), "bf16 scratch: wait before freeing");
       cuda_check(cudaFree(data), "bf16 scratch: cudaFree");
       data = nullptr, elems = 0;
     }
-    cuda_check(cudaMalloc(reinterpret_cast<void**>(&data), n * sizeof(uint16_t)),
-               ("bf16 scratch: cudaMalloc of " + std::to_string(n * sizeof(uint16_t)) + " bytes").c_str());
+    cuda_check(cudaMalloc(reinterpret_cast<void**>(&data), n * sizeof(E)),
+               ("bf16 scratch: cudaMalloc of " + std::to_string(n * sizeof(E)) + " bytes").c_str());
     elems = n;
     return data;
   }
 };
-Scratch g_a, g_b;
+Scratch<uint16_t> g_a, g_b;
+Scratch<float> g_c;
+
+constexpr int kPadTo = 64;
+int padded(int d) { return (d + kPadTo - 1) / kPadTo * kPadTo; }
+constexpr int kThreads = 256;
+int row_threads(int64_t cols) { return cols >= kThreads ? kThreads : int((cols + 31) / 32 * 32); }
 cublasHandle_t g_handle = nullptr;
 
 // Created on first use, after cuda_bind chose this process's GPU.
@@ -86,12 +123,11 @@ cublasHandle_t handle() {
   return g_handle;
 }
 
-const uint16_t* rounded(const float* src, int rows, int cols, int ld, Scratch& s, int64_t stride = 0,
+const uint16_t* rounded(const float* src, int rows, int cols, int ld, Scratch<uint16_t>& s, int64_t stride = 0,
                         int count = 1) {
   const size_t n = size_t(rows) * size_t(cols) * size_t(count);
   uint16_t* dst = s.get(n);
   if (n == 0) return dst;
-  constexpr int kThreads = 256;
   const bool flat = ld == cols && (count == 1 || stride == int64_t(rows) * cols);
   const auto launch = [&] {
     if (flat) {
@@ -100,13 +136,26 @@ const uint16_t* rounded(const float* src, int rows, int cols, int ld, Scratch& s
       round_to_bf16_flat_kernel<<<blocks, kThreads, 0, cuda_stream()>>>(src, int64_t(n), dst);
     } else {
       const int64_t pairs = int64_t(rows) * count;
-      const int threads = cols >= kThreads ? kThreads : ((cols + 31) / 32) * 32;
-      round_to_bf16_rows_kernel<<<unsigned(std::min<int64_t>(pairs, 65535)), threads, 0, cuda_stream()>>>(src, rows, cols, ld, stride,
-                                                                                          pairs, dst);
+      round_to_bf16_rows_kernel<<<unsigned(std::min<int64_t>(pairs, 65535)), row_threads(cols), 0, cuda_stream()>>>(
+          src, rows, cols, ld, stride, pairs, dst);
     }
     cuda_check(cudaGetLastError(), "bf16 rounding kernel launch");
   };
   profiled(launch, [] { return "bf16 rounding of a GEMM operand"; });
+  return dst;
+}
+
+// As rounded, into [rows_p, cols_p] with zeros beyond [rows, cols].
+const uint16_t* rounded_padded(const float* src, int rows, int cols, int ld, int rows_p, int cols_p,
+                               Scratch<uint16_t>& s) {
+  uint16_t* dst = s.get(size_t(rows_p) * size_t(cols_p));
+  if (rows_p == 0 || cols_p == 0) return dst;
+  const auto launch = [&] {
+    round_to_bf16_padded_kernel<<<unsigned(std::min(rows_p, 65535)), row_threads(cols_p), 0, cuda_stream()>>>(
+        src, rows, cols, ld, rows_p, cols_p, dst);
+    cuda_check(cudaGetLastError(), "bf16 padded rounding kernel launch");
+  };
+  profiled(launch, [] { return "bf16 rounding of a GEMM operand (padded)"; });
   return dst;
 }
 
@@ -117,18 +166,34 @@ void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
                     const float* B, int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
   before_device_work();
-  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
-  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  const uint16_t* a = rounded(A, a_rows, a_cols, lda, g_a);
-  const uint16_t* b = rounded(B, b_rows, b_cols, ldb, g_b);
+  const int Mp = padded(M), Kp = padded(K);
+  // The stored operands: A [M, K] ([K, M] transposed), B [K, N] ([N, K] transposed), rounded
+  // compact with M and K padded.
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K, a_rows_p = trans_a ? Kp : Mp, a_cols_p = trans_a ? Mp : Kp;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N, b_rows_p = trans_b ? N : Kp, b_cols_p = trans_b ? Kp : N;
+  const bool pad = Mp != M || Kp != K;
+  const uint16_t* a = pad ? rounded_padded(A, a_rows, a_cols, lda, a_rows_p, a_cols_p, g_a) : rounded(A, a_rows, a_cols, lda, g_a);
+  const uint16_t* b = pad ? rounded_padded(B, b_rows, b_cols, ldb, b_rows_p, b_cols_p, g_b) : rounded(B, b_rows, b_cols, ldb, g_b);
+  // A padded M writes Mp rows: into the scratch product, then its first M rows join C.
+  float* product = Mp != M ? g_c.get(size_t(Mp) * N) : C;
+  const float product_beta = Mp != M ? 0.0f : beta;
+  const int product_ld = Mp != M ? N : ldc;
   const auto gemm = [&] {
-    check_cublas(cublasGemmEx(handle(), cublas_op(trans_b), cublas_op(trans_a), N, M, K, &alpha, b, CUDA_R_16BF,
-                              b_cols > 0 ? b_cols : 1, a, CUDA_R_16BF, a_cols > 0 ? a_cols : 1, &beta, C, CUDA_R_32F,
-                              ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    check_cublas(cublasGemmEx(handle(), cublas_op(trans_b), cublas_op(trans_a), N, Mp, Kp, &alpha, b, CUDA_R_16BF,
+                              b_cols_p > 0 ? b_cols_p : 1, a, CUDA_R_16BF, a_cols_p > 0 ? a_cols_p : 1, &product_beta,
+                              product, CUDA_R_32F, product_ld, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "GemmEx (bf16 operands, fp32 accumulation)");
   };
-  profiled(gemm, [&] { return gemm_profile_name("bf16 gemm", trans_a, trans_b, M, N, K); },
-           2.0 * double(M) * double(N) * K);
+  profiled(gemm, [&] { return gemm_profile_name(pad ? "bf16 gemm (padded)" : "bf16 gemm", trans_a, trans_b, Mp, N, Kp); },
+           2.0 * double(Mp) * double(N) * Kp);
+  if (Mp != M) {
+    const auto join = [&] {
+      join_padded_product_kernel<<<unsigned(std::min(M, 65535)), row_threads(N), 0, cuda_stream()>>>(product, M, N, beta,
+                                                                                                      C, ldc);
+      cuda_check(cudaGetLastError(), "bf16 padded product kernel launch");
+    };
+    profiled(join, [] { return "bf16 padded product into C"; });
+  }
 }
 
 // As cuda_gemm_bf16 over `count` matrices per operand: each operand's matrices are rounded into one

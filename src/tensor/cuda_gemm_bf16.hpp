@@ -6,8 +6,9 @@ namespace meshmoe {
 
 // Row-major C[M,N] = alpha op(bf16(A)) op(bf16(B)) + beta C on the bound GPU: one kernel rounds
 // each operand (tensor/bf16.hpp's round_bf16, as the host emulation) into bf16 scratch, then
-// cublasGemmEx with CUDA_R_16BF operands, CUBLAS_COMPUTE_32F and an fp32 C. Queued on the
-// stream, as cuda_gemm: returns without waiting. Throws Error when built without CUDA.
+// cublasGemmEx with CUDA_R_16BF operands, CUBLAS_COMPUTE_32F and an fp32 C; M and K padded with
+// zeros to a multiple of 64 (a bounded set of shapes for cuBLAS; the sums unchanged). Queued on
+// the stream, as cuda_gemm: returns without waiting. Throws Error when built without CUDA.
 void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc);
 

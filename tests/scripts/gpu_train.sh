@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The CUDA model path end to end (run.device = "cuda", DESIGN.md principle 4), on a machine with a
-# GPU: a Switch and a GShard deck (dropout, jitter, random routing, Adafactor for one) train 12 steps
-# on 1 rank on the host and on the GPU; every logged loss, aux loss, z loss and gradient norm agree
-# to 1e-4 relative (fp32 without TF32; only the summation order of cuBLAS and the kernels differs,
-# and it compounds over the steps), expert loads exactly for the first step. Then a checkpoint
-# written on the GPU run resumes on the host and finishes with the host run's final loss (1e-4).
+# GPU: a Switch and a GShard deck (dropout, jitter, random routing, Adafactor for one) train 20 steps
+# on 1 rank on the host and on the GPU; every logged loss agrees to 1e-5 relative (issue 11's bound),
+# aux loss, z loss and gradient norm to 1e-4 (fp32 without TF32; only the summation order of cuBLAS
+# and the kernels differs, and it compounds over the steps), expert loads exactly for the first step.
+# The GPU run is deterministic: run twice, its metrics are bitwise equal (no float atomics in sums).
+# Then a checkpoint written on the GPU run resumes on the host and finishes with the host run's
+# final loss (1e-5).
 # GShard on translation pairs also scores translations (eval.bleu_every): decoding, host code,
 # runs on a host copy of the GPU's weights, and the scores are logged as on the host.
 # Without a GPU (or in a build without CUDA) it prints "skipped" and passes: it cannot run here.
@@ -22,7 +24,7 @@ demo_pairs "$T/pairs" long
 cat > "$T/deck.toml" <<DECK
 [run]
 name = "gpu"
-steps = 12
+steps = 20
 log_every = 1
 seed = 9
 [model]
@@ -61,9 +63,10 @@ for variant in "switch:--set moe.router=top1" "gshard:--set moe.router=top2 --se
   train "$name-cpu" $sets --set run.device=cpu
   train "$name-gpu" $sets --set run.device=cuda
   grep -q "device: cuda" "$T/$name-gpu.log" || fail "the cuda run does not say it ran on the GPU"
+  train "$name-gpu2" $sets --set run.device=cuda
   # Resume the GPU run's step-6 checkpoint on the host.
   cp -r "$T/$name-gpu" "$T/$name-resumed"
-  rm -f "$T/$name-resumed/ckpt/step_00000012.h5"; echo step_00000006.h5 > "$T/$name-resumed/ckpt/LATEST"
+  rm -f "$T/$name-resumed/ckpt/step_000000"{12,18,20}.h5; echo step_00000006.h5 > "$T/$name-resumed/ckpt/LATEST"
   train "$name-resumed" $sets --set run.device=cpu --set run.resume=auto
   $PYTHON - "$T/$name" <<'PY'
 import sys, h5py, numpy as np
@@ -81,7 +84,19 @@ for k in ["loss", "aux_loss", "z_loss", "grad_norm", "eval/loss"]:
     c, g = c[ok], g[ok]
     rel = np.max(np.abs(g - c) / np.maximum(np.abs(c), 1.0 if k == "z_loss" else 1e-12))
     worst = max(worst, rel)
-    assert rel <= 1e-4, f"{k}: GPU vs host max rel diff {rel:.2e} > 1e-4"
+    bound = 1e-5 if k == "loss" else 1e-4
+    assert rel <= bound, f"{k}: GPU vs host max rel diff {rel:.2e} > {bound:.0e}"
+skip = ("time", "tokens_per_s", "mfu", "deck")  # timings, and the deck (its out_dir)
+def numbers(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) and o.dtype.kind in "fiub"
+                     and not any(s in n for s in skip) else None)
+    return out
+once, twice = numbers(f"{base}-gpu/metrics.h5"), numbers(f"{base}-gpu2/metrics.h5")
+assert once.keys() == twice.keys() and len(once) > 10, f"GPU run twice: datasets {sorted(set(once) ^ set(twice))}"
+for n in once:
+    assert np.array_equal(once[n], twice[n], equal_nan=True), f"GPU run twice: {n} differs: {once[n]} vs {twice[n]}"
 with h5py.File(f"{base}-cpu/metrics.h5") as fc, h5py.File(f"{base}-gpu/metrics.h5") as fg:
     for layer in fc["moe"]:
         a, b = fc[f"moe/{layer}/expert_load"][0], fg[f"moe/{layer}/expert_load"][0]
@@ -89,12 +104,12 @@ with h5py.File(f"{base}-cpu/metrics.h5") as fc, h5py.File(f"{base}-gpu/metrics.h
 if base.endswith("bleu"):
     for side in ("cpu", "gpu"):
         _, chrf = series(f"{base}-{side}", "eval/chrf_all")
-        assert np.isfinite(chrf).sum() == 2, f"{side}: translation scores of steps 6 and 12: {chrf}"
+        assert np.isfinite(chrf).sum() == 4, f"{side}: translation scores of steps 6, 12, 18 and the last: {chrf}"
 _, c = series(base + "-cpu", "loss")
 _, r = series(base + "-resumed", "loss")
 rel = abs(r[-1] - c[-1]) / abs(c[-1])
-assert rel <= 1e-4, f"GPU checkpoint resumed on the host: final loss {r[-1]} vs {c[-1]} (rel {rel:.2e})"
-print(f"  GPU vs host: max rel diff {worst:.1e} (tolerance 1e-4); resumed on host: final loss rel diff {rel:.1e}")
+assert rel <= 1e-5, f"GPU checkpoint resumed on the host: final loss {r[-1]} vs {c[-1]} (rel {rel:.2e})"
+print(f"  GPU vs host: max rel diff {worst:.1e} (loss 1e-5, others 1e-4); GPU twice: bitwise equal; resumed on host: final loss rel diff {rel:.1e}")
 PY
 done
 echo "gpu_train: ok"

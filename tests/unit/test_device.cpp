@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <thread>
 #include <new>
 #include <random>
@@ -502,31 +503,37 @@ TEST_CASE("device: cuBLAS bf16 GEMM equals the host emulation for every transpos
     return;
   }
   // Both sides multiply the same bf16-rounded operands (tensor/bf16.hpp) exactly and sum in fp32:
-  // only the summation order differs.
+  // only the summation order differs. The shapes take each of the GPU's paths: M and K multiples
+  // of 64 (no padding), M padded (through the scratch product), K padded, both; beta = 0 with NaN
+  // in C (not read, as cuBLAS) and beta = 0.3 (C joins).
   const GemmPrecisionScope bf16(Precision::Bf16);
-  const int M = 37, N = 29, K = 41;
+  struct Shape { int M, N, K; };
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1, 1);
-  for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      std::vector<float> A(M * K), B(K * N), C0(M * N);
-      for (auto& x : A) x = u(rng);
-      for (auto& x : B) x = u(rng);
-      for (auto& x : C0) x = u(rng);
-      std::vector<float> host = C0, unrounded = C0;
-      gemm(ta, tb, M, N, K, 0.7f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.3f, host.data(), N);
-      gemm_fp32(ta, tb, M, N, K, 0.7f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.3f, unrounded.data(), N);
-      std::vector<float> dev;
-      {
-        OnGpu gpu;
-        Buffer<float> dA(A.begin(), A.end()), dB(B.begin(), B.end()), dC(C0.begin(), C0.end());
-        gemm(ta, tb, M, N, K, 0.7f, dA.data(), ta ? M : K, dB.data(), tb ? K : N, 0.3f, dC.data(), N);
-        dev = download(dC);
-      }
-      INFO("trans_a " << ta << " trans_b " << tb);
-      CHECK(rel_norm_diff(dev, host) < 1e-6);
-      CHECK(rel_norm_diff(dev, unrounded) > 1e-4);  // the GPU rounded the operands
-    }
+  for (const Shape sh : {Shape{37, 29, 41}, Shape{64, 29, 128}, Shape{130, 7, 64}, Shape{64, 5, 70}})
+    for (const float beta : {0.3f, 0.0f})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          const int M = sh.M, N = sh.N, K = sh.K;
+          std::vector<float> A(M * K), B(K * N), C0(M * N);
+          for (auto& x : A) x = u(rng);
+          for (auto& x : B) x = u(rng);
+          for (auto& x : C0) x = beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : u(rng);
+          std::vector<float> host = C0, unrounded = C0;
+          gemm(ta, tb, M, N, K, 0.7f, A.data(), ta ? M : K, B.data(), tb ? K : N, beta, host.data(), N);
+          gemm_fp32(ta, tb, M, N, K, 0.7f, A.data(), ta ? M : K, B.data(), tb ? K : N, beta, unrounded.data(), N);
+          std::vector<float> dev;
+          {
+            OnGpu gpu;
+            Buffer<float> dA(A.begin(), A.end()), dB(B.begin(), B.end()), dC(C0.begin(), C0.end());
+            gemm(ta, tb, M, N, K, 0.7f, dA.data(), ta ? M : K, dB.data(), tb ? K : N, beta, dC.data(), N);
+            dev = download(dC);
+          }
+          INFO("M " << M << " N " << N << " K " << K << " beta " << beta << " trans_a " << ta << " trans_b " << tb);
+          REQUIRE(std::all_of(host.begin(), host.end(), [](float x) { return std::isfinite(x); }));
+          CHECK(rel_norm_diff(dev, host) < 1e-6);
+          CHECK(rel_norm_diff(dev, unrounded) > 1e-4);  // the GPU rounded the operands
+        }
 }
 
 TEST_CASE("device: the bf16 GEMM's rounding of strided and unaligned operands equals the host emulation",
@@ -537,11 +544,14 @@ TEST_CASE("device: the bf16 GEMM's rounding of strided and unaligned operands eq
   }
   // The rounding kernel's two forms (tensor/cuda_gemm_bf16.cu): rows of a matrix with a leading
   // dimension beyond its columns, and a contiguous operand starting off a 16-byte boundary.
+  // M = K = 64 take the unpadded kernels; 45 and 33 the padding one.
   const GemmPrecisionScope bf16(Precision::Bf16);
-  const int M = 45, N = 70, K = 33, pad = 5;
+  const int N = 70, pad = 5;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1, 1);
+  for (const int M : {64, 45})
   for (bool padded : {false, true}) {
+    const int K = M == 64 ? 64 : 33;
     const int lda = K + (padded ? pad : 0), ldb = N + (padded ? pad : 0);
     std::vector<float> A(1 + size_t(M) * lda), B(1 + size_t(K) * ldb), C0(size_t(M) * N);
     for (auto& x : A) x = u(rng);
@@ -556,7 +566,7 @@ TEST_CASE("device: the bf16 GEMM's rounding of strided and unaligned operands eq
       gemm(false, false, M, N, K, 1.f, dA.data() + 1, lda, dB.data() + 1, ldb, 0.5f, dC.data(), N);
       dev = download(dC);
     }
-    INFO("padded leading dimensions " << padded);
+    INFO("M " << M << " K " << K << " padded leading dimensions " << padded);
     CHECK(rel_norm_diff(dev, host) < 1e-6);
   }
 }
