@@ -99,8 +99,8 @@ struct BatchedOperand {
 // C_bh = alpha op(A_bh) op(B_bh) + beta C_bh for every pair: on the host one task per pair
 // (for_each_task: threads), on the GPU one strided-batched cuBLAS call per b over its `inner` pairs
 // (or one call for all when the strides make the pairs one progression), instead of a launch per pair;
-// with bf16 GEMM operands (model.precision) the same calls with operands rounded to bf16
-// (tensor/cuda_gemm_bf16.hpp).
+// with bf16 GEMM operands (model.precision) the same calls with operands rounded to bf16, each
+// operand's span rounded once for all b (tensor/cuda_gemm_bf16.hpp).
 template <typename T>
 void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, T alpha, BatchedOperand<const T> A,
                   BatchedOperand<const T> B, T beta, BatchedOperand<T> C, int outer, int inner) {
@@ -108,6 +108,13 @@ void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, T alpha, Batc
   if (current_device() == Device::Cuda) {
     const bool one_progression = A.outer_stride == inner * A.inner_stride && B.outer_stride == inner * B.inner_stride &&
                                  C.outer_stride == inner * C.inner_stride;
+    if constexpr (std::is_same_v<T, float>)
+      if (rounded && !one_progression) {
+        cuda_gemm_bf16_two_level_batched(trans_a, trans_b, M, N, K, alpha, A.p, A.ld, A.outer_stride, A.inner_stride,
+                                         B.p, B.ld, B.outer_stride, B.inner_stride, beta, C.p, C.ld, C.outer_stride,
+                                         C.inner_stride, outer, inner);
+        return;
+      }
     const int calls = one_progression ? 1 : outer, count = one_progression ? outer * inner : inner;
     for (int b = 0; b < calls; ++b) {
       if constexpr (std::is_same_v<T, float>)

@@ -123,22 +123,30 @@ cublasHandle_t handle() {
   return g_handle;
 }
 
+// The n values at src rounded into the scratch, in place of their index.
+const uint16_t* rounded_flat(const float* src, int64_t n, Scratch<uint16_t>& s) {
+  uint16_t* dst = s.get(size_t(n));
+  if (n == 0) return dst;
+  const auto launch = [&] {
+    const int64_t quads = (n + 3) / 4;
+    const int blocks = int(std::min<int64_t>((quads + kThreads - 1) / kThreads, 65535));
+    round_to_bf16_flat_kernel<<<blocks, kThreads, 0, cuda_stream()>>>(src, n, dst);
+    cuda_check(cudaGetLastError(), "bf16 rounding kernel launch");
+  };
+  profiled(launch, [] { return "bf16 rounding of a GEMM operand"; });
+  return dst;
+}
+
 const uint16_t* rounded(const float* src, int rows, int cols, int ld, Scratch<uint16_t>& s, int64_t stride = 0,
                         int count = 1) {
   const size_t n = size_t(rows) * size_t(cols) * size_t(count);
+  if (ld == cols && (count == 1 || stride == int64_t(rows) * cols)) return rounded_flat(src, int64_t(n), s);
   uint16_t* dst = s.get(n);
   if (n == 0) return dst;
-  const bool flat = ld == cols && (count == 1 || stride == int64_t(rows) * cols);
   const auto launch = [&] {
-    if (flat) {
-      const int64_t quads = (int64_t(n) + 3) / 4;
-      const int blocks = int(std::min<int64_t>((quads + kThreads - 1) / kThreads, 65535));
-      round_to_bf16_flat_kernel<<<blocks, kThreads, 0, cuda_stream()>>>(src, int64_t(n), dst);
-    } else {
-      const int64_t pairs = int64_t(rows) * count;
-      round_to_bf16_rows_kernel<<<unsigned(std::min<int64_t>(pairs, 65535)), row_threads(cols), 0, cuda_stream()>>>(
-          src, rows, cols, ld, stride, pairs, dst);
-    }
+    const int64_t pairs = int64_t(rows) * count;
+    round_to_bf16_rows_kernel<<<unsigned(std::min<int64_t>(pairs, 65535)), row_threads(cols), 0, cuda_stream()>>>(
+        src, rows, cols, ld, stride, pairs, dst);
     cuda_check(cudaGetLastError(), "bf16 rounding kernel launch");
   };
   profiled(launch, [] { return "bf16 rounding of a GEMM operand"; });
@@ -216,6 +224,41 @@ void cuda_gemm_bf16_strided_batched(bool trans_a, bool trans_b, int M, int N, in
   };
   profiled(gemm, [&] { return gemm_profile_name("bf16 gemm", trans_a, trans_b, M, N, K, count); },
            2.0 * double(M) * double(N) * K * count);
+}
+
+void cuda_gemm_bf16_two_level_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                                      int lda, int64_t a_outer, int64_t a_inner, const float* B, int ldb,
+                                      int64_t b_outer, int64_t b_inner, float beta, float* C, int ldc,
+                                      int64_t c_outer, int64_t c_inner, int outer, int inner) {
+  if (M == 0 || N == 0 || outer == 0 || inner == 0) return;
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  // From a pair's first element to the last pair's last: the span one flat rounding covers.
+  const auto span = [&](int64_t outer_stride, int64_t inner_stride, int rows, int cols, int ld) {
+    return (outer - 1) * outer_stride + (inner - 1) * inner_stride + int64_t(rows - 1) * ld + cols;
+  };
+  const int64_t a_span = span(a_outer, a_inner, a_rows, a_cols, lda), b_span = span(b_outer, b_inner, b_rows, b_cols, ldb);
+  const int64_t pairs = int64_t(outer) * inner;
+  if (K == 0 || a_span > 2 * pairs * a_rows * a_cols || b_span > 2 * pairs * b_rows * b_cols) {
+    for (int b = 0; b < outer; ++b)
+      cuda_gemm_bf16_strided_batched(trans_a, trans_b, M, N, K, alpha, A + b * a_outer, lda, a_inner, B + b * b_outer,
+                                     ldb, b_inner, beta, C + b * c_outer, ldc, c_inner, inner);
+    return;
+  }
+  before_device_work();
+  const uint16_t* a = rounded_flat(A, a_span, g_a);
+  const uint16_t* b = rounded_flat(B, b_span, g_b);
+  for (int o = 0; o < outer; ++o) {
+    const auto gemm = [&] {
+      check_cublas(cublasGemmStridedBatchedEx(handle(), cublas_op(trans_b), cublas_op(trans_a), N, M, K, &alpha,
+                                              b + o * b_outer, CUDA_R_16BF, ldb, b_inner, a + o * a_outer, CUDA_R_16BF,
+                                              lda, a_inner, &beta, C + o * c_outer, CUDA_R_32F, ldc, c_inner, inner,
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "GemmStridedBatchedEx (bf16 operands, two-level batch)");
+    };
+    profiled(gemm, [&] { return gemm_profile_name("bf16 gemm", trans_a, trans_b, M, N, K, inner); },
+             2.0 * double(M) * double(N) * K * inner);
+  }
 }
 
 }  // namespace meshmoe

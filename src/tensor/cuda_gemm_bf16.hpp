@@ -18,4 +18,14 @@ void cuda_gemm_bf16_strided_batched(bool trans_a, bool trans_b, int M, int N, in
                                     int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b, float beta,
                                     float* C, int ldc, int64_t stride_c, int count);
 
+// gemm_batched's two-level batch (tensor/blas.hpp): pair (b, h), b < outer, h < inner, of operand
+// X at X + b * x_outer + h * x_inner. Each operand's span over all pairs is rounded by one kernel
+// (instead of one per b), then one cublasGemmStridedBatchedEx per b over its `inner` pairs reads
+// the rounded span at the same offsets. A span more than twice its pairs' elements (gaps between
+// them) is rounded per b instead.
+void cuda_gemm_bf16_two_level_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                                      int lda, int64_t a_outer, int64_t a_inner, const float* B, int ldb,
+                                      int64_t b_outer, int64_t b_inner, float beta, float* C, int ldc,
+                                      int64_t c_outer, int64_t c_inner, int outer, int inner);
+
 }  // namespace meshmoe

@@ -571,6 +571,50 @@ TEST_CASE("device: the bf16 GEMM's rounding of strided and unaligned operands eq
   }
 }
 
+TEST_CASE("device: the bf16 two-level batched GEMM equals the host emulation", "[device][cuda][bf16]") {
+  if (!gpu_available()) {
+    WARN("skipped: no GPU");
+    return;
+  }
+  // gemm_batched over (b, h) pairs as attention lays them out (tensor/blas.hpp): head h of sequence
+  // b at columns [h*D, (h+1)*D) of a token-major buffer, so the pairs are no single progression.
+  // Each operand's span is rounded once (cuda_gemm_bf16_two_level_batched); with a gap of `gap`
+  // unused rows after each sequence the span is more than twice the pairs' elements and the GPU
+  // rounds per sequence instead: both paths against the host's per-pair emulation.
+  const GemmPrecisionScope bf16(Precision::Bf16);
+  const int outer = 3, inner = 4, T = 12, D = 8, A_l = inner * D;
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (const int gap : {0, 40})
+    for (bool ta : {false, true}) {
+      const int rows = T + gap;  // rows of one sequence's block in the token-major buffers
+      const int64_t seq_stride = int64_t(rows) * A_l;
+      std::vector<float> Q(size_t(outer) * seq_stride), Kb(Q.size());
+      for (auto& x : Q) x = u(rng);
+      for (auto& x : Kb) x = u(rng);
+      // C_bh = 0.5 Q_bh K_bh^T + 0.25 C_bh [T, T] (scores); transposed, C_bh = 0.5 Q_bh^T K_bh [D, D]
+      const int M = ta ? D : T, N = ta ? D : T, K = ta ? T : D;
+      std::vector<float> host(size_t(outer) * inner * M * N);
+      for (auto& x : host) x = u(rng);
+      const std::vector<float> C0 = host;
+      const auto run = [&](const float* q, const float* k, float* c) {
+        const BatchedOperand<const float> a{q, A_l, seq_stride, D}, b{k, A_l, seq_stride, D};
+        const BatchedOperand<float> cc{c, N, int64_t(inner) * M * N, int64_t(M) * N};
+        gemm_batched(ta, !ta, M, N, K, 0.5f, a, b, 0.25f, cc, outer, inner);
+      };
+      run(Q.data(), Kb.data(), host.data());
+      std::vector<float> dev;
+      {
+        OnGpu gpu;
+        Buffer<float> dQ(Q.begin(), Q.end()), dK(Kb.begin(), Kb.end()), dC(C0.begin(), C0.end());
+        run(dQ.data(), dK.data(), dC.data());
+        dev = download(dC);
+      }
+      INFO("gap " << gap << " trans_a " << ta);
+      CHECK(rel_norm_diff(dev, host) < 1e-6);
+    }
+}
+
 TEST_CASE("device: the whole model in bf16 on the GPU matches the host bf16 model", "[device][cuda][bf16]") {
   if (!gpu_available()) {
     WARN("skipped: no GPU");
