@@ -2,7 +2,7 @@
 # Packs meshmoe for a GPU machine that has CUDA, cuBLAS and NCCL but no MPI, HDF5 or OpenBLAS
 # (README "GPU"): builds here with CUDA=1, then puts into one compressed archive
 #   meshmoe, meshmoe_tests (at the top, so that the unpacked folder serves as BUILD; debug sections
-#             stripped, symbols kept)
+#             stripped, symbols kept), gemm_probe (bench/cuda_gemm_probe.cu: cuBLAS bf16 GEMM costs)
 #   bin/      mpirun (orterun), orted, and msgfmt (the test scripts write small catalogs with it)
 #   lib/      every shared library they load that is neither glibc, libstdc++/libgcc_s (the GPU
 #             machine's newer ones serve) nor CUDA's own (cudart, cuBLAS, NCCL come from there)
@@ -32,6 +32,11 @@ for f in "$BUILD/meshmoe" "$BUILD/meshmoe_tests"; do [ -x "$f" ] || { echo "gpu-
 stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 cp "$BUILD/meshmoe" "$BUILD/meshmoe_tests" "$stage/"
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+if [ -x "$nvcc" ]; then
+  "$nvcc" -std=c++17 -O2 --expt-relaxed-constexpr -gencode arch=compute_90,code=sm_90 -Isrc bench/cuda_gemm_probe.cu \
+    -lcublas -o "$stage/gemm_probe"
+fi
 # Without their debug sections (symbols kept): 95 MB of the test binary's 100 MB are DWARF, which
 # the archive would otherwise spend most of its size limit on.
 strip --strip-debug "$stage/meshmoe" "$stage/meshmoe_tests"
@@ -56,6 +61,7 @@ echo "${pmix_prefix#/usr}" >"$stage/pmix_prefix"
 # ones the GPU machine brings. A plug-in whose library is not there at all is left out.
 skip='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia)[.-]'
 objects=("$stage/meshmoe" "$stage/meshmoe_tests" "$stage"/bin/*)
+[ -x "$stage/gemm_probe" ] && objects+=("$stage/gemm_probe")
 while IFS= read -r -d '' so; do objects+=("$so"); done < <(find "$stage/lib" -name '*.so' -print0)
 declare -A seen=()
 missing=()

@@ -4,6 +4,8 @@
 # logs under LOGS (default runs/gpu-check):
 #   catch          the [cuda] and [nccl] Catch cases             (CATCH_TIMEOUT, default 180 s)
 #   train          tests/scripts/gpu_train.sh                    (TRAIN_TIMEOUT, default 240 s)
+#   probe          bench/cuda_gemm_probe.cu (packed as gemm_probe): cuBLAS's bf16 GEMM, rounded and
+#                  not, at the dense deck's shapes and at a new M each call (PROBE_TIMEOUT, default 60 s)
 #   bench[:DECKS]  bench/gpu.sh on DECKS (comma-separated; default all), results in LOGS/bench
 #                  (BENCH_TIMEOUT, default 600 s; bench/gpu.sh's variables apply)
 # Usage: tools/gpu-check.sh [STAGE...]   (default: catch train bench); exit 1 when a test stage fails.
@@ -31,6 +33,10 @@ for stage in "$@"; do
       echo "== tests/scripts/gpu_train.sh"
       timeout "${TRAIN_TIMEOUT:-240}" tests/scripts/gpu_train.sh >"$LOGS/gpu_train.log" 2>&1
       rc=$?; grep -v -i "pmix\|^$" "$LOGS/gpu_train.log" | tail -8; [ $rc = 0 ] || status=1 ;;
+    probe)
+      echo "== bench/cuda_gemm_probe.cu"
+      timeout "${PROBE_TIMEOUT:-60}" build-gpu/gemm_probe 2>&1 | tee "$LOGS/probe.log"
+      rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1 ;;
     bench|bench:*)
       decks=${stage#bench}; decks=${decks#:}
       echo "== bench/gpu.sh ${decks:-all decks}"
