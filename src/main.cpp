@@ -159,6 +159,8 @@ int run(int argc, char** argv) {
   bench->add_option("--max-memory", bench_opt.max_memory, "Memory per node the buffers may use, e.g. 8G (default: cgroup limit or MemAvailable)");
   bench->add_option("--shm", bench_opt.shm, "on: all_reduce of >= 256 KiB through a shared-memory window when the group is on one node (run.shm_collectives); resident: with its buffer in node-shared memory, as the trainer's gradients; off: MPI's")
       ->capture_default_str();
+  bench->add_option("--device", bench_opt.device, "cpu: host buffers through MPI; cuda: one GPU per rank, device buffers through NCCL")
+      ->capture_default_str();
 
   CkptCliOptions ckpt_opt;
   BenchGemmOptions gemm_opt;

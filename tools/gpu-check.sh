@@ -6,6 +6,8 @@
 #   train          tests/scripts/gpu_train.sh                    (TRAIN_TIMEOUT, default 240 s)
 #   probe          bench/cuda_gemm_probe.cu (packed as gemm_probe): cuBLAS's bf16 GEMM, rounded and
 #                  not, at the dense deck's shapes and at a new M each call (PROBE_TIMEOUT, default 60 s)
+#   comm           meshmoe bench-comm --device cuda over every GPU of the machine (one rank each):
+#                  NCCL's all_reduce and all_to_all bus bandwidth, 1 MiB to 256 MiB (COMM_TIMEOUT, default 120 s)
 #   bench[:DECKS]  bench/gpu.sh on DECKS (comma-separated; default all), results in LOGS/bench
 #                  (BENCH_TIMEOUT, default 600 s; bench/gpu.sh's variables apply)
 # Usage: tools/gpu-check.sh [STAGE...]   (default: catch train bench); exit 1 when a test stage fails.
@@ -36,6 +38,12 @@ for stage in "$@"; do
     probe)
       echo "== bench/cuda_gemm_probe.cu"
       timeout "${PROBE_TIMEOUT:-60}" build-gpu/gemm_probe 2>&1 | tee "$LOGS/probe.log"
+      rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1 ;;
+    comm)
+      gpus=$(nvidia-smi -L | grep -c "^GPU")
+      echo "== bench-comm through NCCL on $gpus GPU(s)"
+      timeout "${COMM_TIMEOUT:-120}" mpirun -np "$gpus" build-gpu/meshmoe bench-comm --device cuda --ops all_reduce,all_to_all \
+        --sizes 1M,16M,256M -o "$LOGS/bench-comm-nccl.h5" 2>&1 | grep -v -i pmix | tee "$LOGS/bench-comm-nccl.log"
       rc=${PIPESTATUS[0]}; [ $rc = 0 ] || status=1 ;;
     bench|bench:*)
       decks=${stage#bench}; decks=${decks#:}

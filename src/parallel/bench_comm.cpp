@@ -17,7 +17,9 @@
 #include "mesh/agree.hpp"
 #include "io/h5.hpp"
 #include "mesh/mesh.hpp"
+#include "tensor/device.hpp"
 #include "train/memory_limit.hpp"
+#include "train/select_device.hpp"
 
 namespace meshmoe {
 
@@ -121,14 +123,19 @@ void on_rank0_or_input_error(int rank, const std::function<void()>& work) {
 float pattern(int64_t tag, int64_t i) { return float((tag % 4096) * 4096 + i % 4093); }
 
 // One op at one size on one axis: buffers, a correctness check against the expected values, and
-// the call that is timed.
+// the call that is timed. The call's buffers are Buffers (device memory with --device cuda, as the
+// trainer's); the check writes its pattern into the host copies a and b, uploads them, runs the op
+// and compares the downloaded result.
 struct OpRun {
   int64_t bytes = 0;            // bytes of the largest per-rank buffer actually used
   std::function<void()> call;   // one collective
   std::function<int64_t()> check;  // runs the op once on patterned data; returns wrong elements
-  std::vector<float> a, b;
+  Comm* comm = nullptr;
+  std::vector<float> a, b;      // host copies
+  Buffer<float> da, db;         // what the call moves
+  float *pa = nullptr, *pb = nullptr;
   // --shm resident: all_reduce's buffer in node-shared memory (Comm::node_shared_alloc), as the
-  // trainer's gradients; freed (collectively) with the run.
+  // trainer's gradients (host memory: the call moves it in place); freed (collectively) with the run.
   std::span<float> resident;
   Comm* owner = nullptr;
   OpRun() = default;
@@ -137,39 +144,65 @@ struct OpRun {
   ~OpRun() {
     if (owner) owner->node_shared_free(resident.data());
   }
+  // a, b of these sizes (zero) on both sides.
+  void allocate(size_t na, size_t nb) {
+    a.assign(na, 0.f), b.assign(nb, 0.f);
+    if (owner) {
+      pa = resident.data();
+      return;
+    }
+    da = Buffer<float>(na), db = Buffer<float>(nb);
+    pa = da.data(), pb = db.data();
+  }
+  void upload() {
+    if (owner) std::copy(a.begin(), a.end(), resident.begin());
+    else copy_from_host(pa, a.data(), a.size() * sizeof(float));
+  }
+  void download() {
+    if (owner) {
+      std::copy(resident.begin(), resident.end(), a.begin());
+      return;
+    }
+    copy_to_host(a.data(), pa, a.size() * sizeof(float));
+    if (!b.empty()) copy_to_host(b.data(), pb, b.size() * sizeof(float));
+  }
 };
 
 void setup_op(OpRun& r, const std::string& op, int64_t size, Comm& comm, bool resident) {
   const int n = comm.size(), me = comm.rank();
   const int64_t elems = size / 4;
+  r.comm = &comm;
   if (op == "all_reduce") {
     // a [elems], in place
     if (float* p = resident ? static_cast<float*>(comm.node_shared_alloc(size_t(elems) * sizeof(float))) : nullptr)
       r.resident = std::span<float>(p, size_t(elems)), r.owner = &comm;
-    else
-      r.a.assign(size_t(elems), 0.f);
-    const std::span<float> a = r.owner ? r.resident : std::span<float>(r.a);
+    r.allocate(size_t(elems), 0);
     r.bytes = 4 * elems;
-    r.call = [a, &comm] { comm.all_reduce(a.data(), a.size(), Op::Sum); };
-    r.check = [a, &comm, n, me] {
+    r.call = [&r, &comm] { comm.all_reduce(r.pa, r.a.size(), Op::Sum); };
+    r.check = [&r, &comm, n, me] {
+      std::vector<float>& a = r.a;
       for (size_t i = 0; i < a.size(); ++i) a[i] = float(me + 1 + int(i % 5));
-      comm.all_reduce(a.data(), a.size(), Op::Sum);
+      r.upload();
+      comm.all_reduce(r.pa, a.size(), Op::Sum);
+      r.download();
       int64_t bad = 0;
       for (size_t i = 0; i < a.size(); ++i) bad += a[i] != float(n * int(i % 5) + n * (n + 1) / 2);
       std::fill(a.begin(), a.end(), 0.f);  // timed calls then sum zeros: no growth, no denormals
+      r.upload();
       return bad;
     };
   } else if (op == "all_to_all") {
     // a [n, blk] -> b [n, blk]: block j of a goes to rank j
     const int64_t blk = elems / n;
-    r.a.assign(size_t(blk * n), 0.f);
-    r.b.assign(size_t(blk * n), 0.f);
+    r.allocate(size_t(blk * n), size_t(blk * n));
     r.bytes = 4 * blk * n;
-    r.call = [&r, &comm, blk] { comm.all_to_all(r.a.data(), r.b.data(), size_t(blk)); };
+    r.call = [&r, &comm, blk] { comm.all_to_all(r.pa, r.pb, size_t(blk)); };
     r.check = [&r, &comm, n, me, blk] {
       for (int j = 0; j < n; ++j)
         for (int64_t i = 0; i < blk; ++i) r.a[size_t(j * blk + i)] = pattern(int64_t(me) * n + j, i);
-      comm.all_to_all(r.a.data(), r.b.data(), size_t(blk));
+      r.upload();
+      comm.all_to_all(r.pa, r.pb, size_t(blk));
+      r.download();
       int64_t bad = 0;
       for (int j = 0; j < n; ++j)  // block j came from rank j, its block `me`
         for (int64_t i = 0; i < blk; ++i) bad += r.b[size_t(j * blk + i)] != pattern(int64_t(j) * n + me, i);
@@ -178,13 +211,14 @@ void setup_op(OpRun& r, const std::string& op, int64_t size, Comm& comm, bool re
   } else if (op == "all_gather") {
     // a [blk] -> b [n, blk]
     const int64_t blk = elems / n;
-    r.a.assign(size_t(blk), 0.f);
-    r.b.assign(size_t(blk * n), 0.f);
+    r.allocate(size_t(blk), size_t(blk * n));
     r.bytes = 4 * blk * n;
-    r.call = [&r, &comm, blk] { comm.all_gather(r.a.data(), size_t(blk), r.b.data()); };
+    r.call = [&r, &comm, blk] { comm.all_gather(r.pa, size_t(blk), r.pb); };
     r.check = [&r, &comm, n, me, blk] {
       for (int64_t i = 0; i < blk; ++i) r.a[size_t(i)] = pattern(me, i);
-      comm.all_gather(r.a.data(), size_t(blk), r.b.data());
+      r.upload();
+      comm.all_gather(r.pa, size_t(blk), r.pb);
+      r.download();
       int64_t bad = 0;
       for (int j = 0; j < n; ++j)
         for (int64_t i = 0; i < blk; ++i) bad += r.b[size_t(j * blk + i)] != pattern(j, i);
@@ -193,13 +227,14 @@ void setup_op(OpRun& r, const std::string& op, int64_t size, Comm& comm, bool re
   } else if (op == "permute") {
     // a [elems] -> rank+1; b [elems] <- rank-1 (GShard's CollectivePermute as a ring shift)
     const int dest = (me + 1) % n, source = (me + n - 1) % n;
-    r.a.assign(size_t(elems), 0.f);
-    r.b.assign(size_t(elems), 0.f);
+    r.allocate(size_t(elems), size_t(elems));
     r.bytes = 4 * elems;
-    r.call = [&r, &comm, dest, source] { comm.permute(r.a.data(), r.b.data(), r.a.size(), dest, source); };
+    r.call = [&r, &comm, dest, source] { comm.permute(r.pa, r.pb, r.a.size(), dest, source); };
     r.check = [&r, &comm, me, dest, source] {
       for (size_t i = 0; i < r.a.size(); ++i) r.a[i] = pattern(me, int64_t(i));
-      comm.permute(r.a.data(), r.b.data(), r.a.size(), dest, source);
+      r.upload();
+      comm.permute(r.pa, r.pb, r.a.size(), dest, source);
+      r.download();
       int64_t bad = 0;
       for (size_t i = 0; i < r.b.size(); ++i) bad += r.b[i] != pattern(source, int64_t(i));
       return bad;
@@ -218,12 +253,14 @@ struct Timing {
 // all groups of the axis run at once, as they would in a training step).
 Timing time_op(OpRun& r, Comm& world, int fixed_iters) {
   for (int i = 0; i < kWarmup; ++i) r.call();
+  r.comm->synchronize();
   double local = 0;  // this rank's total time in timed calls
   int64_t done = 0;
   if (fixed_iters > 0) {
     world.barrier();
     const double t0 = MPI_Wtime();
     for (int i = 0; i < fixed_iters; ++i) r.call();
+    r.comm->synchronize();  // NCCL's calls are queued: the time is the device's
     local = MPI_Wtime() - t0;
     done = fixed_iters;
   } else {
@@ -234,6 +271,7 @@ Timing time_op(OpRun& r, Comm& world, int fixed_iters) {
       world.barrier();
       const double t0 = MPI_Wtime();
       for (int64_t i = 0; i < batch; ++i) r.call();
+      r.comm->synchronize();
       local += MPI_Wtime() - t0;
       done += batch;
       double slowest = local;
@@ -325,13 +363,25 @@ int bench_comm_main(const BenchCommOptions& opt) {
   if (opt.iters < 0) throw InputError("bench-comm: --iters " + std::to_string(opt.iters) + ": give >= 1, or 0 for adaptive");
   if (opt.shm != "on" && opt.shm != "off" && opt.shm != "resident")
     throw InputError("bench-comm: --shm '" + opt.shm + "': give on, off or resident");
+  if (opt.device != "cpu" && opt.device != "cuda")
+    throw InputError("bench-comm: --device '" + opt.device + "': give cpu or cuda");
+  const bool cuda = opt.device == "cuda";
+  if (cuda && opt.shm == "resident")
+    throw InputError("bench-comm: --shm resident puts all_reduce's buffer in host memory; not with --device cuda");
   Mesh mesh(MPI_COMM_WORLD, shape.pipe, shape.data, shape.tensor);  // InputError when it does not fit the job
+  // Every rank on a GPU of its node, or every rank stops with the first failing rank's reason.
+  const std::string device_line = select_device(cuda ? Device::Cuda : Device::Cpu, Precision::Fp32, MPI_COMM_WORLD);
   ShmSettings shm;
-  shm.enabled = opt.shm != "off";
+  shm.enabled = opt.shm != "off" && !cuda;
   mesh.set_shm(shm);
-  Comm& comm = mesh.axis(axis);
+#ifdef MESHMOE_CUDA
+  if (cuda) mesh.enable_device();
+  Comm& comm = cuda ? mesh.device_axis(axis) : mesh.axis(axis);
+#else
+  Comm& comm = mesh.axis(axis);  // select_device refused cuda above
+#endif
   // Collective: whether all_reduce of >= 256 KiB takes the shared-memory window (mesh/mpi_comm.hpp).
-  const bool shm_used = static_cast<MpiComm&>(comm).shm_active();
+  const bool shm_used = !cuda && static_cast<MpiComm&>(comm).shm_active();
   Comm& world = mesh.world_comm();
   const int n = comm.size();
   for (const std::string& op : ops)
@@ -369,9 +419,11 @@ int bench_comm_main(const BenchCommOptions& opt) {
                 shape.str().c_str(), axis_name(axis), world_size / n, n,
                 opt.iters > 0 ? (std::to_string(opt.iters) + " timed calls per size").c_str()
                               : "adaptive (>= 0.05 s or 100 calls)",
-                !shm_used                ? "by MPI"
+                cuda                     ? "by NCCL on the GPUs"
+                : !shm_used              ? "by MPI"
                 : opt.shm == "resident" ? "from 256 KiB in place in node-shared memory (--shm resident)"
                                         : "from 256 KiB through shared memory (--shm on)");
+    std::printf("# %s\n", device_line.c_str());
     if (n == 1) std::printf("# note: the %s axis has 1 rank: nothing crosses the wire\n", axis_name(axis));
     std::printf("%12s  %-10s  %12s  %12s  %12s  %6s\n", "size", "op", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
                 "iters");
@@ -424,6 +476,8 @@ int bench_comm_main(const BenchCommOptions& opt) {
     file.set_attr("dtype", std::string("float32"));
     file.set_attr("iters_mode", std::string(opt.iters > 0 ? "fixed" : "adaptive"));
     file.set_attr("shm_collectives", std::string(shm_used ? opt.shm : "off"));
+    file.set_attr("device", opt.device);
+    file.set_attr("backend", std::string(cuda ? "nccl" : "mpi"));
     file.set_attr("description",
                   std::string("collective time against message size over one mesh axis; all groups of the axis run "
                               "at once; size = bytes of one rank's largest buffer (NCCL-tests convention); time per "

@@ -1,5 +1,7 @@
 // `meshmoe bench-comm`: time the collectives a sharded MoE step uses (all_reduce, all_to_all,
-// all_gather, permute) against the message size, over one mesh axis (GShard figure 9 analogue).
+// all_gather, permute) against the message size, over one mesh axis (GShard figure 9 analogue),
+// through MPI on host buffers or (--device cuda) through NCCL on device buffers, as a GPU run's
+// data and tensor axes move them.
 //
 // Size convention (as NCCL-tests): the size S of a row is the bytes of one rank's largest buffer:
 //   all_reduce  in-place buffer of S bytes (float, sum)
@@ -28,6 +30,7 @@ struct BenchCommOptions {
   std::string max_memory;               // "8G": memory per node for the buffers; "" = detect (train/memory_limit.hpp)
   std::string shm = "on";               // on | off | resident: the shared-memory sums of a group on one node
                                         // (run.shm_collectives); resident: all_reduce's buffer node-shared
+  std::string device = "cpu";           // cpu: host buffers, MPI; cuda: one GPU per rank, device buffers, NCCL
 };
 
 // Collective over MPI_COMM_WORLD (call on every rank). Returns an exit code; bad options raise

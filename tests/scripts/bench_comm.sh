@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `meshmoe bench-comm`: collective timings against message size. On 4 ranks, the whole world as
-# one data axis and a 1x2x2 mesh timed along tensor; then the adaptive iteration count on 2 ranks.
+# one data axis and a 1x2x2 mesh timed along tensor; then the adaptive iteration count on 2 ranks;
+# device buffers (the deferred host device) and NCCL (with a GPU; without one, a clean refusal).
 # The HDF5 file is checked with h5py: every dataset and attribute, shapes, positive finite times,
 # algbw = bytes/time and busbw = algbw * NCCL-tests factor (rtol 1e-12: the same double arithmetic,
 # a few ulps at most). The table is printed once (rank 0). Bad options exit 2 quickly, no hang.
@@ -108,6 +109,29 @@ bench adaptive 2 --sizes 4K,1M --ops all_reduce,permute -o "$T/bc_adaptive.h5"
 ok adaptive; rows adaptive 4
 check "$T/bc_adaptive.h5" 2 1x2x1 data 2 4096,1048576 all_reduce,permute 0 || fail "adaptive: HDF5 content"
 
+# Device buffers: under the deferred host device's copies rule (the GPU's, tests/scripts/deferred_device.sh)
+# every op's check uploads its pattern, moves device buffers and downloads the result (MPI stages
+# them through host copies); the file says which device and backend.
+MESHMOE_TEST_DEFERRED_DEVICE=copies bench deferred 2 --sizes 4K,1M --iters 2 -o "$T/bc_deferred.h5"
+ok deferred; rows deferred 8
+grep -q "deferred as a GPU's work" "$T/deferred.out" || fail "deferred: the header does not name the device"
+check "$T/bc_deferred.h5" 2 1x2x1 data 2 4096,1048576 $ALL 2 || fail "deferred: HDF5 content"
+/usr/bin/python3 -c "import h5py,sys; a=h5py.File(sys.argv[1]).attrs; sys.exit(0 if (a['device'], a['backend']) == ('cpu', 'mpi') else 1)" \
+  "$T/bc_deferred.h5" || fail "deferred: device/backend attributes"
+# NCCL on the GPUs (--device cuda): with a GPU, all four ops on one rank through NCCL; without one
+# (or without CUDA in the build), every rank stops at once with the reason.
+if "$M" --version | grep -q CUDA && have_gpu; then
+  bench nccl 1 --device cuda --sizes 4K,1M --iters 2 -o "$T/bc_nccl.h5"
+  ok nccl; rows nccl 8
+  check "$T/bc_nccl.h5" 1 1x1x1 data 1 4096,1048576 $ALL 2 || fail "nccl: HDF5 content"
+  /usr/bin/python3 -c "import h5py,sys; sys.exit(0 if h5py.File(sys.argv[1]).attrs['backend'] == 'nccl' else 1)" \
+    "$T/bc_nccl.h5" || fail "nccl: backend attribute"
+else
+  bench no_gpu 2 --device cuda --sizes 1K --iters 1 -o "$T/x.h5"
+  [ "$(cat "$T/no_gpu.rc")" = 2 ] || fail "no_gpu: exit $(cat "$T/no_gpu.rc"), expected 2"
+  grep -q "rank 0 on" "$T/no_gpu.err" || fail "no_gpu: the message does not name the failing rank"
+fi
+
 # Bad input: exit 2 on every rank, a message naming the problem, within 30 s.
 # bad NAME NP PATTERN ARGS...
 bad() {
@@ -130,6 +154,8 @@ bad bad_mesh_fit 4 "8 ranks" --mesh 2x2x2 --sizes 1K --iters 1 -o "$T/x.h5"
 bad bad_ops 2 "unknown op 'bcast'" --ops all_reduce,bcast --sizes 1K --iters 1 -o "$T/x.h5"
 bad bad_iters 2 "--iters -1" --iters -1 --sizes 1K -o "$T/x.h5"
 bad bad_dir 2 "does not exist" --sizes 1K --iters 1 -o "$T/no/such/dir/x.h5"
+bad bad_device 2 "give cpu or cuda" --device gpu --sizes 1K --iters 1 -o "$T/x.h5"
+bad bad_resident_cuda 2 "not with --device cuda" --device cuda --shm resident --sizes 1K --iters 1 -o "$T/x.h5"
 
 echo "bench_comm: $fails failure(s)"
 [ "$fails" -eq 0 ]
