@@ -123,19 +123,20 @@ void on_rank0_or_input_error(int rank, const std::function<void()>& work) {
 float pattern(int64_t tag, int64_t i) { return float((tag % 4096) * 4096 + i % 4093); }
 
 // One op at one size on one axis: buffers, a correctness check against the expected values, and
-// the call that is timed. The call's buffers are Buffers (device memory with --device cuda, as the
-// trainer's); the check writes its pattern into the host copies a and b, uploads them, runs the op
-// and compares the downloaded result.
+// the call that is timed. The check writes its pattern into a and b and reads the result there;
+// the call moves a and b themselves, or with Buffers on a device (--device cuda, as the trainer's)
+// their device copies, which the check uploads before the op and downloads after it.
 struct OpRun {
   int64_t bytes = 0;            // bytes of the largest per-rank buffer actually used
   std::function<void()> call;   // one collective
   std::function<int64_t()> check;  // runs the op once on patterned data; returns wrong elements
   Comm* comm = nullptr;
-  std::vector<float> a, b;      // host copies
-  Buffer<float> da, db;         // what the call moves
-  float *pa = nullptr, *pb = nullptr;
+  std::span<float> a, b;        // the host's view of the buffers
+  float *pa = nullptr, *pb = nullptr;  // what the call moves
+  std::vector<float> a_host, b_host;   // a's and b's memory (a's unless resident)
+  Buffer<float> da, db;                // the device copies
   // --shm resident: all_reduce's buffer in node-shared memory (Comm::node_shared_alloc), as the
-  // trainer's gradients (host memory: the call moves it in place); freed (collectively) with the run.
+  // trainer's gradients; freed (collectively) with the run.
   std::span<float> resident;
   Comm* owner = nullptr;
   OpRun() = default;
@@ -144,27 +145,25 @@ struct OpRun {
   ~OpRun() {
     if (owner) owner->node_shared_free(resident.data());
   }
-  // a, b of these sizes (zero) on both sides.
+  // a (the resident buffer if there is one) and b of these sizes, zero.
   void allocate(size_t na, size_t nb) {
-    a.assign(na, 0.f), b.assign(nb, 0.f);
-    if (owner) {
-      pa = resident.data();
-      return;
+    if (!owner) a_host.assign(na, 0.f);
+    b_host.assign(nb, 0.f);
+    a = owner ? resident : std::span<float>(a_host), b = b_host;
+    pa = a.data(), pb = b.data();
+    if (buffers_on_device() && !owner) {
+      da = Buffer<float>(na), db = Buffer<float>(nb);
+      pa = da.data(), pb = db.data();
     }
-    da = Buffer<float>(na), db = Buffer<float>(nb);
-    pa = da.data(), pb = db.data();
   }
+  bool copies() const { return pa != a.data(); }
   void upload() {
-    if (owner) std::copy(a.begin(), a.end(), resident.begin());
-    else copy_from_host(pa, a.data(), a.size() * sizeof(float));
+    if (copies()) copy_from_host(pa, a.data(), a.size_bytes());
   }
   void download() {
-    if (owner) {
-      std::copy(resident.begin(), resident.end(), a.begin());
-      return;
-    }
-    copy_to_host(a.data(), pa, a.size() * sizeof(float));
-    if (!b.empty()) copy_to_host(b.data(), pb, b.size() * sizeof(float));
+    if (!copies()) return;
+    copy_to_host(a.data(), pa, a.size_bytes());
+    if (!b.empty()) copy_to_host(b.data(), pb, b.size_bytes());
   }
 };
 
@@ -180,7 +179,7 @@ void setup_op(OpRun& r, const std::string& op, int64_t size, Comm& comm, bool re
     r.bytes = 4 * elems;
     r.call = [&r, &comm] { comm.all_reduce(r.pa, r.a.size(), Op::Sum); };
     r.check = [&r, &comm, n, me] {
-      std::vector<float>& a = r.a;
+      const std::span<float> a = r.a;
       for (size_t i = 0; i < a.size(); ++i) a[i] = float(me + 1 + int(i % 5));
       r.upload();
       comm.all_reduce(r.pa, a.size(), Op::Sum);

@@ -59,7 +59,7 @@ void cuda_gemm_bf16_strided_batched(bool, bool, int, int, int, float, const floa
                                     int64_t, float, float*, int, int64_t, int) {
   throw Error("cuda_gemm_bf16_strided_batched: built without CUDA");
 }
-void cuda_gemm_bf16_two_level_batched(bool, bool, int, int, int, float, const float*, int, int64_t, int64_t,
+bool cuda_gemm_bf16_two_level_batched(bool, bool, int, int, int, float, const float*, int, int64_t, int64_t,
                                       const float*, int, int64_t, int64_t, float, float*, int, int64_t, int64_t, int,
                                       int) {
   throw Error("cuda_gemm_bf16_two_level_batched: built without CUDA");

@@ -109,12 +109,11 @@ void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, T alpha, Batc
     const bool one_progression = A.outer_stride == inner * A.inner_stride && B.outer_stride == inner * B.inner_stride &&
                                  C.outer_stride == inner * C.inner_stride;
     if constexpr (std::is_same_v<T, float>)
-      if (rounded && !one_progression) {
-        cuda_gemm_bf16_two_level_batched(trans_a, trans_b, M, N, K, alpha, A.p, A.ld, A.outer_stride, A.inner_stride,
-                                         B.p, B.ld, B.outer_stride, B.inner_stride, beta, C.p, C.ld, C.outer_stride,
-                                         C.inner_stride, outer, inner);
+      if (rounded && !one_progression &&
+          cuda_gemm_bf16_two_level_batched(trans_a, trans_b, M, N, K, alpha, A.p, A.ld, A.outer_stride,
+                                           A.inner_stride, B.p, B.ld, B.outer_stride, B.inner_stride, beta, C.p, C.ld,
+                                           C.outer_stride, C.inner_stride, outer, inner))
         return;
-      }
     const int calls = one_progression ? 1 : outer, count = one_progression ? outer * inner : inner;
     for (int b = 0; b < calls; ++b) {
       if constexpr (std::is_same_v<T, float>)

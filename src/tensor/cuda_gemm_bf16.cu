@@ -226,11 +226,11 @@ void cuda_gemm_bf16_strided_batched(bool trans_a, bool trans_b, int M, int N, in
            2.0 * double(M) * double(N) * K * count);
 }
 
-void cuda_gemm_bf16_two_level_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+bool cuda_gemm_bf16_two_level_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                                       int lda, int64_t a_outer, int64_t a_inner, const float* B, int ldb,
                                       int64_t b_outer, int64_t b_inner, float beta, float* C, int ldc,
                                       int64_t c_outer, int64_t c_inner, int outer, int inner) {
-  if (M == 0 || N == 0 || outer == 0 || inner == 0) return;
+  if (M == 0 || N == 0 || outer == 0 || inner == 0) return true;
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
   // From a pair's first element to the last pair's last: the span one flat rounding covers.
@@ -239,12 +239,7 @@ void cuda_gemm_bf16_two_level_batched(bool trans_a, bool trans_b, int M, int N, 
   };
   const int64_t a_span = span(a_outer, a_inner, a_rows, a_cols, lda), b_span = span(b_outer, b_inner, b_rows, b_cols, ldb);
   const int64_t pairs = int64_t(outer) * inner;
-  if (K == 0 || a_span > 2 * pairs * a_rows * a_cols || b_span > 2 * pairs * b_rows * b_cols) {
-    for (int b = 0; b < outer; ++b)
-      cuda_gemm_bf16_strided_batched(trans_a, trans_b, M, N, K, alpha, A + b * a_outer, lda, a_inner, B + b * b_outer,
-                                     ldb, b_inner, beta, C + b * c_outer, ldc, c_inner, inner);
-    return;
-  }
+  if (K == 0 || a_span > 2 * pairs * a_rows * a_cols || b_span > 2 * pairs * b_rows * b_cols) return false;
   before_device_work();
   const uint16_t* a = rounded_flat(A, a_span, g_a);
   const uint16_t* b = rounded_flat(B, b_span, g_b);
@@ -259,6 +254,7 @@ void cuda_gemm_bf16_two_level_batched(bool trans_a, bool trans_b, int M, int N, 
     profiled(gemm, [&] { return gemm_profile_name("bf16 gemm", trans_a, trans_b, M, N, K, inner); },
              2.0 * double(M) * double(N) * K * inner);
   }
+  return true;
 }
 
 }  // namespace meshmoe

@@ -21,9 +21,10 @@ void cuda_gemm_bf16_strided_batched(bool trans_a, bool trans_b, int M, int N, in
 // gemm_batched's two-level batch (tensor/blas.hpp): pair (b, h), b < outer, h < inner, of operand
 // X at X + b * x_outer + h * x_inner. Each operand's span over all pairs is rounded by one kernel
 // (instead of one per b), then one cublasGemmStridedBatchedEx per b over its `inner` pairs reads
-// the rounded span at the same offsets. A span more than twice its pairs' elements (gaps between
-// them) is rounded per b instead.
-void cuda_gemm_bf16_two_level_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+// the rounded span at the same offsets. Returns false, having done nothing, when K is 0 or a span
+// is more than twice its pairs' elements (gaps between them): the caller then calls
+// cuda_gemm_bf16_strided_batched per b.
+bool cuda_gemm_bf16_two_level_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                                       int lda, int64_t a_outer, int64_t a_inner, const float* B, int ldb,
                                       int64_t b_outer, int64_t b_inner, float beta, float* C, int ldc,
                                       int64_t c_outer, int64_t c_inner, int outer, int inner);

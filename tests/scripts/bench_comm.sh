@@ -109,6 +109,11 @@ bench adaptive 2 --sizes 4K,1M --ops all_reduce,permute -o "$T/bc_adaptive.h5"
 ok adaptive; rows adaptive 4
 check "$T/bc_adaptive.h5" 2 1x2x1 data 2 4096,1048576 all_reduce,permute 0 || fail "adaptive: HDF5 content"
 
+# all_reduce's buffer in node-shared memory (--shm resident), moved in place and checked there.
+bench resident 2 --shm resident --sizes 1M,4M --ops all_reduce --iters 2 -o "$T/bc_resident.h5"
+ok resident; rows resident 2
+check "$T/bc_resident.h5" 2 1x2x1 data 2 1048576,4194304 all_reduce 2 || fail "resident: HDF5 content"
+
 # Device buffers: under the deferred host device's copies rule (the GPU's, tests/scripts/deferred_device.sh)
 # every op's check uploads its pattern, moves device buffers and downloads the result (MPI stages
 # them through host copies); the file says which device and backend.
