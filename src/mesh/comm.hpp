@@ -78,9 +78,16 @@ class Comm {
   // mesh/shm_collectives.hpp), or nullptr on every rank (the default; other nodes; no room). Lives
   // as long as the Comm.
   virtual void* node_shared_alloc(size_t /*bytes*/) { return nullptr; }
-  // Collective: returns memory from node_shared_alloc (skipped while an exception unwinds, when a
-  // collective could hang: then the Comm's end frees it).
+  // Collective: one `bytes` of zeroed host memory for the whole group, the same memory on every
+  // rank (the first rank's; each process's own address), which the collectives do not read in
+  // place; nullptr on every rank as node_shared_alloc.
+  virtual void* node_shared_alloc_one(size_t /*bytes*/) { return nullptr; }
+  // Collective: returns memory from node_shared_alloc or node_shared_alloc_one (skipped while an
+  // exception unwinds, when a collective could hang: then the Comm's end frees it).
   virtual void node_shared_free(void* /*p*/) {}
+  // Collective: what each rank wrote to its node-shared memory before the call, every rank reads
+  // after it (a barrier with the memory made visible). A barrier where there is none.
+  virtual void node_shared_fence() { barrier(); }
 
   // ---- type-erased core ----------------------------------------------------------------------
   virtual void all_reduce_raw(void* buf, size_t n, DType t, Op op) = 0;

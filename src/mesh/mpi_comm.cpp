@@ -116,8 +116,17 @@ void* MpiComm::node_shared_alloc(size_t bytes) {
   return shm_active() ? shm_->shared_alloc(bytes) : nullptr;
 }
 
+void* MpiComm::node_shared_alloc_one(size_t bytes) {
+  return shm_active() ? shm_->shared_alloc_one(bytes) : nullptr;
+}
+
 void MpiComm::node_shared_free(void* p) {
   if (p && shm_) shm_->shared_free(p);
+}
+
+void MpiComm::node_shared_fence() {
+  if (shm_active()) shm_->shared_fence();
+  else barrier();
 }
 
 void MpiComm::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }

@@ -50,7 +50,9 @@ class MpiComm final : public Comm {
   std::string name() const override;
   // Through the shared-memory window group (nullptr when run.shm_collectives is off).
   void* node_shared_alloc(size_t bytes) override;
+  void* node_shared_alloc_one(size_t bytes) override;
   void node_shared_free(void* p) override;
+  void node_shared_fence() override;
 
   void all_reduce_raw(void* buf, size_t n, DType t, Op op) override;
   void broadcast_raw(void* buf, size_t n, DType t, int root) override;

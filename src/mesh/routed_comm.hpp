@@ -25,7 +25,9 @@ class RoutedComm final : public Comm {
   void synchronize() override { device_.synchronize(); }
   std::string name() const override { return host_.name() + " + " + device_.name(); }
   void* node_shared_alloc(size_t bytes) override { return host_.node_shared_alloc(bytes); }
+  void* node_shared_alloc_one(size_t bytes) override { return host_.node_shared_alloc_one(bytes); }
   void node_shared_free(void* p) override { host_.node_shared_free(p); }
+  void node_shared_fence() override { host_.node_shared_fence(); }
 
   void all_reduce_raw(void* buf, size_t n, DType t, Op op) override;
   void broadcast_raw(void* buf, size_t n, DType t, int root) override;

@@ -161,28 +161,45 @@ void ShmCollectives::sync(MPI_Win win) {
   check(MPI_Win_sync(win), "MPI_Win_sync");
 }
 
-void* ShmCollectives::shared_alloc(size_t bytes) {
+ShmCollectives::Resident* ShmCollectives::allocate_resident(size_t bytes, bool one_copy) {
   bytes = std::max<size_t>((bytes + 4095) & ~size_t(4095), 4096);
-  if (!backing_room(node_, double(bytes) * size_).fits) return nullptr;
-  Resident r{MPI_WIN_NULL, bytes, std::vector<char*>(size_t(size_), nullptr)};
+  if (!backing_room(node_, double(bytes) * (one_copy ? 1 : size_)).fits) return nullptr;
+  Resident r{MPI_WIN_NULL, bytes, std::vector<char*>(size_t(size_), nullptr), one_copy};
   MPI_Info info = MPI_INFO_NULL;
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each rank's memory page-aligned, its own pages
   char* mine = nullptr;
-  const int rc = MPI_Win_allocate_shared(MPI_Aint(bytes), 1, info, node_, &mine, &r.win);
+  const size_t my_bytes = one_copy && rank_ > 0 ? 0 : bytes;
+  const int rc = MPI_Win_allocate_shared(MPI_Aint(my_bytes), 1, info, node_, &mine, &r.win);
   MPI_Info_free(&info);
   check(rc, "MPI_Win_allocate_shared");
-  for (int k = 0; k < size_; ++k) {
+  for (int k = 0; k < (one_copy ? 1 : size_); ++k) {
     MPI_Aint got = 0;
     int disp = 0;
     check(MPI_Win_shared_query(r.win, k, &got, &disp, &r.base[size_t(k)]), "MPI_Win_shared_query");
     if (size_t(got) < bytes) throw Error(label_ + ": shared-memory window smaller than asked");
   }
   check(MPI_Win_lock_all(MPI_MODE_NOCHECK, r.win), "MPI_Win_lock_all");
-  std::memset(mine, 0, bytes);  // this rank's pages made by this rank
+  if (my_bytes > 0) std::memset(mine, 0, my_bytes);  // this rank's pages made by this rank
   resident_.push_back(std::move(r));
   sync(resident_.back().win);
-  return mine;
+  return &resident_.back();
+}
+
+void* ShmCollectives::shared_alloc(size_t bytes) {
+  Resident* r = allocate_resident(bytes, false);
+  return r ? r->base[size_t(rank_)] : nullptr;
+}
+
+void* ShmCollectives::shared_alloc_one(size_t bytes) {
+  Resident* r = allocate_resident(bytes, true);
+  return r ? r->base[0] : nullptr;
+}
+
+void ShmCollectives::shared_fence() {
+  for (const Resident& r : resident_) check(MPI_Win_sync(r.win), "MPI_Win_sync");
+  check(MPI_Barrier(node_), "MPI_Barrier");
+  for (const Resident& r : resident_) check(MPI_Win_sync(r.win), "MPI_Win_sync");
 }
 
 void ShmCollectives::free_resident(Resident& r) {
@@ -193,7 +210,7 @@ void ShmCollectives::free_resident(Resident& r) {
 void ShmCollectives::shared_free(void* p) {
   if (!collective_free_safe()) return;
   for (auto r = resident_.begin(); r != resident_.end(); ++r)
-    if (r->base[size_t(rank_)] == p) {
+    if (r->base[r->one_copy ? 0 : size_t(rank_)] == p) {
       free_resident(*r);
       resident_.erase(r);
       return;
@@ -208,6 +225,7 @@ bool ShmCollectives::run_resident(char* buf, const std::vector<size_t>& off, DTy
   // and the smallest of each; they agree when those are equal.
   int64_t where[4] = {-1, -1, 1, 1};
   for (size_t w = 0; w < resident_.size(); ++w) {
+    if (resident_[w].one_copy) continue;
     char* base = resident_[w].base[me];
     if (buf >= base && buf + bytes <= base + resident_[w].bytes) {
       where[0] = int64_t(w), where[1] = buf - base, where[2] = -where[0], where[3] = -where[1];

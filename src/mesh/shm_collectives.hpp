@@ -47,8 +47,16 @@ class ShmCollectives {
   // lives as long as this object; nullptr on every rank when the backing directory (see open) has
   // less room than the group's total.
   void* shared_alloc(size_t bytes);
-  // Collective: frees what shared_alloc returned (not while an exception unwinds on this rank).
+  // Collective: `bytes` of the group's first rank's memory, zeroed, the same memory on every rank
+  // (at each process's own address): one copy for the group (ParamStore's weights with sharded
+  // optimizer state). The collectives do not read it in place. nullptr on every rank as above.
+  void* shared_alloc_one(size_t bytes);
+  // Collective: frees what shared_alloc or shared_alloc_one returned (not while an exception
+  // unwinds on this rank).
   void shared_free(void* p);
+  // Collective: every rank's writes to the shared_alloc memory visible to every rank, then a
+  // barrier: what a rank wrote there before the call, the others read after it.
+  void shared_fence();
 
   size_t window_bytes_per_rank() const { return slot_bytes_; }
 
@@ -73,7 +81,9 @@ class ShmCollectives {
     MPI_Win win;
     size_t bytes;
     std::vector<char*> base;  // [size]: every rank's memory of this window
+    bool one_copy = false;    // shared_alloc_one: base[0] only
   };
+  Resident* allocate_resident(size_t bytes, bool one_copy);
   std::vector<Resident> resident_;  // shared_alloc's windows
   static void free_resident(Resident& r);  // collective
 };

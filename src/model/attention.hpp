@@ -49,6 +49,7 @@ class CausalSelfAttention {
     f(x_);
     f(qkv_);
     f(p_);
+    f(p16_);
     f(att_);
     dropout_.saved_state(f);
   }
@@ -76,6 +77,10 @@ class CausalSelfAttention {
   Buffer<T> x_;    // [N, M]
   Buffer<T> qkv_;  // q, k, v each [N, A_l]
   Buffer<T> p_;    // softmax probabilities [B, heads_l, T, T] (zero above the diagonal when causal, zero across examples)
+  // P and dS rounded to bf16 by their softmax rows, for the bf16 GEMMs on a device (causal mode;
+  // empty otherwise: bf16_copies() in attention.cpp)
+  Buffer<uint16_t> p16_;  // [B, heads_l, T, T]
+  Buffer<uint16_t> ds16_;  // [B, heads_l, T, T], backward scratch
   Buffer<T> att_;  // attention output before wo [N, A_l]
   // backward scratch
   Buffer<T> dy_, datt_, dqkv_, dxs_;

@@ -5,18 +5,22 @@
 #include <cstdint>
 
 #include "core/hd.hpp"
+#include "tensor/bf16.hpp"
 
 namespace meshmoe {
 
 // Row r = (b * heads_l + h) * T + i of the scores [B, heads_l, T, T] (already scaled), in place: softmax over
 // the keys the query sees, j <= i in its own example (segment[b*T + j] == segment[b*T + i]; every
 // j <= i when segment is null), zero elsewhere (docs/ARCHITECTURE.md "Packed sequences"). The query
-// always sees itself, so the sum is never empty.
+// always sees itself, so the sum is never empty. P16 (optional): every value written, rounded to
+// bf16 (bf16_bits): the operand of the bf16 GEMMs that read P, rounded here once instead of by each
+// GEMM (docs/ARCHITECTURE.md "Precision").
 template <typename T>
 struct AttentionCausalSoftmaxRow {
   T* P;
   const int32_t* segment;  // [B, T] or null
   int Tq, heads_l;
+  uint16_t* P16 = nullptr;  // [B, heads_l, T, T] or null
   template <class Lanes>
   MESHMOE_HD void operator()(int64_t r, const Lanes& lanes) const {
     const int i = int(r % Tq);
@@ -32,18 +36,28 @@ struct AttentionCausalSoftmaxRow {
       sum += row[j];
     }
     const T inv = T(1) / lanes.sum(sum);
-    for (int j = lanes.first; j <= i; j += lanes.step) row[j] *= inv;
-    for (int j = i + 1 + lanes.first; j < Tq; j += lanes.step) row[j] = T(0);
+    // Each lane writes the copy of exactly the values it writes (no lane reads another's).
+    uint16_t* row16 = P16 ? P16 + r * Tq : nullptr;
+    for (int j = lanes.first; j <= i; j += lanes.step) {
+      row[j] *= inv;
+      if (row16) row16[j] = bf16_bits(float(row[j]));
+    }
+    for (int j = i + 1 + lanes.first; j < Tq; j += lanes.step) {
+      row[j] = T(0);
+      if (row16) row16[j] = 0;  // bf16_bits(0)
+    }
   }
 };
 
 // Row r = (b * heads_l + h) * T + i of dP [B, heads_l, T, T], in place: dS = P * (dP - sum_j P dP)
-// over j <= i, zero above the diagonal and outside the query's example (P is).
+// over j <= i, zero above the diagonal and outside the query's example (P is). dS16 (optional):
+// dS rounded to bf16, as P16 above.
 template <typename T>
 struct AttentionCausalSoftmaxBackwardRow {
   const T* P;
   T* dP;
   int Tq;
+  uint16_t* dS16 = nullptr;  // [B, heads_l, T, T] or null
   template <class Lanes>
   MESHMOE_HD void operator()(int64_t r, const Lanes& lanes) const {
     const int64_t i = r % Tq;
@@ -52,8 +66,15 @@ struct AttentionCausalSoftmaxBackwardRow {
     T dot = 0;
     for (int64_t j = lanes.first; j <= i; j += lanes.step) dot += pr[j] * dr[j];
     dot = lanes.sum(dot);
-    for (int64_t j = lanes.first; j <= i; j += lanes.step) dr[j] = pr[j] * (dr[j] - dot);
-    for (int64_t j = i + 1 + lanes.first; j < Tq; j += lanes.step) dr[j] = T(0);
+    uint16_t* row16 = dS16 ? dS16 + r * Tq : nullptr;
+    for (int64_t j = lanes.first; j <= i; j += lanes.step) {
+      dr[j] = pr[j] * (dr[j] - dot);
+      if (row16) row16[j] = bf16_bits(float(dr[j]));
+    }
+    for (int64_t j = i + 1 + lanes.first; j < Tq; j += lanes.step) {
+      dr[j] = T(0);
+      if (row16) row16[j] = 0;
+    }
   }
 };
 

@@ -29,8 +29,8 @@ BatchedOperand<T> heads_of(T* p, const AttentionPairs& a, int rows) {
   return {p, A_l, int64_t(rows) * A_l, a.D};
 }
 template <typename T>
-BatchedOperand<T> scores_of(T* p, const AttentionPairs& a) {
-  return {p, a.Tk, int64_t(a.heads_l) * a.Tq * a.Tk, int64_t(a.Tq) * a.Tk};
+BatchedOperand<T> scores_of(T* p, const AttentionPairs& a, const uint16_t* bf16 = nullptr) {
+  return {p, a.Tk, int64_t(a.heads_l) * a.Tq * a.Tk, int64_t(a.Tq) * a.Tk, bf16};
 }
 
 // P [B, heads_l, Tq, Tk] = masked softmax(q k^T / sqrt(D)); O [B*Tq, A_l] = P v (overwritten)

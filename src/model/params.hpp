@@ -76,7 +76,9 @@ class ParamStore {
  public:
   ParamStore() = default;
   ~ParamStore() {
-    if (share_) share_->node_shared_free(w_);
+    if (!share_) return;
+    if (one_weight_copy_) share_->node_shared_free(w_);
+    share_->node_shared_free(one_weight_copy_ ? static_cast<void*>(g_) : static_cast<void*>(w_));
   }
   // A copy (tests: a fresh start to compare against) holds its values in private memory.
   ParamStore(const ParamStore& o)
@@ -114,21 +116,33 @@ class ParamStore {
 
   // Zero weights and gradients. With `share` (the data axis, on the host) they live in memory its
   // collectives read directly (Comm::node_shared_alloc): the gradient sum over data and the
-  // all-gather of sharded updates then move no bytes through a staging window. Collective over
-  // `share`, and so is the store's destruction then; `share` must outlive the store. Private
-  // Buffers when it gives none.
-  void allocate(Comm* share = nullptr) {
+  // all-gather of sharded updates then move no bytes through a staging window. With
+  // `one_weight_copy` too (optim.shard_state: each data rank updates only the parameters it owns)
+  // and no parameter split over data, the group's ranks hold one copy of the weights between them
+  // (Comm::node_shared_alloc_one; docs/ARCHITECTURE.md "Sharded optimizer state"): the owners'
+  // updates need no all-gather, only publish_weights(). Collective over `share`, and so is the
+  // store's destruction then; `share` must outlive the store. Private Buffers when it gives none.
+  void allocate(Comm* share = nullptr, bool one_weight_copy = false) {
     allocated_ = true;
     weights_.clear();  // zero, on the device where the Buffers live
     grads_.clear();
     const size_t stride = (total_ + 15) / 16 * 16;  // the gradients 64-byte aligned after the weights
-    void* shared = share && share->size() > 1 && !buffers_on_device() ? share->node_shared_alloc(2 * stride * sizeof(T))
-                                                                       : nullptr;
+    const bool node = share && share->size() > 1 && !buffers_on_device();
+    bool split_over_data = false;
+    for (const ParamInfo& p : infos_) split_over_data |= (p.sharded_over & kShardData) != 0;
+    if (node && one_weight_copy && !split_over_data) {
+      // Both or neither: each call gives nullptr on every rank alike.
+      T* w = static_cast<T*>(share->node_shared_alloc_one(std::max<size_t>(total_, 1) * sizeof(T)));
+      T* g = w ? static_cast<T*>(share->node_shared_alloc(std::max<size_t>(total_, 1) * sizeof(T))) : nullptr;
+      if (w && !g) share->node_shared_free(w);
+      if (w && g) share_ = share, one_weight_copy_ = true, w_ = w, g_ = g;
+    }
+    void* shared = node && !share_ ? share->node_shared_alloc(2 * stride * sizeof(T)) : nullptr;
     if (shared) {
       share_ = share;
       w_ = static_cast<T*>(shared);
       g_ = w_ + stride;
-    } else {
+    } else if (!share_) {
       weights_.resize(total_);
       grads_.resize(total_);
       w_ = weights_.data(), g_ = grads_.data();
@@ -142,31 +156,23 @@ class ParamStore {
   }
   // Whether allocate() placed the weights and gradients in node-shared memory.
   bool node_shared() const { return share_ != nullptr; }
+  // Whether the data ranks of the node hold one copy of the weights between them (allocate): a
+  // rank writes only the parameters it owns (or all ranks the same values), then publish_weights().
+  bool one_weight_copy() const { return one_weight_copy_; }
+  // Collective over the share: every rank's writes to the weights visible to every rank. A no-op
+  // unless one_weight_copy().
+  void publish_weights() {
+    if (one_weight_copy_) share_->node_shared_fence();
+  }
   bool allocated() const { return allocated_; }
 
   // Initialises every parameter from (seed, parameter name, logical element index), so a sharded
   // model (any block of any parameter, on any pipeline stage) gets exactly the unsharded values.
+  // With one_weight_copy() the group's first rank writes them and the others wait (collective).
   void init(uint64_t seed, double init_scale) {
-    for (size_t i = 0; i < infos_.size(); ++i) {
-      const ParamInfo& p = infos_[i];
-      T* w = w_ + p.flat_offset;
-      if (p.init == InitKind::Zeros || p.init == InitKind::Ones) {
-        fill_with(w, p.size, p.init == InitKind::Ones ? T(1) : T(0));
-        continue;
-      }
-      const int dims = int(p.local_shape.size());
-      if (dims > TruncatedNormalInit<T>::kMaxDims || p.logical_shape.size() != p.local_shape.size() ||
-          p.offset.size() != p.local_shape.size())
-        throw std::logic_error("ParamStore::init: " + p.name + ": more than 4 dimensions, or shapes of unequal rank");
-      TruncatedNormalInit<T> body{w, Rng{seed ^ fnv1a64(p.name), 0, 0, RngPurpose::Init}, std::sqrt(init_scale / p.fan_in),
-                                  dims, {}, {}, {}};
-      for (int d = 0; d < dims; ++d) {
-        body.local_shape[d] = p.local_shape[size_t(d)];
-        body.offset[d] = p.offset[size_t(d)];
-        body.logical_shape[d] = p.logical_shape[size_t(d)];
-      }
-      for_each_index(int64_t(p.size), body, 64);
-    }
+    if (one_weight_copy_ && share_->rank() > 0) return publish_weights();
+    init_values(seed, init_scale);
+    publish_weights();
   }
 
   // Logical (row-major, unsharded) index of local element `local` of parameter p.
@@ -191,12 +197,36 @@ class ParamStore {
   }
 
  private:
+  void init_values(uint64_t seed, double init_scale) {
+    for (size_t i = 0; i < infos_.size(); ++i) {
+      const ParamInfo& p = infos_[i];
+      T* w = w_ + p.flat_offset;
+      if (p.init == InitKind::Zeros || p.init == InitKind::Ones) {
+        fill_with(w, p.size, p.init == InitKind::Ones ? T(1) : T(0));
+        continue;
+      }
+      const int dims = int(p.local_shape.size());
+      if (dims > TruncatedNormalInit<T>::kMaxDims || p.logical_shape.size() != p.local_shape.size() ||
+          p.offset.size() != p.local_shape.size())
+        throw std::logic_error("ParamStore::init: " + p.name + ": more than 4 dimensions, or shapes of unequal rank");
+      TruncatedNormalInit<T> body{w, Rng{seed ^ fnv1a64(p.name), 0, 0, RngPurpose::Init}, std::sqrt(init_scale / p.fan_in),
+                                  dims, {}, {}, {}};
+      for (int d = 0; d < dims; ++d) {
+        body.local_shape[d] = p.local_shape[size_t(d)];
+        body.offset[d] = p.offset[size_t(d)];
+        body.logical_shape[d] = p.logical_shape[size_t(d)];
+      }
+      for_each_index(int64_t(p.size), body, 64);
+    }
+  }
+
   std::vector<ParamInfo> infos_;
   std::vector<ParamView<T>*> views_;
   Buffer<T> weights_, grads_;  // unless node-shared
   T* w_ = nullptr;
   T* g_ = nullptr;
   Comm* share_ = nullptr;  // node-shared: the Comm whose memory w_ and g_ are
+  bool one_weight_copy_ = false;  // w_ and g_ in windows of their own, w_ the group's one copy
   size_t total_ = 0;
   bool allocated_ = false;
 };

@@ -41,6 +41,9 @@ struct Placement {
   // The trainer's model: its weights and gradients in memory the data axis's collectives read
   // directly (ParamStore::allocate); model_sharding leaves it null. Must outlive the model.
   Comm* data = nullptr;
+  // With `data`: the data ranks of a node hold one copy of the weights between them when no
+  // parameter is split over data (optim.shard_state: each updates only what it owns).
+  bool one_weight_copy = false;
 
   bool first_stage() const { return pipe_rank == 0; }
   bool last_stage() const { return pipe_rank == pipe_size - 1; }

@@ -132,7 +132,10 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
     // Expert rows of this rank: E_l experts x (expert_parallel x G groups over data | G) x C slots.
     R = E_l * (s.experts_over_data ? s.expert_parallel : 1) * G * C;
   }
-  constexpr size_t f32 = sizeof(float), f64 = sizeof(double), i32 = sizeof(int32_t), i64 = sizeof(int64_t), u8 = 1;
+  constexpr size_t f32 = sizeof(float), f64 = sizeof(double), i32 = sizeof(int32_t), i64 = sizeof(int64_t), u8 = 1,
+                   u16 = sizeof(uint16_t);
+  // The causal attention's bf16 copies of P and dS (attention.cpp bf16_copies): bf16 GEMMs on a GPU.
+  const bool bf16_copies = cfg.model.precision == Precision::Bf16 && cfg.run.device == Device::Cuda;
   using K = BufferKind;
   for (LayerShapes& l : layers_) {
     auto buf = [&](const char* name, const char* letters, std::vector<int64_t> dims, size_t elem, K kind = K::Saved) {
@@ -185,6 +188,10 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         buf("dq, dk, dv", "3 x [N, A_l]", {3, N, A_l}, f32, K::Scratch);
         buf("dP", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32, K::Scratch);
         if (s.attn.sharded()) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
+        if (bf16_copies && l.block >= s.encoder_layers) {  // causal: not the encoder's
+          buf("softmax probabilities, bf16", "[B, heads_l, T, T]", {B, heads_l, T, T}, u16);
+          buf("dS, bf16", "[B, heads_l, T, T]", {B, heads_l, T, T}, u16, K::Scratch);
+        }
         break;
       case LayerKind::CrossAttention:  // encoder sequences of T tokens too: N encoder tokens
         buf("x, encoder output", "2 x [N, M]", {2, N, M}, f32);

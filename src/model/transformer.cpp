@@ -120,7 +120,7 @@ Transformer<T>::Transformer(const Config& cfg, int vocab, const Placement& place
     head_.declare(params_, "head", tied);
   }
   check_registered(table);
-  params_.allocate(placement.data);
+  params_.allocate(placement.data, placement.one_weight_copy);
   auto flat_begin = [&](size_t param) {
     return param < params_.infos().size() ? params_.infos()[param].flat_offset : params_.size();
   };

@@ -32,6 +32,8 @@ GradientSync::GradientSync(Transformer<float>& model, Mesh& mesh, size_t bucket_
   sharded_ = shard_state && mesh_.extent(Axis::Data) > 1;
   if (sharded_ && bucket_elems > 0)  // the deck refuses the combination (optim.shard_state)
     throw std::logic_error("GradientSync: sharded optimizer state does not combine with gradient buckets");
+  if (model_.params().one_weight_copy() && !sharded_)  // every rank would update every weight
+    throw std::logic_error("GradientSync: one copy of the weights per node needs sharded optimizer state");
   overlap_ = bucket_elems > 0 && mesh_.extent(Axis::Data) > 1;
   const bool tied_over_pipe = tied_embeddings && mesh_.extent(Axis::Pipe) > 1;
   std::vector<Range> bucketed;
@@ -197,6 +199,7 @@ void GradientSync::reduce_over_data() {
 
 void GradientSync::gather_params() {
   if (!sharded_) return;
+  if (model_.params().one_weight_copy()) return model_.params().publish_weights();  // the owners wrote the one copy
   Comm& data = mesh_.axis(Axis::Data);
   float* weights = model_.params().weights();
   for (const ShardedRun& r : gather_runs_) data.all_gatherv_in_place(weights + r.begin, r.counts);

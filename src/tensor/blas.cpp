@@ -14,26 +14,33 @@ namespace {
 std::atomic<Precision> g_precision{Precision::Fp32};
 
 // The rows x cols operand at `src` (leading dimension ld) rounded to bf16 into `dst`, compact
-// (leading dimension cols). The attention's (sequence, head) tasks call GEMMs from several threads
+// (leading dimension cols); from `bits` instead when given (the operand already rounded, in the same
+// layout: widened exactly). The attention's (sequence, head) tasks call GEMMs from several threads
 // at once: each thread has its own scratch.
-const float* rounded_copy(const float* src, int rows, int cols, int ld, std::vector<float>& dst) {
+const float* rounded_copy(const float* src, const uint16_t* bits, int rows, int cols, int ld, std::vector<float>& dst) {
   dst.resize(size_t(rows) * size_t(cols));
   for (int r = 0; r < rows; ++r) {
-    const float* s = src + size_t(r) * size_t(ld);
     float* d = dst.data() + size_t(r) * size_t(cols);
+    if (bits) {
+      const uint16_t* s = bits + size_t(r) * size_t(ld);
+      for (int c = 0; c < cols; ++c) d[c] = bf16_to_float(s[c]);
+      continue;
+    }
+    const float* s = src + size_t(r) * size_t(ld);
     for (int c = 0; c < cols; ++c) d[c] = round_bf16(s[c]);
   }
   return dst.data();
 }
 
 void gemm_bf16_operands_on_host(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                                const float* B, int ldb, float beta, float* C, int ldc) {
+                                const float* B, int ldb, float beta, float* C, int ldc, const uint16_t* A16,
+                                const uint16_t* B16) {
   thread_local std::vector<float> a_bf16, b_bf16;
   // op(A) is [M, K]: A is stored [K, M] when transposed; op(B) is [K, N] alike.
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  const float* a = rounded_copy(A, a_rows, a_cols, lda, a_bf16);
-  const float* b = rounded_copy(B, b_rows, b_cols, ldb, b_bf16);
+  const float* a = rounded_copy(A, A16, a_rows, a_cols, lda, a_bf16);
+  const float* b = rounded_copy(B, B16, b_rows, b_cols, ldb, b_bf16);
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
               alpha, a, std::max(1, a_cols), b, std::max(1, b_cols), beta, C, ldc);
 }
@@ -43,12 +50,14 @@ Precision gemm_precision() { return g_precision.load(std::memory_order_relaxed);
 void set_gemm_precision(Precision p) { g_precision.store(p, std::memory_order_relaxed); }
 
 void gemm_bf16_operands(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                        const float* B, int ldb, float beta, float* C, int ldc) {
-  if (current_device() == Device::Cuda)
+                        const float* B, int ldb, float beta, float* C, int ldc, const uint16_t* A16,
+                        const uint16_t* B16) {
+  if (current_device() == Device::Cuda)  // the copies are for the batched path (cuda_gemm_bf16_two_level_batched)
     return cuda_gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (deferred_host_device())
-    return defer_host_work([=] { gemm_bf16_operands_on_host(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); });
-  gemm_bf16_operands_on_host(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return defer_host_work(
+        [=] { gemm_bf16_operands_on_host(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, A16, B16); });
+  gemm_bf16_operands_on_host(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, A16, B16);
 }
 
 #ifndef MESHMOE_CUDA
@@ -61,7 +70,7 @@ void cuda_gemm_bf16_strided_batched(bool, bool, int, int, int, float, const floa
 }
 bool cuda_gemm_bf16_two_level_batched(bool, bool, int, int, int, float, const float*, int, int64_t, int64_t,
                                       const float*, int, int64_t, int64_t, float, float*, int, int64_t, int64_t, int,
-                                      int) {
+                                      int, const uint16_t*, const uint16_t*) {
   throw Error("cuda_gemm_bf16_two_level_batched: built without CUDA");
 }
 void cuda_profile_restart() {}

@@ -38,9 +38,11 @@ class GemmPrecisionScope {
 
 // C = alpha op(bf16(A)) op(bf16(B)) + beta C with fp32 sums and result: on the host, copies of the
 // operands rounded by round_bf16 (tensor/bf16.hpp) into per-thread scratch, then sgemm; on the GPU
-// cuBLAS with bf16 operands (tensor/cuda_gemm_bf16.hpp).
+// cuBLAS with bf16 operands (tensor/cuda_gemm_bf16.hpp). A16 / B16 (optional, host): the operand's
+// values already rounded (bf16_bits), in its layout, read instead of rounding it (the same bits).
 void gemm_bf16_operands(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                        const float* B, int ldb, float beta, float* C, int ldc);
+                        const float* B, int ldb, float beta, float* C, int ldc, const uint16_t* A16 = nullptr,
+                        const uint16_t* B16 = nullptr);
 
 inline void gemm_fp32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                       const float* B, int ldb, float beta, float* C, int ldc) {
@@ -88,19 +90,24 @@ void matmul_fp32(bool trans_a, bool trans_b, int M, int N, int K, const T* A, co
 
 // A batch of GEMMs over pairs (b, h), b < outer, h < inner (attention: sequence b, head h): operand
 // X of pair (b, h) starts at p + b * outer_stride + h * inner_stride.
+// bf16 (optional): the operand's values rounded to bf16 (bf16_bits) in the same layout, which the
+// bf16 GEMMs read instead of rounding p again (the same bits; attention's P and dS, written by
+// their softmax rows).
 template <typename T>
 struct BatchedOperand {
   T* p;
   int ld;
   int64_t outer_stride, inner_stride;
+  const uint16_t* bf16 = nullptr;
   T* at(int64_t b, int64_t h) const { return p + b * outer_stride + h * inner_stride; }
+  const uint16_t* bf16_at(int64_t b, int64_t h) const { return bf16 ? bf16 + b * outer_stride + h * inner_stride : nullptr; }
 };
 
 // C_bh = alpha op(A_bh) op(B_bh) + beta C_bh for every pair: on the host one task per pair
 // (for_each_task: threads), on the GPU one strided-batched cuBLAS call per b over its `inner` pairs
 // (or one call for all when the strides make the pairs one progression), instead of a launch per pair;
 // with bf16 GEMM operands (model.precision) the same calls with operands rounded to bf16, each
-// operand's span rounded once for all b (tensor/cuda_gemm_bf16.hpp).
+// operand's span rounded once for all b (tensor/cuda_gemm_bf16.hpp), or read from its bf16 copy.
 template <typename T>
 void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, T alpha, BatchedOperand<const T> A,
                   BatchedOperand<const T> B, T beta, BatchedOperand<T> C, int outer, int inner) {
@@ -112,7 +119,7 @@ void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, T alpha, Batc
       if (rounded && !one_progression &&
           cuda_gemm_bf16_two_level_batched(trans_a, trans_b, M, N, K, alpha, A.p, A.ld, A.outer_stride,
                                            A.inner_stride, B.p, B.ld, B.outer_stride, B.inner_stride, beta, C.p, C.ld,
-                                           C.outer_stride, C.inner_stride, outer, inner))
+                                           C.outer_stride, C.inner_stride, outer, inner, A.bf16, B.bf16))
         return;
     const int calls = one_progression ? 1 : outer, count = one_progression ? outer * inner : inner;
     for (int b = 0; b < calls; ++b) {
@@ -130,6 +137,10 @@ void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, T alpha, Batc
   }
   for_each_task(int64_t(outer) * inner, [&](int64_t bh) {
     const int64_t b = bh / inner, h = bh % inner;
+    if constexpr (std::is_same_v<T, float>)
+      if (rounded && (A.bf16 || B.bf16))
+        return gemm_bf16_operands(trans_a, trans_b, M, N, K, alpha, A.at(b, h), A.ld, B.at(b, h), B.ld, beta,
+                                  C.at(b, h), C.ld, A.bf16_at(b, h), B.bf16_at(b, h));
     gemm(trans_a, trans_b, M, N, K, alpha, A.at(b, h), A.ld, B.at(b, h), B.ld, beta, C.at(b, h), C.ld);
   });
 }

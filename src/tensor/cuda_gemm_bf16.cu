@@ -229,7 +229,8 @@ void cuda_gemm_bf16_strided_batched(bool trans_a, bool trans_b, int M, int N, in
 bool cuda_gemm_bf16_two_level_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                                       int lda, int64_t a_outer, int64_t a_inner, const float* B, int ldb,
                                       int64_t b_outer, int64_t b_inner, float beta, float* C, int ldc,
-                                      int64_t c_outer, int64_t c_inner, int outer, int inner) {
+                                      int64_t c_outer, int64_t c_inner, int outer, int inner, const uint16_t* A16,
+                                      const uint16_t* B16) {
   if (M == 0 || N == 0 || outer == 0 || inner == 0) return true;
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
@@ -241,8 +242,8 @@ bool cuda_gemm_bf16_two_level_batched(bool trans_a, bool trans_b, int M, int N, 
   const int64_t pairs = int64_t(outer) * inner;
   if (K == 0 || a_span > 2 * pairs * a_rows * a_cols || b_span > 2 * pairs * b_rows * b_cols) return false;
   before_device_work();
-  const uint16_t* a = rounded_flat(A, a_span, g_a);
-  const uint16_t* b = rounded_flat(B, b_span, g_b);
+  const uint16_t* a = A16 ? A16 : rounded_flat(A, a_span, g_a);
+  const uint16_t* b = B16 ? B16 : rounded_flat(B, b_span, g_b);
   for (int o = 0; o < outer; ++o) {
     const auto gemm = [&] {
       check_cublas(cublasGemmStridedBatchedEx(handle(), cublas_op(trans_b), cublas_op(trans_a), N, M, K, &alpha,

@@ -23,10 +23,12 @@ void cuda_gemm_bf16_strided_batched(bool trans_a, bool trans_b, int M, int N, in
 // (instead of one per b), then one cublasGemmStridedBatchedEx per b over its `inner` pairs reads
 // the rounded span at the same offsets. Returns false, having done nothing, when K is 0 or a span
 // is more than twice its pairs' elements (gaps between them): the caller then calls
-// cuda_gemm_bf16_strided_batched per b.
+// cuda_gemm_bf16_strided_batched per b. A16 / B16 (optional): the operand already rounded
+// (bf16_bits, device memory, the operand's layout), read in place of a rounding.
 bool cuda_gemm_bf16_two_level_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                                       int lda, int64_t a_outer, int64_t a_inner, const float* B, int ldb,
                                       int64_t b_outer, int64_t b_inner, float beta, float* C, int ldc,
-                                      int64_t c_outer, int64_t c_inner, int outer, int inner);
+                                      int64_t c_outer, int64_t c_inner, int outer, int inner,
+                                      const uint16_t* A16 = nullptr, const uint16_t* B16 = nullptr);
 
 }  // namespace meshmoe

@@ -130,6 +130,7 @@ CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store
     err = "cannot read checkpoint " + path + " (corrupt or truncated?): " + e.what();
   }
   if (auto e = first_error(err, comm); !e.empty()) throw InputError(e);
+  store.publish_weights();  // one copy per node: every data rank read the same values into it
   return meta;
 }
 
@@ -161,6 +162,7 @@ InitFromResult init_from_checkpoint(const std::string& path, ParamStore<float>& 
     err = "cannot read --init-from checkpoint " + path + " (corrupt or truncated?): " + e.what();
   }
   if (auto e = first_error(err, comm); !e.empty()) throw InputError(e);
+  store.publish_weights();  // one copy per node: every data rank read the same values into it
   std::set<std::string> copied, kept;
   for (const auto& s : allgather_strings(mine.buf, comm)) {
     In in(s);

@@ -82,11 +82,15 @@ class Trainer {
     }
     Placement placement = model_sharding(mesh, cfg_);
     placement.data = &mesh.axis(Axis::Data);  // weights and gradients node-shared over data (ParamStore::allocate)
+    placement.one_weight_copy = cfg_.optim.shard_state;
     model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, placement);
     if (mesh.rank() == 0 && mesh.extent(Axis::Data) > 1)
-      std::printf("weights and gradients: %s\n", model_->params().node_shared()
-                                                     ? "node-shared over the data axis (the sums read them in place)"
-                                                     : "private to each rank");
+      std::printf("weights and gradients: %s\n",
+                  model_->params().one_weight_copy()
+                      ? "one copy of the weights per node over the data axis (optim.shard_state: no all-gather), "
+                        "gradients node-shared (the sums read them in place)"
+                  : model_->params().node_shared() ? "node-shared over the data axis (the sums read them in place)"
+                                                   : "private to each rank");
     model_->set_loss_gradient_in_forward(true);
     if (cfg_.eval.bleu_every > 0) {
       // Decoding is host code (src/decode): on a device it decodes a host copy of the model,

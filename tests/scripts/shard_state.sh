@@ -8,7 +8,8 @@
 # does, with 4 the sharded run reduces with the unsharded run's all-reduce (a reduce-scatter adds
 # 4 terms in another order, which Adam's m / sqrt(v) turned into up to 1.5e-5 of a parameter's
 # scale in four steps on some data), and the norm is assembled from per-parameter sums in the
-# unsharded order.
+# unsharded order. Dense and experts-over-tensor decks (no parameter split over data): one copy of
+# the weights per node, bitwise the same.
 # Checkpoints: a sharded run's checkpoint resumes unsharded on another mesh and an unsharded one
 # resumes sharded on another mesh (1e-5, the mesh-invariance tolerance of train_invariance.sh),
 # and bitwise on the same mesh.
@@ -64,6 +65,30 @@ for opt in adamw adafactor; do
     pairs+="$opt-$k-false:$opt-$k-true:$tol "
   done
 done
+# No parameter split over data (dense; experts over tensor): the data ranks of the node hold one
+# copy of the weights between them, which the owners update in place (no all-gather).
+for k in dense-d2 dense-d4 exptensor-d2t2; do
+  case $k in
+    dense-d2) args="2 --set mesh.data=2 --set moe.every=0" ;;
+    dense-d4) args="4 --set mesh.data=4 --set moe.every=0 --set optim.name=adafactor" ;;
+    exptensor-d2t2) args="4 --set mesh.data=2 --set mesh.tensor=2 --set moe.expert_axis=tensor" ;;
+  esac
+  for sh in false true; do
+    # shellcheck disable=SC2086
+    train_or_fail "$k-$sh" $args --set optim.shard_state=$sh
+  done
+  grep -q "one copy of the weights per node" "$T/$k-true.log" ||
+    { cat "$T/$k-true.log"; fail "$k: the sharded run does not hold one copy of the weights per node"; }
+  if grep -q "one copy of the weights per node" "$T/$k-false.log"; then fail "$k: one copy of the weights without optim.shard_state"; fi
+  pairs+="$k-false:$k-true:0 "
+done
+grep -q "one copy of the weights" "$T/adamw-d2-true.log" && fail "one copy of the weights with experts split over data"
+# A resume into one copy and out of it: every data rank reads the checkpoint into the one copy.
+train_or_fail res-one-copy 2 --set mesh.data=2 --set moe.every=0 --set optim.shard_state=true \
+  --set run.resume="$T/dense-d2-false/ckpt/step_00000002.h5"
+train_or_fail res-one-copy-back 2 --set mesh.data=2 --set moe.every=0 --set optim.shard_state=false \
+  --set run.resume="$T/dense-d2-true/ckpt/step_00000002.h5"
+pairs+="dense-d2-false:res-one-copy:0 dense-d2-true:res-one-copy-back:0 "
 # Resume across meshes and across shard_state, from the step-2 checkpoints.
 ck() { echo "$T/$1/ckpt/step_00000002.h5"; }
 train_or_fail res-same 2 --set mesh.data=2 --set optim.shard_state=true --set run.resume="$(ck adamw-d2-false)"

@@ -212,8 +212,16 @@ Outputs causal_softmax_rows(Where where, int Tq, bool segments) {
   const Buffer<int32_t> segment(segment_values.begin(), segment_values.end());
   const int64_t rows = int64_t(B) * heads * Tq;
   auto P = random_buffer<T>(size_t(rows) * Tq, gen, -3, 3), dP = random_buffer<T>(P.size(), gen);
-  run_rows(where, rows, AttentionCausalSoftmaxRow<T>{P.data(), segments ? segment.data() : nullptr, Tq, heads},
-           AttentionCausalSoftmaxBackwardRow<T>{P.data(), dP.data(), Tq});
+  // The bf16 copies the rows write beside P and dS (bf16 GEMM operands on a device): bitwise
+  // bf16_bits of the values written, every element (the zeros above the diagonal too).
+  Buffer<uint16_t> P16(P.size(), uint16_t(0xffff)), dS16(P.size(), uint16_t(0xffff));
+  run_rows(where, rows, AttentionCausalSoftmaxRow<T>{P.data(), segments ? segment.data() : nullptr, Tq, heads, P16.data()},
+           AttentionCausalSoftmaxBackwardRow<T>{P.data(), dP.data(), Tq, dS16.data()});
+  const std::vector<T> p = download(P), ds = download(dP);
+  const std::vector<uint16_t> p16 = download(P16), ds16 = download(dS16);
+  size_t bad = 0;
+  for (size_t i = 0; i < p.size(); ++i) bad += p16[i] != bf16_bits(float(p[i])) || ds16[i] != bf16_bits(float(ds[i]));
+  CHECK(bad == 0);
   return outputs(P, dP);
 }
 

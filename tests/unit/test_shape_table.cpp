@@ -138,3 +138,46 @@ TEST_CASE("shape table: the ranks' blocks tile every parameter on every mesh", "
       CHECK(meshes >= 4);
     }
 }
+
+// The causal attention's bf16 copies of P and dS (attention.cpp bf16_copies) are planned exactly
+// where the layer keeps them: bf16 GEMMs on a GPU, in causal self-attention (decoder-only blocks
+// and the decoder of encdec, not the encoder's bidirectional one); 2 bytes x [B, heads_l, T, T],
+// P's saved for the backward, dS's scratch. Oracle: the letters of the deck, counted by hand.
+TEST_CASE("shape table: the bf16 copies of attention's P and dS on a GPU", "[shapes]") {
+  for (const bool encdec : {false, true}) {
+    INFO("encdec " << encdec);
+    Config c = moe_deck("data", "gelu");
+    if (encdec) c.model.arch = ModelArch::EncDec;
+    const MeshShape mesh{1, 1, 2};  // tensor = 2: heads_l = 2 of 4
+    auto copies = [&](Precision p, Device d) {
+      c.model.precision = p, c.run.device = d;
+      std::map<std::string, std::vector<BufferShape>> found;  // layer -> its bf16 buffers
+      const ShapeTable table(c, 50, mesh, {}, true);
+      for (const LayerShapes& l : table.layers())
+        for (const BufferShape& b : l.buffers)
+          if (b.elem_bytes == 2) found[l.prefix].push_back(b);
+      return std::pair{found, table.letters().encoder_layers};
+    };
+    CHECK(copies(Precision::Fp32, Device::Cuda).first.empty());
+    CHECK(copies(Precision::Bf16, Device::Cpu).first.empty());
+    const auto [found, encoder_layers] = copies(Precision::Bf16, Device::Cuda);
+    const int blocks = c.model.num_layers * (encdec ? 2 : 1);
+    CHECK(encoder_layers == (encdec ? c.model.num_layers : 0));
+    const int64_t B = c.optim.batch_size / c.optim.micro_batches, T = c.model.seq_len;
+    CHECK(found.size() == size_t(blocks - encoder_layers));
+    for (int i = 0; i < blocks; ++i) {
+      const std::string attn = "blocks." + std::to_string(i) + ".attn";
+      INFO(attn);
+      if (i < encoder_layers) {
+        CHECK(found.count(attn) == 0);
+        continue;
+      }
+      REQUIRE(found.count(attn) == 1);
+      const auto& b = found.at(attn);
+      REQUIRE(b.size() == 2);
+      for (const BufferShape& s : b) CHECK(s.dims == std::vector<int64_t>{B, 2, T, T});
+      CHECK(b[0].kind == BufferKind::Saved);
+      CHECK(b[1].kind == BufferKind::Scratch);
+    }
+  }
+}

@@ -260,6 +260,38 @@ TEST_CASE("shm: a buffer node-shared on some ranks only sums through the slots",
   }
 }
 
+// One copy for the group (Comm::node_shared_alloc_one, the weights of a sharded run): every rank
+// sees the same memory, zeroed; what each rank writes to its part before node_shared_fence every
+// rank reads after it, and none of it lands in a rank's own node-shared memory; it frees among
+// other node-shared memory.
+TEST_CASE("shm: one copy of memory for the group, written in parts and fenced", "[comm][mpi][shm]") {
+  const int me = test::world_rank();
+  Mesh mesh(MPI_COMM_WORLD, 1, test::world_size(), 1);
+  mesh.set_shm(small_slots());
+  auto& data = static_cast<MpiComm&>(mesh.axis(Axis::Data));
+  const std::vector<int> members = MeshShape{1, test::world_size(), 1}.group_of(Axis::Data, me);
+  const size_t p = members.size(), r = size_t(data.rank()), n = 10007;
+  float* own = static_cast<float*>(data.node_shared_alloc(n * sizeof(float)));
+  float* one = static_cast<float*>(data.node_shared_alloc_one(n * sizeof(float)));
+  REQUIRE((one != nullptr) == (p > 1));
+  if (!one) {
+    data.node_shared_fence();  // a barrier without node-shared memory
+    return;
+  }
+  CHECK(std::all_of(one, one + n, [](float x) { return x == 0.0f; }));
+  data.node_shared_fence();  // no rank writes before every rank has read the zeros
+  for (size_t i = r; i < n; i += p) one[i] = float(bits64(int(r), i, 51) % 1000);  // rank r: every p-th value
+  data.node_shared_fence();
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad += one[i] != float(bits64(int(i % p), i, 51) % 1000);
+  CHECK(bad == 0);
+  // The peers' writes landed in the one copy, not in this rank's own node-shared memory.
+  CHECK(std::all_of(own, own + n, [](float x) { return x == 0.0f; }));
+  data.node_shared_fence();  // every rank has read before the copy is freed
+  data.node_shared_free(one);
+  data.node_shared_free(own);
+}
+
 // Without room in Open MPI's backing directory for the window (here: a directory that does not
 // exist), a group keeps MPI's collectives and private memory, on every rank alike, instead of
 // failing in MPI_Win_allocate_shared or dying of SIGBUS on a full tmpfs.
