@@ -28,9 +28,7 @@ static bool bf16_copies() {
   return std::is_same_v<T, float> && gemm_precision() == Precision::Bf16 && buffers_on_device();
 }
 // The copy at `offset` elements, or null without copies.
-static const uint16_t* at(const Buffer<uint16_t>& copy, size_t offset) {
-  return copy.empty() ? nullptr : copy.data() + offset;
-}
+static const uint16_t* at(const uint16_t* copy, size_t offset) { return copy ? copy + offset : nullptr; }
 
 // Rows of the causal [T, T] matrices per GEMM. A block's GEMMs stop at its last row's causal
 // edge, skipping most of the zero upper triangle; on the GPU one batched GEMM over all rows is
@@ -108,13 +106,12 @@ void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, co
   }
   if (bf16_copies<T>()) ensure(p16_, p_.size());
   else p16_ = Buffer<uint16_t>();
-  for_each_row(int64_t(B) * heads_l_ * Tq,
-               AttentionCausalSoftmaxRow<T>{p_.data(), ctx.segment, Tq, heads_l_, p16_.empty() ? nullptr : p16_.data()},
-               Tq);
+  uint16_t* P16 = p16_.empty() ? nullptr : p16_.data();
+  for_each_row(int64_t(B) * heads_l_ * Tq, AttentionCausalSoftmaxRow<T>{p_.data(), ctx.segment, Tq, heads_l_, P16}, Tq);
   for (int i0 = 0; i0 < Tq; i0 += blk) {
     const int rows = std::min(blk, Tq - i0);
     const size_t d = size_t(i0) * Tq;
-    gemm_batched(false, false, rows, D_, i0 + rows, T(1), scores_of<const T>(p_.data() + d, a, at(p16_, d)),
+    gemm_batched(false, false, rows, D_, i0 + rows, T(1), scores_of<const T>(p_.data() + d, a, at(P16, d)),
                  heads_of(v, a, Tq), T(0), heads_of(att_.data() + i0 * A_l, a, Tq), B, heads_l_);
   }
 }
@@ -160,7 +157,10 @@ void CausalSelfAttention<T>::causal_attention_backward(const T* q, const T* k, c
   const T* P = p_.data();
   T* dP = dp_.data();
   const T* dO = datt_.data();
-  if (!p16_.empty()) ensure(ds16_, p16_.size());  // the forward's choice (p16_ is saved state)
+  // The forward's choice (p16_ is saved state): copies of P, then of dS too.
+  const uint16_t* P16 = p16_.empty() ? nullptr : p16_.data();
+  if (P16) ensure(ds16_, p16_.size());
+  uint16_t* dS16 = P16 ? ds16_.data() : nullptr;
   // Every (b, h) pair at once, in row blocks that stop at the causal edge: rows past a block's last
   // row are zero in P and dS (trailing zeros of dQ's and O's sums, leading zeros of dK's and dV's).
   for (int i0 = 0; i0 < Tq; i0 += blk) {
@@ -169,20 +169,19 @@ void CausalSelfAttention<T>::causal_attention_backward(const T* q, const T* k, c
     // dP [T, T] = dO V^T; dV [T, D] = P^T dO
     gemm_batched(false, true, rows, i0 + rows, D_, T(1), heads_of(dO + r, a, Tq), heads_of(v, a, Tq), T(0),
                  scores_of(dP + d, a), B, heads_l_);
-    gemm_batched(true, false, rows, D_, Tq - i0, T(1), scores_of(P + d + i0, a, at(p16_, d + i0)),
+    gemm_batched(true, false, rows, D_, Tq - i0, T(1), scores_of(P + d + i0, a, at(P16, d + i0)),
                  heads_of(dO + r, a, Tq), T(0), heads_of(dv + r, a, Tq), B, heads_l_);
   }
   // softmax backward of every row: dS = P * (dP - sum_j P dP); zero above the diagonal since P is
-  uint16_t* dS16 = p16_.empty() ? nullptr : ds16_.data();
   for_each_row(int64_t(B) * heads_l_ * Tq, AttentionCausalSoftmaxBackwardRow<T>{P, dP, Tq, dS16}, Tq);
   for (int i0 = 0; i0 < Tq; i0 += blk) {
     const int rows = std::min(blk, Tq - i0);
     const size_t r = size_t(i0) * A_l, d = size_t(i0) * Tq;
     // dQ = scale dS K; dK = scale dS^T Q
-    gemm_batched(false, false, rows, D_, i0 + rows, scale, scores_of<const T>(dP + d, a, dS16 ? dS16 + d : nullptr),
+    gemm_batched(false, false, rows, D_, i0 + rows, scale, scores_of<const T>(dP + d, a, at(dS16, d)),
                  heads_of(k, a, Tq), T(0), heads_of(dq + r, a, Tq), B, heads_l_);
     gemm_batched(true, false, rows, D_, Tq - i0, scale,
-                 scores_of<const T>(dP + d + i0, a, dS16 ? dS16 + d + i0 : nullptr), heads_of(q + r, a, Tq), T(0),
+                 scores_of<const T>(dP + d + i0, a, at(dS16, d + i0)), heads_of(q + r, a, Tq), T(0),
                  heads_of(dk + r, a, Tq), B, heads_l_);
   }
 }

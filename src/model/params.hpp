@@ -77,8 +77,8 @@ class ParamStore {
   ParamStore() = default;
   ~ParamStore() {
     if (!share_) return;
-    if (one_weight_copy_) share_->node_shared_free(w_);
-    share_->node_shared_free(one_weight_copy_ ? static_cast<void*>(g_) : static_cast<void*>(w_));
+    share_->node_shared_free(w_);                     // the weights' window (and the gradients' unless one copy)
+    if (one_weight_copy_) share_->node_shared_free(g_);  // the gradients' own window
   }
   // A copy (tests: a fresh start to compare against) holds its values in private memory.
   ParamStore(const ParamStore& o)
@@ -132,17 +132,18 @@ class ParamStore {
     for (const ParamInfo& p : infos_) split_over_data |= (p.sharded_over & kShardData) != 0;
     if (node && one_weight_copy && !split_over_data) {
       // Both or neither: each call gives nullptr on every rank alike.
-      T* w = static_cast<T*>(share->node_shared_alloc_one(std::max<size_t>(total_, 1) * sizeof(T)));
-      T* g = w ? static_cast<T*>(share->node_shared_alloc(std::max<size_t>(total_, 1) * sizeof(T))) : nullptr;
+      T* w = static_cast<T*>(share->node_shared_alloc_one(total_ * sizeof(T)));
+      T* g = w ? static_cast<T*>(share->node_shared_alloc(total_ * sizeof(T))) : nullptr;
       if (w && !g) share->node_shared_free(w);
       if (w && g) share_ = share, one_weight_copy_ = true, w_ = w, g_ = g;
     }
-    void* shared = node && !share_ ? share->node_shared_alloc(2 * stride * sizeof(T)) : nullptr;
-    if (shared) {
-      share_ = share;
-      w_ = static_cast<T*>(shared);
-      g_ = w_ + stride;
-    } else if (!share_) {
+    if (node && !share_)
+      if (void* shared = share->node_shared_alloc(2 * stride * sizeof(T))) {
+        share_ = share;
+        w_ = static_cast<T*>(shared);
+        g_ = w_ + stride;
+      }
+    if (!share_) {
       weights_.resize(total_);
       grads_.resize(total_);
       w_ = weights_.data(), g_ = grads_.data();

@@ -138,7 +138,7 @@ void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, T alpha, Batc
   for_each_task(int64_t(outer) * inner, [&](int64_t bh) {
     const int64_t b = bh / inner, h = bh % inner;
     if constexpr (std::is_same_v<T, float>)
-      if (rounded && (A.bf16 || B.bf16))
+      if (rounded)  // gemm's bf16 path, reading the operands' copies where they have them
         return gemm_bf16_operands(trans_a, trans_b, M, N, K, alpha, A.at(b, h), A.ld, B.at(b, h), B.ld, beta,
                                   C.at(b, h), C.ld, A.bf16_at(b, h), B.bf16_at(b, h));
     gemm(trans_a, trans_b, M, N, K, alpha, A.at(b, h), A.ld, B.at(b, h), B.ld, beta, C.at(b, h), C.ld);
