@@ -208,21 +208,32 @@ void GradientSync::gather_params() {
 // The data-replicated entries' sums of squares come from their owners (each element of the
 // all-reduced vector has one non-zero term: exact), then every rank adds its norm entries in the
 // order of one data rank's sum, so the norm is bitwise that sum given the same gradients.
+void GradientSync::plan_norm() {
+  const ParamStore<float>& store = model_.params();
+  norm_planned_ = true;
+  if (mesh_.extent(Axis::Data) == 1) {
+    norm_sums_ = EntrySumSquares(store, norm_entries_);
+    return;
+  }
+  std::vector<size_t> share_entries;  // this rank's replicated entries
+  for (size_t i = 0; i < norm_replicated_.size(); ++i)
+    if (std::binary_search(norm_owned_.begin(), norm_owned_.end(), norm_replicated_[i]))
+      share_.push_back(i), share_entries.push_back(norm_replicated_[i]);
+  share_sums_ = EntrySumSquares(store, std::move(share_entries));
+  std::vector<size_t> split;  // this rank's own blocks of entries split over data
+  for (size_t e : norm_entries_)
+    if (store.infos()[e].sharded_over & kShardData) split.push_back(e);
+  split_sums_ = EntrySumSquares(store, std::move(split));
+}
+
 double GradientSync::owned_norm_squares() {
   const ParamStore<float>& store = model_.params();
   const auto& infos = store.infos();
-  std::vector<size_t> share, share_entries;  // this rank's replicated entries: index in norm_replicated_, entry
-  for (size_t i = 0; i < norm_replicated_.size(); ++i)
-    if (std::binary_search(norm_owned_.begin(), norm_owned_.end(), norm_replicated_[i]))
-      share.push_back(i), share_entries.push_back(norm_replicated_[i]);
-  const std::vector<double> share_sums = grad_entry_sum_squares(store, share_entries);
+  const std::vector<double> share_sums = share_sums_(store);
   std::vector<double> replicated(norm_replicated_.size(), 0.0);
-  for (size_t j = 0; j < share.size(); ++j) replicated[share[j]] = share_sums[j];
+  for (size_t j = 0; j < share_.size(); ++j) replicated[share_[j]] = share_sums[j];
   mesh_.axis(Axis::Data).all_reduce(replicated.data(), replicated.size(), Op::Sum);
-  std::vector<size_t> split;  // this rank's own blocks of entries split over data
-  for (size_t e : norm_entries_)
-    if (infos[e].sharded_over & kShardData) split.push_back(e);
-  const std::vector<double> split_sums = grad_entry_sum_squares(store, split);
+  const std::vector<double> split_sums = split_sums_(store);
   double sq = 0.0;
   size_t r = 0, b = 0;
   for (size_t e : norm_entries_) {
@@ -236,8 +247,13 @@ double GradientSync::owned_norm_squares() {
 }
 
 double GradientSync::global_norm() {
+  if (!norm_planned_) plan_norm();
   // Every data rank takes the shared path (it has a collective), even one that owns no entry.
-  double sq = mesh_.extent(Axis::Data) > 1 ? owned_norm_squares() : grad_sum_squares(model_.params(), norm_entries_);
+  double sq = 0.0;
+  if (mesh_.extent(Axis::Data) > 1)
+    sq = owned_norm_squares();
+  else
+    for (double entry : norm_sums_(model_.params())) sq += entry;  // grad_sum_squares's order
   mesh_.world_comm().all_reduce(&sq, 1, Op::Sum);
   return std::sqrt(sq);
 }

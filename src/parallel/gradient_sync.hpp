@@ -24,6 +24,7 @@
 #include "core/timers.hpp"
 #include "mesh/mesh.hpp"
 #include "model/transformer.hpp"
+#include "train/grad_clip.hpp"
 
 namespace meshmoe {
 
@@ -113,6 +114,13 @@ class GradientSync {
   std::vector<ShardedRun> scatter_runs_, gather_runs_;  // sharded: the gradients' and the parameters'
   std::vector<Range> tied_all_reduce_;                  // sharded: the tied embedding over pipe
   std::vector<size_t> norm_replicated_;                 // data > 1: norm entries replicated over data
+  // The norm's sums of squares, one launch each, listed at the first global_norm (plan_norm):
+  // data = 1: norm_entries_; data > 1: this rank's share of norm_replicated_ (share_: their
+  // indices there) and its own blocks of the entries split over data.
+  void plan_norm();
+  bool norm_planned_ = false;
+  EntrySumSquares norm_sums_, share_sums_, split_sums_;
+  std::vector<size_t> share_;
 };
 
 }  // namespace meshmoe

@@ -40,7 +40,7 @@ inline int host_threads_for(int64_t work) {
 }
 
 // fn(i) for i in [begin, end); a body may offer the block as `range(begin, end)` (the same
-// results: e.g. AdamWUpdateElement, whose block is vector code).
+// results: e.g. FillWith, whose block of zeros is a memset).
 template <class Fn>
 void host_block(int64_t begin, int64_t end, const Fn& fn) {
   if constexpr (requires { fn.range(begin, end); })

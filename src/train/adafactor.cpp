@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "tensor/launch.hpp"
+#include "tensor/launch_rows.hpp"
 #include "train/grad_clip.hpp"
 #include "train/optimizer_bodies.hpp"
 
@@ -42,9 +43,12 @@ Adafactor::Adafactor(const ParamStore<float>& store, std::vector<size_t> owned, 
     col_sums_.resize(std::max(col_sums_.size(), en.batch * en.cols));
     row_moment_sums_.resize(std::max(row_moment_sums_.size(), en.batch));
     u_.resize(std::max(u_.size(), en.info.size));
+    partials_.resize(std::max(partials_.size(), size_t(sum_squares_chunks<double>(en.info.size))));
     entries_.push_back(std::move(en));
   }
-  last_rms_over_d_.assign(entries_.size(), 0.0);
+  sum_u2_.resize(entries_.size());
+  rms_over_d_.resize(entries_.size());
+  step_.resize(entries_.size());
 }
 
 void Adafactor::reduce(const ParamInfo& p, int dim, double* buf, size_t n) const {
@@ -71,30 +75,37 @@ void Adafactor::step(ParamStore<float>& store, double lr, int64_t t, double grad
       // g [B, n, m]; row sums [B, n] over m, column sums [B, m] over n
       double *row = row_sums_.data(), *col = col_sums_.data(), *rsum = row_moment_sums_.data();
       for_each_index(int64_t(B * n), AdafactorRowSumSquares{g, row, int64_t(m)}, int64_t(m));
-      for_each_index(int64_t(B * m), AdafactorColumnSumSquares{g, col, int64_t(n), int64_t(m)}, int64_t(n));
+      for_each_row(int64_t(B) * AdafactorColumnSumSquares::blocks(int64_t(m)),
+                   AdafactorColumnSumSquares{g, col, int64_t(n), int64_t(m)},
+                   int64_t(n) * AdafactorColumnSumSquares::kColumns);
       if (split(p, nd - 1)) reduce(p, int(nd - 1), row, B * n);
       if (split(p, nd - 2)) reduce(p, int(nd - 2), col, B * m);
       for_each_index(int64_t(B * n), AdafactorFactorMoment{en.v_row.data(), row, beta, m_logical, eps1});
       for_each_index(int64_t(B * m), AdafactorFactorMoment{en.v_col.data(), col, beta, n_logical, eps1});
       for_each_index(int64_t(B), AdafactorRowMomentSum{en.v_row.data(), rsum, int64_t(n)}, int64_t(n));
       if (split(p, nd - 2)) reduce(p, int(nd - 2), rsum, B);
-      for_each_index(int64_t(p.size), AdafactorFactoredUpdateElement{g, en.v_row.data(), en.v_col.data(), rsum, u,
-                                                                     int64_t(n), int64_t(m), n_logical});
+      for_each_row(int64_t(B * n),
+                   AdafactorFactoredUpdateRow{g, en.v_row.data(), en.v_col.data(), rsum, u, int64_t(n), int64_t(m), n_logical},
+                   int64_t(m));
     } else {
       for_each_index(int64_t(p.size), AdafactorUnfactoredUpdateElement{g, en.v.data(), u, beta, eps1});
     }
-    // Update clipping (S&S section 6): RMS over the whole logical parameter.
-    double sumsq = sum_squares(u, p.size, partials_), count = 1.0;
+    // Update clipping (S&S section 6): RMS over the whole logical parameter, on the device (no
+    // wait for the sum: the host never reads it; a split block adds it over its group by DimReduce).
+    double* sum_u2 = sum_u2_.data() + k;
+    queue_sum_squares(u, p.size, partials_.data());
+    for_each_index(1, AddChunkSums{partials_.data(), sum_squares_chunks<double>(p.size), sum_u2});
+    double count = 1.0;
     for (size_t d = 0; d < p.local_shape.size(); ++d) {
-      if (split(p, d)) reduce(p, int(d), &sumsq, 1);
+      if (split(p, d)) reduce(p, int(d), sum_u2, 1);
       count *= double(p.logical_shape[d]);
     }
-    const double rms_over_d = (count > 0 ? std::sqrt(sumsq / count) : 0.0) / opt_.clip;
-    last_rms_over_d_[k] = rms_over_d;
-    const double step = lr / std::max(1.0, rms_over_d);
-    for_each_index(int64_t(p.size), AdafactorApplyElement{x, u, step});
+    for_each_index(1, AdafactorClipFactor{sum_u2, count, opt_.clip, lr, rms_over_d_.data() + k, step_.data() + k});
+    for_each_index(int64_t(p.size), AdafactorApplyElement{x, u, step_.data() + k});
   }
 }
+
+std::vector<double> Adafactor::last_rms_over_d() const { return download(rms_over_d_); }
 
 std::vector<StateTensor> Adafactor::state() {
   std::vector<StateTensor> s;

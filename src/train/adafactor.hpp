@@ -42,8 +42,9 @@ class Adafactor final : public Optimizer {
 
   // Whether an owned entry is factored (>= 2 dims).
   static bool factored(const ParamInfo& p) { return p.local_shape.size() >= 2; }
-  // RMS(U_t) / d of each owned entry in the last step, before clipping (diagnostics, tests).
-  const std::vector<double>& last_rms_over_d() const { return last_rms_over_d_; }
+  // RMS(U_t) / d of each owned entry in the last step, before clipping (diagnostics, tests; a
+  // transfer point: the values live on the device).
+  std::vector<double> last_rms_over_d() const;
 
  private:
   struct Entry {
@@ -59,8 +60,9 @@ class Adafactor final : public Optimizer {
   // Scratch for one param at a time, sized at construction for the largest owned entry:
   Buffer<double> row_sums_, col_sums_, row_moment_sums_;  // sums of G^2 [B, n], [B, m]; of v_row [B]
   Buffer<double> u_;                                      // U [size]
-  Buffer<double> partials_;                               // chunk sums of U^2 (sum_squares)
-  std::vector<double> last_rms_over_d_;
+  Buffer<double> partials_;                               // chunk sums of U^2 (queue_sum_squares)
+  // Per owned entry, the last step's sum of U^2, RMS(U) / d and clipped step (AdafactorClipFactor):
+  Buffer<double> sum_u2_, rms_over_d_, step_;
 };
 
 }  // namespace meshmoe

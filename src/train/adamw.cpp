@@ -1,10 +1,10 @@
 #include "train/adamw.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
-#include "tensor/launch.hpp"
-#include "train/optimizer_bodies.hpp"
+#include "tensor/launch_rows.hpp"
 
 namespace meshmoe {
 
@@ -19,6 +19,15 @@ AdamW::AdamW(const ParamStore<float>& store, std::vector<size_t> owned, AdamWOpt
     m_.emplace_back(infos_.back().size);  // zero (on the device: zeroed there)
     v_.emplace_back(infos_.back().size);
   }
+  std::vector<AdamWPiece> pieces;
+  for (size_t k = 0; k < infos_.size(); ++k) {
+    const ParamInfo& p = infos_[k];
+    const int32_t decayed = !p.no_weight_decay && opt_.weight_decay != 0.0;
+    for (size_t i = 0; i < p.size; i += AdamWUpdatePieces::kPiece)
+      pieces.push_back({int64_t(p.flat_offset + i), int64_t(std::min<size_t>(AdamWUpdatePieces::kPiece, p.size - i)),
+                        m_[k].data() + i, v_[k].data() + i, decayed});
+  }
+  pieces_.assign(pieces.begin(), pieces.end());  // uploaded once (the moments' Buffers never move)
 }
 
 void AdamW::step(ParamStore<float>& store, double lr, int64_t t, double grad_scale) {
@@ -31,14 +40,10 @@ void AdamW::step(ParamStore<float>& store, double lr, int64_t t, double grad_sca
   const float b1 = float(opt_.beta1), one_m_b1 = float(1.0 - opt_.beta1);
   const float b2 = float(opt_.beta2), one_m_b2 = float(1.0 - opt_.beta2);
   const float bc2s = float(bc2_sqrt), eps = float(opt_.eps), neg_step = float(-(lr / bc1));
-  for (size_t k = 0; k < infos_.size(); ++k) {
-    const ParamInfo& p = infos_[k];
-    const bool decayed = !p.no_weight_decay && opt_.weight_decay != 0.0;
-    for_each_index(int64_t(p.size),
-                   AdamWUpdateElement{store.weights() + p.flat_offset, m_[k].data(), v_[k].data(),
-                                      store.grads() + p.flat_offset, float(grad_scale), decayed ? decay : 1.0f, b1,
-                                      one_m_b1, b2, one_m_b2, bc2s, eps, neg_step});
-  }
+  const AdamWUpdateElement scalars{nullptr, nullptr, nullptr, nullptr, float(grad_scale), decay, b1,
+                                    one_m_b1,  b2,      one_m_b2, bc2s,    eps,     neg_step};
+  for_each_row(int64_t(pieces_.size()), AdamWUpdatePieces{pieces_.data(), store.weights(), store.grads(), scalars},
+               AdamWUpdatePieces::kPiece);
 }
 
 std::vector<StateTensor> AdamW::state() {

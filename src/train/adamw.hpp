@@ -4,10 +4,12 @@
 //   m <- beta1 * m + (1 - beta1) * g
 //   v <- beta2 * v + (1 - beta2) * g^2
 //   x <- x - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-// Element-wise: any subset of entries, any block of a sharded param, no communication.
+// Element-wise: any subset of entries, any block of a sharded param, no communication. A step is
+// one launch over every owned parameter (AdamWUpdatePieces).
 #pragma once
 #include "tensor/device.hpp"
 #include "train/optimizer.hpp"
+#include "train/optimizer_bodies.hpp"
 
 namespace meshmoe {
 
@@ -26,7 +28,8 @@ class AdamW final : public Optimizer {
  private:
   AdamWOptions opt_;
   std::vector<ParamInfo> infos_;                 // copies of the owned entries
-  std::vector<Buffer<float>> m_, v_;        // per owned entry, param's local shape
+  std::vector<Buffer<float>> m_, v_;        // per owned entry, param's local shape; never resized
+  Buffer<AdamWPiece> pieces_;               // every owned element, in pieces (one launch a step)
 };
 
 }  // namespace meshmoe

@@ -1,9 +1,11 @@
 #include "train/grad_clip.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "tensor/elementwise.hpp"
+#include "tensor/launch_rows.hpp"
 #include "train/optimizer.hpp"
 
 namespace meshmoe {
@@ -20,23 +22,35 @@ std::vector<size_t> entries_where(const ParamStore<float>& store, bool split) {
 std::vector<size_t> whole_entries(const ParamStore<float>& store) { return entries_where(store, false); }
 std::vector<size_t> split_entries(const ParamStore<float>& store) { return entries_where(store, true); }
 
-// Per entry: partial sums per chunk on the device, all entries' queued before the one wait; then
-// each entry's chunks added in order, the entries in entry order (the sums of sum_squares).
-std::vector<double> grad_entry_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries) {
-  std::vector<int64_t> first(entries.size() + 1, 0);
-  for (size_t k = 0; k < entries.size(); ++k)
-    first[k + 1] = first[k] + sum_squares_chunks<float>(store.infos()[entries[k]].size);
-  Buffer<double> partials(size_t(first.back()));
-  for (size_t k = 0; k < entries.size(); ++k) {
-    const ParamInfo& p = store.infos()[entries[k]];
-    queue_sum_squares(store.grads() + p.flat_offset, p.size, partials.data() + first[k]);
+EntrySumSquares::EntrySumSquares(const ParamStore<float>& store, std::vector<size_t> entries)
+    : entries_(std::move(entries)), first_(entries_.size() + 1, 0) {
+  constexpr int64_t kChunk = SumSquaresChunk<float>::kChunk;
+  std::vector<SumSquaresPiece> pieces;
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    const ParamInfo& p = store.infos()[entries_[k]];
+    const int64_t n = int64_t(p.size);
+    for (int64_t c = 0; c < sum_squares_chunks<float>(p.size); ++c)
+      pieces.push_back({int64_t(p.flat_offset) + c * kChunk, std::min(kChunk, n - c * kChunk)});
+    first_[k + 1] = int64_t(pieces.size());
   }
+  pieces_.assign(pieces.begin(), pieces.end());
+  partials_.resize(pieces.size());
+}
+
+// The chunk sums on the device, then each entry's chunks added in order (the sums of sum_squares).
+std::vector<double> EntrySumSquares::operator()(const ParamStore<float>& store) {
+  for_each_row(int64_t(pieces_.size()), SumSquaresPieces<float>{pieces_.data(), store.grads(), partials_.data()},
+               SumSquaresChunk<float>::kChunk);
   std::vector<double> host;
-  const std::span<const double> chunks = host_view(partials, host);  // a transfer point: the chunk sums
-  std::vector<double> sums(entries.size(), 0.0);
-  for (size_t k = 0; k < entries.size(); ++k)
-    for (int64_t c = first[k]; c < first[k + 1]; ++c) sums[k] += chunks[size_t(c)];
+  const std::span<const double> chunks = host_view(partials_, host);  // a transfer point: the chunk sums
+  std::vector<double> sums(entries_.size(), 0.0);
+  for (size_t k = 0; k < entries_.size(); ++k)
+    for (int64_t c = first_[k]; c < first_[k + 1]; ++c) sums[k] += chunks[size_t(c)];
   return sums;
+}
+
+std::vector<double> grad_entry_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries) {
+  return EntrySumSquares(store, entries)(store);
 }
 
 double grad_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries) {

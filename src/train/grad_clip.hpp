@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "model/params.hpp"
+#include "tensor/device.hpp"
+#include "train/optimizer_bodies.hpp"
 
 namespace meshmoe {
 
@@ -23,6 +25,23 @@ double grad_sum_squares(const ParamStore<float>& store, const std::vector<size_t
 // that order.
 std::vector<double> grad_entry_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries);
 double grad_sum_squares(const ParamStore<float>& store);
+
+// grad_entry_sum_squares for a fixed list of entries, called each step (the gradient norm): the
+// entries' chunks are listed on the device once, and a call is one launch over all of them (not
+// one per entry) and one wait.
+class EntrySumSquares {
+ public:
+  EntrySumSquares() = default;
+  EntrySumSquares(const ParamStore<float>& store, std::vector<size_t> entries);
+  const std::vector<size_t>& entries() const { return entries_; }
+  std::vector<double> operator()(const ParamStore<float>& store);
+
+ private:
+  std::vector<size_t> entries_;
+  std::vector<int64_t> first_;      // entry k's chunks: [first_[k], first_[k + 1])
+  Buffer<SumSquaresPiece> pieces_;  // every chunk, in entry order
+  Buffer<double> partials_;
+};
 
 // The factor to multiply every gradient by. A non-finite norm gives NaN (never silently 1): the
 // caller must check and stop, rather than step on NaN/Inf gradients.

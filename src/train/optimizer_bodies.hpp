@@ -42,6 +42,26 @@ struct SumSquaresChunk {
   }
 };
 
+// A piece of SumSquaresPieces: SumSquaresChunk's chunk c of one entry, elements [offset, offset +
+// length) of the flat array.
+struct SumSquaresPiece {
+  int64_t offset, length;
+};
+
+// partial[r] = SumSquaresChunk's sum over piece r: the chunk sums of many entries in one launch,
+// each the bits of the entry's own chunk.
+template <typename T>
+struct SumSquaresPieces {
+  const SumSquaresPiece* pieces;
+  const T* v;
+  double* partial;
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t r, const Lanes& lanes) const {
+    const SumSquaresPiece p = pieces[r];
+    SumSquaresChunk<T>{v + p.offset, p.length, partial + r}(0, lanes);
+  }
+};
+
 // Element i of one AdamW update (adamw.hpp), in torch's operation order.
 struct AdamWUpdateElement {
   float *x, *m, *v;
@@ -58,7 +78,7 @@ struct AdamWUpdateElement {
     xi = xi + neg_step * mi / denom;
   }
   MESHMOE_HD void operator()(int64_t i) const { update(x[i], m[i], v[i], g[i]); }
-  // Host blocks (tensor/launch.hpp): the arrays do not overlap, so the block is vector code with
+  // A host block (AdamWUpdatePieces): the arrays do not overlap, so the block is vector code with
   // the same operations per element (IEEE, no reassociation): the same bits as operator().
   void range(int64_t begin, int64_t end) const {
     float* __restrict xr = x;
@@ -68,6 +88,40 @@ struct AdamWUpdateElement {
     const AdamWUpdateElement body = *this;
 #pragma GCC ivdep
     for (int64_t i = begin; i < end; ++i) body.update(xr[i], mr[i], vr[i], gr[i]);
+  }
+};
+
+// A piece of AdamWUpdatePieces: at most kPiece consecutive elements of one owned parameter.
+struct AdamWPiece {
+  int64_t flat_offset;  // the first element's, in the store's weights and gradients
+  int64_t length;
+  float *m, *v;         // the first element's moments
+  int32_t decayed;      // 1: the parameter takes weight decay
+};
+
+// One AdamW update of every owned parameter in one launch (a row body, tensor/launch_rows.hpp):
+// row r is piece r. On the host the piece is AdamWUpdateElement's vector block, on the GPU a warp
+// (adjacent lanes, adjacent elements). Each element gets AdamWUpdateElement's arithmetic: the same
+// bits as one launch per parameter (124-372 of them a step on the GPT-2 shapes).
+struct AdamWUpdatePieces {
+  static constexpr int64_t kPiece = 4096;
+  const AdamWPiece* pieces;
+  float* x;        // the store's weights
+  const float* g;  // and gradients
+  AdamWUpdateElement scalars;  // x, m, v, g and decay set per piece
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t r, const Lanes& lanes) const {
+    const AdamWPiece p = pieces[r];
+    AdamWUpdateElement e = scalars;
+    e.x = x + p.flat_offset;
+    e.g = g + p.flat_offset;
+    e.m = p.m;
+    e.v = p.v;
+    if (!p.decayed) e.decay = 1.0f;
+    if constexpr (Lanes::step == 1)
+      e.range(0, p.length);
+    else
+      for (int64_t i = lanes.first; i < p.length; i += lanes.step) e(i);
   }
 };
 
@@ -84,17 +138,40 @@ struct AdafactorRowSumSquares {
   }
 };
 
-// Column c = b * m + j of the sums of g^2 over the n rows of matrix b, in row order.
+// The sums of g^2 over the n rows of matrix b, each column's in row order, kColumns adjacent
+// columns a row body (tensor/launch_rows.hpp): row c = b * blocks + k takes columns [k * kColumns,
+// (k + 1) * kColumns). On the host the kColumns sums run side by side along each row of g (vector
+// code over contiguous floats; a column at a time walked g with a stride of m); on the GPU lane l
+// takes column l of the block (a warp reads 32 adjacent floats of a row). The same additions in the
+// same order per column as one sum per index.
 struct AdafactorColumnSumSquares {
+  static constexpr int kColumns = 32;
   const float* g;
   double* col;  // [B * m]
   int64_t n, m;
-  MESHMOE_HD void operator()(int64_t c) const {
-    const int64_t b = c / m, j = c % m;
-    const float* gb = g + b * n * m;
-    double s = 0.0;
-    for (int64_t i = 0; i < n; ++i) s += double(gb[i * m + j]) * double(gb[i * m + j]);
-    col[c] = s;
+  MESHMOE_HD static int64_t blocks(int64_t m) { return (m + kColumns - 1) / kColumns; }  // a matrix's rows
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t c, const Lanes& lanes) const {
+    const int64_t b = c / blocks(m), j0 = (c % blocks(m)) * kColumns;
+    const int64_t width = m - j0 < kColumns ? m - j0 : kColumns;  // columns [j0, j0 + width)
+    constexpr int kSums = kColumns / Lanes::step;                  // this lane's columns
+    double s[kSums] = {};
+    const float* gb = g + b * n * m + j0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* gi = gb + i * m;
+      if (width == kColumns) {
+        for (int k = 0; k < kSums; ++k) {
+          const double x = double(gi[lanes.first + k * Lanes::step]);
+          s[k] += x * x;
+        }
+      } else {
+        for (int k = 0; k < kSums && lanes.first + k * Lanes::step < width; ++k) {
+          const double x = double(gi[lanes.first + k * Lanes::step]);
+          s[k] += x * x;
+        }
+      }
+    }
+    for (int k = 0; k < kSums && lanes.first + k * Lanes::step < width; ++k) col[b * m + j0 + lanes.first + k * Lanes::step] = s[k];
   }
 };
 
@@ -121,22 +198,26 @@ struct AdafactorRowMomentSum {
   }
 };
 
-// Element e = (b * n + i) * m + j of U = G / sqrt(V), V = v_row v_col^T / mean_i(v_row).
-struct AdafactorFactoredUpdateElement {
+// Row r = b * n + i of U = G / sqrt(V), V = v_row v_col^T / mean_i(v_row), a row body
+// (tensor/launch_rows.hpp): the row's factors once, then vector code along the row on the host (a
+// warp on the GPU).
+struct AdafactorFactoredUpdateRow {
   const float *g, *v_row, *v_col;
   const double* rsum;  // [B], summed over the logical rows
   double* u;
   int64_t n, m;
   double n_logical;
-  MESHMOE_HD void operator()(int64_t e) const {
-    const int64_t r = e / m, j = e % m, b = r / n;
-    const double rmean = rsum[b] / n_logical;
-    const double v = double(v_row[r]) * double(v_col[b * m + j]) / rmean;
-    u[e] = double(g[e]) / std::sqrt(v);
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t r, const Lanes& lanes) const {
+    const int64_t b = r / n;
+    const double rmean = rsum[b] / n_logical, vr = double(v_row[r]);
+    const float* gr = g + r * m;
+    const float* vc = v_col + b * m;
+    double* ur = u + r * m;
+    for (int64_t j = lanes.first; j < m; j += lanes.step) ur[j] = double(gr[j]) / std::sqrt(vr * double(vc[j]) / rmean);
   }
 };
 
-// Element e of an unfactored Adafactor update: v = beta v + (1 - beta)(g^2 + eps1), U = G / sqrt(v).
 struct AdafactorUnfactoredUpdateElement {
   const float* g;
   float* v;
@@ -152,8 +233,34 @@ struct AdafactorUnfactoredUpdateElement {
 struct AdafactorApplyElement {
   float* x;
   const double* u;
-  double step;
-  MESHMOE_HD void operator()(int64_t e) const { x[e] = float(double(x[e]) - step * u[e]); }
+  const double* step;  // AdafactorClipFactor's, on the device
+  MESHMOE_HD void operator()(int64_t e) const { x[e] = float(double(x[e]) - *step * u[e]); }
+};
+
+// sum = the chunk sums of SumSquaresChunk added in chunk order (sum_squares's order on the host),
+// on the device: one index, so that the host need not wait for the sums.
+struct AddChunkSums {
+  const double* partial;
+  int64_t chunks;
+  double* sum;
+  MESHMOE_HD void operator()(int64_t) const {
+    double s = 0.0;
+    for (int64_t c = 0; c < chunks; ++c) s += partial[c];
+    *sum = s;
+  }
+};
+
+// Update clipping (S&S section 6) of one parameter, on the device: RMS(U) / d from the sum of U^2
+// over the parameter's `count` logical elements, and the step lr / max(1, RMS(U) / d).
+struct AdafactorClipFactor {
+  const double* sum_u2;
+  double count, clip, lr;
+  double *rms_over_d, *step;
+  MESHMOE_HD void operator()(int64_t) const {
+    const double r = (count > 0 ? std::sqrt(*sum_u2 / count) : 0.0) / clip;
+    *rms_over_d = r;
+    *step = lr / (r > 1.0 ? r : 1.0);
+  }
 };
 
 }  // namespace meshmoe

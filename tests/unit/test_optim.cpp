@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "train/adamw.hpp"
 #include "train/grad_clip.hpp"
 #include "train/optimizer.hpp"
+#include "train/optimizer_bodies.hpp"
 #include "train/schedule.hpp"
 
 using namespace meshmoe;
@@ -294,72 +296,76 @@ TEST_CASE("adafactor: a rank-1 G^2 is factored exactly (U = sign G at t = 1)", "
 }
 
 TEST_CASE("adafactor: 6 steps on a quadratic against Shazeer & Stern Alg. 4/5 in double", "[optim][adafactor]") {
-  ParamStore<float> s;
-  s.add("e", {2, 3, 4}, InitKind::Zeros, 1, nullptr);  // two 3x4 matrices
-  s.add("b", {5}, InitKind::Zeros, 1, nullptr);
-  s.allocate();
-  for (size_t i = 0; i < s.size(); ++i) s.weights()[i] = float(quad_x0(i));
-  const AdafactorOptions o{0.8, 1e-30, 1.05};
-  Adafactor opt(s, all_entries(s), o);
-  const Schedule sched = Schedule::from_config(schedule_cfg("rsqrt", 0.05, 2, 6));
-  std::vector<double> x(s.size());
-  for (size_t i = 0; i < s.size(); ++i) x[i] = double(s.weights()[i]);
-  // Oracle state, Alg. 4 with sums: R [E][n] = row sums, C [E][m] = column sums.
-  const int E = 2, n = 3, m = 4;
-  std::vector<double> R(E * n, 0.0), C(E * m, 0.0), Vb(5, 0.0);
-  bool clipped_any = false, unclipped_any = false;
-  for (int64_t t = 1; t <= 6; ++t) {
-    set_quadratic_grads(s);
-    const double lr = sched(t), beta = 1 - std::pow(double(t), -o.decay);
-    std::vector<double> U(s.size());
-    const float* g = s.grads();
-    for (int e = 0; e < E; ++e) {
-      for (int i = 0; i < n; ++i) {
-        double r = 0;
-        for (int j = 0; j < m; ++j) r += double(g[(e * n + i) * m + j]) * g[(e * n + i) * m + j] + o.eps1;
-        R[e * n + i] = beta * R[e * n + i] + (1 - beta) * r;
-      }
-      for (int j = 0; j < m; ++j) {
-        double c = 0;
-        for (int i = 0; i < n; ++i) c += double(g[(e * n + i) * m + j]) * g[(e * n + i) * m + j] + o.eps1;
-        C[e * m + j] = beta * C[e * m + j] + (1 - beta) * c;
-      }
-      double sumR = 0;
-      for (int i = 0; i < n; ++i) sumR += R[e * n + i];
-      for (int i = 0; i < n; ++i)
-        for (int j = 0; j < m; ++j) {
-          const int k = (e * n + i) * m + j;
-          U[k] = g[k] / std::sqrt(R[e * n + i] * C[e * m + j] / sumR);
+  // m = 70: the column sums' blocks of 32 columns, two whole and one of 6.
+  for (const int m : {4, 70}) {
+    INFO("two 3x" << m << " matrices");
+    ParamStore<float> s;
+    s.add("e", {2, 3, m}, InitKind::Zeros, 1, nullptr);
+    s.add("b", {5}, InitKind::Zeros, 1, nullptr);
+    s.allocate();
+    for (size_t i = 0; i < s.size(); ++i) s.weights()[i] = float(quad_x0(i));
+    const AdafactorOptions o{0.8, 1e-30, m == 4 ? 1.05 : 0.93};  // d between RMS(U)s: both branches
+    Adafactor opt(s, all_entries(s), o);
+    const Schedule sched = Schedule::from_config(schedule_cfg("rsqrt", 0.05, 2, 6));
+    std::vector<double> x(s.size());
+    for (size_t i = 0; i < s.size(); ++i) x[i] = double(s.weights()[i]);
+    // Oracle state, Alg. 4 with sums: R [E][n] = row sums, C [E][m] = column sums.
+    const int E = 2, n = 3;
+    std::vector<double> R(E * n, 0.0), C(E * m, 0.0), Vb(5, 0.0);
+    bool clipped_any = false, unclipped_any = false;
+    for (int64_t t = 1; t <= 6; ++t) {
+      set_quadratic_grads(s);
+      const double lr = sched(t), beta = 1 - std::pow(double(t), -o.decay);
+      std::vector<double> U(s.size());
+      const float* g = s.grads();
+      for (int e = 0; e < E; ++e) {
+        for (int i = 0; i < n; ++i) {
+          double r = 0;
+          for (int j = 0; j < m; ++j) r += double(g[(e * n + i) * m + j]) * g[(e * n + i) * m + j] + o.eps1;
+          R[e * n + i] = beta * R[e * n + i] + (1 - beta) * r;
         }
+        for (int j = 0; j < m; ++j) {
+          double c = 0;
+          for (int i = 0; i < n; ++i) c += double(g[(e * n + i) * m + j]) * g[(e * n + i) * m + j] + o.eps1;
+          C[e * m + j] = beta * C[e * m + j] + (1 - beta) * c;
+        }
+        double sumR = 0;
+        for (int i = 0; i < n; ++i) sumR += R[e * n + i];
+        for (int i = 0; i < n; ++i)
+          for (int j = 0; j < m; ++j) {
+            const int k = (e * n + i) * m + j;
+            U[k] = g[k] / std::sqrt(R[e * n + i] * C[e * m + j] / sumR);
+          }
+      }
+      for (int k = 0; k < 5; ++k) {
+        const double gk = g[E * n * m + k];
+        Vb[k] = beta * Vb[k] + (1 - beta) * (gk * gk + o.eps1);
+        U[E * n * m + k] = gk / std::sqrt(Vb[k]);
+      }
+      auto apply = [&](size_t lo, size_t hi) {
+        double ss = 0;
+        for (size_t k = lo; k < hi; ++k) ss += U[k] * U[k];
+        const double rms_d = std::sqrt(ss / double(hi - lo)) / o.clip;
+        (rms_d > 1 ? clipped_any : unclipped_any) = true;
+        UNSCOPED_INFO("rms/d " << rms_d);
+        for (size_t k = lo; k < hi; ++k) x[k] -= lr * U[k] / std::max(1.0, rms_d);
+      };
+      apply(0, E * n * m);
+      apply(E * n * m, s.size());
+      opt.step(s, lr, t);
     }
-    for (int k = 0; k < 5; ++k) {
-      const double gk = g[E * n * m + k];
-      Vb[k] = beta * Vb[k] + (1 - beta) * (gk * gk + o.eps1);
-      U[E * n * m + k] = gk / std::sqrt(Vb[k]);
+    CHECK(clipped_any);    // the run exercises both branches of update clipping
+    CHECK(unclipped_any);
+    // fp32 params and state vs double, |x| <= ~1.5, 6 steps: 1e-6 absolute (~10 fp32 ulps).
+    for (size_t i = 0; i < s.size(); ++i) {
+      INFO("element " << i);
+      CHECK(double(s.weights()[i]) == Approx(x[i]).margin(1e-6).epsilon(0));
     }
-    auto apply = [&](size_t lo, size_t hi) {
-      double ss = 0;
-      for (size_t k = lo; k < hi; ++k) ss += U[k] * U[k];
-      const double rms_d = std::sqrt(ss / double(hi - lo)) / o.clip;
-      (rms_d > 1 ? clipped_any : unclipped_any) = true;
-      UNSCOPED_INFO("rms/d " << rms_d);
-      for (size_t k = lo; k < hi; ++k) x[k] -= lr * U[k] / std::max(1.0, rms_d);
-    };
-    apply(0, E * n * m);
-    apply(E * n * m, s.size());
-    opt.step(s, lr, t);
+    // The stored row means are the oracle's row sums / m (fp32 storage: 1e-6 relative).
+    const auto st = opt.state();
+    for (int k = 0; k < E * n; ++k) CHECK((*st[0].data)[k] == Approx(R[k] / m).epsilon(1e-6));
+    for (int k = 0; k < E * m; ++k) CHECK((*st[1].data)[k] == Approx(C[k] / n).epsilon(1e-6));
   }
-  CHECK(clipped_any);    // the run exercises both branches of update clipping
-  CHECK(unclipped_any);
-  // fp32 params and state vs double, |x| <= ~1.5, 6 steps: 1e-6 absolute (~10 fp32 ulps).
-  for (size_t i = 0; i < s.size(); ++i) {
-    INFO("element " << i);
-    CHECK(double(s.weights()[i]) == Approx(x[i]).margin(1e-6).epsilon(0));
-  }
-  // The stored row means are the oracle's row sums / m (fp32 storage: 1e-6 relative).
-  const auto st = opt.state();
-  for (int k = 0; k < E * n; ++k) CHECK((*st[0].data)[k] == Approx(R[k] / m).epsilon(1e-6));
-  for (int k = 0; k < E * m; ++k) CHECK((*st[1].data)[k] == Approx(C[k] / n).epsilon(1e-6));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -510,6 +516,150 @@ TEST_CASE("optimizers and clipping are bitwise the same with every host loop run
       INFO("state tensor " << k);
       CHECK(bitwise_equal(forward.state[k], backward.state[k]));
     }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The optimizers on the device (the deferred host device, cudaMalloc's access rule): AdamW's step
+// is one launch for every owned parameter, Adafactor's step queues its work without waiting for
+// the device (update clipping's RMS and step are computed there), and both give the host's bits.
+// The host's AdamW is also checked against one AdamWUpdateElement loop per parameter (the update
+// before the pieces), so every owned element, and only those, is updated once with its decay.
+namespace {
+
+void add_device_test_params(ParamStore<float>& s) {
+  s.add("experts.w", {2, 3, 5}, InitKind::Zeros, 1, nullptr);
+  s.add("proj.w", {70, 65}, InitKind::Zeros, 1, nullptr);  // two pieces of AdamW, two chunks of U^2
+  s.add("ln.g", {9}, InitKind::Zeros, 1, nullptr).no_weight_decay = true;
+  s.add("skipped.w", {40}, InitKind::Zeros, 1, nullptr);  // not owned
+  s.add("out.b", {3 * 4096 + 1}, InitKind::Zeros, 1, nullptr).no_weight_decay = true;
+  s.allocate();
+}
+
+std::vector<float> test_values(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(gen);
+  return v;
+}
+
+struct DeviceRun {
+  std::vector<float> weights;
+  std::vector<std::vector<float>> state;
+  std::vector<double> rms_over_d;
+  std::vector<size_t> launches, waits;  // of each step() call
+};
+
+// 3 steps from fixed weights and gradients, every entry owned but "skipped.w".
+DeviceRun run_device_steps(bool adafactor, bool deferred) {
+  std::optional<test::DeferredHostDevice> guard;
+  if (deferred) guard.emplace(DeviceAccess::Copies);
+  ParamStore<float> s;
+  add_device_test_params(s);
+  const size_t bytes = s.size() * sizeof(float);
+  copy_from_host(s.weights(), test_values(s.size(), 7).data(), bytes);
+  std::unique_ptr<Optimizer> opt;
+  const std::vector<size_t> owned{0, 1, 2, 4};
+  if (adafactor)
+    opt = std::make_unique<Adafactor>(s, owned, AdafactorOptions{0.8, 1e-30, 1.0});
+  else
+    opt = std::make_unique<AdamW>(s, owned, AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+  DeviceRun r;
+  for (int64_t t = 1; t <= 3; ++t) {
+    copy_from_host(s.grads(), test_values(s.size(), uint32_t(100 + t)).data(), bytes);
+    device_synchronize();
+    const size_t queued = deferred_host_work_queued(), waits = device_waits();
+    opt->step(s, 0.01, t, t == 2 ? 0.5 : 1.0);
+    r.launches.push_back(deferred_host_work_queued() - queued);
+    r.waits.push_back(device_waits() - waits);
+  }
+  r.weights.resize(s.size());
+  copy_to_host(r.weights.data(), s.weights(), bytes);
+  for (const StateTensor& st : opt->state()) r.state.push_back(download(*st.data));
+  if (adafactor) r.rms_over_d = static_cast<Adafactor&>(*opt).last_rms_over_d();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("grad clip: the entries' sums of squares, one launch on the device, each its own sum_squares's bits",
+          "[optim][clip][device][deferred]") {
+  ParamStore<float> s;
+  add_device_test_params(s);
+  const std::vector<float> g = test_values(s.size(), 11);
+  std::copy(g.begin(), g.end(), s.grads());
+  const std::vector<size_t> entries{4, 0, 1};  // any order; several chunks, one, and a partial one
+  std::vector<double> own;
+  Buffer<double> partials;
+  for (size_t e : entries) own.push_back(sum_squares(g.data() + s.infos()[e].flat_offset, s.infos()[e].size, partials));
+  CHECK(bitwise_equal(grad_entry_sum_squares(s, entries), own));
+  test::DeferredHostDevice guard(DeviceAccess::Copies);
+  ParamStore<float> d;
+  add_device_test_params(d);
+  copy_from_host(d.grads(), g.data(), g.size() * sizeof(float));
+  EntrySumSquares sums(d, entries);
+  device_synchronize();
+  const size_t waits = device_waits();
+  const std::vector<double> first = sums(d);
+  CHECK(device_waits() == waits + 1);
+  CHECK(bitwise_equal(first, own));
+  CHECK(bitwise_equal(sums(d), own));  // the same list each step
+}
+
+TEST_CASE("optimizers on the device: AdamW one launch a step, Adafactor no wait; the host's bits", "[optim][device][deferred]") {
+  for (const bool adafactor : {false, true}) {
+    INFO((adafactor ? "adafactor" : "adamw"));
+    const DeviceRun host = run_device_steps(adafactor, false);
+    const DeviceRun device = run_device_steps(adafactor, true);
+    for (size_t t = 0; t < 3; ++t) {
+      INFO("step " << t + 1);
+      CHECK(device.waits[t] == 0);
+      if (!adafactor) CHECK(device.launches[t] == 1);
+      if (adafactor) CHECK(device.launches[t] > 4);  // queued, not run
+    }
+    CHECK(bitwise_equal(host.weights, device.weights));
+    CHECK(bitwise_equal(host.rms_over_d, device.rms_over_d));
+    REQUIRE(host.state.size() == device.state.size());
+    for (size_t k = 0; k < host.state.size(); ++k) {
+      INFO("state tensor " << k);
+      CHECK(bitwise_equal(host.state[k], device.state[k]));
+    }
+    if (adafactor) {
+      REQUIRE(host.rms_over_d.size() == 4);
+      for (double r : host.rms_over_d) CHECK(r > 0.0);
+    }
+  }
+  // The host's AdamW against one AdamWUpdateElement loop per owned parameter.
+  ParamStore<float> s;
+  add_device_test_params(s);
+  const std::vector<float> w0 = test_values(s.size(), 7);
+  std::vector<float> x = w0, m(s.size(), 0.0f), v(s.size(), 0.0f);
+  for (int64_t t = 1; t <= 3; ++t) {
+    const std::vector<float> g = test_values(s.size(), uint32_t(100 + t));
+    const double lr = 0.01, wd = 0.1, grad_scale = t == 2 ? 0.5 : 1.0;
+    const double bc1 = 1.0 - std::pow(0.9, double(t));
+    for (size_t e : {0, 1, 2, 4}) {
+      const ParamInfo& p = s.infos()[e];
+      const float decay = p.no_weight_decay ? 1.0f : float(1.0 - lr * wd);
+      const AdamWUpdateElement body{x.data() + p.flat_offset, m.data() + p.flat_offset, v.data() + p.flat_offset,
+                                    g.data() + p.flat_offset, float(grad_scale), decay, 0.9f, float(1.0 - 0.9), 0.95f,
+                                    float(1.0 - 0.95), float(std::sqrt(1.0 - std::pow(0.95, double(t)))), 1e-8f,
+                                    float(-(lr / bc1))};
+      for (size_t i = 0; i < p.size; ++i) body(int64_t(i));
+    }
+  }
+  const DeviceRun host = run_device_steps(false, false);
+  CHECK(bitwise_equal(host.weights, x));
+  const ParamInfo& skipped = s.infos()[3];
+  CHECK(std::equal(w0.begin() + ptrdiff_t(skipped.flat_offset), w0.begin() + ptrdiff_t(skipped.flat_offset + skipped.size),
+                   host.weights.begin() + ptrdiff_t(skipped.flat_offset)));
+  size_t k = 0;
+  for (size_t e : {0, 1, 2, 4}) {
+    const ParamInfo& p = s.infos()[e];
+    INFO("parameter " << p.name);
+    CHECK(bitwise_equal(host.state[k++], std::vector<float>(m.begin() + ptrdiff_t(p.flat_offset), m.begin() + ptrdiff_t(p.flat_offset + p.size))));
+    CHECK(bitwise_equal(host.state[k++], std::vector<float>(v.begin() + ptrdiff_t(p.flat_offset), v.begin() + ptrdiff_t(p.flat_offset + p.size))));
   }
 }
 
