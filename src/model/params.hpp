@@ -160,6 +160,10 @@ class ParamStore {
   // Whether the data ranks of the node hold one copy of the weights between them (allocate): a
   // rank writes only the parameters it owns (or all ranks the same values), then publish_weights().
   bool one_weight_copy() const { return one_weight_copy_; }
+  // Whether this rank writes every weight when they are all set at once (an initialisation, a
+  // checkpoint's read): not with one_weight_copy() but on the group's first rank, which writes the
+  // one copy for the node (the others wait at publish_weights()).
+  bool writes_all_weights() const { return !one_weight_copy_ || share_->rank() == 0; }
   // Collective over the share: every rank's writes to the weights visible to every rank. A no-op
   // unless one_weight_copy().
   void publish_weights() {
@@ -171,7 +175,7 @@ class ParamStore {
   // model (any block of any parameter, on any pipeline stage) gets exactly the unsharded values.
   // With one_weight_copy() the group's first rank writes them and the others wait (collective).
   void init(uint64_t seed, double init_scale) {
-    if (one_weight_copy_ && share_->rank() > 0) return publish_weights();
+    if (!writes_all_weights()) return publish_weights();
     init_values(seed, init_scale);
     publish_weights();
   }

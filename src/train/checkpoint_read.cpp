@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "core/error.hpp"
@@ -96,10 +97,13 @@ CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store
       if (bad.size() > 12) msg += "\n  ... and " + std::to_string(bad.size() - 12) + " more";
       throw InputError(msg);
     }
-    // Read on the host, checked there, then uploaded (transfer points on a device).
-    HostCopy<float> weights(store.weights(), store.size());
-    for (const auto& p : store.infos())
-      f.dataset("/params/" + p.name).read_block(p.offset, p.local_shape, weights.data() + p.flat_offset);
+    // Read on the host, checked there, then uploaded (transfer points on a device). With one copy
+    // of the weights per node its first rank alone reads, checks and writes them.
+    std::optional<HostCopy<float>> weights;
+    if (store.writes_all_weights()) weights.emplace(store.weights(), store.size());
+    if (weights)
+      for (const auto& p : store.infos())
+        f.dataset("/params/" + p.name).read_block(p.offset, p.local_shape, weights->data() + p.flat_offset);
     std::vector<std::vector<float>> values(state.size());
     for (size_t s = 0; s < state.size(); ++s) {
       const StateTensor& t = state[s];
@@ -109,10 +113,11 @@ CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store
     }
     // A state that is not finite cannot train (a resume from it would only run non-finite steps):
     // the same check as `ckpt verify`, on the blocks this rank read (run.resume = PATH skips verify).
-    for (const auto& p : store.infos())
-      if (const int64_t i = first_bad_value(weights.data() + p.flat_offset, product(p.local_shape), false); i >= 0)
-        throw InputError("checkpoint " + path + " is bad: non-finite value: " +
-                         bad_value_str("/params/" + p.name, p.offset, p.local_shape, i, weights.data()[p.flat_offset + size_t(i)]));
+    if (weights)
+      for (const auto& p : store.infos())
+        if (const int64_t i = first_bad_value(weights->data() + p.flat_offset, product(p.local_shape), false); i >= 0)
+          throw InputError("checkpoint " + path + " is bad: non-finite value: " +
+                           bad_value_str("/params/" + p.name, p.offset, p.local_shape, i, weights->data()[p.flat_offset + size_t(i)]));
     for (size_t s = 0; s < state.size(); ++s) {
       const StateTensor& t = state[s];
       const std::vector<float>& v = values[s];
@@ -122,7 +127,7 @@ CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store
                          (std::isfinite(v[size_t(i)]) ? "negative second moment: " : "non-finite value: ") +
                          bad_value_str("/optim/" + t.name, t.offset, t.local_shape, i, v[size_t(i)]));
     }
-    weights.upload();
+    if (weights) weights->upload();
     for (size_t s = 0; s < state.size(); ++s) upload(*state[s].data, values[s].data(), values[s].size());
   } catch (const InputError& e) {
     err = e.what();
@@ -130,7 +135,7 @@ CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store
     err = "cannot read checkpoint " + path + " (corrupt or truncated?): " + e.what();
   }
   if (auto e = first_error(err, comm); !e.empty()) throw InputError(e);
-  store.publish_weights();  // one copy per node: every data rank read the same values into it
+  store.publish_weights();  // one copy per node: its first rank's writes, to every rank
   return meta;
 }
 
@@ -141,12 +146,13 @@ InitFromResult init_from_checkpoint(const std::string& path, ParamStore<float>& 
     if (!fs::is_regular_file(path)) throw InputError("--init-from " + path + " does not exist or is not a file");
     h5::File f = h5::File::open(path);
     read_meta_attrs(f);  // a meshmoe checkpoint, not any HDF5 file
-    HostCopy<float> weights(store.weights(), store.size());  // read on the host, then uploaded
+    std::optional<HostCopy<float>> weights;  // read on the host, then uploaded (one copy: its first rank's)
+    if (store.writes_all_weights()) weights.emplace(store.weights(), store.size());
     for (const auto& p : store.infos()) {
       const std::string dpath = "/params/" + p.name;
       const bool match = f.is_dataset(dpath) && f.dataset(dpath).shape() == p.logical_shape;
-      if (match) {
-        float* block = weights.data() + p.flat_offset;
+      if (match && weights) {
+        float* block = weights->data() + p.flat_offset;
         f.dataset(dpath).read_block(p.offset, p.local_shape, block);
         if (const int64_t i = first_bad_value(block, product(p.local_shape), false); i >= 0)
           throw InputError("--init-from " + path + " is bad: non-finite value: " +
@@ -155,14 +161,14 @@ InitFromResult init_from_checkpoint(const std::string& path, ParamStore<float>& 
       mine.i64(match ? 1 : 0);
       mine.str(p.name);
     }
-    weights.upload();
+    if (weights) weights->upload();
   } catch (const InputError& e) {
     err = e.what();
   } catch (const std::exception& e) {
     err = "cannot read --init-from checkpoint " + path + " (corrupt or truncated?): " + e.what();
   }
   if (auto e = first_error(err, comm); !e.empty()) throw InputError(e);
-  store.publish_weights();  // one copy per node: every data rank read the same values into it
+  store.publish_weights();  // one copy per node: its first rank's writes, to every rank
   std::set<std::string> copied, kept;
   for (const auto& s : allgather_strings(mine.buf, comm)) {
     In in(s);

@@ -12,7 +12,7 @@
 # the weights per node, bitwise the same.
 # Checkpoints: a sharded run's checkpoint resumes unsharded on another mesh and an unsharded one
 # resumes sharded on another mesh (1e-5, the mesh-invariance tolerance of train_invariance.sh),
-# and bitwise on the same mesh.
+# and bitwise on the same mesh; a NaN weight resumed into one copy stops the run, named.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -83,12 +83,30 @@ for k in dense-d2 dense-d4 exptensor-d2t2; do
   pairs+="$k-false:$k-true:0 "
 done
 grep -q "one copy of the weights" "$T/adamw-d2-true.log" && fail "one copy of the weights with experts split over data"
-# A resume into one copy and out of it: every data rank reads the checkpoint into the one copy.
+# A resume into one copy and out of it: the one copy's first rank reads the weights for the node.
 train_or_fail res-one-copy 2 --set mesh.data=2 --set moe.every=0 --set optim.shard_state=true \
   --set run.resume="$T/dense-d2-false/ckpt/step_00000002.h5"
 train_or_fail res-one-copy-back 2 --set mesh.data=2 --set moe.every=0 --set optim.shard_state=false \
   --set run.resume="$T/dense-d2-true/ckpt/step_00000002.h5"
 pairs+="dense-d2-false:res-one-copy:0 dense-d2-true:res-one-copy-back:0 "
+# Only that rank checks the weights it reads: a NaN in the checkpoint still stops both ranks,
+# named, with exit 2 (an input error; not a hang, not a run).
+$PYTHON - "$T" <<'PY'
+import sys, shutil, h5py, numpy as np
+T = sys.argv[1]
+shutil.copy(f"{T}/dense-d2-false/ckpt/step_00000002.h5", f"{T}/nan.h5")
+with h5py.File(f"{T}/nan.h5", "r+") as f:
+    d = f["params/blocks.1.mlp.w_in"]
+    a = d[()]
+    a.flat[5] = np.nan
+    d[...] = a
+PY
+rc=0
+timeout 120 mpirun -np 2 "$M" train "$T/deck.toml" --set run.out_dir="$T/res-nan" --set mesh.data=2 --set moe.every=0 \
+  --set optim.shard_state=true --set run.resume="$T/nan.h5" >"$T/res-nan.log" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || { cat "$T/res-nan.log"; fail "a NaN weight resumed into one copy: exit $rc, not 2"; }
+grep -q "is bad: non-finite value: /params/blocks.1.mlp.w_in" "$T/res-nan.log" ||
+  { cat "$T/res-nan.log"; fail "a NaN weight resumed into one copy is not named"; }
 # Resume across meshes and across shard_state, from the step-2 checkpoints.
 ck() { echo "$T/$1/ckpt/step_00000002.h5"; }
 train_or_fail res-same 2 --set mesh.data=2 --set optim.shard_state=true --set run.resume="$(ck adamw-d2-false)"
