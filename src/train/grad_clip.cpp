@@ -73,10 +73,17 @@ double clip_scale(double global_norm, double max_norm) {
 
 void scale_grads(ParamStore<float>& store, const std::vector<size_t>& entries, double scale) {
   if (scale == 1.0) return;
+  // Entries adjacent in the flat buffer make one range, one launch (every entry, often).
+  size_t begin = 0, end = 0;
   for (size_t e : entries) {
     const ParamInfo& p = store.infos()[e];
-    scale_by(store.grads() + p.flat_offset, p.size, float(scale));
+    if (p.flat_offset != end) {
+      if (end > begin) scale_by(store.grads() + begin, end - begin, float(scale));
+      begin = p.flat_offset;
+    }
+    end = p.flat_offset + p.size;
   }
+  if (end > begin) scale_by(store.grads() + begin, end - begin, float(scale));
 }
 
 void scale_grads(ParamStore<float>& store, double scale) {

@@ -583,7 +583,7 @@ DeviceRun run_device_steps(bool adafactor, bool deferred) {
 
 }  // namespace
 
-TEST_CASE("grad clip: the entries' sums of squares, one launch on the device, each its own sum_squares's bits",
+TEST_CASE("grad clip: the entries' sums of squares in one launch, each its own sum_squares's bits; scale_grads by ranges",
           "[optim][clip][device][deferred]") {
   ParamStore<float> s;
   add_device_test_params(s);
@@ -605,6 +605,17 @@ TEST_CASE("grad clip: the entries' sums of squares, one launch on the device, ea
   CHECK(device_waits() == waits + 1);
   CHECK(bitwise_equal(first, own));
   CHECK(bitwise_equal(sums(d), own));  // the same list each step
+  // scale_grads: entries adjacent in the flat buffer are one launch ("skipped.w" splits them in two).
+  const size_t queued = deferred_host_work_queued();
+  scale_grads(d, {0, 1, 2, 4}, 0.5);
+  CHECK(deferred_host_work_queued() == queued + 2);
+  std::vector<float> scaled(g.size());
+  copy_to_host(scaled.data(), d.grads(), g.size() * sizeof(float));
+  const ParamInfo& skipped = d.infos()[3];
+  for (size_t i = 0; i < g.size(); ++i) {
+    const bool kept = i >= skipped.flat_offset && i < skipped.flat_offset + skipped.size;
+    if (scaled[i] != (kept ? g[i] : g[i] * 0.5f)) FAIL_CHECK("element " << i << ": " << scaled[i] << " from " << g[i]);
+  }
 }
 
 TEST_CASE("optimizers on the device: AdamW one launch a step, Adafactor no wait; the host's bits", "[optim][device][deferred]") {
