@@ -159,7 +159,7 @@ struct AdafactorColumnSumSquares {
     const float* gb = g + b * n * m + j0;
     for (int64_t i = 0; i < n; ++i) {
       const float* gi = gb + i * m;
-      if (width == kColumns) {
+      if (width == kColumns) {  // a fixed trip count: vector code on the host
         for (int k = 0; k < kSums; ++k) {
           const double x = double(gi[lanes.first + k * Lanes::step]);
           s[k] += x * x;
@@ -171,7 +171,8 @@ struct AdafactorColumnSumSquares {
         }
       }
     }
-    for (int k = 0; k < kSums && lanes.first + k * Lanes::step < width; ++k) col[b * m + j0 + lanes.first + k * Lanes::step] = s[k];
+    for (int k = 0; k < kSums && lanes.first + k * Lanes::step < width; ++k)
+      col[b * m + j0 + lanes.first + k * Lanes::step] = s[k];
   }
 };
 
