@@ -21,6 +21,8 @@ struct AdamWOptions {
 class AdamW final : public Optimizer {
  public:
   AdamW(const ParamStore<float>& store, std::vector<size_t> owned, AdamWOptions opt);
+  AdamW(const AdamW&) = delete;  // pieces_ points into m_ and v_
+  AdamW& operator=(const AdamW&) = delete;
   void step(ParamStore<float>& store, double lr, int64_t t, double grad_scale = 1.0) override;
   std::vector<StateTensor> state() override;
   const char* name() const override { return "adamw"; }
