@@ -205,9 +205,6 @@ void GradientSync::gather_params() {
   for (const ShardedRun& r : gather_runs_) data.all_gatherv_in_place(weights + r.begin, r.counts);
 }
 
-// The data-replicated entries' sums of squares come from their owners (each element of the
-// all-reduced vector has one non-zero term: exact), then every rank adds its norm entries in the
-// order of one data rank's sum, so the norm is bitwise that sum given the same gradients.
 void GradientSync::plan_norm() {
   const ParamStore<float>& store = model_.params();
   norm_planned_ = true;
@@ -219,13 +216,16 @@ void GradientSync::plan_norm() {
   for (size_t i = 0; i < norm_replicated_.size(); ++i)
     if (std::binary_search(norm_owned_.begin(), norm_owned_.end(), norm_replicated_[i]))
       share_.push_back(i), share_entries.push_back(norm_replicated_[i]);
-  share_sums_ = EntrySumSquares(store, std::move(share_entries));
+  share_sums_ = EntrySumSquares(store, share_entries);
   std::vector<size_t> split;  // this rank's own blocks of entries split over data
   for (size_t e : norm_entries_)
     if (store.infos()[e].sharded_over & kShardData) split.push_back(e);
-  split_sums_ = EntrySumSquares(store, std::move(split));
+  split_sums_ = EntrySumSquares(store, split);
 }
 
+// The data-replicated entries' sums of squares come from their owners (each element of the
+// all-reduced vector has one non-zero term: exact), then every rank adds its norm entries in the
+// order of one data rank's sum, so the norm is bitwise that sum given the same gradients.
 double GradientSync::owned_norm_squares() {
   const ParamStore<float>& store = model_.params();
   const auto& infos = store.infos();

@@ -22,12 +22,12 @@ std::vector<size_t> entries_where(const ParamStore<float>& store, bool split) {
 std::vector<size_t> whole_entries(const ParamStore<float>& store) { return entries_where(store, false); }
 std::vector<size_t> split_entries(const ParamStore<float>& store) { return entries_where(store, true); }
 
-EntrySumSquares::EntrySumSquares(const ParamStore<float>& store, std::vector<size_t> entries)
-    : entries_(std::move(entries)), first_(entries_.size() + 1, 0) {
+EntrySumSquares::EntrySumSquares(const ParamStore<float>& store, const std::vector<size_t>& entries)
+    : first_(entries.size() + 1, 0) {
   constexpr int64_t kChunk = SumSquaresChunk<float>::kChunk;
   std::vector<SumSquaresPiece> pieces;
-  for (size_t k = 0; k < entries_.size(); ++k) {
-    const ParamInfo& p = store.infos()[entries_[k]];
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const ParamInfo& p = store.infos()[entries[k]];
     const int64_t n = int64_t(p.size);
     for (int64_t c = 0; c < sum_squares_chunks<float>(p.size); ++c)
       pieces.push_back({int64_t(p.flat_offset) + c * kChunk, std::min(kChunk, n - c * kChunk)});
@@ -43,8 +43,8 @@ std::vector<double> EntrySumSquares::operator()(const ParamStore<float>& store) 
                SumSquaresChunk<float>::kChunk);
   std::vector<double> host;
   const std::span<const double> chunks = host_view(partials_, host);  // a transfer point: the chunk sums
-  std::vector<double> sums(entries_.size(), 0.0);
-  for (size_t k = 0; k < entries_.size(); ++k)
+  std::vector<double> sums(first_.size() - 1, 0.0);
+  for (size_t k = 0; k < sums.size(); ++k)
     for (int64_t c = first_[k]; c < first_[k + 1]; ++c) sums[k] += chunks[size_t(c)];
   return sums;
 }

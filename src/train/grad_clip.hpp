@@ -32,13 +32,11 @@ double grad_sum_squares(const ParamStore<float>& store);
 class EntrySumSquares {
  public:
   EntrySumSquares() = default;
-  EntrySumSquares(const ParamStore<float>& store, std::vector<size_t> entries);
-  const std::vector<size_t>& entries() const { return entries_; }
-  std::vector<double> operator()(const ParamStore<float>& store);
+  EntrySumSquares(const ParamStore<float>& store, const std::vector<size_t>& entries);
+  std::vector<double> operator()(const ParamStore<float>& store);  // per entry, in the list's order
 
  private:
-  std::vector<size_t> entries_;
-  std::vector<int64_t> first_;      // entry k's chunks: [first_[k], first_[k + 1])
+  std::vector<int64_t> first_;      // entry k's chunks: [first_[k], first_[k + 1]); one more than the entries
   Buffer<SumSquaresPiece> pieces_;  // every chunk, in entry order
   Buffer<double> partials_;
 };
