@@ -18,15 +18,9 @@ static void ensure(Buffer<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
-// Whether the causal mode keeps bf16 copies of P and dS (p16_, ds16_): with bf16 GEMM operands where
-// the Buffers live on a device, so that each is rounded once, by the softmax row that writes it,
-// instead of by each GEMM that reads it (docs/ARCHITECTURE.md "Precision"). The host emulation
-// rounds per GEMM (the same bits) and keeps no copies; the deferred host device (tests) takes the
-// device's side and reads the copies.
-template <typename T>
-static bool bf16_copies() {
-  return std::is_same_v<T, float> && gemm_precision() == Precision::Bf16 && buffers_on_device();
-}
+// The causal mode keeps bf16 copies of P and dS (p16_, ds16_) where the layers keep copies of their
+// GEMM operands (tensor/blas.hpp bf16_operand_copies): each is rounded once, by the softmax row that
+// writes it, instead of by each GEMM that reads it.
 // The copy at `offset` elements, or null without copies.
 static const uint16_t* at(const uint16_t* copy, size_t offset) { return copy ? copy + offset : nullptr; }
 
@@ -72,9 +66,10 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   T* k = q + N_A;
   T* v = k + N_A;
   // q, k, v [N, A_l] = x [N, M] W [M, A_l]
-  matmul(false, false, N, A_l, M_, x, wq.w, q);
-  matmul(false, false, N, A_l, M_, x, wk.w, k);
-  matmul(false, false, N, A_l, M_, x, wv.w, v);
+  const uint16_t* x16 = rounded_once(x, size_t(N) * M_, bf16_copy_room<T>(bf16_, size_t(N) * M_ + 3 * N_A));
+  matmul(false, false, N, A_l, M_, x, wq.w, q, false, x16);
+  matmul(false, false, N, A_l, M_, x, wk.w, k, false, x16);
+  matmul(false, false, N, A_l, M_, x, wv.w, v, false, x16);
   if (!causal_) {
     masked_attention_forward(AttentionPairs{B, heads_l_, D, Tq, Tq, ctx.segment, ctx.segment}, q, k, v, p_.data(),
                              att_.data());
@@ -104,7 +99,7 @@ void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, co
     gemm_batched(false, true, rows, i0 + rows, D_, scale, heads_of(q + i0 * A_l, a, Tq), heads_of(k, a, Tq), T(0),
                  scores_of(p_.data() + size_t(i0) * Tq, a), B, heads_l_);
   }
-  if (bf16_copies<T>()) ensure(p16_, p_.size());
+  if (bf16_operand_copies<T>()) ensure(p16_, p_.size());
   else p16_ = Buffer<uint16_t>();
   uint16_t* P16 = p16_.empty() ? nullptr : p16_.data();
   for_each_row(int64_t(B) * heads_l_ * Tq, AttentionCausalSoftmaxRow<T>{p_.data(), ctx.segment, Tq, heads_l_, P16}, Tq);
@@ -129,8 +124,10 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   copy_from(dy_.data(), dy, size_t(N) * M_);
   dropout_.backward(ctx, dy_.data(), N, M_);
   // wo.g [A_l, M] += att^T dy; datt [N, A_l] = dy wo^T
-  matmul(true, false, A_l, M_, N, att_.data(), dy_.data(), wo.g, true);
-  matmul(false, true, N, A_l, M_, dy_.data(), wo.w, datt_.data());
+  const uint16_t* dy16 =
+      rounded_once(dy_.data(), size_t(N) * M_, bf16_copy_room<T>(bf16_, size_t(N) * M_ + 3 * N_A));
+  matmul(true, false, A_l, M_, N, att_.data(), dy_.data(), wo.g, true, nullptr, dy16);
+  matmul(false, true, N, A_l, M_, dy_.data(), wo.w, datt_.data(), false, dy16);
   const T* q = qkv_.data();
   const T* k = q + N_A;
   const T* v = k + N_A;
@@ -143,7 +140,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   } else {
     causal_attention_backward(q, k, v, dq, dk, dv, B, Tq);
   }
-  accumulate_input_grads(dq, dk, dv, dx, N);
+  accumulate_input_grads(dx, N);
 }
 
 // dq, dk, dv [N, A_l] of the causal mode from datt_ (backward's core)
@@ -186,14 +183,26 @@ void CausalSelfAttention<T>::causal_attention_backward(const T* q, const T* k, c
   }
 }
 
+// From dq, dk, dv in dqkv_.
 template <typename T>
-void CausalSelfAttention<T>::accumulate_input_grads(const T* dq, const T* dk, const T* dv, T* dx, int N) {
+void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N) {
   const int A_l = A_l_;
+  const size_t N_M = size_t(N) * M_, N_A = size_t(N) * A_l;
+  const T* dq = dqkv_.data();
+  const T* dk = dq + N_A;
+  const T* dv = dk + N_A;
+  // Copies of x and of dq, dk, dv (one span), each read by two or three GEMMs below.
+  uint16_t* room = bf16_copy_room<T>(bf16_, N_M + 3 * N_A);
+  const uint16_t* x16 = rounded_once(x_.data(), N_M, room);
+  const uint16_t* dq16 = rounded_once(dq, 3 * N_A, room ? room + N_M : nullptr);
+  const uint16_t* dk16 = dq16 ? dq16 + N_A : nullptr;
+  const uint16_t* dv16 = dk16 ? dk16 + N_A : nullptr;
   // W.g [M, A_l] += x^T dW-input; dx [N, M] += dq wq^T + dk wk^T + dv wv^T
-  matmul(true, false, M_, A_l, N, x_.data(), dq, wq.g, true);
-  matmul(true, false, M_, A_l, N, x_.data(), dk, wk.g, true);
-  matmul(true, false, M_, A_l, N, x_.data(), dv, wv.g, true);
-  add_projection_input_grads<T>({{dq, wq.w}, {dk, wk.w}, {dv, wv.w}}, dx, N, M_, A_l, tensor_allreduce, sharded(), dxs_);
+  matmul(true, false, M_, A_l, N, x_.data(), dq, wq.g, true, x16, dq16);
+  matmul(true, false, M_, A_l, N, x_.data(), dk, wk.g, true, x16, dk16);
+  matmul(true, false, M_, A_l, N, x_.data(), dv, wv.g, true, x16, dv16);
+  add_projection_input_grads<T>({{dq, wq.w, dq16}, {dk, wk.w, dk16}, {dv, wv.w, dv16}}, dx, N, M_, A_l,
+                                tensor_allreduce, sharded(), dxs_);
 }
 
 template class CausalSelfAttention<float>;

@@ -67,7 +67,7 @@ class CausalSelfAttention {
   void causal_attention_forward(const StepContext& ctx, const T* q, const T* k, const T* v, int B, int Tq);
   void causal_attention_backward(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv, int B, int Tq);
   // x^T d into wq/wk/wv .g, and dx += the input gradient (add_projection_input_grads)
-  void accumulate_input_grads(const T* dq, const T* dk, const T* dv, T* dx, int N);
+  void accumulate_input_grads(T* dx, int N);
 
   int M_, H_, D_, h0_, heads_l_, A_l_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
   int T_ = 0;
@@ -78,13 +78,16 @@ class CausalSelfAttention {
   Buffer<T> qkv_;  // q, k, v each [N, A_l]
   Buffer<T> p_;    // softmax probabilities [B, heads_l, T, T] (zero above the diagonal when causal, zero across examples)
   // P and dS rounded to bf16 by their softmax rows, for the bf16 GEMMs on a device (causal mode;
-  // empty otherwise: bf16_copies() in attention.cpp)
+  // empty otherwise: tensor/blas.hpp bf16_operand_copies)
   Buffer<uint16_t> p16_;  // [B, heads_l, T, T]
   Buffer<uint16_t> ds16_;  // [B, heads_l, T, T], backward scratch
   Buffer<T> att_;  // attention output before wo [N, A_l]
   // backward scratch
   Buffer<T> dy_, datt_, dqkv_, dxs_;
   Buffer<T> dp_;  // dP, then dS, of every (b, h) pair [B, heads_l, T, T]
+  // bf16 copies of the operands that several GEMMs read (tensor/blas.hpp bf16_operand_copies), in
+  // one pass at a time: x (forward); dy, then x and dq, dk, dv (backward) [N, M + 3 A_l]
+  Buffer<uint16_t> bf16_;
 };
 
 }  // namespace meshmoe

@@ -51,20 +51,20 @@ void masked_attention_backward(const AttentionPairs& a, const T* q, const T* k, 
 }
 
 template <typename T>
-void add_projection_input_grads(std::initializer_list<std::pair<const T*, const T*>> d_and_w, T* dx, int N, int M,
-                                int A_l, const std::function<void(T*, size_t)>& tensor_allreduce, bool sharded,
+void add_projection_input_grads(std::initializer_list<ProjectionGrad<T>> grads, T* dx, int N, int M, int A_l,
+                                const std::function<void(T*, size_t)>& tensor_allreduce, bool sharded,
                                 Buffer<T>& scratch) {
   if (sharded && tensor_allreduce) {
     if (scratch.size() < size_t(N) * M) scratch.resize(size_t(N) * M);
     bool first = true;
-    for (const auto& [d, w] : d_and_w) {
-      matmul(false, true, N, M, A_l, d, w, scratch.data(), !first);
+    for (const ProjectionGrad<T>& g : grads) {
+      matmul(false, true, N, M, A_l, g.d, g.w, scratch.data(), !first, g.d16);
       first = false;
     }
     tensor_allreduce(scratch.data(), size_t(N) * M);
     add_into(dx, scratch.data(), size_t(N) * M);
   } else {
-    for (const auto& [d, w] : d_and_w) matmul(false, true, N, M, A_l, d, w, dx, true);
+    for (const ProjectionGrad<T>& g : grads) matmul(false, true, N, M, A_l, g.d, g.w, dx, true, g.d16);
   }
 }
 
@@ -72,8 +72,8 @@ void add_projection_input_grads(std::initializer_list<std::pair<const T*, const 
   template void masked_attention_forward<T>(const AttentionPairs&, const T*, const T*, const T*, T*, T*);       \
   template void masked_attention_backward<T>(const AttentionPairs&, const T*, const T*, const T*, const T*,     \
                                              const T*, T*, T*, T*, T*);                                          \
-  template void add_projection_input_grads<T>(std::initializer_list<std::pair<const T*, const T*>>, T*, int, int, \
-                                              int, const std::function<void(T*, size_t)>&, bool, Buffer<T>&);
+  template void add_projection_input_grads<T>(std::initializer_list<ProjectionGrad<T>>, T*, int, int, int,      \
+                                              const std::function<void(T*, size_t)>&, bool, Buffer<T>&);
 MESHMOE_ATTENTION_CORE(float)
 MESHMOE_ATTENTION_CORE(double)
 #undef MESHMOE_ATTENTION_CORE

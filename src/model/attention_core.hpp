@@ -42,12 +42,21 @@ template <typename T>
 void masked_attention_backward(const AttentionPairs& a, const T* q, const T* k, const T* v, const T* P, const T* dO,
                                T* dP, T* dq, T* dk, T* dv);
 
+// One projection's output gradient d [N, A_l] and weight W [M, A_l]; d16: d's bf16 copy, or null
+// (tensor/blas.hpp rounded_once).
+template <typename T>
+struct ProjectionGrad {
+  const T* d;
+  const T* w;
+  const uint16_t* d16 = nullptr;
+};
+
 // The input gradient of head-sharded projections: dx [N, M] += sum over (d, W) of d [N, A_l] W^T, W [M, A_l].
 // With the heads split over the tensor axis (tensor_allreduce set) the sum is partial: it is formed in
 // `scratch` and summed over the axis before it joins dx, which may already hold the residual's gradient.
 template <typename T>
-void add_projection_input_grads(std::initializer_list<std::pair<const T*, const T*>> d_and_w, T* dx, int N, int M,
-                                int A_l, const std::function<void(T*, size_t)>& tensor_allreduce, bool sharded,
+void add_projection_input_grads(std::initializer_list<ProjectionGrad<T>> grads, T* dx, int N, int M, int A_l,
+                                const std::function<void(T*, size_t)>& tensor_allreduce, bool sharded,
                                 Buffer<T>& scratch);
 
 }  // namespace meshmoe

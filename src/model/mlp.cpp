@@ -1,5 +1,6 @@
 #include "model/mlp.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "tensor/blas.hpp"
@@ -49,19 +50,23 @@ void MLP<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
   ensure(dpre_, size_t(N) * W_);
   copy_from(dy_.data(), dy, size_t(N) * M_);
   dropout_.backward(ctx, dy_.data(), N, M_);
+  // dy's copy, then dpre's in the same room: the GEMMs that read dy's are queued before.
+  uint16_t* room = bf16_copy_room<T>(bf16_, size_t(N) * std::max(M_, W_));
   // w_out.g [H_l, M] += h^T dy; dh [N, H_l] = dy w_out^T
-  matmul(true, false, H_l_, M_, N, h_.data(), dy_.data(), w_out.g, true);
-  matmul(false, true, N, H_l_, M_, dy_.data(), w_out.w, dh_.data());
+  const uint16_t* dy16 = rounded_once(dy_.data(), size_t(N) * M_, room);
+  matmul(true, false, H_l_, M_, N, h_.data(), dy_.data(), w_out.g, true, nullptr, dy16);
+  matmul(false, true, N, H_l_, M_, dy_.data(), w_out.w, dh_.data(), false, dy16);
   activation_backward(act_, pre_.data(), dh_.data(), dpre_.data(), N, H_l_);
   // w_in.g [M, W] += x^T dpre; dx [N, M] += dpre w_in^T
-  matmul(true, false, M_, W_, N, x_.data(), dpre_.data(), w_in.g, true);
+  const uint16_t* dpre16 = rounded_once(dpre_.data(), size_t(N) * W_, room);
+  matmul(true, false, M_, W_, N, x_.data(), dpre_.data(), w_in.g, true, nullptr, dpre16);
   if (sharded() && tensor_allreduce) {
     ensure(dxs_, size_t(N) * M_);
-    matmul(false, true, N, M_, W_, dpre_.data(), w_in.w, dxs_.data());
+    matmul(false, true, N, M_, W_, dpre_.data(), w_in.w, dxs_.data(), false, dpre16);
     tensor_allreduce(dxs_.data(), size_t(N) * M_);
     add_into(dx, dxs_.data(), size_t(N) * M_);
   } else {
-    matmul(false, true, N, M_, W_, dpre_.data(), w_in.w, dx, true);
+    matmul(false, true, N, M_, W_, dpre_.data(), w_in.w, dx, true, dpre16);
   }
 }
 

@@ -61,6 +61,9 @@ class MLP {
   Buffer<T> pre_;  // [N, W]
   Buffer<T> h_;    // [N, H_l]
   Buffer<T> dy_, dh_, dpre_, dxs_;
+  // bf16 copies of dy, then of dpre, for the two GEMMs that read each (tensor/blas.hpp
+  // bf16_operand_copies) [N, max(M, W)]
+  Buffer<uint16_t> bf16_;
 };
 
 }  // namespace meshmoe

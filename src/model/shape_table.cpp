@@ -1,5 +1,6 @@
 #include "model/shape_table.hpp"
 
+#include <algorithm>
 #include <limits>
 
 #include "core/error.hpp"
@@ -134,7 +135,7 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
   }
   constexpr size_t f32 = sizeof(float), f64 = sizeof(double), i32 = sizeof(int32_t), i64 = sizeof(int64_t), u8 = 1,
                    u16 = sizeof(uint16_t);
-  // The causal attention's bf16 copies of P and dS (attention.cpp bf16_copies): bf16 GEMMs on a GPU.
+  // The layers' bf16 copies of GEMM operands (tensor/blas.hpp bf16_operand_copies): bf16 GEMMs on a GPU.
   const bool bf16_copies = cfg.model.precision == Precision::Bf16 && cfg.run.device == Device::Cuda;
   using K = BufferKind;
   for (LayerShapes& l : layers_) {
@@ -152,6 +153,7 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
       buf("dh", "[N, H_l]", {N, H_l}, f32, K::Scratch);
       buf("dpre", "[N, W_l]", {N, W_l}, f32, K::Scratch);
       if (partial_dx) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
+      if (bf16_copies) buf("dy, dpre, bf16", "[N, max(M, W_l)]", {N, std::max(M, W_l)}, u16, K::Scratch);
     };
     switch (l.kind) {
       case LayerKind::Stage:  // Transformer x_, h_, f_, segment_, position_ (forward), d_, dh_ (backward)
@@ -188,6 +190,7 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         buf("dq, dk, dv", "3 x [N, A_l]", {3, N, A_l}, f32, K::Scratch);
         buf("dP", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32, K::Scratch);
         if (s.attn.sharded()) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
+        if (bf16_copies) buf("x, dq, dk, dv, bf16", "[N, M + 3 A_l]", {N, M + 3 * A_l}, u16, K::Scratch);
         if (bf16_copies && l.block >= s.encoder_layers) {  // causal: not the encoder's
           buf("softmax probabilities, bf16", "[B, heads_l, T, T]", {B, heads_l, T, T}, u16);
           buf("dS, bf16", "[B, heads_l, T, T]", {B, heads_l, T, T}, u16, K::Scratch);

@@ -12,6 +12,7 @@ namespace meshmoe {
 
 namespace {
 std::atomic<Precision> g_precision{Precision::Fp32};
+std::atomic<size_t> g_operands_rounded{0}, g_operands_from_copies{0};
 
 // The rows x cols operand at `src` (leading dimension ld) rounded to bf16 into `dst`, compact
 // (leading dimension cols); from `bits` instead when given (the operand already rounded, in the same
@@ -41,6 +42,8 @@ void gemm_bf16_operands_on_host(bool trans_a, bool trans_b, int M, int N, int K,
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
   const float* a = rounded_copy(A, A16, a_rows, a_cols, lda, a_bf16);
   const float* b = rounded_copy(B, B16, b_rows, b_cols, ldb, b_bf16);
+  g_operands_rounded.fetch_add(size_t(!A16) + size_t(!B16), std::memory_order_relaxed);
+  g_operands_from_copies.fetch_add(size_t(bool(A16)) + size_t(bool(B16)), std::memory_order_relaxed);
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
               alpha, a, std::max(1, a_cols), b, std::max(1, b_cols), beta, C, ldc);
 }
@@ -52,18 +55,31 @@ void set_gemm_precision(Precision p) { g_precision.store(p, std::memory_order_re
 void gemm_bf16_operands(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                         const float* B, int ldb, float beta, float* C, int ldc, const uint16_t* A16,
                         const uint16_t* B16) {
-  if (current_device() == Device::Cuda)  // the copies are for the batched path (cuda_gemm_bf16_two_level_batched)
-    return cuda_gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (current_device() == Device::Cuda)
+    return cuda_gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, A16, B16);
   if (deferred_host_device())
     return defer_host_work(
         [=] { gemm_bf16_operands_on_host(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, A16, B16); });
   gemm_bf16_operands_on_host(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, A16, B16);
 }
 
+Bf16OperandCounts bf16_operand_counts() {
+  return {g_operands_rounded.load(std::memory_order_relaxed), g_operands_from_copies.load(std::memory_order_relaxed)};
+}
+
+// bits [n] = bf16_bits(x [n]): a kernel on the GPU, host threads (queued on the deferred host device)
+// otherwise.
+void round_to_bf16(const float* x, int64_t n, uint16_t* bits) {
+  if (current_device() == Device::Cuda) return cuda_round_to_bf16(x, n, bits);
+  run_host_indices(n, n, [x, bits](int64_t i) { bits[i] = bf16_bits(x[i]); });
+}
+
 #ifndef MESHMOE_CUDA
-void cuda_gemm_bf16(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
+void cuda_gemm_bf16(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int,
+                    const uint16_t*, const uint16_t*) {
   throw Error("cuda_gemm_bf16: built without CUDA");
 }
+void cuda_round_to_bf16(const float*, int64_t, uint16_t*) { throw Error("cuda_round_to_bf16: built without CUDA"); }
 void cuda_gemm_bf16_strided_batched(bool, bool, int, int, int, float, const float*, int, int64_t, const float*, int,
                                     int64_t, float, float*, int, int64_t, int) {
   throw Error("cuda_gemm_bf16_strided_batched: built without CUDA");

@@ -65,22 +65,73 @@ inline void gemm_fp32(bool trans_a, bool trans_b, int M, int N, int K, double al
   run();
 }
 
+// A16 / B16 (optional): as gemm_bf16_operands', read only by the bf16 GEMMs.
 inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                 const float* B, int ldb, float beta, float* C, int ldc) {
+                 const float* B, int ldb, float beta, float* C, int ldc, const uint16_t* A16 = nullptr,
+                 const uint16_t* B16 = nullptr) {
   if (gemm_precision() == Precision::Bf16)
-    return gemm_bf16_operands(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return gemm_bf16_operands(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, A16, B16);
   gemm_fp32(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
-                 const double* B, int ldb, double beta, double* C, int ldc) {
+                 const double* B, int ldb, double beta, double* C, int ldc, const uint16_t* = nullptr,
+                 const uint16_t* = nullptr) {
   gemm_fp32(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-// Dense row-major shorthand: C[M,N] (+)= op(A) op(B), leading dimensions from the shapes.
+// Dense row-major shorthand: C[M,N] (+)= op(A) op(B), leading dimensions from the shapes; A16 / B16
+// as gemm's (copies made by rounded_once below).
 template <typename T>
-void matmul(bool trans_a, bool trans_b, int M, int N, int K, const T* A, const T* B, T* C, bool accumulate = false) {
-  gemm(trans_a, trans_b, M, N, K, T(1), A, trans_a ? M : K, B, trans_b ? K : N, accumulate ? T(1) : T(0), C, N);
+void matmul(bool trans_a, bool trans_b, int M, int N, int K, const T* A, const T* B, T* C, bool accumulate = false,
+            const uint16_t* A16 = nullptr, const uint16_t* B16 = nullptr) {
+  gemm(trans_a, trans_b, M, N, K, T(1), A, trans_a ? M : K, B, trans_b ? K : N, accumulate ? T(1) : T(0), C, N, A16,
+       B16);
 }
+
+// bf16 copies of GEMM operands (docs/ARCHITECTURE.md "Precision"): where the Buffers live on a
+// device, a layer rounds an operand that several bf16 GEMMs of one pass read once, into a copy,
+// and those GEMMs read the copy instead of each rounding it (on a GPU a rounding is a pass over
+// memory, a launch, for each GEMM). The host emulation rounds per GEMM into its own scratch (the
+// same bits) and keeps no copies; the deferred host device (tests) takes the device's side.
+template <typename T>
+bool bf16_operand_copies() {
+  return std::is_same_v<T, float> && gemm_precision() == Precision::Bf16 && buffers_on_device();
+}
+
+// Room for n values in a layer's `copies` where it keeps them (bf16_operand_copies<T>): grown to
+// n, its data returned; null otherwise (the Buffer emptied).
+template <typename T>
+uint16_t* bf16_copy_room(Buffer<uint16_t>& copies, size_t n) {
+  if (!bf16_operand_copies<T>()) {
+    if (!copies.empty()) copies = Buffer<uint16_t>();
+    return nullptr;
+  }
+  if (copies.size() < n) copies.resize(n);
+  return copies.data();
+}
+
+// bits [n] = bf16_bits(x [n]) (tensor/bf16.hpp), queued as device work.
+void round_to_bf16(const float* x, int64_t n, uint16_t* bits);
+
+// x [n] rounded into `bits` (room for n, or null) and bits returned; null, doing nothing, when bits
+// is null or T is double (the GEMMs then round x themselves).
+template <typename T>
+const uint16_t* rounded_once(const T* x, size_t n, uint16_t* bits) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (!bits) return nullptr;
+    round_to_bf16(x, int64_t(n), bits);
+    return bits;
+  } else {
+    return nullptr;
+  }
+}
+
+// How many bf16 GEMM operands the host emulation rounded, and how many it read from copies, since
+// the process started (tests: which operands the copies serve).
+struct Bf16OperandCounts {
+  size_t rounded = 0, from_copies = 0;
+};
+Bf16OperandCounts bf16_operand_counts();
 // The same with the operands as they are, whatever model.precision says.
 template <typename T>
 void matmul_fp32(bool trans_a, bool trans_b, int M, int N, int K, const T* A, const T* B, T* C,

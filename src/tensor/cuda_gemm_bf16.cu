@@ -123,17 +123,22 @@ cublasHandle_t handle() {
   return g_handle;
 }
 
-// The n values at src rounded into the scratch, in place of their index.
-const uint16_t* rounded_flat(const float* src, int64_t n, Scratch<uint16_t>& s) {
-  uint16_t* dst = s.get(size_t(n));
-  if (n == 0) return dst;
+// dst [n] = the n values at src rounded.
+void round_flat_into(const float* src, int64_t n, uint16_t* dst, const char* what) {
+  if (n == 0) return;
   const auto launch = [&] {
     const int64_t quads = (n + 3) / 4;
     const int blocks = int(std::min<int64_t>((quads + kThreads - 1) / kThreads, 65535));
     round_to_bf16_flat_kernel<<<blocks, kThreads, 0, cuda_stream()>>>(src, n, dst);
     cuda_check(cudaGetLastError(), "bf16 rounding kernel launch");
   };
-  profiled(launch, [] { return "bf16 rounding of a GEMM operand"; });
+  profiled(launch, [what] { return what; });
+}
+
+// The n values at src rounded into the scratch, in place of their index.
+const uint16_t* rounded_flat(const float* src, int64_t n, Scratch<uint16_t>& s) {
+  uint16_t* dst = s.get(size_t(n));
+  round_flat_into(src, n, dst, "bf16 rounding of a GEMM operand");
   return dst;
 }
 
@@ -171,7 +176,8 @@ const uint16_t* rounded_padded(const float* src, int rows, int cols, int ld, int
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B first, as cuda_gemm does.
 void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                    const float* B, int ldb, float beta, float* C, int ldc) {
+                    const float* B, int ldb, float beta, float* C, int ldc, const uint16_t* A16,
+                    const uint16_t* B16) {
   if (M == 0 || N == 0) return;
   before_device_work();
   const int Mp = padded(M), Kp = padded(K);
@@ -180,15 +186,19 @@ void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K, a_rows_p = trans_a ? Kp : Mp, a_cols_p = trans_a ? Mp : Kp;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N, b_rows_p = trans_b ? N : Kp, b_cols_p = trans_b ? Kp : N;
   const bool pad = Mp != M || Kp != K;
-  const uint16_t* a = pad ? rounded_padded(A, a_rows, a_cols, lda, a_rows_p, a_cols_p, g_a) : rounded(A, a_rows, a_cols, lda, g_a);
-  const uint16_t* b = pad ? rounded_padded(B, b_rows, b_cols, ldb, b_rows_p, b_cols_p, g_b) : rounded(B, b_rows, b_cols, ldb, g_b);
+  const uint16_t* a = pad ? rounded_padded(A, a_rows, a_cols, lda, a_rows_p, a_cols_p, g_a)
+                      : A16 ? A16 : rounded(A, a_rows, a_cols, lda, g_a);
+  const uint16_t* b = pad ? rounded_padded(B, b_rows, b_cols, ldb, b_rows_p, b_cols_p, g_b)
+                      : B16 ? B16 : rounded(B, b_rows, b_cols, ldb, g_b);
+  // The operands' leading dimensions: a copy's is the operand's, the rounded scratch is compact.
+  const int a_ld = !pad && A16 ? lda : a_cols_p, b_ld = !pad && B16 ? ldb : b_cols_p;
   // A padded M writes Mp rows: into the scratch product, then its first M rows join C.
   float* product = Mp != M ? g_c.get(size_t(Mp) * N) : C;
   const float product_beta = Mp != M ? 0.0f : beta;
   const int product_ld = Mp != M ? N : ldc;
   const auto gemm = [&] {
     check_cublas(cublasGemmEx(handle(), cublas_op(trans_b), cublas_op(trans_a), N, Mp, Kp, &alpha, b, CUDA_R_16BF,
-                              b_cols_p > 0 ? b_cols_p : 1, a, CUDA_R_16BF, a_cols_p > 0 ? a_cols_p : 1, &product_beta,
+                              b_ld > 0 ? b_ld : 1, a, CUDA_R_16BF, a_ld > 0 ? a_ld : 1, &product_beta,
                               product, CUDA_R_32F, product_ld, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "GemmEx (bf16 operands, fp32 accumulation)");
   };
@@ -202,6 +212,11 @@ void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
     };
     profiled(join, [] { return "bf16 padded product into C"; });
   }
+}
+
+void cuda_round_to_bf16(const float* src, int64_t n, uint16_t* bits) {
+  before_device_work();
+  round_flat_into(src, n, bits, "bf16 copy of an operand read by several GEMMs");
 }
 
 // As cuda_gemm_bf16 over `count` matrices per operand: each operand's matrices are rounded into one

@@ -9,8 +9,15 @@ namespace meshmoe {
 // cublasGemmEx with CUDA_R_16BF operands, CUBLAS_COMPUTE_32F and an fp32 C; M and K padded with
 // zeros to a multiple of 64 (a bounded set of shapes for cuBLAS; the sums unchanged). Queued on
 // the stream, as cuda_gemm: returns without waiting. Throws Error when built without CUDA.
+// A16 / B16 (optional): the operand already rounded (bf16_bits, device memory, the operand's layout
+// and leading dimension), read in place of its rounding when M and K need no padding (a padded
+// operand is rounded from the fp32 values: the same bits).
 void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                    const float* B, int ldb, float beta, float* C, int ldc);
+                    const float* B, int ldb, float beta, float* C, int ldc, const uint16_t* A16 = nullptr,
+                    const uint16_t* B16 = nullptr);
+
+// bits [n] = bf16_bits(src [n]) on the bound GPU, queued on the stream (tensor/blas.hpp round_to_bf16).
+void cuda_round_to_bf16(const float* src, int64_t n, uint16_t* bits);
 
 // The same for `count` matrices per operand, matrix j at A + j * stride_a (B, C likewise): one
 // rounding kernel per operand over all of them and one cublasGemmStridedBatchedEx.

@@ -5,7 +5,9 @@
 # is queued. A host read or write of a Buffer that does not wait for the device stops the run
 # (SIGSEGV); a wait in the wrong place changes a value. Switch, GShard with Adafactor, dense,
 # expert choice, dropless bf16 with bias balancing, and on 2 ranks data = 2 (all-to-all; sharded
-# optimizer state with a shared expert), tensor = 2 (index-select experts) and pipe = 2 train 6 steps
+# optimizer state with a shared expert), tensor = 2 (index-select experts) and pipe = 2, and in bf16
+# (the layers' bf16 copies of GEMM operands, tensor/blas.hpp) tensor = 2 with a shared expert,
+# pipe = 2, and translation on tensor = 2, train 6 steps
 # with evaluation and a checkpoint, deferred and not: every logged number is bitwise the same, and
 # the deferred run resumes from its checkpoint to the same final loss. GShard on translation pairs
 # also scores translations (eval.bleu_every) on 1 rank and on tensor = 2: decoding, host code,
@@ -98,7 +100,10 @@ for variant in "switch:1:--set moe.router=top1" "gshard:1:--set moe.router=top2 
                "switch-data2:2:--set moe.router=top1 --set mesh.data=2" \
                "shard-state-shared:2:--set mesh.data=2 --set optim.shard_state=true --set moe.shared_experts=1" \
                "isel-tensor2:2:--set moe.expert_axis=tensor --set mesh.tensor=2" "pipe2:2:--set mesh.pipe=2 --set optim.micro_batches=4" \
-               "bleu:1:$bleu" "bleu-tensor2:2:$bleu --set mesh.tensor=2"; do
+               "bleu:1:$bleu" "bleu-tensor2:2:$bleu --set mesh.tensor=2" \
+               "bf16-tensor2-shared:2:--set model.precision=bf16 --set mesh.tensor=2 --set moe.shared_experts=1" \
+               "bf16-pipe2:2:--set model.precision=bf16 --set mesh.pipe=2 --set optim.micro_batches=4" \
+               "bleu-bf16-tensor2:2:$bleu --set mesh.tensor=2 --set model.precision=bf16"; do
   name=${variant%%:*}; rest=${variant#*:}; np=${rest%%:*}; sets=${rest#*:}
   echo "== $name ($np rank(s))"
   access=copies

@@ -27,6 +27,7 @@
 #include "../test_util.hpp"
 #include "core/timers.hpp"
 #include "model/transformer.hpp"
+#include "tensor/bf16.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/device.hpp"
 #include "tensor/elementwise.hpp"
@@ -158,6 +159,41 @@ TEST_CASE("device: the model reaches device Buffers only through the transfer co
     CHECK(now.stats.z_sum == deferred.stats.z_sum);
     CHECK(now.logits == deferred.logits);
     CHECK(now.grads == deferred.grads);
+  }
+}
+
+TEST_CASE("device: bf16 operands that several GEMMs read are rounded once, into copies, with the same bits",
+          "[device][deferred][bf16]") {
+  // Where the Buffers live on a device the layers round an operand that several bf16 GEMMs of a
+  // pass read once, into a copy the GEMMs read (tensor/blas.hpp bf16_operand_copies); the host
+  // rounds per GEMM. Both give the same bits, and the GEMMs read as many operands. The copies'
+  // reads, counted by hand for run_step (B = 2 sequences, 2 heads, T = 8: one row block, so each
+  // batched GEMM over P or dS is 4 host GEMMs): a causal self-attention 30 (forward: x by q, k, v
+  // 3, P by P V 4; backward: dy by wo.g and datt 2, P by dV 4, dS by dQ and dK 8, x by the three
+  // weight gradients 3, dq, dk, dv each by its weight gradient and dx 6), a dense feed-forward 4
+  // (dy and dpre, each by a weight gradient and an input gradient).
+  const GemmPrecisionScope bf16(Precision::Bf16);
+  for (const std::string router : {"dense", "top1"}) {
+    INFO("router " << router);
+    const Config cfg = device_test_config(router);
+    const size_t dense_ffns = router == "dense" ? 2 : 1, expected = 2 * 30 + dense_ffns * 4;
+    const Bf16OperandCounts c0 = bf16_operand_counts();
+    const StepResult<float> host = run_step<float>(cfg, 13);
+    const Bf16OperandCounts c1 = bf16_operand_counts();
+    StepResult<float> deferred;
+    {
+      test::DeferredHostDevice guard(DeviceAccess::Copies);
+      deferred = run_step<float>(cfg, 13);
+      device_synchronize();
+    }
+    const Bf16OperandCounts c2 = bf16_operand_counts();
+    CHECK(c1.from_copies == c0.from_copies);  // the host keeps no copies
+    CHECK(c2.from_copies - c1.from_copies == expected);
+    CHECK(c2.rounded - c1.rounded + expected == c1.rounded - c0.rounded);
+    CHECK(host.stats.ce_sum == deferred.stats.ce_sum);
+    CHECK(host.stats.aux_sum == deferred.stats.aux_sum);
+    CHECK(host.logits == deferred.logits);
+    CHECK(host.grads == deferred.grads);
   }
 }
 
@@ -505,7 +541,9 @@ TEST_CASE("device: cuBLAS bf16 GEMM equals the host emulation for every transpos
   // Both sides multiply the same bf16-rounded operands (tensor/bf16.hpp) exactly and sum in fp32:
   // only the summation order differs. The shapes take each of the GPU's paths: M and K multiples
   // of 64 (no padding), M padded (through the scratch product), K padded, both; beta = 0 with NaN
-  // in C (not read, as cuBLAS) and beta = 0.3 (C joins).
+  // in C (not read, as cuBLAS) and beta = 0.3 (C joins). Each GEMM also runs with the operands'
+  // bf16 copies (round_to_bf16 on the GPU: the host's bf16_bits exactly), which it reads where
+  // nothing is padded.
   const GemmPrecisionScope bf16(Precision::Bf16);
   struct Shape { int M, N, K; };
   std::mt19937 rng(5);
@@ -522,17 +560,30 @@ TEST_CASE("device: cuBLAS bf16 GEMM equals the host emulation for every transpos
           std::vector<float> host = C0, unrounded = C0;
           gemm(ta, tb, M, N, K, 0.7f, A.data(), ta ? M : K, B.data(), tb ? K : N, beta, host.data(), N);
           gemm_fp32(ta, tb, M, N, K, 0.7f, A.data(), ta ? M : K, B.data(), tb ? K : N, beta, unrounded.data(), N);
-          std::vector<float> dev;
+          std::vector<float> dev, dev_copies;
+          std::vector<uint16_t> a16, b16;
           {
             OnGpu gpu;
-            Buffer<float> dA(A.begin(), A.end()), dB(B.begin(), B.end()), dC(C0.begin(), C0.end());
+            Buffer<float> dA(A.begin(), A.end()), dB(B.begin(), B.end()), dC(C0.begin(), C0.end()), dC2 = dC;
             gemm(ta, tb, M, N, K, 0.7f, dA.data(), ta ? M : K, dB.data(), tb ? K : N, beta, dC.data(), N);
             dev = download(dC);
+            Buffer<uint16_t> dA16(A.size()), dB16(B.size());
+            round_to_bf16(dA.data(), int64_t(A.size()), dA16.data());
+            round_to_bf16(dB.data(), int64_t(B.size()), dB16.data());
+            gemm(ta, tb, M, N, K, 0.7f, dA.data(), ta ? M : K, dB.data(), tb ? K : N, beta, dC2.data(), N, dA16.data(),
+                 dB16.data());
+            dev_copies = download(dC2);
+            a16 = download(dA16), b16 = download(dB16);
           }
           INFO("M " << M << " N " << N << " K " << K << " beta " << beta << " trans_a " << ta << " trans_b " << tb);
           REQUIRE(std::all_of(host.begin(), host.end(), [](float x) { return std::isfinite(x); }));
           CHECK(rel_norm_diff(dev, host) < 1e-6);
+          CHECK(rel_norm_diff(dev_copies, host) < 1e-6);
           CHECK(rel_norm_diff(dev, unrounded) > 1e-4);  // the GPU rounded the operands
+          size_t wrong_bits = 0;
+          for (size_t i = 0; i < A.size(); ++i) wrong_bits += a16[i] != bf16_bits(A[i]);
+          for (size_t i = 0; i < B.size(); ++i) wrong_bits += b16[i] != bf16_bits(B[i]);
+          CHECK(wrong_bits == 0);
         }
 }
 

@@ -139,23 +139,28 @@ TEST_CASE("shape table: the ranks' blocks tile every parameter on every mesh", "
     }
 }
 
-// The causal attention's bf16 copies of P and dS (attention.cpp bf16_copies) are planned exactly
-// where the layer keeps them: bf16 GEMMs on a GPU, in causal self-attention (decoder-only blocks
-// and the decoder of encdec, not the encoder's bidirectional one); 2 bytes x [B, heads_l, T, T],
-// P's saved for the backward, dS's scratch. Oracle: the letters of the deck, counted by hand.
-TEST_CASE("shape table: the bf16 copies of attention's P and dS on a GPU", "[shapes]") {
+// The layers' bf16 copies of GEMM operands (tensor/blas.hpp bf16_operand_copies) are planned exactly
+// where the layers keep them: bf16 GEMMs on a GPU. Every self-attention keeps x, dq, dk, dv (scratch,
+// [N, M + 3 A_l]); the causal ones (decoder-only blocks and the decoder of encdec, not the encoder's
+// bidirectional one) also P (saved for the backward) and dS (scratch), 2 bytes x [B, heads_l, T, T];
+// every feed-forward, dense or shared expert, dy then dpre (scratch, [N, max(M, W_l)]). Oracle: the
+// letters of the deck, counted by hand.
+TEST_CASE("shape table: the bf16 copies of GEMM operands on a GPU", "[shapes]") {
   for (const bool encdec : {false, true}) {
     INFO("encdec " << encdec);
     Config c = moe_deck("data", "gelu");
     if (encdec) c.model.arch = ModelArch::EncDec;
     const MeshShape mesh{1, 1, 2};  // tensor = 2: heads_l = 2 of 4
+    std::set<std::string> layers;
     auto copies = [&](Precision p, Device d) {
       c.model.precision = p, c.run.device = d;
       std::map<std::string, std::vector<BufferShape>> found;  // layer -> its bf16 buffers
       const ShapeTable table(c, 50, mesh, {}, true);
-      for (const LayerShapes& l : table.layers())
+      for (const LayerShapes& l : table.layers()) {
+        layers.insert(l.prefix);
         for (const BufferShape& b : l.buffers)
           if (b.elem_bytes == 2) found[l.prefix].push_back(b);
+      }
       return std::pair{found, table.letters().encoder_layers};
     };
     CHECK(copies(Precision::Fp32, Device::Cuda).first.empty());
@@ -163,21 +168,32 @@ TEST_CASE("shape table: the bf16 copies of attention's P and dS on a GPU", "[sha
     const auto [found, encoder_layers] = copies(Precision::Bf16, Device::Cuda);
     const int blocks = c.model.num_layers * (encdec ? 2 : 1);
     CHECK(encoder_layers == (encdec ? c.model.num_layers : 0));
-    const int64_t B = c.optim.batch_size / c.optim.micro_batches, T = c.model.seq_len;
-    CHECK(found.size() == size_t(blocks - encoder_layers));
+    // B = 8 / 2 micro-batches, T = 8: N = 32 tokens; M = 16, A_l = 2 heads x 4 = 8; the dense
+    // feed-forward's W_l = 32 / 2 = 16, the shared experts' 2 x 24 / 2 = 24.
+    const int64_t B = 4, T = 8, N = 32;
+    size_t with_copies = 0;
     for (int i = 0; i < blocks; ++i) {
-      const std::string attn = "blocks." + std::to_string(i) + ".attn";
-      INFO(attn);
-      if (i < encoder_layers) {
-        CHECK(found.count(attn) == 0);
-        continue;
+      const std::string b = "blocks." + std::to_string(i);
+      INFO(b);
+      REQUIRE(found.count(b + ".attn") == 1);
+      const auto& attn = found.at(b + ".attn");
+      REQUIRE(attn.size() == (i < encoder_layers ? 1 : 3));
+      CHECK(attn[0].dims == std::vector<int64_t>{N, 16 + 3 * 8});
+      CHECK(attn[0].kind == BufferKind::Scratch);
+      if (i >= encoder_layers) {
+        for (size_t j : {1, 2}) CHECK(attn[j].dims == std::vector<int64_t>{B, 2, T, T});
+        CHECK(attn[1].kind == BufferKind::Saved);
+        CHECK(attn[2].kind == BufferKind::Scratch);
       }
-      REQUIRE(found.count(attn) == 1);
-      const auto& b = found.at(attn);
-      REQUIRE(b.size() == 2);
-      for (const BufferShape& s : b) CHECK(s.dims == std::vector<int64_t>{B, 2, T, T});
-      CHECK(b[0].kind == BufferKind::Saved);
-      CHECK(b[1].kind == BufferKind::Scratch);
+      const bool dense = layers.count(b + ".mlp") == 1;
+      const std::string ffn = b + (dense ? ".mlp" : ".moe.shared");
+      REQUIRE(layers.count(ffn) == 1);
+      REQUIRE(found.count(ffn) == 1);
+      REQUIRE(found.at(ffn).size() == 1);
+      CHECK(found.at(ffn)[0].dims == std::vector<int64_t>{N, dense ? 16 : 24});
+      CHECK(found.at(ffn)[0].kind == BufferKind::Scratch);
+      with_copies += 2;
     }
+    CHECK(found.size() == with_copies);  // no other layer keeps copies
   }
 }
