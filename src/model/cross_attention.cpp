@@ -1,5 +1,6 @@
 #include "model/cross_attention.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "core/error.hpp"
@@ -43,9 +44,10 @@ void CrossAttention<T>::forward(const StepContext& ctx, const T* x, int Tq, cons
   T* k = kv_.data();
   T* v = k + Nk * A_l;
   // q [N, A_l] = x wq; k, v [B*Tk, A_l] = enc wk, enc wv
+  const uint16_t* enc16 = rounded_once(enc, Nk * M_, bf16_copy_room<T>(bf16_, copies_size(N, B)));
   matmul(false, false, N, A_l, M_, x, wq.w, q_.data());
-  matmul(false, false, int(Nk), A_l, M_, enc, wk.w, k);
-  matmul(false, false, int(Nk), A_l, M_, enc, wv.w, v);
+  matmul(false, false, int(Nk), A_l, M_, enc, wk.w, k, false, enc16);
+  matmul(false, false, int(Nk), A_l, M_, enc, wv.w, v, false, enc16);
   masked_attention_forward(AttentionPairs{B, heads_l_, D_, Tq, Tk, ctx.segment, enc_segment}, q_.data(), k, v,
                            p_.data(), att_.data());
   // y [N, M] = att [N, A_l] wo [A_l, M]  (partial over heads when sharded)
@@ -67,9 +69,11 @@ void CrossAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx, T* 
   ensure(dp_, size_t(B) * heads_l_ * Tq_ * Tk_);
   copy_from(dy_.data(), dy, size_t(N) * M_);
   dropout_.backward(ctx, dy_.data(), N, M_);
+  uint16_t* room = bf16_copy_room<T>(bf16_, copies_size(N, B));
   // wo.g [A_l, M] += att^T dy; datt [N, A_l] = dy wo^T
-  matmul(true, false, A_l, M_, N, att_.data(), dy_.data(), wo.g, true);
-  matmul(false, true, N, A_l, M_, dy_.data(), wo.w, datt_.data());
+  const uint16_t* dy16 = rounded_once(dy_.data(), size_t(N) * M_, room);
+  matmul(true, false, A_l, M_, N, att_.data(), dy_.data(), wo.g, true, nullptr, dy16);
+  matmul(false, true, N, A_l, M_, dy_.data(), wo.w, datt_.data(), false, dy16);
   const T* k = kv_.data();
   const T* v = k + size_t(Nk) * A_l;
   T* dk = dkv_.data();
@@ -77,13 +81,27 @@ void CrossAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx, T* 
   // The backward does not read the segment ids: P is already zero across examples.
   masked_attention_backward(AttentionPairs{B, heads_l_, D_, Tq_, Tk_, nullptr, nullptr}, q_.data(), k, v, p_.data(),
                             datt_.data(), dp_.data(), dq_.data(), dk, dv);
+  // Copies of dq, enc and dk, dv (one span), each read by two GEMMs below (dy's are done).
+  const size_t NkA = size_t(Nk) * A_l, NkM = size_t(Nk) * M_;
+  const uint16_t* dq16 = rounded_once(dq_.data(), N_A, room);
+  const uint16_t* enc16 = rounded_once(enc_.data(), NkM, room ? room + N_A : nullptr);
+  const uint16_t* dk16 = rounded_once(dkv_.data(), 2 * NkA, room ? room + N_A + NkM : nullptr);
+  const uint16_t* dv16 = dk16 ? dk16 + NkA : nullptr;
   // wq.g += x^T dq; wk.g, wv.g += enc^T dk, enc^T dv
-  matmul(true, false, M_, A_l, N, x_.data(), dq_.data(), wq.g, true);
-  matmul(true, false, M_, A_l, Nk, enc_.data(), dk, wk.g, true);
-  matmul(true, false, M_, A_l, Nk, enc_.data(), dv, wv.g, true);
+  matmul(true, false, M_, A_l, N, x_.data(), dq_.data(), wq.g, true, nullptr, dq16);
+  matmul(true, false, M_, A_l, Nk, enc_.data(), dk, wk.g, true, enc16, dk16);
+  matmul(true, false, M_, A_l, Nk, enc_.data(), dv, wv.g, true, enc16, dv16);
   // dx += dq wq^T; denc += dk wk^T + dv wv^T
-  add_projection_input_grads<T>({{dq_.data(), wq.w}}, dx, N, M_, A_l, tensor_allreduce, sharded(), dxs_);
-  add_projection_input_grads<T>({{dk, wk.w}, {dv, wv.w}}, denc, Nk, M_, A_l, tensor_allreduce, sharded(), dxs_);
+  add_projection_input_grads<T>({{dq_.data(), wq.w, dq16}}, dx, N, M_, A_l, tensor_allreduce, sharded(), dxs_);
+  add_projection_input_grads<T>({{dk, wk.w, dk16}, {dv, wv.w, dv16}}, denc, Nk, M_, A_l, tensor_allreduce, sharded(),
+                                dxs_);
+}
+
+// The copies' room: enc (forward); dy, then dq, enc and dk, dv (backward).
+template <typename T>
+size_t CrossAttention<T>::copies_size(int N, int B) const {
+  const size_t Nk = size_t(B) * Tk_;
+  return std::max(size_t(N) * M_, size_t(N) * A_l_ + Nk * (M_ + 2 * size_t(A_l_)));
 }
 
 template class CrossAttention<float>;

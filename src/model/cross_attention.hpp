@@ -57,6 +57,8 @@ class CrossAttention {
   bool sharded() const { return heads_l_ != H_; }
 
  private:
+  size_t copies_size(int N, int B) const;  // bf16_'s room
+
   int M_, H_, D_, h0_, heads_l_, A_l_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
   int Tq_ = 0, Tk_ = 0;
   Dropout<T> dropout_;
@@ -69,6 +71,9 @@ class CrossAttention {
   Buffer<T> att_;  // attention output before wo [N, A_l]
   // backward scratch
   Buffer<T> dy_, datt_, dq_, dkv_, dp_, dxs_;
+  // bf16 copies of the operands that several GEMMs read (tensor/blas.hpp bf16_operand_copies), in
+  // one pass at a time [copies_size(N, B)]
+  Buffer<uint16_t> bf16_;
 };
 
 }  // namespace meshmoe

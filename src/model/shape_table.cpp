@@ -206,6 +206,7 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         buf("datt, dq, dk, dv", "4 x [N, A_l]", {4, N, A_l}, f32, K::Scratch);
         buf("dP", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32, K::Scratch);
         if (s.attn.sharded()) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
+        if (bf16_copies) buf("encoder output, dq, dk, dv, bf16", "[N, M + 3 A_l]", {N, M + 3 * A_l}, u16, K::Scratch);
         break;
       case LayerKind::DenseFfn:
         ffn_buffers(s.ffn, dropout, s.ffn.sharded());

@@ -7,7 +7,7 @@
 # expert choice, dropless bf16 with bias balancing, and on 2 ranks data = 2 (all-to-all; sharded
 # optimizer state with a shared expert), tensor = 2 (index-select experts) and pipe = 2, and in bf16
 # (the layers' bf16 copies of GEMM operands, tensor/blas.hpp) tensor = 2 with a shared expert,
-# pipe = 2, and translation on tensor = 2, train 6 steps
+# pipe = 2, and encoder-decoder translation on tensor = 2 (cross-attention), train 6 steps
 # with evaluation and a checkpoint, deferred and not: every logged number is bitwise the same, and
 # the deferred run resumes from its checkpoint to the same final loss. GShard on translation pairs
 # also scores translations (eval.bleu_every) on 1 rank and on tensor = 2: decoding, host code,
@@ -103,7 +103,7 @@ for variant in "switch:1:--set moe.router=top1" "gshard:1:--set moe.router=top2 
                "bleu:1:$bleu" "bleu-tensor2:2:$bleu --set mesh.tensor=2" \
                "bf16-tensor2-shared:2:--set model.precision=bf16 --set mesh.tensor=2 --set moe.shared_experts=1" \
                "bf16-pipe2:2:--set model.precision=bf16 --set mesh.pipe=2 --set optim.micro_batches=4" \
-               "bleu-bf16-tensor2:2:$bleu --set mesh.tensor=2 --set model.precision=bf16"; do
+               "bleu-encdec-bf16-tensor2:2:$bleu --set model.arch=encdec --set mesh.tensor=2 --set model.precision=bf16"; do
   name=${variant%%:*}; rest=${variant#*:}; np=${rest%%:*}; sets=${rest#*:}
   echo "== $name ($np rank(s))"
   access=copies

@@ -141,9 +141,10 @@ TEST_CASE("shape table: the ranks' blocks tile every parameter on every mesh", "
 
 // The layers' bf16 copies of GEMM operands (tensor/blas.hpp bf16_operand_copies) are planned exactly
 // where the layers keep them: bf16 GEMMs on a GPU. Every self-attention keeps x, dq, dk, dv (scratch,
-// [N, M + 3 A_l]); the causal ones (decoder-only blocks and the decoder of encdec, not the encoder's
-// bidirectional one) also P (saved for the backward) and dS (scratch), 2 bytes x [B, heads_l, T, T];
-// every feed-forward, dense or shared expert, dy then dpre (scratch, [N, max(M, W_l)]). Oracle: the
+// [N, M + 3 A_l]), every cross-attention the encoder output, dq, dk, dv (alike); the causal
+// self-attentions (decoder-only blocks and the decoder of encdec, not the encoder's bidirectional
+// one) also P (saved for the backward) and dS (scratch), 2 bytes x [B, heads_l, T, T]; every
+// feed-forward, dense or shared expert, dy then dpre (scratch, [N, max(M, W_l)]). Oracle: the
 // letters of the deck, counted by hand.
 TEST_CASE("shape table: the bf16 copies of GEMM operands on a GPU", "[shapes]") {
   for (const bool encdec : {false, true}) {
@@ -184,6 +185,12 @@ TEST_CASE("shape table: the bf16 copies of GEMM operands on a GPU", "[shapes]") 
         for (size_t j : {1, 2}) CHECK(attn[j].dims == std::vector<int64_t>{B, 2, T, T});
         CHECK(attn[1].kind == BufferKind::Saved);
         CHECK(attn[2].kind == BufferKind::Scratch);
+      }
+      if (encdec && i >= encoder_layers) {
+        REQUIRE(found.count(b + ".cross") == 1);
+        REQUIRE(found.at(b + ".cross").size() == 1);
+        CHECK(found.at(b + ".cross")[0].dims == std::vector<int64_t>{N, 16 + 3 * 8});
+        ++with_copies;
       }
       const bool dense = layers.count(b + ".mlp") == 1;
       const std::string ffn = b + (dense ? ".mlp" : ".moe.shared");
