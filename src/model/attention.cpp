@@ -18,9 +18,6 @@ static void ensure(Buffer<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
-// The causal mode keeps bf16 copies of P and dS (p16_, ds16_) where the layers keep copies of their
-// GEMM operands (tensor/blas.hpp bf16_operand_copies): each is rounded once, by the softmax row that
-// writes it, instead of by each GEMM that reads it.
 // The copy at `offset` elements, or null without copies.
 static const uint16_t* at(const uint16_t* copy, size_t offset) { return copy ? copy + offset : nullptr; }
 
@@ -99,6 +96,8 @@ void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, co
     gemm_batched(false, true, rows, i0 + rows, D_, scale, heads_of(q + i0 * A_l, a, Tq), heads_of(k, a, Tq), T(0),
                  scores_of(p_.data() + size_t(i0) * Tq, a), B, heads_l_);
   }
+  // Where the layers keep bf16 copies of GEMM operands (tensor/blas.hpp bf16_operand_copies), P and
+  // then dS are rounded once, by the softmax row that writes them, instead of by each GEMM that reads them.
   if (bf16_operand_copies<T>()) ensure(p16_, p_.size());
   else p16_ = Buffer<uint16_t>();
   uint16_t* P16 = p16_.empty() ? nullptr : p16_.data();
