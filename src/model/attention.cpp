@@ -63,7 +63,7 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   T* k = q + N_A;
   T* v = k + N_A;
   // q, k, v [N, A_l] = x [N, M] W [M, A_l]
-  const uint16_t* x16 = rounded_once(x, size_t(N) * M_, bf16_copy_room<T>(bf16_, size_t(N) * M_ + 3 * N_A));
+  const uint16_t* x16 = rounded_once(x, size_t(N) * M_, bf16_copy_room<T>(bf16_, copies_size(N)));
   matmul(false, false, N, A_l, M_, x, wq.w, q, false, x16);
   matmul(false, false, N, A_l, M_, x, wk.w, k, false, x16);
   matmul(false, false, N, A_l, M_, x, wv.w, v, false, x16);
@@ -122,9 +122,9 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   ensure(dp_, size_t(B) * heads_l_ * Tq * Tq);
   copy_from(dy_.data(), dy, size_t(N) * M_);
   dropout_.backward(ctx, dy_.data(), N, M_);
+  uint16_t* room = bf16_copy_room<T>(bf16_, copies_size(N));
   // wo.g [A_l, M] += att^T dy; datt [N, A_l] = dy wo^T
-  const uint16_t* dy16 =
-      rounded_once(dy_.data(), size_t(N) * M_, bf16_copy_room<T>(bf16_, size_t(N) * M_ + 3 * N_A));
+  const uint16_t* dy16 = rounded_once(dy_.data(), size_t(N) * M_, room);
   matmul(true, false, A_l, M_, N, att_.data(), dy_.data(), wo.g, true, nullptr, dy16);
   matmul(false, true, N, A_l, M_, dy_.data(), wo.w, datt_.data(), false, dy16);
   const T* q = qkv_.data();
@@ -139,7 +139,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   } else {
     causal_attention_backward(q, k, v, dq, dk, dv, B, Tq);
   }
-  accumulate_input_grads(dx, N);
+  accumulate_input_grads(dx, N, room);
 }
 
 // dq, dk, dv [N, A_l] of the causal mode from datt_ (backward's core)
@@ -182,16 +182,15 @@ void CausalSelfAttention<T>::causal_attention_backward(const T* q, const T* k, c
   }
 }
 
-// From dq, dk, dv in dqkv_.
+// From dq, dk, dv in dqkv_; room: the backward's bf16_copy_room (dy's copy is done with).
 template <typename T>
-void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N) {
+void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N, uint16_t* room) {
   const int A_l = A_l_;
   const size_t N_M = size_t(N) * M_, N_A = size_t(N) * A_l;
   const T* dq = dqkv_.data();
   const T* dk = dq + N_A;
   const T* dv = dk + N_A;
   // Copies of x and of dq, dk, dv (one span), each read by two or three GEMMs below.
-  uint16_t* room = bf16_copy_room<T>(bf16_, N_M + 3 * N_A);
   const uint16_t* x16 = rounded_once(x_.data(), N_M, room);
   const uint16_t* dq16 = rounded_once(dq, 3 * N_A, room ? room + N_M : nullptr);
   const uint16_t* dk16 = dq16 ? dq16 + N_A : nullptr;
@@ -202,6 +201,12 @@ void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N) {
   matmul(true, false, M_, A_l, N, x_.data(), dv, wv.g, true, x16, dv16);
   add_projection_input_grads<T>({{dq, wq.w, dq16}, {dk, wk.w, dk16}, {dv, wv.w, dv16}}, dx, N, M_, A_l,
                                 tensor_allreduce, sharded(), dxs_);
+}
+
+// The copies' room: x (forward); dy, then x and dq, dk, dv (backward).
+template <typename T>
+size_t CausalSelfAttention<T>::copies_size(int N) const {
+  return size_t(N) * (size_t(M_) + 3 * size_t(A_l_));
 }
 
 template class CausalSelfAttention<float>;

@@ -67,7 +67,8 @@ class CausalSelfAttention {
   void causal_attention_forward(const StepContext& ctx, const T* q, const T* k, const T* v, int B, int Tq);
   void causal_attention_backward(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv, int B, int Tq);
   // x^T d into wq/wk/wv .g, and dx += the input gradient (add_projection_input_grads)
-  void accumulate_input_grads(T* dx, int N);
+  void accumulate_input_grads(T* dx, int N, uint16_t* room);
+  size_t copies_size(int N) const;  // bf16_'s room
 
   int M_, H_, D_, h0_, heads_l_, A_l_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
   int T_ = 0;
@@ -86,7 +87,7 @@ class CausalSelfAttention {
   Buffer<T> dy_, datt_, dqkv_, dxs_;
   Buffer<T> dp_;  // dP, then dS, of every (b, h) pair [B, heads_l, T, T]
   // bf16 copies of the operands that several GEMMs read (tensor/blas.hpp bf16_operand_copies), in
-  // one pass at a time: x (forward); dy, then x and dq, dk, dv (backward) [N, M + 3 A_l]
+  // one pass at a time [copies_size(N)]
   Buffer<uint16_t> bf16_;
 };
 
