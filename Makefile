@@ -9,7 +9,7 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 # -fno-math-errno: sqrt and friends do not set errno, so element-wise loops with a sqrt (AdamW)
 # can become vector code; -fvect-cost-model=dynamic: -O2's default model ("very-cheap") vectorizes
 # no loop whose trip count is unknown or whose arrays need a run-time overlap check, so AdamW's
-# update stayed scalar (3.5x its vector time, bench/RESULTS.md "Session 20"). Vector code runs the
+# update stayed scalar (3.5x its vector time, bench/RESULTS.md "Optimizer phase"). Vector code runs the
 # same IEEE operations per element; floating-point sums are not reordered (no -ffast-math).
 ALL_CXXFLAGS = -std=c++20 -fno-math-errno -fvect-cost-model=dynamic -DOMPI_SKIP_MPICXX -Wall -Wextra -Wno-unused-parameter -MMD -MP -Isrc $(PKG_CFLAGS) $(CXXFLAGS)
 LDLIBS   := $(PKG_LIBS) -lm
@@ -26,7 +26,7 @@ MPI_CFLAGS := $(shell pkg-config --cflags ompi-cxx 2>/dev/null)
 
 # SRC_DIRS / TEST_SRC narrow a build to some parts (used while several people work on the tree).
 SRC_DIRS ?= src
-SRC      := $(shell find $(SRC_DIRS) -name '*.cpp' ! -path src/main.cpp | sort)
+SRC      := $(shell find $(SRC_DIRS) -name '*.cpp' ! -path src/app/main.cpp | sort)
 CU_SRC   :=
 ifeq ($(CUDA),1)
   CU_SRC := $(shell find $(SRC_DIRS) -name '*.cu' | sort)
@@ -47,9 +47,9 @@ CONFIG_LINE  := $(strip CUDA=$(CUDA) CXX=$(CXX) $(ALL_CXXFLAGS) NVCC=$(NVCC) $(C
 ifneq ($(CONFIG_LINE),$(strip $(shell cat $(BUILD_CONFIG) 2>/dev/null)))
   $(shell mkdir -p $(BUILD) && printf '%s\n' '$(CONFIG_LINE)' > $(BUILD_CONFIG))
 endif
-$(OBJ) $(TEST_OBJ) $(BUILD)/obj/src/main.o: $(BUILD_CONFIG)
+$(OBJ) $(TEST_OBJ) $(BUILD)/obj/src/app/main.o: $(BUILD_CONFIG)
 
-.PHONY: all tests run check check-slurm bench bench-gpu clean deps features readme
+.PHONY: all tests run check check-slurm bench bench-gpu clean deps features deck-reference
 all: features $(BUILD)/meshmoe
 
 features:
@@ -64,7 +64,7 @@ $(BUILD)/lib.a: $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/meshmoe: $(BUILD)/obj/src/main.o $(BUILD)/lib.a
+$(BUILD)/meshmoe: $(BUILD)/obj/src/app/main.o $(BUILD)/lib.a
 	$(CXX) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/meshmoe_tests: $(TEST_OBJ) $(BUILD)/lib.a
@@ -72,7 +72,7 @@ $(BUILD)/meshmoe_tests: $(TEST_OBJ) $(BUILD)/lib.a
 
 tests: $(BUILD)/meshmoe $(BUILD)/meshmoe_tests
 
-$(BUILD)/obj/src/main.o: ALL_CXXFLAGS += -DMESHMOE_VERSION='"$(VERSION)"'
+$(BUILD)/obj/src/app/main.o: ALL_CXXFLAGS += -DMESHMOE_VERSION='"$(VERSION)"'
 # V=1 prints whole command lines.
 Q := $(if $(V),,@)
 $(BUILD)/obj/%.o: %.cpp
@@ -104,13 +104,13 @@ bench: deps
 	BUILD=$(BUILD) bench/speed.sh
 	BUILD=$(BUILD) bench/run.sh
 
-# On a GPU machine (README "GPU"): the CUDA path against the GPU's ceilings and PyTorch eager.
+# On a GPU machine (docs/gpu.md): the CUDA path against the GPU's ceilings and PyTorch eager.
 bench-gpu: deps
 	BUILD=$(BUILD) bench/gpu.sh
 
-# Regenerates the deck reference between the markers in README.md from `meshmoe deck-doc`.
-readme: $(BUILD)/meshmoe
-	tools/update-readme.sh
+# Regenerates the deck reference between the markers in docs/deck-reference.md from `meshmoe deck-doc`.
+deck-reference: $(BUILD)/meshmoe
+	tools/update-deck-reference.sh
 
 # `make fuzz` (not in `make check`): libFuzzer + AddressSanitizer on the deck parser for FUZZ_TIME
 # seconds, seeded from tests/decks/{good,bad}; a crashing input is saved under $(BUILD)/fuzz/
@@ -123,7 +123,7 @@ FUZZ_TIME ?= 60
 FUZZ_CXX  ?= clang++
 FUZZ_SAN  ?= fuzzer,address
 FUZZ_SRC  := tests/fuzz/deck_fuzz.cpp $(sort $(wildcard src/deck/*.cpp))
-$(BUILD)/deck_fuzz: $(FUZZ_SRC) $(wildcard src/deck/*.hpp src/deck/*.def src/core/*.hpp)
+$(BUILD)/deck_fuzz: $(FUZZ_SRC) $(wildcard src/deck/*.hpp src/deck/*.def src/core/*.hpp src/tensor/compute_kinds.hpp)
 	@tools/install-deps.sh --fuzz
 	@mkdir -p $(dir $@)
 	$(FUZZ_CXX) -std=c++20 -g -O1 -fsanitize=$(FUZZ_SAN) -fno-sanitize-recover=all \
@@ -137,4 +137,4 @@ fuzz: $(BUILD)/deck_fuzz
 clean:
 	rm -rf $(BUILD)
 
--include $(OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/obj/src/main.d
+-include $(OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(BUILD)/obj/src/app/main.d

@@ -1,4 +1,4 @@
-// What a bf16 GEMM costs on the GPU, three ways, on one process (bench/RESULTS.md "Session 24"):
+// What a bf16 GEMM costs on the GPU, three ways, on one process (bench/RESULTS.md "cuBLAS bf16 GEMM probe"):
 //   rounded  meshmoe's bf16 GEMM so far: a kernel rounds each fp32 operand into bf16 scratch
 //            (tensor/bf16.hpp's bf16_bits), then cublasGemmEx (bf16 operands, fp32 sums);
 //   fast     cublasGemmEx on the fp32 operands with CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS rounds);

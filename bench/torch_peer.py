@@ -12,7 +12,7 @@ outputs scattered back weighted by their gates; the load-balancing loss is inclu
 expert (GShard 2.2) as meshmoe's default. Only speed is compared here: correctness of meshmoe
 against PyTorch is tests/reference/model_reference.py.
 
-Best settings (DESIGN.md, environment facts): OPENBLAS_NUM_THREADS=1 and torch.set_num_threads(T).
+Best settings (bench/RESULTS.md "Host speed decks"; twice its default speed on 2 cores): OPENBLAS_NUM_THREADS=1 and torch.set_num_threads(T).
 On a GPU (`--device cuda`, the peer of `make bench-gpu`): eager mode, fp32 without TF32 (meshmoe's
 fp32 path) or `--precision bf16` (autocast to bf16 with fp32 master weights, PyTorch's usual mixed
 precision); steps are timed with a device synchronisation at each end.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs meshmoe for a GPU machine that has CUDA, cuBLAS and NCCL but no MPI, HDF5 or OpenBLAS
-# (README "GPU"): builds here with CUDA=1, then puts into one compressed archive
+# (docs/gpu.md): builds here with CUDA=1, then puts into one compressed archive
 #   meshmoe, meshmoe_tests (at the top, so that the unpacked folder serves as BUILD; debug sections
 #             stripped, symbols kept), gemm_probe (bench/cuda_gemm_probe.cu: cuBLAS bf16 GEMM costs)
 #   bin/      mpirun (orterun), orted, and msgfmt (the test scripts write small catalogs with it)

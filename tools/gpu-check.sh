@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a GPU machine, in the working tree, with the bundle of tools/gpu-bundle.sh at .gpu/meshmoe-gpu.tar.xz
-# (README "GPU"): unpacks it, then runs the named stages in order, each with its own time limit,
+# (docs/gpu.md): unpacks it, then runs the named stages in order, each with its own time limit,
 # logs under LOGS (default runs/gpu-check):
 #   catch          the [cuda] and [nccl] Catch cases             (CATCH_TIMEOUT, default 180 s)
 #   train          tests/scripts/gpu_train.sh                    (TRAIN_TIMEOUT, default 240 s)

@@ -6,7 +6,7 @@
 
 namespace meshmoe {
 
-// Exit codes of the executable (README "Exit codes").
+// Exit codes of the executable (docs/user-guide.md "Exit codes").
 enum ExitCode : int {
   kExitOk = 0,
   kExitFailure = 1,

@@ -1,6 +1,6 @@
 // Counter-based random numbers (Philox 4x32-10, Salmon et al. 2011). Every random number in
 // meshmoe is a pure function of (seed, step, layer, purpose, global index), so no stream depends
-// on the rank layout (DESIGN.md principle 1).
+// on the rank layout (docs/ARCHITECTURE.md "Principles" 1).
 #pragma once
 #include <array>
 #include <cmath>

@@ -5,7 +5,7 @@
 // is left of a sequence, the tail is filled with PAD (mask 0) and the example starts the next
 // sequence. An example longer than seq_len + 1 loses the end of its source (the tokens before its
 // first target but the one that predicts it; the language tag stays) so that its target survives
-// whole; one whose target does not fit even so is dropped (README "Datasets"; both counted by
+// whole; one whose target does not fit even so is dropped (docs/user-guide.md "Datasets"; both counted by
 // count_too_long). Each token carries its segment (which
 // example of the row it belongs to, 0, 1, ...; the PAD tail is one more) and its position within
 // that example, so attention stays inside an example and positions restart with each one

@@ -323,7 +323,7 @@ void Parser::cross_checks() {
          "moe.router = \"top2\" needs moe.num_experts >= 2, got " + kv("moe.num_experts", e.num_experts) +
              " (use moe.router = \"top1\" for a 1-expert MoE)");
   if (moe_layers && e.router == RouterKind::ExpertChoice) {
-    // Each expert takes its top-C tokens of the group (README "Expert-choice routing"): C = S would
+    // Each expert takes its top-C tokens of the group (docs/user-guide.md "Expert-choice routing"): C = S would
     // send every token to every expert, no choice overflows, and the loads are equal by construction.
     const std::string ec = "moe.router = \"expert_choice\" ";
     rule({"moe.router", "moe.dropless"}, !e.dropless,

@@ -1,21 +1,22 @@
 // Deck keys whose value is one of a fixed set of names (schema.def rows of an option type): the
 // enum each becomes in Config, and its one enum <-> name table. The names are the deck's spelling:
 // what a deck file and --set hold, what the effective deck echoes and checkpoints store, and the
-// schema's allowed values (deck-doc, the README reference, "must be one of" messages). Parsed once,
+// schema's allowed values (deck-doc, docs/deck-reference.md, "must be one of" messages). Parsed once,
 // where the deck is read (src/deck/deck.cpp); the code after that compares enums.
-// Header-only and free of other project headers: the CUDA code includes it (model/activation_bodies.hpp).
+// Header-only, including only tensor/compute_kinds.hpp: the CUDA code includes it
+// (model/activation_bodies.hpp).
 #pragma once
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "tensor/compute_kinds.hpp"  // Device, Precision: the tensor layer's types
+
 namespace meshmoe {
 
-enum class Device { Cpu, Cuda };                            // run.device (tensor/device.hpp)
 enum class ModelArch { Decoder, EncDec };                   // model.arch (model/transformer.hpp)
 enum class Activation { Relu, Gelu, Geglu };                // model.activation (model/activation.hpp)
-enum class Precision { Fp32, Bf16 };                        // model.precision (tensor/blas.hpp)
 enum class Recompute {                                      // model.recompute
   None,   // every in-flight micro-batch's saved activations (parked in an ActivationStash)
   Block,  // only its stage input; the forward runs again before the backward

@@ -24,7 +24,7 @@
 // rank's (a broadcast), so that they all take the same decisions from them. Data groups decode
 // their own inputs, yet an MoE all-to-all over the data axis needs every data rank in every call:
 // `more_steps`, when set, keeps them stepping together (keep_stepping()), a rank without tokens
-// left calling step() with none (README "Mesh", docs/ARCHITECTURE.md "Decoding").
+// left calling step() with none (docs/user-guide.md "The device mesh and parallelism", docs/ARCHITECTURE.md "Decoding").
 //
 // On a pipeline mesh (mesh.pipe > 1) every stage calls encode(), reset() and step() with the same
 // arguments: a stage runs its own blocks, receives the previous stage's stream [n, M] and sends its

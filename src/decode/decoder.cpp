@@ -7,20 +7,21 @@
 #include "core/timers.hpp"
 #include "parallel/pipeline_executor.hpp"
 #include "tensor/blas.hpp"
-#include "train/checkpoint.hpp"
-#include "train/run_checkpoints.hpp"
-#include "train/run_data.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "run/run_checkpoints.hpp"
+#include "run/run_data.hpp"
 
 namespace meshmoe {
 
 void check_decodable(const Config& cfg) {
   if (cfg.run.device != Device::Cpu) throw InputError("decoding runs on the host only: use --set run.device=cpu");
-  // A cached step routes its new tokens as a group of their own (README "KV cache and MoE layers"):
-  // expert choice would pick among other sequences' tokens of that step, not as training did.
+  // A cached step routes its new tokens as a group of their own (docs/user-guide.md "Translation",
+  // KV cache and MoE layers): expert choice would pick among other sequences' tokens of that step,
+  // not as training did.
   if (cfg.moe.every > 0 && cfg.moe.router == RouterKind::ExpertChoice)
     throw InputError("decoding does not support moe.router = \"expert_choice\": each expert chooses among the "
-                     "tokens of a whole group, which a step-by-step decoder does not have (README, Expert-choice "
-                     "routing); decode a model trained with a token-choice router (top1, top2, topk)");
+                     "tokens of a whole group, which a step-by-step decoder does not have (docs/user-guide.md, "
+                     "Expert-choice routing); decode a model trained with a token-choice router (top1, top2, topk)");
 }
 
 std::unique_ptr<CachedModel<float>> data_group_cached_model(Transformer<float>& model, Mesh& mesh) {
@@ -169,13 +170,13 @@ std::vector<BatchTranslation> translate_batches(CachedModel<float>& cached, Comm
                                                 int* stopped) {
   if (data.size() > 1 && !cached.lockstep())
     throw std::logic_error("translate_batches: data ranks decoding their own batches must step together (more_steps)");
-  const size_t n = work.size(), D = size_t(data.size()), d = size_t(data.rank());
-  const auto block_begin = [n, D](size_t j) { return n * j / D; };
+  const size_t n = work.size(), ranks = size_t(data.size()), d = size_t(data.rank());
+  const auto block_begin = [n, ranks](size_t j) { return n * j / ranks; };
   std::vector<BatchTranslation> out(n);
   std::vector<bool> arrived(n, false);
   size_t next_ready = 0;
   const LineBatch none;
-  for (size_t round = 0; round < (n + D - 1) / D; ++round) {
+  for (size_t round = 0; round < (n + ranks - 1) / ranks; ++round) {
     if (stop)
       if (const int why = stop()) {
         if (stopped) *stopped = why;
@@ -183,7 +184,7 @@ std::vector<BatchTranslation> translate_batches(CachedModel<float>& cached, Comm
       }
     const size_t mine = block_begin(d) + round;
     const BatchTranslation t = translate_batch(cached, tokenizer, mine < block_begin(d + 1) ? work[mine] : none, beam);
-    for (size_t j = 0; j < D; ++j) {
+    for (size_t j = 0; j < ranks; ++j) {
       const size_t b = block_begin(j) + round;
       if (b >= block_begin(j + 1)) continue;
       out[b] = broadcast_translation(t, work[b].last - work[b].first, int(j), data);

@@ -15,7 +15,7 @@
 #include "deck/deck.hpp"
 #include "mesh/mesh.hpp"
 #include "model/transformer.hpp"
-#include "train/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 
 namespace meshmoe {
 
@@ -70,11 +70,11 @@ struct BatchTranslation {
 
 // Collective over the mesh: the batches `work` translated (beam search, `beam.beam` = 1: greedy),
 // all of them on every rank at the end. They are split over the data axis in contiguous blocks
-// (data rank d: batches [n d / D, n (d + 1) / D)) and decoded in rounds, round r decoding the r-th
-// batch of every block (an empty one where a block has ended: the steps stay collective over the
+// (data rank d of `data` ranks: batches [n d / data, n (d + 1) / data)) and decoded in rounds,
+// round r decoding the r-th batch of every block (an empty one where a block has ended: the steps stay collective over the
 // data axis, CachedModel::more_steps); each round's translations then go to every rank. Batch b
-// is decoded alone, as one rank would, so the translations do not depend on the mesh (README
-// "Mesh"). Decoder-only: `<tag> line SEP` is the prompt; encdec: `<tag> line` goes to the encoder,
+// is decoded alone, as one rank would, so the translations do not depend on the mesh (docs/user-guide.md
+// "The device mesh and parallelism"). Decoder-only: `<tag> line SEP` is the prompt; encdec: `<tag> line` goes to the encoder,
 // each batch one encoder call. Before each round `stop()` (collective; 0 = go on) may end the
 // work: its reason is returned in *stopped with the batches not done empty. `ready(b, batch b's
 // translations)` is called on every rank for b = 0, 1, ... in order, as soon as batches 0..b have

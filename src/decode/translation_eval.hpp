@@ -1,4 +1,4 @@
-// Translation quality per language (README "Translation", `meshmoe eval` and eval.bleu_every): the
+// Translation quality per language (docs/user-guide.md "Translation", `meshmoe eval` and eval.bleu_every): the
 // validation pairs of each language as text, translated with a CachedModel, scored with corpus
 // BLEU and chrF (src/score) per language and over all of them.
 #pragma once
@@ -34,7 +34,7 @@ struct TranslationScore {
   BleuStats bleu;
   ChrfStats chrf;
   int64_t sentences = 0;  // pairs translated and scored
-  int64_t too_long = 0;   // of them, sources the model could not read whole (README "Translation")
+  int64_t too_long = 0;   // of them, sources the model could not read whole (docs/user-guide.md "Translation")
   double seconds = 0;     // wall time of the translation, summed over its batches (each on its data group)
   TranslationScore& operator+=(const TranslationScore& o);
   double bleu_score() const;  // 0..100; NaN without a sentence

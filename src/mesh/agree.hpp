@@ -1,7 +1,7 @@
 // Agreement on a verdict that each rank reaches on its own (a file it cannot read, a directory it
 // cannot see, a GPU it lacks). On a cluster ranks do not share everything, so a check that fails on
-// one rank only must still stop every rank together, with the failing rank's reason (DESIGN.md
-// principle 6), instead of leaving the others waiting in the next collective.
+// one rank only must still stop every rank together, with the failing rank's reason (docs/ARCHITECTURE.md
+// "Principles" 6), instead of leaving the others waiting in the next collective.
 #pragma once
 #include <mpi.h>
 

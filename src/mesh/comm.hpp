@@ -136,7 +136,7 @@ class Comm {
 
   // Counts exchange before a variable all-to-all: given what this rank sends to each rank
   // ([size] host array), returns what it receives from each rank. Always on the host.
-  // THIS IS THE HOST WAIT POINT of a variable all-to-all (STYLE.md, Megatron note): the host
+  // THIS IS THE HOST WAIT POINT of a variable all-to-all (as Megatron-Core's token dispatcher: counts before data, one named wait): the host
   // cannot size or launch the data exchange until every peer's counts have arrived.
   virtual std::vector<size_t> exchange_counts(std::span<const size_t> send_counts) = 0;
 

@@ -37,12 +37,12 @@ CausalSelfAttention<T>::CausalSelfAttention(int d_model, int num_heads, double d
 
 template <typename T>
 CausalSelfAttention<T>::CausalSelfAttention(const AttentionShape& s, double dropout, uint32_t layer_id, bool causal)
-    : M_(s.M), H_(s.heads), D_(s.D), h0_(s.head0), heads_l_(s.heads_l), A_l_(s.A_l), causal_(causal),
+    : M_(s.M), heads_(s.heads), D_(s.D), h0_(s.head0), heads_l_(s.heads_l), A_l_(s.A_l), causal_(causal),
       dropout_(dropout, layer_id) {}
 
 template <typename T>
 void CausalSelfAttention<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  declare_params(store, attention_params(prefix, attention_shape(M_, H_, {h0_, heads_l_})), {&wq, &wk, &wv, &wo});
+  declare_params(store, attention_params(prefix, attention_shape(M_, heads_, {h0_, heads_l_})), {&wq, &wk, &wv, &wo});
 }
 
 // x [N, M] -> y [N, M]
@@ -51,8 +51,8 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   if (T_seq < 1 || N % T_seq != 0)
     throw Error("CausalSelfAttention: " + std::to_string(N) + " tokens are not whole sequences of " +
                 std::to_string(T_seq));
-  T_ = T_seq;
-  const int B = N / T_, Tq = T_, A_l = A_l_, D = D_;
+  seq_len_ = T_seq;
+  const int B = N / seq_len_, Tq = seq_len_, A_l = A_l_, D = D_;
   const size_t N_A = size_t(N) * A_l;
   ensure(x_, size_t(N) * M_);
   copy_from(x_.data(), x, size_t(N) * M_);
@@ -113,8 +113,8 @@ void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, co
 // dy [N, M] -> dx [N, M] (+=)
 template <typename T>
 void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
-  if (T_ == 0) throw std::logic_error("CausalSelfAttention::backward before forward");
-  const int B = N / T_, Tq = T_, A_l = A_l_, D = D_;
+  if (seq_len_ == 0) throw std::logic_error("CausalSelfAttention::backward before forward");
+  const int B = N / seq_len_, Tq = seq_len_, A_l = A_l_, D = D_;
   const size_t N_A = size_t(N) * A_l;
   ensure(dy_, size_t(N) * M_);
   ensure(datt_, N_A);

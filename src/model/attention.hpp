@@ -45,7 +45,7 @@ class CausalSelfAttention {
   // What backward reads of the last forward (activation_stash.hpp).
   template <class F>
   void saved_state(F&& f) {
-    f(T_);
+    f(seq_len_);
     f(x_);
     f(qkv_);
     f(p_);
@@ -57,10 +57,10 @@ class CausalSelfAttention {
   ParamView<T> wq, wk, wv, wo;
   std::function<void(T*, size_t)> tensor_allreduce;  // sum over the tensor axis, in place
 
-  int num_heads() const { return H_; }
+  int num_heads() const { return heads_; }
   int local_heads() const { return heads_l_; }
   int head_offset() const { return h0_; }
-  bool sharded() const { return heads_l_ != H_; }
+  bool sharded() const { return heads_l_ != heads_; }
   bool causal() const { return causal_; }
 
  private:
@@ -70,8 +70,8 @@ class CausalSelfAttention {
   void accumulate_input_grads(T* dx, int N, uint16_t* room);
   size_t copies_size(int N) const;  // bf16_'s room
 
-  int M_, H_, D_, h0_, heads_l_, A_l_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
-  int T_ = 0;
+  int M_, heads_, D_, h0_, heads_l_, A_l_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
+  int seq_len_ = 0;
   bool causal_ = true;
   Dropout<T> dropout_;
   // saved by forward

@@ -11,7 +11,7 @@ struct StepContext {
   uint32_t step = 0;          // optimizer step (keys the random streams)
   bool training = true;       // dropout, jitter and random routing only in training
   uint64_t token_offset = 0;  // global index of this rank's first token in the step's batch, so
-                              // random numbers are keyed by global token index (DESIGN.md principle 1)
+                              // random numbers are keyed by global token index (docs/ARCHITECTURE.md "Principles" 1)
   PhaseTimers* timers = nullptr;  // optional: layers time their stages with ScopedPhase(ctx.timers, "gate")
   // Packed sequences (docs/ARCHITECTURE.md "Packed sequences"), [N] each, device-readable, set by
   // Transformer::forward for its layers: the example each token belongs to within its sequence,

@@ -17,11 +17,11 @@ static void ensure(Buffer<T>& v, size_t n) {
 
 template <typename T>
 CrossAttention<T>::CrossAttention(const AttentionShape& s, double dropout, uint32_t layer_id)
-    : M_(s.M), H_(s.heads), D_(s.D), h0_(s.head0), heads_l_(s.heads_l), A_l_(s.A_l), dropout_(dropout, layer_id) {}
+    : M_(s.M), heads_(s.heads), D_(s.D), h0_(s.head0), heads_l_(s.heads_l), A_l_(s.A_l), dropout_(dropout, layer_id) {}
 
 template <typename T>
 void CrossAttention<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  declare_params(store, attention_params(prefix, attention_shape(M_, H_, {h0_, heads_l_})), {&wq, &wk, &wv, &wo});
+  declare_params(store, attention_params(prefix, attention_shape(M_, heads_, {h0_, heads_l_})), {&wq, &wk, &wv, &wo});
 }
 
 // x [N, M], enc [B*Tk, M] -> y [N, M]

@@ -52,14 +52,14 @@ class CrossAttention {
   ParamView<T> wq, wk, wv, wo;
   std::function<void(T*, size_t)> tensor_allreduce;  // sum over the tensor axis, in place
 
-  int num_heads() const { return H_; }
+  int num_heads() const { return heads_; }
   int local_heads() const { return heads_l_; }
-  bool sharded() const { return heads_l_ != H_; }
+  bool sharded() const { return heads_l_ != heads_; }
 
  private:
   size_t copies_size(int N, int B) const;  // bf16_'s room
 
-  int M_, H_, D_, h0_, heads_l_, A_l_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
+  int M_, heads_, D_, h0_, heads_l_, A_l_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
   int Tq_ = 0, Tk_ = 0;
   Dropout<T> dropout_;
   // saved by forward

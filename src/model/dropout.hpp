@@ -1,6 +1,6 @@
 // Inverted dropout (Srivastava et al. 2014) keyed by the global token index: element (token g,
 // column c) is kept when Rng{seed, step, layer, purpose}.uniform(g * ceil(C/4) + c/4, lane c%4) >= rate,
-// so a sharded run drops exactly the elements the single-rank run drops (DESIGN.md principle 1).
+// so a sharded run drops exactly the elements the single-rank run drops (docs/ARCHITECTURE.md "Principles" 1).
 // Active only when ctx.training and rate > 0.
 #pragma once
 #include <cstdint>

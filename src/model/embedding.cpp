@@ -22,7 +22,7 @@ void Embedding<T>::forward(const StepContext& ctx, const int32_t* tokens, T* x, 
   if (T_seq < 1 || T_seq > Tmax_ || N % T_seq != 0)
     throw Error("Embedding: " + std::to_string(N) + " tokens do not form sequences of length " +
                 std::to_string(T_seq) + " (at most " + std::to_string(Tmax_) + ")");
-  T_ = T_seq;
+  seq_len_ = T_seq;
   // A transfer point: the host checks the tokens and positions and uploads them and backward's
   // grouping of them.
   for (int n = 0; n < N; ++n)
@@ -31,10 +31,10 @@ void Embedding<T>::forward(const StepContext& ctx, const int32_t* tokens, T* x, 
                   "): the data file does not match model.vocab_size");
   host_positions_.resize(size_t(N));
   for (int n = 0; n < N; ++n) {
-    host_positions_[size_t(n)] = ctx.position ? ctx.position[n] : n % T_;
-    if (host_positions_[size_t(n)] < 0 || host_positions_[size_t(n)] >= T_)
+    host_positions_[size_t(n)] = ctx.position ? ctx.position[n] : n % seq_len_;
+    if (host_positions_[size_t(n)] < 0 || host_positions_[size_t(n)] >= seq_len_)
       throw Error("Embedding: position " + std::to_string(host_positions_[size_t(n)]) + " of token " +
-                  std::to_string(n) + " outside its sequence [0, " + std::to_string(T_) + ")");
+                  std::to_string(n) + " outside its sequence [0, " + std::to_string(seq_len_) + ")");
   }
   upload(tokens_, tokens, size_t(N));
   upload(positions_, host_positions_.data(), size_t(N));

@@ -30,7 +30,7 @@ class Embedding {
   // What backward reads of the last forward (activation_stash.hpp).
   template <class F>
   void saved_state(F&& f) {
-    f(T_);
+    f(seq_len_);
     for (RowGrouping* g : {&by_token_, &by_position_}) {
       f(g->rows);
       f(g->start);
@@ -44,7 +44,7 @@ class Embedding {
 
  private:
   int V_, Tmax_, M_;
-  int T_ = 0;
+  int seq_len_ = 0;
   Buffer<int32_t> tokens_, positions_;  // [N]
   std::vector<int32_t> host_positions_;  // [N]: the host's copy, for the grouping
   // backward's grouping of the tokens n by the table row they read, built by forward (a stable counting sort): the

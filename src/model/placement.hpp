@@ -1,6 +1,6 @@
 // Where this rank's part of the model lives on the mesh (docs/ARCHITECTURE.md "Placement"): its
 // coordinate and the extent of every axis, the Comms the layers talk over, and where the experts of
-// the MoE layers sit (DESIGN.md "The mesh"). Built once per run from the Mesh and the deck
+// the MoE layers sit (docs/ARCHITECTURE.md "The mesh"). Built once per run from the Mesh and the deck
 // (model_sharding); the Transformer, its MoE layers, their dispatchers, the gradient sync and the
 // shape table all read this one object. The default is the whole model on one rank.
 //   pipe:   stage p holds blocks [p L / pipe, (p+1) L / pipe); the first also embeds, the last has
@@ -12,7 +12,7 @@
 //           [(d mod P) E / P, (d mod P + 1) E / P); tokens move with two all-to-alls over the group.
 //           The data / P groups are replicas of each other. With tensor > 1 (Switch 5.5) each
 //           expert's hidden units are also split over the tensor ranks.
-//   expert_axis = tensor (Pipeline-MoE, seed 003 section 3.3, Algorithm 1): tensor rank t owns
+//   expert_axis = tensor (Pipeline-MoE, arXiv 2304.11414 section 3.3, Algorithm 1): tensor rank t owns
 //           experts [t E / tensor, (t+1) E / tensor); tokens are replicated over tensor, dispatch is
 //           a local index selection and combine an all-reduce over tensor. P = 1.
 #pragma once

@@ -55,7 +55,7 @@ ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, Rank
   s.num_blocks = s.layers / mesh.pipe;
   s.first_block = at.pipe * s.num_blocks;
   s.first_stage = at.pipe == 0, s.last_stage = at.pipe == mesh.pipe - 1;
-  // Megatron (DESIGN.md "The mesh"): tensor rank t holds heads [t heads / n, (t+1) heads / n) and
+  // Megatron (docs/ARCHITECTURE.md "The mesh"): tensor rank t holds heads [t heads / n, (t+1) heads / n) and
   // hidden units [t H / n, (t+1) H / n).
   s.attn = attention_shape(s.M, s.heads, split_evenly(s.heads, at.tensor, mesh.tensor));
   s.ffn = ffn_shape(s.M, s.H, cfg.model.activation, split_evenly(s.H, at.tensor, mesh.tensor));

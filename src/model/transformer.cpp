@@ -172,13 +172,13 @@ void Transformer<T>::forward_blocks(const StepContext& ctx, size_t begin, size_t
     b.ln1.forward(ctx, x_.data(), h_.data(), N_);
     {
       ScopedPhase t(ctx.timers, "attention");
-      b.attn.forward(ctx, h_.data(), f_.data(), N_, T_);
+      b.attn.forward(ctx, h_.data(), f_.data(), N_, seq_len_);
     }
     add_into(x_.data(), f_.data(), NM);
     if (b.cross) {
       b.ln_cross->forward(ctx, x_.data(), h_.data(), N_);
       ScopedPhase t(ctx.timers, "attention");
-      b.cross->forward(ctx, h_.data(), T_, enc_out_.data(), T_, enc_segment_.data(), f_.data(), N_);
+      b.cross->forward(ctx, h_.data(), seq_len_, enc_out_.data(), seq_len_, enc_segment_.data(), f_.data(), N_);
       add_into(x_.data(), f_.data(), NM);
     }
     b.ln2.forward(ctx, x_.data(), h_.data(), N_);
@@ -198,11 +198,11 @@ void Transformer<T>::forward_blocks(const StepContext& ctx, size_t begin, size_t
 template <typename T>
 ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBatch& mb, const LossWeights& w,
                                      const T* x_in) {
-  T_ = mb.seq_len;
+  seq_len_ = mb.seq_len;
   N_ = mb.rows * mb.seq_len;
   timers_ = step_ctx.timers;
   const int M = shape_.d_model, V = shape_.vocab;
-  if (T_ > shape_.seq_len) throw Error("micro-batch sequence length exceeds model.seq_len");
+  if (seq_len_ > shape_.seq_len) throw Error("micro-batch sequence length exceeds model.seq_len");
   // The layers see the packed examples through the context (docs/ARCHITECTURE.md "Packed sequences").
   StepContext ctx = step_ctx;
   if (mb.segment && mb.position) {
@@ -227,7 +227,7 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   ForwardStats st;
   size_t decoder_begin = 0;  // the first decoder block in blocks_
   if (encdec()) {
-    if (mb.enc_len != T_ || !mb.enc_inputs || !mb.enc_segment || !mb.enc_position || !mb.segment)
+    if (mb.enc_len != seq_len_ || !mb.enc_inputs || !mb.enc_segment || !mb.enc_position || !mb.segment)
       throw Error("Transformer: model.arch = encdec needs the encoder's tokens, segment ids and positions (enc_len = seq_len)");
     upload(enc_segment_, mb.enc_segment, size_t(N_));  // transfer points: the encoder's packing
     upload(enc_position_, mb.enc_position, size_t(N_));
@@ -240,7 +240,7 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   if (first_stage()) {
     StepContext emb_ctx = ctx;  // the embedding reads the micro-batch's tokens and positions on the host
     emb_ctx.position = mb.segment && mb.position ? mb.position : nullptr;
-    emb_.forward(emb_ctx, mb.inputs, x_.data(), N_, T_);
+    emb_.forward(emb_ctx, mb.inputs, x_.data(), N_, seq_len_);
   } else {
     copy_from(x_.data(), x_in + (encdec() ? NM : 0), NM);
   }
@@ -326,7 +326,7 @@ void Transformer<T>::encoder_stage(const StepContext& ctx, const T* x_in, const 
   if (first_stage()) {
     StepContext emb_ctx = enc_ctx;  // the host's tokens and positions (Embedding::forward)
     emb_ctx.position = host_position;
-    emb_enc_.forward(emb_ctx, host_tokens, x_.data(), N_, T_);
+    emb_enc_.forward(emb_ctx, host_tokens, x_.data(), N_, seq_len_);
     poison_if_asked();
     check_finite(x_, NM, "embed.encoder");
   } else {
@@ -341,7 +341,7 @@ void Transformer<T>::encode(const StepContext& ctx, int rows, int len, const int
                             const int32_t* position, const T* x_in) {
   if (!encdec()) throw std::logic_error("Transformer::encode: the model has no encoder");
   if (!first_stage() && !x_in) throw std::logic_error("Transformer::encode: a later stage needs the previous stage's stream");
-  T_ = len;
+  seq_len_ = len;
   N_ = rows * len;
   timers_ = ctx.timers;
   const size_t NM = size_t(N_) * shape_.d_model;

@@ -7,7 +7,7 @@
 // decoder's, each with a cross-attention to that output between its self-attention and its
 // feed-forward; one token and position embedding serves both stacks and (tied) the head.
 //   decoder block:  x += attn(ln1(x));  x += cross(ln_cross(x), enc);  x += ffn(ln2(x))
-// The model is defined without the mesh (DESIGN.md principle 1): it sees only this rank's tokens
+// The model is defined without the mesh (docs/ARCHITECTURE.md "Principles" 1): it sees only this rank's tokens
 // and the weights that make the losses of the whole step exact ("sum then scale").
 #pragma once
 #include <algorithm>
@@ -110,7 +110,7 @@ class Transformer {
   template <class F>
   void saved_state(F&& f) {
     f(N_);
-    f(T_);
+    f(seq_len_);
     if (first_stage()) emb_.saved_state(f);
     if (encdec()) {
       emb_enc_.saved_state(f);
@@ -217,7 +217,7 @@ class Transformer {
   // Forward of blocks_[begin, end) on x_ (ctx: their tokens' segments); stats and finiteness as forward.
   void forward_blocks(const StepContext& ctx, size_t begin, size_t end, ForwardStats& st,
                       const CheckFinite& check_finite);
-  // encdec: the N_ tokens host_tokens (T_ a sequence, enc_segment_, enc_position_) through this
+  // encdec: the N_ tokens host_tokens (seq_len_ a sequence, enc_segment_, enc_position_) through this
   // stage's part of the encoder (transformer.cpp).
   void encoder_stage(const StepContext& ctx, const T* x_in, const int32_t* host_tokens, const int32_t* host_position,
                      ForwardStats& st, const CheckFinite& check_finite);
@@ -251,7 +251,7 @@ class Transformer {
   mutable std::string first_nonfinite_;   // resolved from the scans by first_nonfinite()
   mutable bool finite_resolved_ = true;
   bool inject_nan_ = false;
-  int N_ = 0, T_ = 0;
+  int N_ = 0, seq_len_ = 0;
   Buffer<T> x_, h_, f_, logits_, d_, dh_;
   Buffer<int32_t> segment_, position_;                       // device copies of the micro-batch's packing
   Buffer<T> enc_out_, denc_;                                 // encdec: encoder output [N, M], its gradient

@@ -9,7 +9,7 @@
 #include "core/hash.hpp"
 #include "parallel/state_shards.hpp"
 
-#include "train/grad_clip.hpp"
+#include "optim/grad_clip.hpp"
 
 namespace meshmoe {
 

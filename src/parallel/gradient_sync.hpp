@@ -1,4 +1,4 @@
-// What a step's gradients need between the backward and the update (DESIGN.md "The mesh"): the
+// What a step's gradients need between the backward and the update (docs/ARCHITECTURE.md "The mesh"): the
 // gradients of parameters replicated over the data axis are summed over it, and the global norm
 // counts every unique parameter element once, whatever the mesh.
 //
@@ -24,7 +24,7 @@
 #include "core/timers.hpp"
 #include "mesh/mesh.hpp"
 #include "model/transformer.hpp"
-#include "train/grad_clip.hpp"
+#include "optim/grad_clip.hpp"
 
 namespace meshmoe {
 

@@ -12,7 +12,7 @@
 
 #include <type_traits>
 
-#include "deck/options.hpp"  // enum class Precision (model.precision)
+#include "tensor/compute_kinds.hpp"
 #include "tensor/cuda_gemm_bf16.hpp"
 #include "tensor/device.hpp"
 #include "tensor/launch.hpp"

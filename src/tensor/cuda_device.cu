@@ -74,7 +74,7 @@ void cuda_bind(int node_local_rank) {
     check_cublas(cublasCreate(&g_cublas), "cublasCreate");
     check_cublas(cublasSetStream(g_cublas, cuda_stream()), "cublasSetStream");
     // Plain fp32 (no TF32 tensor-op rounding): the CUDA run must match the host run to float
-    // tolerance (DESIGN.md "exactness first").
+    // tolerance (docs/ARCHITECTURE.md "Invariants", exactness against oracles).
     check_cublas(cublasSetMathMode(g_cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   }
 }

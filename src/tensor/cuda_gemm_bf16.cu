@@ -7,7 +7,7 @@
 // M and K are padded with zeros to a multiple of kPadTo: an expert's token count (M of its
 // forward and input-gradient GEMMs, K of its weight gradient) is new at nearly every call, and
 // cuBLAS's bf16 GEMM spends about 1.6 ms of host time on each shape it has not seen (fp32 and
-// shapes it has seen: about 30 us; bench/cuda_gemm_probe.cu, bench/RESULTS.md "Session 24").
+// shapes it has seen: about 30 us; bench/cuda_gemm_probe.cu, bench/RESULTS.md "cuBLAS bf16 GEMM probe").
 // Padded, the shapes are a small set met in the first steps. Zero rows and columns add exact
 // zeros to the sums; a padded M goes through an fp32 scratch C whose first M rows join C.
 #include <cublas_v2.h>

@@ -1,4 +1,4 @@
-// GPU time per queued launch (README "GPU", MESHMOE_DEVICE_PROFILE=1): with the variable set,
+// GPU time per queued launch (docs/gpu.md, MESHMOE_DEVICE_PROFILE=1): with the variable set,
 // every kernel, GEMM and zeroing that the CUDA path queues is bracketed by two CUDA events; when
 // the host next waits (device_synchronize), the finished pairs are summed per kernel body or GEMM
 // shape, and at exit the table goes to stderr, largest total first, with each GEMM shape's

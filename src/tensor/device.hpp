@@ -1,4 +1,4 @@
-// Where the model's numbers live and are computed (DESIGN.md principle 4: one code path, two
+// Where the model's numbers live and are computed (docs/ARCHITECTURE.md "Principles" 4: one code path, two
 // devices). With run.device = "cuda" every model buffer (parameters, gradients, activations,
 // optimizer state) is a Buffer in GPU memory (cudaMalloc'd chunks of the rank's arena), which the
 // host reaches only through the transfer copies below; the layers' loops are functors that
@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include "deck/options.hpp"  // enum class Device (run.device)
+#include "tensor/compute_kinds.hpp"
 #include "tensor/arena.hpp"
 
 namespace meshmoe {

@@ -4,7 +4,7 @@
 // the same cores, and a spinning worker (as OpenMP's default wait policy does) would take a core
 // from them. The converse holds too: OpenBLAS's idle threads spin (sched_yield) for 2^28 cycles
 // after each threaded GEMM unless OPENBLAS_THREAD_TIMEOUT says less, and OpenBLAS reads it once,
-// when the library loads, before main() (bench/RESULTS.md "Session 14").
+// when the library loads, before main() (bench/RESULTS.md "OpenBLAS idle threads").
 #pragma once
 #include <cstdint>
 #include <functional>

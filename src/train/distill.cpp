@@ -11,9 +11,9 @@
 #include "model/cross_entropy_bodies.hpp"
 #include "parallel/pipeline_executor.hpp"
 #include "tensor/launch_rows.hpp"
-#include "train/checkpoint.hpp"
-#include "train/run_checkpoints.hpp"
-#include "train/run_data.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "run/run_checkpoints.hpp"
+#include "run/run_data.hpp"
 #include "train/trainer.hpp"
 
 namespace meshmoe {

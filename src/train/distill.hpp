@@ -1,4 +1,4 @@
-// `meshmoe distill DECK --teacher CKPT [--baseline CKPT]` (Switch section 4.2, README
+// `meshmoe distill DECK --teacher CKPT [--baseline CKPT]` (Switch section 4.2, docs/user-guide.md
 // "Distillation"): trains the deck's model (the student, usually dense) with a trained teacher
 // (usually a Switch MoE): the student starts from the teacher's non-expert weights (`train
 // --init-from`), and each target token's loss mixes the ground truth and the teacher's

@@ -1,4 +1,4 @@
-// Validation (README "Training": every eval.every steps): forward only, through the pipeline
+// Validation (docs/user-guide.md "Training": every eval.every steps): forward only, through the pipeline
 // stages in turn; the last stage scores the loss overall and per language.
 #pragma once
 #include <functional>

@@ -113,7 +113,7 @@ void StepLog::header(int blas_threads, const Dataset& train, const Dataset& vali
               mesh_.shape().str().c_str(), blas_threads, blas_threads == 1 ? "" : "s", cfg_.data.path.c_str(),
               train.num_examples(), valid.num_examples(), vocab);
   if (!train.info().direction.empty()) std::printf("  direction %s\n", direction_text(train.info().direction).c_str());
-  // README "Datasets": what sequences of seq_len + 1 tokens cannot hold whole
+  // docs/user-guide.md "Datasets": what sequences of seq_len + 1 tokens cannot hold whole
   std::printf("  examples longer than model.seq_len + 1 = %lld: train %zu truncated at the source, %zu dropped "
               "(target too long); evaluated %zu truncated, %zu dropped\n",
               (long long)cfg_.model.seq_len + 1, train_too_long.truncated, train_too_long.dropped,

@@ -1,4 +1,4 @@
-// What a training run reports (README "Files a run writes", "Training"): the step line on stdout and
+// What a training run reports (docs/user-guide.md "Files a run writes", "Training"): the step line on stdout and
 // its row of metrics.h5 (losses, learning rate, gradient norm, tokens/s, MFU, the measured
 // pipeline bubble, /time/<phase> max over ranks, per MoE layer the expert load and dropped
 // fraction), the evaluation's line and rows, and the closing line. Rank 0 alone writes; every

@@ -1,4 +1,4 @@
-// The statistics of one training step (README "metrics.h5": /loss, /aux_loss, /z_loss,
+// The statistics of one training step (docs/user-guide.md "metrics.h5": /loss, /aux_loss, /z_loss,
 // /moe/layer<i>/...): summed over this rank's forwards, then over the
 // pipeline stages and the data ranks, then turned into the step's figures.
 #pragma once

@@ -1,5 +1,5 @@
 // `meshmoe train`: the training loop. Reads the dataset, builds the model on this rank's part of
-// the mesh, trains run.steps optimizer steps, evaluates, and writes runs/<name>/ (DESIGN.md
+// the mesh, trains run.steps optimizer steps, evaluates, and writes runs/<name>/ (docs/user-guide.md
 // "Files a run writes").
 #pragma once
 #include <cstdint>

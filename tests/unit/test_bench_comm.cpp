@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/error.hpp"
-#include "parallel/bench_comm.hpp"
+#include "app/bench_comm.hpp"
 
 using namespace meshmoe;
 

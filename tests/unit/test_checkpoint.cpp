@@ -16,7 +16,7 @@
 
 #include "../test_util.hpp"
 #include "core/error.hpp"
-#include "train/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "io/h5.hpp"
 #include "mesh/mesh.hpp"
 

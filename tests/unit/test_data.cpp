@@ -19,7 +19,7 @@
 #include "data/batcher.hpp"
 #include "data/mo_file.hpp"
 #include "data/prep.hpp"
-#include "data/prep_cli.hpp"
+#include "app/prep_cli.hpp"
 #include "data/tokenizer.hpp"
 #include "io/h5.hpp"
 #include "../test_util.hpp"

@@ -33,7 +33,7 @@
 #include "tensor/elementwise.hpp"
 #include "tensor/host_threads.hpp"
 #include "tensor/launch.hpp"
-#include "train/memory.hpp"
+#include "run/memory.hpp"
 #include "test_moe_util.hpp"
 
 using namespace meshmoe;

@@ -17,7 +17,7 @@
 #include "mesh/mpi_comm.hpp"
 #include "parallel/gradient_sync.hpp"
 #include "parallel/pipeline_executor.hpp"
-#include "train/grad_clip.hpp"
+#include "optim/grad_clip.hpp"
 
 using namespace meshmoe;
 

@@ -20,7 +20,7 @@
 
 #include "core/error.hpp"
 #include "core/sizes.hpp"
-#include "train/memory.hpp"
+#include "run/memory.hpp"
 #include "../test_util.hpp"
 
 using namespace meshmoe;

@@ -12,6 +12,9 @@
 //   /train/batches/{inputs,targets,mask,segment} [steps, B, T] (encdec also enc_inputs, enc_segment)
 //   /train/<adamw|adafactor>/{loss,grad_norm,lr} [steps]   total loss before each update, as the trainer
 //   /train/<adamw|adafactor>/params_<t>/<name>   bf16 cases: the weights step t starts from
+//   /train/<adamw|adafactor>/logits_<t> [N, V], grads_<t>/<name>   bf16 cases: that step's logits and
+//                            gradients (before clipping), so that the reference compares every step
+//                            as it compares the single forward/backward
 // The comparison (tolerances stated there) is done by the Python script, which exits non-zero on
 // any mismatch. The checks here only make sure each configuration exercises what it is meant to
 // (capacity drops, declined second choices, NTLB reroutes, dropout), so the reference cannot pass
@@ -28,9 +31,9 @@
 #include "io/h5.hpp"
 #include "model/transformer.hpp"
 #include "tensor/blas.hpp"
-#include "train/grad_clip.hpp"
-#include "train/optimizer.hpp"
-#include "train/schedule.hpp"
+#include "optim/grad_clip.hpp"
+#include "optim/optimizer.hpp"
+#include "optim/schedule.hpp"
 
 using namespace meshmoe;
 
@@ -413,7 +416,13 @@ void train_run(h5::File& f, const RefCase& rc, const std::string& opt_name,
     const StepContext ctx{uint64_t(cfg.run.seed), uint32_t(t), true, 0, nullptr};
     P.zero_grad();
     const ForwardStats fs = model.forward(ctx, b.micro(), w);
+    const bool bf16 = cfg.model.precision == Precision::Bf16;
+    const std::string at = "train/" + opt_name + "/";
+    if (bf16)  // before backward overwrites them
+      f.write(at + "logits_" + std::to_string(t), std::vector<float>(model.logits().begin(), model.logits().end()),
+              {int64_t(kB) * kT, kV});
     model.backward(ctx, w);
+    if (bf16) write_params(f, at + "grads_" + std::to_string(t), P, true);
     loss.push_back(total_loss(fs, w));
     norm.push_back(std::sqrt(grad_sum_squares(P)));
     lr.push_back(sched(t));

@@ -21,12 +21,12 @@
 #include "../test_util.hpp"
 #include "core/error.hpp"
 #include "tensor/launch.hpp"
-#include "train/adafactor.hpp"
-#include "train/adamw.hpp"
-#include "train/grad_clip.hpp"
-#include "train/optimizer.hpp"
-#include "train/optimizer_bodies.hpp"
-#include "train/schedule.hpp"
+#include "optim/adafactor.hpp"
+#include "optim/adamw.hpp"
+#include "optim/grad_clip.hpp"
+#include "optim/optimizer.hpp"
+#include "optim/optimizer_bodies.hpp"
+#include "optim/schedule.hpp"
 
 using namespace meshmoe;
 

@@ -21,7 +21,7 @@
 #include "model/attention_bodies.hpp"
 #include "model/cross_entropy_bodies.hpp"
 #include "model/layernorm_bodies.hpp"
-#include "train/optimizer_bodies.hpp"
+#include "optim/optimizer_bodies.hpp"
 #include "tensor/device.hpp"
 #include "tensor/elementwise.hpp"
 #include "tensor/launch_rows.hpp"

@@ -15,14 +15,14 @@ namespace meshmoe {
 template <typename T>
 AllToAllDispatcher<T>::AllToAllDispatcher(const Placement& place, int E, int M)
     : comm_(place.expert_group),
-      D_(place.expert_parallel),
+      P_(place.expert_parallel),
       E_(E),
-      El_(E / D_),
+      El_(E / P_),
       e0_(place.expert_rank() * El_),
       M_(M) {
-  if (D_ < 1 || E % D_ != 0)
-    throw std::logic_error("AllToAllDispatcher: " + std::to_string(E) + " experts over " + std::to_string(D_) + " ranks");
-  if (D_ > 1 && (!comm_ || comm_->size() != D_ || comm_->rank() != place.expert_rank()))
+  if (P_ < 1 || E % P_ != 0)
+    throw std::logic_error("AllToAllDispatcher: " + std::to_string(E) + " experts over " + std::to_string(P_) + " ranks");
+  if (P_ > 1 && (!comm_ || comm_->size() != P_ || comm_->rank() != place.expert_rank()))
     throw std::logic_error("AllToAllDispatcher: the expert group's Comm does not match expert_parallel / expert_rank");
 }
 
@@ -31,25 +31,25 @@ void AllToAllDispatcher<T>::plan(const StepContext& ctx, std::span<const int> se
   if (send_rows.size() != size_t(E_)) throw std::logic_error("AllToAllDispatcher::plan: one row count per expert");
   local_rows_ = 0;
   for (int r : send_rows) local_rows_ += size_t(r);
-  send_rows_d_.assign(D_, 0);
+  send_rows_d_.assign(P_, 0);
   for (int e = 0; e < E_; ++e) send_rows_d_[e / El_] += size_t(send_rows[e]);
 
   // Rows arriving from rank j for local expert el.
-  recv_rows_.assign(size_t(D_) * El_, 0);
+  recv_rows_.assign(size_t(P_) * El_, 0);
   {
     // THE HOST WAIT POINT of the dispatch: the data exchange cannot be sized before every peer's
     // per-expert counts have arrived.
     mine_.assign(send_rows.begin(), send_rows.end());
     ScopedPhase t(ctx.timers, "moe_alltoall");
-    if (D_ > 1) comm_->all_to_all(mine_.data(), recv_rows_.data(), size_t(El_));
+    if (P_ > 1) comm_->all_to_all(mine_.data(), recv_rows_.data(), size_t(El_));
     else recv_rows_ = mine_;
   }
-  recv_rows_d_.assign(D_, 0);
-  recv_off_.assign(size_t(D_) * El_, 0);
-  expert_off_.assign(size_t(D_) * El_, 0);
+  recv_rows_d_.assign(P_, 0);
+  recv_off_.assign(size_t(P_) * El_, 0);
+  expert_off_.assign(size_t(P_) * El_, 0);
   expert_rows_.assign(El_, 0);
   size_t off = 0;
-  for (int j = 0; j < D_; ++j)
+  for (int j = 0; j < P_; ++j)
     for (int el = 0; el < El_; ++el) {
       recv_off_[size_t(j) * El_ + el] = off;
       off += size_t(recv_rows_[size_t(j) * El_ + el]);
@@ -59,7 +59,7 @@ void AllToAllDispatcher<T>::plan(const StepContext& ctx, std::span<const int> se
   expert_total_ = off;
   off = 0;
   for (int el = 0; el < El_; ++el)
-    for (int j = 0; j < D_; ++j) {
+    for (int j = 0; j < P_; ++j) {
       expert_off_[size_t(j) * El_ + el] = off;
       off += size_t(recv_rows_[size_t(j) * El_ + el]);
     }
@@ -94,7 +94,7 @@ template <typename U>
 void AllToAllDispatcher<T>::exchange(const U* send, U* recv, size_t width, bool back) {
   const std::vector<size_t>& s = back ? recv_rows_d_ : send_rows_d_;
   const std::vector<size_t>& r = back ? send_rows_d_ : recv_rows_d_;
-  if (D_ == 1) {
+  if (P_ == 1) {
     if constexpr (std::is_same_v<U, T>) {
       copy_from(recv, send, s[0] * width);
     } else if (device_memory(send)) {
@@ -104,16 +104,16 @@ void AllToAllDispatcher<T>::exchange(const U* send, U* recv, size_t width, bool 
     }
     return;
   }
-  sc_.resize(D_);
-  rc_.resize(D_);
-  for (int j = 0; j < D_; ++j) {
+  sc_.resize(P_);
+  rc_.resize(P_);
+  for (int j = 0; j < P_; ++j) {
     sc_[j] = s[j] * width;
     rc_[j] = r[j] * width;
   }
   comm_->all_to_allv(send, std::span<const size_t>(sc_), recv, std::span<const size_t>(rc_));
 }
 
-// local [local_rows, M] -> recv [D, El, rows, M] -> expert [El, D, rows, M]
+// local [local_rows, M] -> recv [P, El, rows, M] -> expert [El, P, rows, M]
 template <typename T>
 void AllToAllDispatcher<T>::to_experts(const StepContext& ctx, const T* local, T* expert) {
   recv_.resize(expert_total_ * M_);
@@ -125,7 +125,7 @@ void AllToAllDispatcher<T>::to_experts(const StepContext& ctx, const T* local, T
                  GatherRows<T, int64_t>{recv_.data(), expert_from_recv_.data(), expert, M_});
 }
 
-// expert [El, D, rows, M] -> recv order [D, El, rows, M] -> local [local_rows, M]
+// expert [El, P, rows, M] -> recv order [P, El, rows, M] -> local [local_rows, M]
 template <typename T>
 void AllToAllDispatcher<T>::from_experts(const StepContext& ctx, const T* expert, T* local) {
   recv_.resize(expert_total_ * M_);

@@ -6,7 +6,7 @@
 // from_experts and vice versa (MoeLayer::backward calls them in the mirrored order).
 //
 //   local buffer  [rows, M]  rows of expert 0, 1, ..., E-1 (this rank's tokens)
-//   expert side   [rows', M] rows of local expert 0 from rank 0, 1, ..., D-1, then local expert 1, ...
+//   expert side   [rows', M] rows of local expert 0 from rank 0, 1, ..., P-1, then local expert 1, ...
 //
 // Only the filled slots move (the compact layout, dispatcher.hpp): the per-expert row counts are
 // exchanged first (the host wait point) and the rows move with all_to_allv. The global token index of every row travels with
@@ -26,7 +26,7 @@ namespace meshmoe {
 template <typename T>
 class AllToAllDispatcher {
  public:
-  // Over the expert group of `place` (D = expert_parallel ranks, this one expert_rank(); the whole
+  // Over the expert group of `place` (P = expert_parallel ranks, this one expert_rank(); the whole
   // data axis without replicas); E experts of width M.
   AllToAllDispatcher(const Placement& place, int E, int M);
 
@@ -71,13 +71,13 @@ class AllToAllDispatcher {
   void exchange(const U* send, U* recv, size_t width, bool back);
 
   Comm* comm_;
-  int D_, E_, El_, e0_, M_;
+  int P_, E_, El_, e0_, M_;
   size_t local_rows_ = 0, expert_total_ = 0;
-  std::vector<int64_t> recv_rows_;   // [D, El] rows from source j for local expert el
-  std::vector<size_t> recv_off_;     // [D, El] first row of (j, el) in recv order
-  std::vector<size_t> expert_off_;   // [D, El] first row of (j, el) in expert order
-  std::vector<size_t> send_rows_d_;  // [D] rows sent to rank j
-  std::vector<size_t> recv_rows_d_;  // [D] rows received from rank j
+  std::vector<int64_t> recv_rows_;   // [P, El] rows from source j for local expert el
+  std::vector<size_t> recv_off_;     // [P, El] first row of (j, el) in recv order
+  std::vector<size_t> expert_off_;   // [P, El] first row of (j, el) in expert order
+  std::vector<size_t> send_rows_d_;  // [P] rows sent to rank j
+  std::vector<size_t> recv_rows_d_;  // [P] rows received from rank j
   std::vector<int> expert_rows_;
   Buffer<int64_t> expert_token_;
   // Rows arrive in recv order (source j, local expert el); the experts want expert order (el, j).
@@ -85,7 +85,7 @@ class AllToAllDispatcher {
   Buffer<int64_t> recv_from_expert_;  // [expert_rows_total] the inverse permutation
   Buffer<T> recv_;                    // [expert_rows_total, M] in recv order
   // plan's and exchange's scratch: this rank's counts [E], the row tokens in recv order, the
-  // all_to_allv element counts [D]
+  // all_to_allv element counts [P]
   std::vector<int64_t> mine_, recv_tok_;  // the host's: counts sent; the rows' tokens in recv order
   std::vector<int64_t> host_table_;       // the host's copy of a permutation table, uploaded
   std::vector<size_t> sc_, rc_;

@@ -1,4 +1,4 @@
-// Expert parallelism over the tensor axis (Pipeline-MoE, seed 003 section 3.3 and Algorithm 1):
+// Expert parallelism over the tensor axis (Pipeline-MoE, arXiv 2304.11414 section 3.3 and Algorithm 1):
 // the tokens are replicated over the tensor group and every rank runs the same (replicated) router.
 // Tensor rank t owns experts [t*E_local, (t+1)*E_local); its dispatch is the index selection of
 // the tokens routed to ITS experts (IndexDispatcher with a layout of only those experts: no

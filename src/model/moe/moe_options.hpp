@@ -55,7 +55,7 @@ struct MoeOptions {
   // expert choice (Zhou et al. section 3.1) gate with the router probability itself.
   bool renormalised() const { return router == RouterKind::Top2 || router == RouterKind::TopK; }
 
-  // Capacity per group per expert (DESIGN.md): C = ceil(k * S * factor / E), the factor chosen by
+  // Capacity per group per expert (GShard section 2.2; docs/ARCHITECTURE.md "Principles" 1): C = ceil(k * S * factor / E), the factor chosen by
   // training/eval; expert choice: the paper's k = n c / E (Zhou et al. section 3.1), C = ceil(S *
   // factor / E), the tokens each expert takes; dropless -> C = S. C is also capped at S: one expert can receive at most S tokens of
   // a group (a token goes to an expert at most once), so the cap changes no routing decision, only
@@ -73,7 +73,7 @@ struct MoeOptions {
     return int(std::clamp<int64_t>(c, 1, group_size));
   }
   // Decoding's groups are a step's new tokens (a few per stream): a capacity factor there drops
-  // choices that the same tokens in a moe.group_size group would keep (README, Translation), so
+  // choices that the same tokens in a moe.group_size group would keep (docs/user-guide.md "Translation"), so
   // decoding is dropless unless moe.decode_capacity = eval.
   int decode_capacity_of(int S) const { return decode_capacity == DecodeCapacity::Dropless ? S : capacity(false, S); }
 

@@ -1,0 +1,78 @@
+#include "app/checkpoint_cli.hpp"
+
+#include <mpi.h>
+
+#include <cstdio>
+
+#include "core/error.hpp"
+#include "core/sizes.hpp"
+#include "checkpoint/checkpoint.hpp"
+
+namespace meshmoe {
+
+namespace {
+
+int ckpt_info(const std::string& path) {
+  const CheckpointMeta m = read_checkpoint_meta(path);
+  std::printf("checkpoint   %s\n", path.c_str());
+  std::printf("step         %lld (optimizer updates %lld)\n", (long long)m.step, (long long)m.update_count);
+  std::printf("mesh         %s\n", m.mesh.str().c_str());
+  std::printf("version      %s\n", m.version.c_str());
+  std::printf("seed         %llu\n", (unsigned long long)m.seed);
+  std::printf("data cursor  epoch %llu, position %llu\n", (unsigned long long)m.data_cursor.epoch,
+              (unsigned long long)m.data_cursor.position);
+  std::printf("optimizer    %s\n", m.optimizer.c_str());
+  std::printf("lineage      %s%s\n", m.lineage.empty() ? "(none: written before lineages)" : m.lineage.c_str(),
+              m.forked_from.empty() ? "" : (", forked from " + m.forked_from).c_str());
+  if (!m.data_fingerprint.empty())
+    std::printf("data         %s: %s (fingerprint %s)\n", m.data_path.c_str(), m.data_summary.c_str(), m.data_fingerprint.c_str());
+  for (const auto& [k, v] : m.counters) std::printf("counter      %s = %lld\n", k.c_str(), (long long)v);
+  const auto params = checkpoint_tensors(path, "params"), optim = checkpoint_tensors(path, "optim");
+  int64_t total = 0;
+  for (const auto& t : params) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    total += n;
+  }
+  std::printf("parameters   %zu tensors, %lld elements\n", params.size(), (long long)total);
+  for (const auto& t : params) std::printf("  %-40s %s\n", t.name.c_str(), shape_str(t.shape).c_str());
+  std::printf("optimizer state  %zu tensors\n", optim.size());
+  for (const auto& t : optim) std::printf("  %-40s %s\n", t.name.c_str(), shape_str(t.shape).c_str());
+  std::printf("deck         %zu bytes (h5py: f.attrs['deck'])\n", m.deck.size());
+  return kExitOk;
+}
+}  // namespace
+
+int ckpt_main(const CkptCliOptions& opt) {
+  int rc = kExitFailure, rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    try {
+      const std::string path = find_named_checkpoint(opt.path);
+      if (opt.action == "info") {
+        rc = ckpt_info(path);
+      } else if (opt.action == "verify") {
+        VerifyResult v = verify_checkpoint(path);
+        if (v.ok) {
+          std::printf("%s: %s\n", path.c_str(), v.message.c_str());
+          rc = kExitOk;
+        } else {
+          std::fprintf(stderr, "meshmoe: checkpoint %s is bad: %s\n", path.c_str(), v.message.c_str());
+          rc = kExitFailure;
+        }
+      } else {
+        std::fprintf(stderr, "meshmoe: ckpt: unknown action '%s' (info, verify)\n", opt.action.c_str());
+        rc = kExitInputError;
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "meshmoe: ckpt %s: %s\n", opt.action.c_str(), e.what());
+      rc = kExitFailure;
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+  }
+  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return rc;
+}
+
+}  // namespace meshmoe

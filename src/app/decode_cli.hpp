@@ -1,0 +1,41 @@
+// `meshmoe generate` and `meshmoe translate` (docs/user-guide.md "Translation"): a deck's model with the
+// parameters of a checkpoint, decoded over the KV cache on the deck's mesh.
+//
+// translate shares its batches of lines out over the data ranks (translate_batches, decoder.hpp);
+// the ranks of a data group decode the same batch with the same tokens at each step, and the data
+// ranks step together for the MoE all-to-all (docs/ARCHITECTURE.md "Decoding"). generate decodes
+// its prompts on every data group alike. On a pipeline mesh each stage runs its blocks and passes
+// the stream on (src/decode/cached_model.hpp). Rank 0 prints. run.device = "cuda" is refused.
+//
+// translate with an encoder-decoder (model.arch = "encdec"): each source `<lang> line` goes to the
+// encoder (its end cut at model.seq_len, as the Batcher cuts it), the decoder starts from BOS.
+// generate refuses an encdec deck (it continues prompts; translate is the encdec's entry).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "decode/beam_search.hpp"
+#include "decode/sampling.hpp"
+#include "deck/deck.hpp"
+#include "mesh/mesh.hpp"
+
+namespace meshmoe {
+
+struct GenerateCliOptions {
+  std::string checkpoint;            // a checkpoint file, or a ckpt / run directory (its LATEST)
+  std::vector<std::string> prompts;  // one output line each
+  std::string lang;                  // the tag before the prompt; default: the dataset's only language
+  SamplingOptions sampling;
+};
+int generate_main(const Deck& deck, Mesh& mesh, const GenerateCliOptions& opt);
+
+struct TranslateCliOptions {
+  std::string checkpoint;
+  std::string input;  // one source sentence per line; "" or "-": stdin
+  std::string lang;   // the source language's tag; default: the dataset's only language
+  BeamOptions beam;
+  int batch = 16;     // sources decoded together
+};
+int translate_main(const Deck& deck, Mesh& mesh, const TranslateCliOptions& opt);
+
+}  // namespace meshmoe

@@ -1,0 +1,325 @@
+// meshmoe: command line and wiring. Subcommands: train, distill, plan, prep, deck-doc, bench-comm, bench-gemm,
+// ckpt, score, generate, translate, eval; --version.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "data/prep.hpp"
+#include "app/decode_cli.hpp"
+#include "app/eval_cli.hpp"
+#include "app/prep_cli.hpp"
+#include "deck/deck.hpp"
+#include "mesh/mesh.hpp"
+#include "app/bench_comm.hpp"
+#include "app/score_cli.hpp"
+#include "tensor/gemm_rate.hpp"
+#include "tensor/device.hpp"
+#include "tensor/host_threads.hpp"
+#include "app/checkpoint_cli.hpp"
+#include "train/distill.hpp"
+#include "run/memory.hpp"
+#include "run/signals.hpp"
+#include "train/trainer.hpp"
+
+#ifndef MESHMOE_VERSION
+#define MESHMOE_VERSION "unknown"
+#endif
+
+namespace meshmoe {
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// Reads the deck on rank 0, broadcasts it, checks the launch and builds the mesh.
+struct Setup {
+  Deck deck;
+  Mesh mesh;
+};
+Setup setup(const std::string& path, const std::vector<std::string>& overrides) {
+  Deck deck = load_deck(path, overrides, MPI_COMM_WORLD);
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  check_world_size(deck.cfg, world);
+  Mesh mesh(MPI_COMM_WORLD, int(deck.cfg.mesh.pipe), int(deck.cfg.mesh.data), int(deck.cfg.mesh.tensor));
+  ShmSettings shm;
+  shm.enabled = deck.cfg.run.shm_collectives;
+  mesh.set_shm(shm);
+  return Setup{std::move(deck), std::move(mesh)};
+}
+
+int cmd_plan(const std::string& path, const std::vector<std::string>& overrides) {
+  Setup s = setup(path, overrides);
+  const std::string text = s.mesh.describe();
+  if (world_rank() == 0) std::cout << text << std::flush;
+  // Memory and cost per rank, one column per pipeline stage (src/train/memory.hpp).
+  const std::string memory = memory_report_collective(s.deck.cfg, s.mesh.shape(), s.mesh.world());
+  if (world_rank() == 0) std::cout << memory << std::flush;
+  return kExitOk;
+}
+
+// train, or with a teacher, distill (src/train/distill.hpp).
+int cmd_train(const std::string& path, const std::vector<std::string>& overrides, const TrainOptions& opt,
+              const DistillOptions* distill = nullptr) {
+  Setup s = setup(path, overrides);
+  check_memory_plan(s.deck.cfg, s.mesh.shape(), s.mesh.world());  // exit 2 before allocating (train/memory_limit.hpp)
+  if (world_rank() == 0) std::cout << "# effective deck (" << s.deck.path << ")\n" << s.deck.effective_toml << std::flush;
+  if (distill) return distill_main(s.deck, s.mesh, MESHMOE_VERSION, *distill);
+  return train_main(s.deck, s.mesh, MESHMOE_VERSION, opt);
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"meshmoe: sharded Mixture-of-Experts Transformer training (GShard, Switch, Pipeline-MoE)"};
+  app.set_version_flag("--version", std::string("meshmoe ") + MESHMOE_VERSION +
+                                        (cuda_compiled() ? " (host: OpenBLAS + MPI; CUDA: cuBLAS + NCCL)"
+                                                         : " (host: OpenBLAS + MPI; built without CUDA)"));
+  app.require_subcommand(1);
+
+  std::string deck_path;
+  std::vector<std::string> overrides;
+  auto* train = app.add_subcommand("train", "Train the model described by an input deck");
+  train->add_option("deck", deck_path, "Input deck (TOML)")->required();
+  train->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  TrainOptions train_opt;
+  train->add_option("--init-from", train_opt.init_from,
+                    "Fresh start only: copy every parameter whose name and shape match from this checkpoint (file, or a "
+                    "ckpt / run directory: its LATEST; of any model, any mesh); the others keep their initialisation");
+  DistillOptions distill_opt;
+  auto* distill = app.add_subcommand("distill", "Train the deck's model with a trained teacher (Switch 4.2): init from its "
+                                                "non-expert weights, loss mixing its probabilities (distill.alpha)");
+  distill->add_option("deck", deck_path, "Input deck (TOML) of the student")->required();
+  distill->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  distill->add_option("--teacher", distill_opt.teacher, "Teacher checkpoint file, or a ckpt / run directory (its LATEST)")
+      ->required();
+  distill->add_option("--baseline", distill_opt.baseline,
+                      "Checkpoint (file, or a ckpt / run directory: its LATEST) of a model trained without the teacher: report "
+                      "the share of the teacher's gain kept");
+  auto* plan = app.add_subcommand("plan", "Print the device mesh and the plan of a deck without training");
+  plan->add_option("deck", deck_path, "Input deck (TOML)")->required();
+  plan->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  bool ranks_only = false;
+  plan->add_flag("--ranks", ranks_only, "Only print the number of ranks the deck's mesh needs (for job scripts)");
+  auto* deck_doc = app.add_subcommand("deck-doc", "Print the reference of every deck key as markdown");
+
+  auto* prep = app.add_subcommand("prep", "Turn text sources into a dataset file (HDF5)");
+  prep->require_subcommand(1);
+  PrepGettextOptions gettext_opt;
+  auto* prep_gettext = prep->add_subcommand("gettext", "English msgid -> translation pairs from every gettext catalog");
+  prep_gettext->add_option("-o,--output", gettext_opt.output, "Dataset file to write")->required();
+  prep_gettext->add_option("--root", gettext_opt.root, "Locale tree scanned as ROOT/<lang>/LC_MESSAGES/*.mo")
+      ->capture_default_str();
+  prep_gettext->add_option("--max-len", gettext_opt.max_len, "Drop pairs whose example is longer (tokens)")
+      ->capture_default_str();
+  prep_gettext->add_option("--valid-percent", gettext_opt.valid_percent, "Percent of English strings held out")
+      ->capture_default_str();
+  prep_gettext->add_option("--min-pairs", gettext_opt.min_pairs, "Drop languages with fewer pairs")->capture_default_str();
+  prep_gettext->add_option("--languages", gettext_opt.languages, "Keep only these languages (comma-separated)")
+      ->delimiter(',');
+  prep_gettext->add_option("--tokenizer", gettext_opt.tokenizer, "Text tokens: bytes, or spm (SentencePiece trained on the train split)")
+      ->capture_default_str();
+  prep_gettext->add_option("--spm-pieces", gettext_opt.spm_pieces, "SentencePiece vocabulary size (--tokenizer spm)")
+      ->capture_default_str();
+  prep_gettext->add_option("--direction", gettext_opt.direction,
+                           "xx-en: translation (source, tagged with its language) to English (target); en-xx: English "
+                           "to the translation, the tag naming the target language")
+      ->capture_default_str();
+  prep_gettext->add_flag("-q,--quiet", gettext_opt.quiet, "No progress lines");
+  PrepTextOptions text_opt;
+  auto* prep_text = prep->add_subcommand("text", "One example per line (or paragraph) of UTF-8 text files");
+  prep_text->add_option("files", text_opt.files, "Text files")->required();
+  prep_text->add_option("-o,--output", text_opt.output, "Dataset file to write")->required();
+  prep_text->add_option("--max-len", text_opt.max_len, "Cut longer lines into pieces of this many tokens")
+      ->capture_default_str();
+  prep_text->add_option("--valid-percent", text_opt.valid_percent, "Percent of lines held out")->capture_default_str();
+  prep_text->add_flag("--paragraphs", text_opt.paragraphs, "One example per blank-line separated paragraph");
+  prep_text->add_option("--tokenizer", text_opt.tokenizer, "Text tokens: bytes, or spm (SentencePiece trained on the train split)")
+      ->capture_default_str();
+  prep_text->add_option("--spm-pieces", text_opt.spm_pieces, "SentencePiece vocabulary size (--tokenizer spm)")
+      ->capture_default_str();
+  prep_text->add_flag("-q,--quiet", text_opt.quiet, "No progress lines");
+
+  BenchCommOptions bench_opt;
+  auto* bench = app.add_subcommand("bench-comm", "Time all_reduce, all_to_all, all_gather, permute against message size");
+  bench->add_option("--sizes", bench_opt.sizes, "Bytes per rank, comma-separated, K/M/G suffixes (default 1K,4K,...,16M)");
+  bench->add_option("--ops", bench_opt.ops, "Ops to time, comma-separated (default all_reduce,all_to_all,all_gather,permute)");
+  bench->add_option("--mesh", bench_opt.mesh, "Mesh PxDxT (default: all ranks along --axis)");
+  bench->add_option("--axis", bench_opt.axis, "Axis to time along: data, tensor or pipe")->capture_default_str();
+  bench->add_option("--iters", bench_opt.iters, "Timed calls per size (default 0: adaptive, >= 0.05 s or 100 calls)");
+  bench->add_option("-o,--output", bench_opt.output, "HDF5 file written by rank 0")->capture_default_str();
+  bench->add_flag("-q,--quiet", bench_opt.quiet, "No table on stdout");
+  bench->add_option("--max-memory", bench_opt.max_memory, "Memory per node the buffers may use, e.g. 8G (default: cgroup limit or MemAvailable)");
+  bench->add_option("--shm", bench_opt.shm, "on: all_reduce of >= 256 KiB through a shared-memory window when the group is on one node (run.shm_collectives); resident: with its buffer in node-shared memory, as the trainer's gradients; off: MPI's")
+      ->capture_default_str();
+  bench->add_option("--device", bench_opt.device, "cpu: host buffers through MPI; cuda: one GPU per rank, device buffers through NCCL")
+      ->capture_default_str();
+
+  CkptCliOptions ckpt_opt;
+  BenchGemmOptions gemm_opt;
+  auto* bench_gemm = app.add_subcommand("bench-gemm", "Measure the fp32 sgemm ceiling (GFLOP/s) that MFU and make bench compare against");
+  bench_gemm->add_option("--threads", gemm_opt.threads, "BLAS threads per rank (default 0: OPENBLAS_NUM_THREADS, or 1)");
+  bench_gemm->add_option("--sizes", gemm_opt.sizes, "Matrix sizes n, comma-separated")->capture_default_str();
+  bench_gemm->add_option("--seconds", gemm_opt.seconds, "Time spent per size (the best call counts)")->capture_default_str();
+  auto* ckpt = app.add_subcommand("ckpt", "Inspect a checkpoint (file, ckpt directory or run directory)");
+  ckpt->require_subcommand(1);
+  for (const char* action : {"info", "verify"}) {
+    auto* sub = ckpt->add_subcommand(action, std::string(action) == "info" ? "Print what a checkpoint holds"
+                                                                          : "Check a checkpoint: exit 0 good, 1 bad");
+    sub->add_option("path", ckpt_opt.path, "step_*.h5, or a directory whose (ckpt/)LATEST names one")->required();
+    sub->callback([&ckpt_opt, action] { ckpt_opt.action = action; });
+  }
+
+  ScoreCliOptions score_opt;
+  auto* score = app.add_subcommand("score", "Corpus BLEU (SacreBLEU's 13a) and chrF of translations, one per line, against references");
+  score->add_option("--hyp", score_opt.hyp, "Translations, one sentence per line (UTF-8)")->required();
+  score->add_option("--ref", score_opt.ref, "References, line by line with --hyp")->required();
+  score->add_flag("--json", score_opt.json, "One JSON line: full-precision scores and their n-gram statistics");
+  score->add_flag("--print-tokens", score_opt.print_tokens, "Print the translations as BLEU's 13a tokenisation splits them");
+
+  GenerateCliOptions gen_opt;
+  auto* gen = app.add_subcommand("generate", "Continue prompts with a checkpoint's decoder LM: greedy or sampled");
+  gen->add_option("deck", deck_path, "Input deck (TOML) of the model")->required();
+  gen->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  gen->add_option("--checkpoint", gen_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
+  gen->add_option("--prompt", gen_opt.prompts, "Text to continue (repeatable: one output line each)")->required();
+  gen->add_option("--lang", gen_opt.lang, "Language tag before the prompt (default: the dataset's only language)");
+  gen->add_option("--max-new", gen_opt.sampling.max_new, "Tokens generated at most")->capture_default_str();
+  gen->add_option("--temperature", gen_opt.sampling.temperature, "Sampling temperature; 0: greedy")->capture_default_str();
+  gen->add_option("--top-k", gen_opt.sampling.top_k, "Sample among the k most likely tokens; 0: all")->capture_default_str();
+  gen->add_option("--top-p", gen_opt.sampling.top_p, "Sample among the most likely tokens of probability >= p")->capture_default_str();
+  gen->add_option("--seed", gen_opt.sampling.seed, "Seed of the samples")->capture_default_str();
+
+  TranslateCliOptions tr_opt;
+  auto* tr = app.add_subcommand("translate", "Translate sentences into English with a checkpoint: greedy or flat beam search");
+  tr->add_option("deck", deck_path, "Input deck (TOML) of the model")->required();
+  tr->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  tr->add_option("--checkpoint", tr_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
+  tr->add_option("--input", tr_opt.input, "Source sentences, one per line (default: stdin)");
+  tr->add_option("--lang", tr_opt.lang, "Source language (default: the dataset's only language)");
+  tr->add_option("--beam", tr_opt.beam.beam, "Beam width; 1: greedy")->capture_default_str();
+  tr->add_option("--alpha", tr_opt.beam.alpha, "Length normalisation ((5+|Y|)/6)^alpha")->capture_default_str();
+  tr->add_option("--max-len", tr_opt.beam.max_len, "Output tokens at most, EOS included")->capture_default_str();
+  tr->add_option("--batch", tr_opt.batch, "Sources decoded together; the data ranks share the batches out")->capture_default_str();
+
+  EvalCliOptions ev_opt;
+  auto* ev = app.add_subcommand("eval", "Validation loss, BLEU and chrF per language of a checkpoint, into an HDF5 file");
+  ev->add_option("deck", deck_path, "Input deck (TOML) of the model")->required();
+  ev->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  ev->add_option("--checkpoint", ev_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
+  ev->add_option("--beam", ev_opt.beam.beam, "Beam width; 1: greedy")->capture_default_str();
+  ev->add_option("--alpha", ev_opt.beam.alpha, "Length normalisation ((5+|Y|)/6)^alpha")->capture_default_str();
+  ev->add_option("--max-len", ev_opt.beam.max_len, "Output tokens at most, EOS included")->capture_default_str();
+  ev->add_option("--batch", ev_opt.batch, "Sources decoded together; the data ranks share the batches out")->capture_default_str();
+  ev->add_option("--max-examples", ev_opt.max_examples, "Validation pairs translated per language (a fixed hashed sample, as eval.examples_per_language takes); 0: all")
+      ->capture_default_str();
+  ev->add_option("--langs", ev_opt.langs, "Languages to translate, comma-separated (default: all)")->delimiter(',');
+  ev->add_option("-o,--output", ev_opt.output, "HDF5 file to write (default: eval-<step>.h5 in the checkpoint's run directory)");
+  ev->add_option("--write-text", ev_opt.write_text, "Directory for each language's <lang>.src, .ref and .hyp lines");
+
+  // A mistyped subcommand gets a suggestion rather than CLI11's "A subcommand is required".
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string given = argv[1];
+    std::string best;
+    size_t best_d = std::string::npos;
+    for (const auto* sub : app.get_subcommands({})) {
+      const std::string& name = sub->get_name();
+      if (name == given) {
+        best.clear();
+        best_d = 0;
+        break;
+      }
+      // Edit distance, small strings: the classic dynamic programme.
+      std::vector<size_t> row(name.size() + 1);
+      for (size_t j = 0; j <= name.size(); ++j) row[j] = j;
+      for (size_t i = 1; i <= given.size(); ++i) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= name.size(); ++j) {
+          const size_t up = row[j];
+          row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (given[i - 1] == name[j - 1] ? 0 : 1)});
+          diag = up;
+        }
+      }
+      if (row[name.size()] < best_d) best_d = row[name.size()], best = name;
+    }
+    if (best_d != 0)
+      throw InputError("unknown command '" + given + "'" + (best_d <= 3 ? "; did you mean '" + best + "'?" : "") +
+                       " (meshmoe --help lists the commands)");
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = world_rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 1);
+    return rc == 0 ? kExitOk : kExitInputError;
+  }
+  if (*deck_doc) {
+    if (world_rank() == 0) std::cout << deck_reference_markdown();
+    return kExitOk;
+  }
+  if (*bench) return bench_comm_main(bench_opt);
+  if (*bench_gemm) return bench_gemm_main(gemm_opt);
+  if (*ckpt) return ckpt_main(ckpt_opt);
+  if (*score) return score_main(score_opt);
+  if (*prep_gettext) return prep_gettext_main(gettext_opt);
+  if (*prep_text) return prep_text_main(text_opt);
+  if (*plan && ranks_only) {
+    const Deck deck = load_deck(deck_path, overrides, MPI_COMM_WORLD);
+    if (world_rank() == 0) std::cout << deck.cfg.mesh.pipe * deck.cfg.mesh.data * deck.cfg.mesh.tensor << "\n";
+    return kExitOk;
+  }
+  if (*plan) return cmd_plan(deck_path, overrides);
+  if (*train) return cmd_train(deck_path, overrides, train_opt);
+  if (*distill) return cmd_train(deck_path, overrides, {}, &distill_opt);
+  if (*gen) {
+    Setup s = setup(deck_path, overrides);
+    return generate_main(s.deck, s.mesh, gen_opt);
+  }
+  if (*tr) {
+    Setup s = setup(deck_path, overrides);
+    return translate_main(s.deck, s.mesh, tr_opt);
+  }
+  if (*ev) {
+    Setup s = setup(deck_path, overrides);
+    return eval_main(s.deck, s.mesh, ev_opt, MESHMOE_VERSION);
+  }
+  return kExitInputError;
+}
+
+}  // namespace
+}  // namespace meshmoe
+
+int main(int argc, char** argv) {
+  meshmoe::ensure_openblas_thread_timeout(argv);
+  // A stop request (Slurm's USR1 before the time limit, scancel's TERM, ^C, a lost terminal) can
+  // come at any moment, also while MPI starts and the data loads: the handlers only set a flag that
+  // the training loop reads, so they go in first (src/train/signals.hpp).
+  if (argc > 1 && (std::string(argv[1]) == "train" || std::string(argv[1]) == "distill"))
+    meshmoe::install_stop_signal_handlers();
+  MPI_Init(&argc, &argv);
+  int rc = meshmoe::kExitFailure;
+  try {
+    rc = meshmoe::run(argc, argv);
+  } catch (const meshmoe::InputError& e) {
+    // Every rank reaches an InputError together (the verdict was broadcast): rank 0 speaks.
+    if (meshmoe::world_rank() == 0)
+      for (const auto& m : e.messages()) std::fprintf(stderr, "meshmoe: error: %s\n", m.c_str());
+    rc = meshmoe::kExitInputError;
+  } catch (const meshmoe::AgreedFailure& e) {
+    if (meshmoe::world_rank() == 0) std::fprintf(stderr, "meshmoe: error: %s\n", e.what());
+    rc = meshmoe::kExitFailure;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meshmoe: rank %d: fatal: %s\n", meshmoe::world_rank(), e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, meshmoe::kExitFailure);
+  }
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,94 @@
+#include "optim/grad_clip.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "tensor/elementwise.hpp"
+#include "tensor/launch_rows.hpp"
+#include "optim/optimizer.hpp"
+
+namespace meshmoe {
+
+namespace {
+std::vector<size_t> entries_where(const ParamStore<float>& store, bool split) {
+  std::vector<size_t> out;
+  for (size_t e = 0; e < store.infos().size(); ++e)
+    if ((store.infos()[e].local_shape != store.infos()[e].logical_shape) == split) out.push_back(e);
+  return out;
+}
+}  // namespace
+
+std::vector<size_t> whole_entries(const ParamStore<float>& store) { return entries_where(store, false); }
+std::vector<size_t> split_entries(const ParamStore<float>& store) { return entries_where(store, true); }
+
+EntrySumSquares::EntrySumSquares(const ParamStore<float>& store, const std::vector<size_t>& entries)
+    : first_(entries.size() + 1, 0) {
+  constexpr int64_t kChunk = SumSquaresChunk<float>::kChunk;
+  std::vector<SumSquaresPiece> pieces;
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const ParamInfo& p = store.infos()[entries[k]];
+    const int64_t n = int64_t(p.size);
+    for (int64_t c = 0; c < sum_squares_chunks<float>(p.size); ++c)
+      pieces.push_back({int64_t(p.flat_offset) + c * kChunk, std::min(kChunk, n - c * kChunk)});
+    first_[k + 1] = int64_t(pieces.size());
+  }
+  pieces_.assign(pieces.begin(), pieces.end());
+  partials_.resize(pieces.size());
+}
+
+// The chunk sums on the device, then each entry's chunks added in order (the sums of sum_squares).
+std::vector<double> EntrySumSquares::operator()(const ParamStore<float>& store) {
+  for_each_row(int64_t(pieces_.size()), SumSquaresPieces<float>{pieces_.data(), store.grads(), partials_.data()},
+               SumSquaresChunk<float>::kChunk);
+  std::vector<double> host;
+  const std::span<const double> chunks = host_view(partials_, host);  // a transfer point: the chunk sums
+  std::vector<double> sums(first_.size() - 1, 0.0);
+  for (size_t k = 0; k < sums.size(); ++k)
+    for (int64_t c = first_[k]; c < first_[k + 1]; ++c) sums[k] += chunks[size_t(c)];
+  return sums;
+}
+
+std::vector<double> grad_entry_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries) {
+  return EntrySumSquares(store, entries)(store);
+}
+
+double grad_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries) {
+  double s = 0.0;
+  for (double entry : grad_entry_sum_squares(store, entries)) s += entry;
+  return s;
+}
+
+double grad_sum_squares(const ParamStore<float>& store) {
+  Buffer<double> partials;
+  return sum_squares(store.grads(), store.size(), partials);
+}
+
+double clip_scale(double global_norm, double max_norm) {
+  if (!std::isfinite(global_norm)) return std::numeric_limits<double>::quiet_NaN();
+  if (max_norm <= 0) return 1.0;
+  const double c = max_norm / (global_norm + 1e-6);
+  return c < 1.0 ? c : 1.0;
+}
+
+void scale_grads(ParamStore<float>& store, const std::vector<size_t>& entries, double scale) {
+  if (scale == 1.0) return;
+  // Entries adjacent in the flat buffer make one range, one launch (every entry, often).
+  size_t begin = 0, end = 0;
+  for (size_t e : entries) {
+    const ParamInfo& p = store.infos()[e];
+    if (p.flat_offset != end) {
+      if (end > begin) scale_by(store.grads() + begin, end - begin, float(scale));
+      begin = p.flat_offset;
+    }
+    end = p.flat_offset + p.size;
+  }
+  if (end > begin) scale_by(store.grads() + begin, end - begin, float(scale));
+}
+
+void scale_grads(ParamStore<float>& store, double scale) {
+  if (scale == 1.0) return;
+  scale_by(store.grads(), store.size(), float(scale));
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,528 @@
+#include "run/memory.hpp"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "core/sizes.hpp"
+#include "data/dataset.hpp"
+#include "model/activation.hpp"
+#include "model/moe/moe_options.hpp"
+#include "model/shape_table.hpp"
+#include "model/transformer.hpp"
+#include "parallel/pipeline_schedule.hpp"
+#include "parallel/state_shards.hpp"
+#include "run/memory_limit.hpp"
+#include "optim/optimizer.hpp"
+
+namespace meshmoe {
+
+namespace {
+
+constexpr size_t kF = sizeof(float);  // host training is fp32 (activations, weights, state)
+
+// Ring all-reduce: each rank sends 2 (n-1)/n of the buffer; all-to-all: (n-1)/n of it.
+double ring_allreduce(double bytes, int n) { return n > 1 ? 2.0 * (n - 1) / n * bytes : 0.0; }
+double all_to_all(double bytes, int n) { return n > 1 ? double(n - 1) / n * bytes : 0.0; }
+
+// A byte count of the plan as the size_t of MemoryPlan (Checked values are never negative here).
+size_t bytes(Checked c) { return size_t(c.value()); }
+
+void need(bool ok, const std::string& msg) {
+  if (!ok) throw InputError(msg);
+}
+
+// Adafactor's state of one parameter of local shape s (adafactor.cpp): >= 2 dims are factored into
+// batch x (rows + cols), the last two dims being rows and columns; a vector keeps one per element.
+Checked adafactor_state_elems(const std::vector<Checked>& s) {
+  Checked size = 1;
+  for (const Checked d : s) size *= d;
+  if (s.size() < 2) return size;
+  const Checked rows = s[s.size() - 2], cols = s[s.size() - 1];
+  const Checked batch = rows * cols == 0 ? Checked(0) : size / (rows * cols);
+  return batch * (rows + cols);
+}
+
+// Optimizer state elements of data rank `data_rank` of D with optim.shard_state: the entries it owns
+// (parallel/state_shards.hpp: whole data-replicated entries by size, and every entry split over data).
+Checked owned_state_elems(const Config& cfg, const std::vector<std::vector<Checked>>& shapes,
+                          const std::vector<bool>& over_data, int D, int data_rank) {
+  std::vector<size_t> sizes;
+  std::vector<Checked> state;
+  for (const auto& s : shapes) {
+    Checked n = 1;
+    for (const Checked d : s) n *= d;
+    sizes.push_back(size_t(n.value()));
+    state.push_back(cfg.optim.name == OptimizerKind::Adafactor ? adafactor_state_elems(s) : 2 * n);
+  }
+  std::vector<size_t> replicated_sizes;
+  for (size_t i = 0; i < shapes.size(); ++i)
+    if (!over_data[i]) replicated_sizes.push_back(sizes[i]);
+  const std::vector<int> part = partition_whole_entries(replicated_sizes, D);
+  Checked owned = 0;
+  for (size_t i = 0, r = 0; i < shapes.size(); ++i)
+    if (over_data[i] || part[r++] == data_rank) owned += state[i];
+  return owned;
+}
+
+// A Comm that moves nothing: lets measure_memory build and run a sharded layer on one process.
+// Collectives leave the buffers as they are (an all-to-all copies its own blocks), so the values are
+// wrong but every buffer has its real size.
+class LocalStandInComm final : public Comm {
+ public:
+  LocalStandInComm(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void barrier() override {}
+  std::string name() const override { return "stand-in comm (measure_memory)"; }
+  void all_reduce_raw(void*, size_t, DType, Op) override {}
+  void broadcast_raw(void*, size_t, DType, int) override {}
+  void all_gather_raw(const void* send, size_t n, void* recv, DType t) override {
+    for (int r = 0; r < size_; ++r) std::memcpy(static_cast<char*>(recv) + r * n * dtype_size(t), send, n * dtype_size(t));
+  }
+  void reduce_scatter_raw(const void* send, void* recv, size_t n, DType t, Op) override {
+    std::memcpy(recv, static_cast<const char*>(send) + rank_ * n * dtype_size(t), n * dtype_size(t));
+  }
+  void all_to_all_raw(const void* send, void* recv, size_t n, DType t) override {
+    std::memcpy(recv, send, size_t(size_) * n * dtype_size(t));
+  }
+  void all_to_allv_raw(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
+                       DType t) override {
+    size_t ns = 0, nr = 0;
+    for (int r = 0; r < size_; ++r) ns += send_counts[r], nr += recv_counts[r];
+    std::memcpy(recv, send, std::min(ns, nr) * dtype_size(t));
+  }
+  void permute_raw(const void*, size_t, int, void*, size_t, int, DType) override {}
+  void send_raw(const void*, size_t, DType, int, int) override {}
+  void recv_raw(void*, size_t, DType, int, int) override {}
+  std::vector<size_t> exchange_counts(std::span<const size_t> send_counts) override {
+    return {send_counts.begin(), send_counts.end()};
+  }
+
+ private:
+  int rank_, size_;
+};
+
+}  // namespace
+
+int64_t heap_in_use() {
+  const struct mallinfo2 mi = mallinfo2();
+  return int64_t(mi.uordblks) + int64_t(mi.hblkhd);
+}
+
+MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
+                       int tensor_rank) {
+  // Mesh extents are spelled out (docs/ARCHITECTURE.md "Legend of dimension letters").
+  const int pipe = mesh.pipe, data = mesh.data, tensor = mesh.tensor;
+  need(vocab >= 1, "memory plan: the vocabulary size is unknown (set model.vocab_size or prepare data.path)");
+  need(pipe_rank >= 0 && pipe_rank < pipe && data_rank >= 0 && data_rank < data && tensor_rank >= 0 && tensor_rank < tensor,
+       "memory plan: rank coordinates outside the mesh " + mesh.str());
+  // The rank's letters, parameters and buffers (model/shape_table.hpp).
+  const ShapeTable table(cfg, vocab, mesh, RankCoords{pipe_rank, data_rank, tensor_rank}, true);
+  const ShapeLetters& sl = table.letters();
+  const Checked V = vocab, M = sl.M, N = sl.N, MB = cfg.optim.micro_batches;
+  const Checked NM = N * M;
+
+  MemoryPlan p;
+  p.pipe_rank = pipe_rank, p.data_rank = data_rank, p.tensor_rank = tensor_rank;
+  p.num_blocks = sl.num_blocks;
+  p.first_block = sl.first_block;
+  p.first_stage = sl.first_stage;
+  p.last_stage = sl.last_stage;
+  p.rows = sl.B;
+  p.seq_len = sl.T;
+
+  // ---- parameters: the shape table's entries ------------------------------------------------------
+  Checked elems = 0, adafactor = 0;
+  Checked expert_local = 0;  // elements of those split over data (expert weights)
+  Checked expert_replicated = 0;  // of them, those with replicas (summed over their replica group)
+  for (const ParamInfo& e : table.params()) {
+    elems += Checked(e.size);
+    adafactor += adafactor_state_elems(std::vector<Checked>(e.local_shape.begin(), e.local_shape.end()));
+    if (e.sharded_over & kShardData) expert_local += Checked(e.size);
+    if (e.sharded_over & kShardReplicas) expert_replicated += Checked(e.size);
+  }
+  p.params_rank = elems.value();
+  p.param_bytes = p.grad_bytes = bytes(elems * kF);
+  p.optim_bytes = bytes((cfg.optim.name == OptimizerKind::Adafactor ? adafactor : 2 * elems) * kF);
+  if (cfg.optim.shard_state && data > 1) {
+    std::vector<std::vector<Checked>> shapes;  // this rank's ParamStore entries, and which are split over data
+    std::vector<bool> over_data;
+    for (const ParamInfo& e : table.params()) {
+      shapes.emplace_back(e.local_shape.begin(), e.local_shape.end());
+      over_data.push_back(e.sharded_over & kShardData);
+    }
+    p.optim_bytes = bytes(owned_state_elems(cfg, shapes, over_data, data, data_rank) * kF);
+  }
+
+  // Whole-model counts: the table of a one-rank mesh (the tied embedding once); a token visits k
+  // of each MoE layer's E experts (expert choice: E C / S on average, rounded up).
+  Config one_rank = cfg;
+  one_rank.mesh.expert_parallel = 0;  // a placement key: no expert groups on one rank
+  const ShapeTable whole_model(one_rank, vocab, MeshShape{1, 1, 1}, RankCoords{});
+  const int visits = sl.moe && sl.moe_opt.expert_choice() ? (sl.experts.E * sl.C + sl.S - 1) / sl.S : sl.k;
+  Checked params_total = 0, experts_skipped = 0;
+  for (const LayerShapes& l : whole_model.layers())
+    for (const ParamInfo& e : l.params) {
+      params_total += Checked(e.size);
+      if (l.kind == LayerKind::Experts)
+        experts_skipped += Checked(e.size) / sl.experts.E * std::max(sl.experts.E - visits, 0);
+    }
+  p.params_total = params_total.value();
+  p.params_activated = (params_total - experts_skipped).value();
+  p.flops_per_token = train_flops_per_token(cfg, model_shape(cfg, vocab));
+
+  // ---- activations: the shape table's buffers of one micro-batch -------------------------------------
+  // Saved and forward-only buffers are what the first forward allocates, scratch the backward's;
+  // what no backward reads (forward-only: the stage buffers, router logits, the all-to-all receive
+  // buffer, the per-token losses) is not parked with recompute = none.
+  const std::pair<const char*, std::vector<LayerKind>> part_kinds[] = {
+      {"stage buffers", {LayerKind::Stage}},
+      {"embedding", {LayerKind::Embedding}},
+      {"layernorms", {LayerKind::LayerNorm}},
+      {"attention", {LayerKind::Attention, LayerKind::CrossAttention}},
+      {"dense ffn", {LayerKind::DenseFfn}},
+      {"moe", {LayerKind::Router, LayerKind::Dispatcher, LayerKind::Experts, LayerKind::SharedExperts}},
+      {"head + loss", {LayerKind::Head}}};
+  Checked activations = 0, unparked = 0, w = 0;
+  int moe_here = 0, dense_here = 0;
+  for (const auto& [part, kinds] : part_kinds) {
+    Checked a = 0;
+    for (const LayerShapes& l : table.layers()) {
+      if (std::find(kinds.begin(), kinds.end(), l.kind) == kinds.end()) continue;
+      for (const BufferShape& buf : l.buffers) {
+        if (buf.kind == BufferKind::Scratch) w += buf.bytes();
+        else a += buf.bytes();
+        if (buf.kind == BufferKind::ForwardOnly) unparked += buf.bytes();
+      }
+    }
+    p.activation_parts.emplace_back(part, bytes(a));
+    activations += a;
+  }
+  for (const LayerShapes& l : table.layers()) moe_here += l.kind == LayerKind::Router, dense_here += l.kind == LayerKind::DenseFfn;
+  p.activation_bytes = bytes(activations);
+  p.workspace_bytes = bytes(w);
+
+  // ---- pipeline: the 1F1B schedule of this stage (PipelineExecutor::train) -----------------------
+  const bool park = cfg.model.recompute == Recompute::None;
+  int live = 0, forwards = 0, last_forward = -1;
+  for (const PipelineOp& op : one_f_one_b(pipe_rank, pipe, int(MB.value()))) {
+    if (op.forward) {
+      ++forwards, last_forward = op.micro;
+      p.in_flight = std::max(p.in_flight, ++live);
+    } else {
+      if (!park && last_forward != op.micro) ++forwards, last_forward = op.micro;  // recompute before backward
+      --live;
+    }
+  }
+  if (pipe > 1) {
+    // a later stage holds the inputs of its in-flight micro-batches and the input gradients it
+    // sends back; an earlier one the outputs it sends and the gradient it receives (isend buffers
+    // live until the end of the step)
+    Checked pipe_bytes = 0;
+    // (encdec: each message holds the encoder's and the decoder's streams, Transformer::stage_streams)
+    const Checked message = NM * (sl.encoder_layers > 0 ? 2 : 1);
+    if (!p.first_stage) pipe_bytes += ((park ? 1 : p.in_flight) + MB) * message * kF;
+    if (!p.last_stage) pipe_bytes += (MB + 1) * message * kF;
+    p.pipeline_bytes = bytes(pipe_bytes);
+    // recompute = none: the layers hold one in-flight micro-batch, the stashes the others
+    if (park) p.stash_bytes = bytes((p.in_flight - 1) * (Checked(p.activation_bytes) - unparked));
+  }
+
+  // ---- bytes sent per step ----------------------------------------------------------------------
+  const double act_bytes = double(NM) * kF;
+  const bool any_moe = sl.moe, expert_on_data = sl.experts_over_data;
+  const Checked E = sl.experts.E, E_l = sl.experts.E_l, G = sl.G, C = sl.C;
+  const double fw = forwards, bw = double(MB);
+  // data: gradient all-reduce of the data-replicated parameters (and of the experts' over their
+  // replica groups); all-to-all dispatch and combine of every MoE layer in each forward and (their
+  // transposes) in each backward, within the expert group of expert_parallel ranks
+  const int ep = sl.expert_parallel;
+  p.sent_data = ring_allreduce(double(elems - expert_local) * kF, data) +
+                ring_allreduce(double(expert_replicated) * kF, data / ep);
+  if (expert_on_data && any_moe) p.sent_data += moe_here * (2 * fw + 2 * bw) * all_to_all(double(E * G * C * M) * kF, ep);
+  // tensor: Megatron all-reduce of the output (forward) and of the input gradient (backward) of
+  // each attention and dense feed-forward; experts over data with their hidden units split: the
+  // same pair on the expert rows; experts over tensor: the combine and its gradient
+  double t_bytes = (fw + bw) * (p.num_blocks + dense_here) * act_bytes;
+  if (any_moe)
+    t_bytes += expert_on_data ? (fw + bw) * moe_here * double(E_l * ep * G * C * M) * kF : (fw + bw) * moe_here * act_bytes;
+  // the shared experts' own pair with experts over data (over tensor they join the combine's)
+  if (any_moe && expert_on_data && sl.moe_opt.shared_experts > 0) t_bytes += (fw + bw) * moe_here * act_bytes;
+  p.sent_tensor = ring_allreduce(t_bytes, tensor);
+  // pipe: activations forward, their gradients backward, once per micro-batch; the tied embedding's
+  // gradient between the first and the last stage
+  if (pipe > 1) {
+    const double streams = sl.encoder_layers > 0 ? 2 : 1;
+    if (!p.last_stage) p.sent_pipe += double(MB) * streams * act_bytes;
+    if (!p.first_stage) p.sent_pipe += double(MB) * streams * act_bytes;
+    if (cfg.model.tied_embeddings && (p.first_stage || p.last_stage)) p.sent_pipe += double(V * M) * kF;
+  }
+  // total_bytes() sums these: the sum must fit too
+  (void)(Checked(p.param_bytes) + Checked(p.grad_bytes) + Checked(p.optim_bytes) + Checked(p.activation_bytes) +
+         Checked(p.workspace_bytes) + Checked(p.pipeline_bytes) + Checked(p.stash_bytes));
+  return p;
+}
+
+MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
+                       int tensor_rank) {
+  try {
+    return plan_memory_checked(cfg, vocab, mesh, pipe_rank, data_rank, tensor_rank);
+  } catch (const SizeOverflow&) {
+    const auto& m = cfg.model;
+    throw InputError("the model is too large: its memory plan overflows 64-bit byte counts (vocabulary " +
+                     std::to_string(vocab) + ", model.d_model = " + std::to_string(m.d_model) +
+                     ", model.d_ff = " + std::to_string(m.d_ff) + ", model.num_layers = " + std::to_string(m.num_layers) +
+                     ", model.seq_len = " + std::to_string(m.seq_len) + ", moe.num_experts = " +
+                     std::to_string(cfg.moe.num_experts) + ", moe.expert_d_ff = " + std::to_string(cfg.moe.expert_d_ff) +
+                     ", optim.batch_size = " + std::to_string(cfg.optim.batch_size) + "); make it smaller");
+  }
+}
+
+MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
+                              int tensor_rank) {
+  const MemoryPlan plan = plan_memory(cfg, vocab, mesh, pipe_rank, data_rank, tensor_rank);
+  MemoryMeasured m;
+  Placement sh = placement_at(cfg, mesh, RankCoords{pipe_rank, data_rank, tensor_rank});
+  LocalStandInComm tensor_comm(tensor_rank, mesh.tensor), expert_comm(sh.expert_rank(), sh.expert_parallel),
+      replica_comm(data_rank / sh.expert_parallel, sh.replicas());
+  sh.tensor = &tensor_comm;
+  sh.expert_group = &expert_comm;
+  sh.replica_group = &replica_comm;
+
+  const int64_t h0 = heap_in_use();
+  auto model = std::make_unique<Transformer<float>>(cfg, vocab, sh);
+  m.construct_heap = heap_in_use() - h0;
+  model->init(uint64_t(cfg.run.seed), cfg.model.init_scale);
+  m.param_bytes = model->params().size() * sizeof(float);
+  m.grad_bytes = model->params().size() * sizeof(float);
+  {
+    const bool sharded = cfg.optim.shard_state && mesh.data > 1;
+    auto opt = make_optimizer(cfg, model->params(),
+                              sharded ? owned_entries(state_owners(model->params(), mesh.data), data_rank)
+                                      : all_entries(model->params()));
+    for (const StateTensor& s : opt->state()) m.optim_bytes += s.data->size() * sizeof(float);
+  }
+
+  // A dummy micro-batch of this rank's size; everything it needs exists before the measurement.
+  const int rows = plan.rows, T = plan.seq_len, N = rows * T, M = int(cfg.model.d_model);
+  std::vector<int32_t> inputs(N), targets(N);
+  for (int n = 0; n < N; ++n) inputs[n] = int32_t((7919u * unsigned(n) + 13u) % unsigned(vocab)),
+                              targets[n] = int32_t((104729u * unsigned(n) + 7u) % unsigned(vocab));
+  std::vector<int32_t> segment(N, 0), position(N);  // one example per sequence
+  for (int n = 0; n < N; ++n) position[n] = n % T;
+  const size_t message = size_t(N) * M * size_t(model->stage_streams());  // between pipeline stages
+  std::vector<float> mask(N, 1.0f), x_in(message), d_out(message);
+  for (size_t i = 0; i < x_in.size(); ++i) x_in[i] = float(std::sin(0.37 * double(i))), d_out[i] = 1e-3f * float(std::cos(0.11 * double(i)));
+  MicroBatch mb{rows, T, inputs.data(), targets.data(), mask.data(), segment.data(), position.data()};
+  if (cfg.model.arch == ModelArch::EncDec)  // the encoder reads the same dummy tokens
+    mb.enc_len = T, mb.enc_inputs = inputs.data(), mb.enc_segment = segment.data(), mb.enc_position = position.data();
+  StepContext ctx;
+  ctx.seed = uint64_t(cfg.run.seed);
+  ctx.step = 1;
+  ctx.training = true;
+  ctx.token_offset = uint64_t(data_rank) * uint64_t(N);
+  LossWeights w;
+  w.ce = 1.0 / N;
+  w.aux = cfg.moe.aux_loss_coef * double(cfg.moe.group_size) / N;
+  w.z = cfg.moe.z_loss_coef / N;
+
+  const int64_t f0 = heap_in_use();
+  model->forward(ctx, mb, w, model->first_stage() ? nullptr : x_in.data());
+  const int64_t f1 = heap_in_use();
+  model->backward(ctx, w, model->last_stage() ? nullptr : d_out.data());
+  const int64_t f2 = heap_in_use();
+  m.forward_heap = f1 - f0;
+  m.backward_heap = f2 - f1;
+  return m;
+}
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::fabs(b) >= 1024.0 && u < 4) b /= 1024.0, ++u;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
+  return buf;
+}
+
+double node_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemTotal:") return kib * 1024.0;
+  return 0;
+}
+
+std::string expert_layout(const Config& cfg, const MeshShape& mesh, size_t max_groups) {
+  if (cfg.moe.every <= 0 || cfg.moe.expert_axis != ExpertAxis::Data) return "";
+  const int64_t E = cfg.moe.num_experts, P = expert_parallel(cfg, mesh.data), copies = mesh.data / P;
+  std::ostringstream o;
+  o << "experts: moe.num_experts = " << E << " in expert groups of mesh.expert_parallel = " << P << " data rank"
+    << (P > 1 ? "s" : "") << " (" << E / P << " per rank)";
+  if (copies > 1) o << ", each expert on " << copies << " replicas (mesh.data / mesh.expert_parallel)";
+  else o << ", each expert once";
+  o << "\n";
+  auto list = [&](const char* label, const std::vector<std::vector<int>>& groups) {
+    o << "  " << label << ":";
+    for (size_t i = 0; i < groups.size() && i < max_groups; ++i) {
+      o << " [";
+      for (size_t j = 0; j < groups[i].size(); ++j) o << (j ? " " : "") << groups[i][j];
+      o << "]";
+    }
+    if (groups.size() > max_groups) o << " ... (" << groups.size() << " groups)";
+    o << "\n";
+  };
+  list("expert groups (world ranks; MoE all-to-all)", mesh.expert_groups(int(P)));
+  if (copies > 1) list("replica groups (world ranks; expert gradient all-reduce)", mesh.replica_groups(int(P)));
+  return o.str();
+}
+
+std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, double node_bytes_per_rank) {
+  // Every data and tensor rank of a stage holds equal shards: one column per pipeline stage. With
+  // optim.shard_state the data ranks' optimizer state differs: the column is the largest, and a
+  // line below lists them all.
+  std::vector<MemoryPlan> plans;
+  std::vector<std::vector<size_t>> state_per_data_rank(size_t(mesh.pipe));
+  const bool sharded = cfg.optim.shard_state && mesh.data > 1;
+  for (int s = 0; s < mesh.pipe; ++s) {
+    plans.push_back(plan_memory(cfg, vocab, mesh, s, 0, 0));
+    for (int d = 0; sharded && d < mesh.data; ++d) {
+      const MemoryPlan p = plan_memory(cfg, vocab, mesh, s, d, 0);
+      state_per_data_rank[size_t(s)].push_back(p.optim_bytes);
+      if (p.optim_bytes > plans.back().optim_bytes) plans.back() = p;
+    }
+  }
+  const MemoryPlan& p0 = plans[0];
+  std::ostringstream o;
+  char line[256];
+  std::snprintf(line, sizeof line, "model: %lld parameters, %lld activated per token, %.4g training FLOPs per token\n",
+                (long long)p0.params_total, (long long)p0.params_activated, p0.flops_per_token);
+  o << line;
+  o << expert_layout(cfg, mesh);
+  std::snprintf(line, sizeof line, "memory per rank (fp32; one micro-batch = %d x %d tokens; bytes):\n", p0.rows, p0.seq_len);
+  o << line;
+  const int per_stage = mesh.data * mesh.tensor;
+  auto row = [&](const std::string& label, auto value) {
+    std::snprintf(line, sizeof line, "  %-26s", label.c_str());
+    o << line;
+    for (const MemoryPlan& p : plans) {
+      std::snprintf(line, sizeof line, "  %16s", value(p).c_str());
+      o << line;
+    }
+    o << "\n";
+  };
+  auto num = [](auto v) { return std::to_string(v); };
+  row("", [&](const MemoryPlan& p) { return "stage " + num(p.pipe_rank); });
+  row("ranks", [&](const MemoryPlan& p) {
+    const int a = p.pipe_rank * per_stage, b = a + per_stage - 1;
+    return a == b ? num(a) : num(a) + "-" + num(b);
+  });
+  row("blocks", [&](const MemoryPlan& p) {
+    return p.num_blocks == 1 ? num(p.first_block) : num(p.first_block) + "-" + num(p.first_block + p.num_blocks - 1);
+  });
+  row("parameters (count)", [&](const MemoryPlan& p) { return num(p.params_rank); });
+  row("parameters", [&](const MemoryPlan& p) { return num(p.param_bytes); });
+  row("gradients", [&](const MemoryPlan& p) { return num(p.grad_bytes); });
+  row("optimizer state (" + std::string(option_name(cfg.optim.name)) + ")", [&](const MemoryPlan& p) { return num(p.optim_bytes); });
+  row("activations", [&](const MemoryPlan& p) { return num(p.activation_bytes); });
+  for (size_t i = 0; i < p0.activation_parts.size(); ++i)
+    row("  " + p0.activation_parts[i].first, [&](const MemoryPlan& p) { return num(p.activation_parts[i].second); });
+  row("backward workspace", [&](const MemoryPlan& p) { return num(p.workspace_bytes); });
+  row("micro-batches in flight", [&](const MemoryPlan& p) { return num(p.in_flight); });
+  row("pipeline buffers", [&](const MemoryPlan& p) { return num(p.pipeline_bytes); });
+  row("parked activations", [&](const MemoryPlan& p) { return num(p.stash_bytes); });
+  row("total", [&](const MemoryPlan& p) { return num(p.total_bytes()); });
+  row("total", [&](const MemoryPlan& p) { return format_bytes(double(p.total_bytes())); });
+  o << "bytes sent per rank per step (ring all-reduce 2(n-1)/n, all-to-all (n-1)/n):\n";
+  row("data", [&](const MemoryPlan& p) { return num((long long)std::llround(p.sent_data)); });
+  row("tensor", [&](const MemoryPlan& p) { return num((long long)std::llround(p.sent_tensor)); });
+  row("pipe", [&](const MemoryPlan& p) { return num((long long)std::llround(p.sent_pipe)); });
+  for (int s = 0; sharded && s < mesh.pipe; ++s) {
+    const auto& b = state_per_data_rank[size_t(s)];
+    const double mean = double(std::accumulate(b.begin(), b.end(), size_t(0))) / double(b.size());
+    o << "optimizer state sharded over " << mesh.data << " data ranks (optim.shard_state; whole parameters), stage " << s
+      << ", data ranks 0-" << mesh.data - 1 << ":";
+    for (size_t v : b) o << " " << v;
+    std::snprintf(line, sizeof line, " bytes (largest %.3fx the mean)\n",
+                  mean > 0 ? double(*std::max_element(b.begin(), b.end())) / mean : 1.0);
+    o << line;
+  }
+  if (node_bytes_per_rank > 0)
+    for (const MemoryPlan& p : plans)
+      if (double(p.total_bytes()) > node_bytes_per_rank)
+        o << "warning: stage " << p.pipe_rank << " needs " << format_bytes(double(p.total_bytes()))
+          << " per rank but this node has " << format_bytes(node_bytes_per_rank)
+          << " per rank (available memory / ranks on the node): use more ranks, smaller micro-batches or a smaller model\n";
+  return o.str();
+}
+
+std::string memory_report_collective(const Config& cfg, const MeshShape& mesh, MPI_Comm world) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  // The vocabulary: rank 0 reads the dataset when the deck leaves it open, and tells everyone.
+  int vocab = int(cfg.model.vocab_size);
+  std::string why;
+  if (vocab == 0 && rank == 0) {
+    try {
+      vocab = int(Dataset::read_info(cfg.data.path).vocab_size);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  MPI_Bcast(&vocab, 1, MPI_INT, 0, world);
+  // Ranks on this node share its memory.
+  // The memory available to this process (cgroup limit, MemAvailable, or run.max_memory); a bad
+  // run.max_memory was refused by the deck already, so it raises nothing here.
+  MemoryLimit avail;
+  try {
+    avail = available_memory(cfg.run.max_memory);
+  } catch (const InputError&) {
+  }
+  MPI_Comm node;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  double node_bytes = avail.bytes > 0 ? avail.bytes : 1e300;
+  MPI_Allreduce(MPI_IN_PLACE, &node_bytes, 1, MPI_DOUBLE, MPI_MIN, node);  // the node's tightest rank
+  MPI_Comm_free(&node);
+  struct {
+    double v;
+    int r;
+  } mine{node_bytes / local, rank}, least{};
+  MPI_Allreduce(&mine, &least, 1, MPI_DOUBLE_INT, MPI_MINLOC, world);  // the tightest node
+  // Rank 0 names where the tightest node's figure came from.
+  std::string source = avail.source;
+  int len = int(source.size()), nlocal = local;
+  MPI_Bcast(&len, 1, MPI_INT, least.r, world);
+  MPI_Bcast(&nlocal, 1, MPI_INT, least.r, world);
+  source.resize(size_t(len));
+  MPI_Bcast(source.data(), len, MPI_CHAR, least.r, world);
+  const double per_rank = least.v < 1e299 ? least.v : 0;
+  if (rank != 0) return "";
+  if (vocab <= 0)
+    return "memory: not computed: model.vocab_size = 0 and the dataset " + cfg.data.path +
+           " could not be read (" + why + "); set model.vocab_size to plan without data\n";
+  std::string text = memory_report(cfg, vocab, mesh, per_rank);
+  if (per_rank > 0) {
+    double need = 0;
+    for (int s = 0; s < mesh.pipe; ++s) need = std::max(need, double(plan_memory(cfg, vocab, mesh, s, 0, 0).total_bytes()));
+    text += "available memory: " + format_bytes(per_rank * nlocal) + " per node (" + source + "), " +
+            std::to_string(nlocal) + (nlocal == 1 ? " rank" : " ranks") + " on the node: " +
+            (need <= per_rank ? "the plan fits" : "the plan does NOT fit (meshmoe train refuses it)") + "\n";
+  }
+  return text;
+}
+
+}  // namespace meshmoe

@@ -1,0 +1,106 @@
+// Memory and cost plan of one rank (issue 4 "Memory", issue 6 "plan"): what `meshmoe plan` prints and
+// what the trainer reports at start-up.
+//
+// plan_memory() works from the deck alone (no MPI, no allocation): sums over the rank's shape table
+// (model/shape_table.hpp, docs/ARCHITECTURE.md "The shape table"): parameter, gradient and optimizer
+// bytes over the parameter entries the model registers, activation and backward-workspace bytes over
+// the buffers each layer allocates for one micro-batch (by kind: saved for the backward, forward-only,
+// backward scratch), and bytes sent per step on each mesh axis. The expert placement is the
+// documented one (docs/ARCHITECTURE.md "The mesh"): Placement::expert_shape.
+//
+// measure_memory() builds the real Transformer<float> of that placement and measures it: the store
+// sizes exactly, the optimizer state through state(), and the activations as heap growth (glibc
+// mallinfo2: uordblks + hblkhd, i.e. in-use bytes of all arenas plus mmapped chunks) around the
+// first forward and around the first backward of one micro-batch.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "deck/config.hpp"
+#include "mesh/mesh.hpp"
+#include "run/memory_limit.hpp"
+
+namespace meshmoe {
+
+struct MemoryPlan {
+  // placement
+  int pipe_rank = 0, data_rank = 0, tensor_rank = 0;
+  int first_block = 0, num_blocks = 0;  // this stage's blocks [first_block, first_block + num_blocks)
+  bool first_stage = true, last_stage = true;
+  int rows = 0, seq_len = 0;            // one micro-batch of this rank: rows sequences of seq_len tokens
+  int in_flight = 1;                    // micro-batches between forward and backward at once (1F1B)
+
+  // parameter counts (elements)
+  int64_t params_total = 0;      // the whole model, unsharded, the tied embedding once
+  int64_t params_rank = 0;       // this rank's ParamStore (a pipeline's tied copy included)
+  int64_t params_activated = 0;  // used by one token: everything but the experts it does not visit
+  double flops_per_token = 0;    // train_flops_per_token (forward + backward)
+
+  // bytes held by this rank
+  size_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;
+  size_t activation_bytes = 0;   // kept by one micro-batch's forward (what the first forward allocates)
+  size_t workspace_bytes = 0;    // kept by backward between steps (its scratch buffers)
+  size_t pipeline_bytes = 0;     // receive buffers (model.recompute = block: the stage inputs of in-flight
+                                 // micro-batches) and the send buffers of a step
+  size_t stash_bytes = 0;        // recompute = none: the saved activations of the in_flight - 1
+                                 // micro-batches parked while the layers hold another one
+  std::vector<std::pair<std::string, size_t>> activation_parts;  // breakdown of activation_bytes
+  size_t total_bytes() const {
+    return param_bytes + grad_bytes + optim_bytes + activation_bytes + workspace_bytes + pipeline_bytes + stash_bytes;
+  }
+
+  // bytes this rank sends per optimizer step on each axis (ring all-reduce: 2 (n-1)/n x the buffer;
+  // all-to-all: (n-1)/n x the buffer)
+  double sent_data = 0, sent_tensor = 0, sent_pipe = 0;
+};
+
+// The plan of the rank at (pipe_rank, data_rank, tensor_rank) of `mesh` for the model of `cfg` with
+// vocabulary `vocab`. Throws InputError when the deck does not split over the mesh.
+MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
+                       int tensor_rank);
+
+struct MemoryMeasured {
+  size_t param_bytes = 0, grad_bytes = 0;  // ParamStore weights and gradients
+  size_t optim_bytes = 0;                  // sum of the optimizer's state() tensors
+  int64_t construct_heap = 0;              // heap growth of building the model (store included)
+  int64_t forward_heap = 0;                // heap growth of the first forward of one micro-batch
+  int64_t backward_heap = 0;               // heap growth of the first backward after it
+};
+
+// Builds this rank's Transformer<float> (and optimizer) on one process, with a stand-in tensor Comm
+// whose all-reduce does nothing (the values are wrong, the buffers are the real ones), and runs one
+// training forward + backward on a dummy micro-batch of plan rows. Cheap only for test-size decks.
+MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
+                              int tensor_rank);
+
+// In-use heap bytes now (glibc mallinfo2: uordblks + hblkhd).
+int64_t heap_in_use();
+
+// Human-readable byte count: "1.50 MiB".
+std::string format_bytes(double bytes);
+
+// The report `meshmoe plan` prints and the trainer logs: one column per distinct placement (ranks
+// with the same pipeline stage and the same shard sizes share one), then a warning line for each
+// placement whose total exceeds `node_bytes_per_rank` (0: no check): the available memory of the
+// node (available_memory, memory_limit.hpp) divided by its ranks.
+std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, double node_bytes_per_rank);
+
+// Where the experts of a deck with experts over data live (`meshmoe plan`, the trainer's log): the
+// expert groups of mesh.expert_parallel data ranks (the all-to-all) and the replica groups (the
+// experts' gradient all-reduce), as world ranks; at most `max_groups` of each listed. "" without
+// MoE layers or with experts over tensor.
+std::string expert_layout(const Config& cfg, const MeshShape& mesh, size_t max_groups = 16);
+
+// MemTotal of /proc/meminfo in bytes (0 when unreadable). The checks use available_memory().
+double node_memory_bytes();
+
+// Collective over `world` (the mesh's ranks): the vocabulary (model.vocab_size, else the dataset's),
+// the ranks sharing this node and the memory available to them (the tightest node), and the report
+// text on rank 0 ("" elsewhere), ending with an "available memory: ..., the plan fits" line. When the vocabulary
+// cannot be known (vocab_size = 0 and no readable dataset) the report says so instead of numbers.
+std::string memory_report_collective(const Config& cfg, const MeshShape& mesh, MPI_Comm world);
+
+}  // namespace meshmoe
