@@ -137,7 +137,10 @@ wait_job "$id" >/dev/null
 out="$T/meshmoe-$id.out"
 grep -q "GPUs (CUDA_VISIBLE_DEVICES): 0" "$out" && ok "gpu job $id: Slurm granted one GPU per rank" || { bad "gpu job $id: no GPU granted"; tail -5 "$out"; }
 grep -q "run.device=cuda" "$out" && ok "gpu job $id: ran with run.device = cuda" || bad "gpu job $id: run.device not set"
-if grep -qE 'run.device = "cuda": rank 0 on .*: no CUDA device is visible' "$out" && grep -q "meshmoe exited with 2" "$out" &&
+# A host-only build (make CUDA=0) names that instead of the missing device.
+reason='run.device = "cuda": rank 0 on .*: no CUDA device is visible'
+"$MESHMOE" --version 2>/dev/null | grep -q "built without CUDA" && reason='run.device = "cuda": .*built without CUDA'
+if grep -qE "$reason" "$out" && grep -q "meshmoe exited with 2" "$out" &&
    [ "$(job_state "$id")" = FAILED ] && ! grep -q "restart 1" "$out"; then ok "gpu job $id: no usable GPU -> exit 2 with the reason, no requeue"
 else bad "gpu job $id: state $(job_state "$id")"; tail -8 "$out"; fi
 
