@@ -27,11 +27,14 @@ void activation_forward(Activation a, const T* pre, T* h, int N, int H, int ld_p
   if (ld_h == 0) ld_h = H;
   switch (a) {
     case Activation::Relu:
-      return for_each_index_2d(N, H, ActivationForward<T, Activation::Relu>{pre, h, H, ld_pre, ld_h});
+      return for_each_index_2d(
+          N, H, ActivationForward<T, Activation::Relu>{.pre = pre, .h = h, .H = H, .ld_pre = ld_pre, .ld_h = ld_h});
     case Activation::Gelu:
-      return for_each_index_2d(N, H, ActivationForward<T, Activation::Gelu>{pre, h, H, ld_pre, ld_h});
+      return for_each_index_2d(
+          N, H, ActivationForward<T, Activation::Gelu>{.pre = pre, .h = h, .H = H, .ld_pre = ld_pre, .ld_h = ld_h});
     case Activation::Geglu:
-      return for_each_index_2d(N, H, ActivationForward<T, Activation::Geglu>{pre, h, H, ld_pre, ld_h});
+      return for_each_index_2d(
+          N, H, ActivationForward<T, Activation::Geglu>{.pre = pre, .h = h, .H = H, .ld_pre = ld_pre, .ld_h = ld_h});
   }
 }
 
@@ -44,11 +47,14 @@ void activation_backward(Activation a, const T* pre, const T* dh, T* dpre, int N
   if (ld_h == 0) ld_h = H;
   switch (a) {
     case Activation::Relu:
-      return for_each_index_2d(N, H, ActivationBackward<T, Activation::Relu>{pre, dh, dpre, H, ld_pre, ld_h});
+      return for_each_index_2d(N, H, ActivationBackward<T, Activation::Relu>{
+                                         .pre = pre, .dh = dh, .dpre = dpre, .H = H, .ld_pre = ld_pre, .ld_h = ld_h});
     case Activation::Gelu:
-      return for_each_index_2d(N, H, ActivationBackward<T, Activation::Gelu>{pre, dh, dpre, H, ld_pre, ld_h});
+      return for_each_index_2d(N, H, ActivationBackward<T, Activation::Gelu>{
+                                         .pre = pre, .dh = dh, .dpre = dpre, .H = H, .ld_pre = ld_pre, .ld_h = ld_h});
     case Activation::Geglu:
-      return for_each_index_2d(N, H, ActivationBackward<T, Activation::Geglu>{pre, dh, dpre, H, ld_pre, ld_h});
+      return for_each_index_2d(N, H, ActivationBackward<T, Activation::Geglu>{
+                                         .pre = pre, .dh = dh, .dpre = dpre, .H = H, .ld_pre = ld_pre, .ld_h = ld_h});
   }
 }
 

@@ -68,8 +68,9 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   matmul(false, false, N, A_l, M_, x, wk.w, k, false, x16);
   matmul(false, false, N, A_l, M_, x, wv.w, v, false, x16);
   if (!causal_) {
-    masked_attention_forward(AttentionPairs{B, heads_l_, D, Tq, Tq, ctx.segment, ctx.segment}, q, k, v, p_.data(),
-                             att_.data());
+    const AttentionPairs a{.B = B, .heads_l = heads_l_, .D = D, .Tq = Tq, .Tk = Tq,
+                           .query_segment = ctx.segment, .key_segment = ctx.segment};
+    masked_attention_forward(a, q, k, v, p_.data(), att_.data());
   } else {
     causal_attention_forward(ctx, q, k, v, B, Tq);
   }
@@ -83,7 +84,7 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
 template <typename T>
 void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, const T* q, const T* k, const T* v,
                                                       int B, int Tq) {
-  const AttentionPairs a{B, heads_l_, D_, Tq, Tq};
+  const AttentionPairs a{.B = B, .heads_l = heads_l_, .D = D_, .Tq = Tq, .Tk = Tq};
   const T scale = T(1) / std::sqrt(T(D_));
   const int blk = causal_block(Tq);
   const int64_t A_l = A_l_;
@@ -101,7 +102,10 @@ void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, co
   if (bf16_operand_copies<T>()) ensure(p16_, p_.size());
   else p16_ = Buffer<uint16_t>();
   uint16_t* P16 = p16_.empty() ? nullptr : p16_.data();
-  for_each_row(int64_t(B) * heads_l_ * Tq, AttentionCausalSoftmaxRow<T>{p_.data(), ctx.segment, Tq, heads_l_, P16}, Tq);
+  for_each_row(int64_t(B) * heads_l_ * Tq,
+               AttentionCausalSoftmaxRow<T>{.P = p_.data(), .segment = ctx.segment, .Tq = Tq, .heads_l = heads_l_,
+                                            .P16 = P16},
+               Tq);
   for (int i0 = 0; i0 < Tq; i0 += blk) {
     const int rows = std::min(blk, Tq - i0);
     const size_t d = size_t(i0) * Tq;
@@ -134,8 +138,9 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   T* dk = dq + N_A;
   T* dv = dk + N_A;
   if (!causal_) {
-    masked_attention_backward(AttentionPairs{B, heads_l_, D, Tq, Tq, ctx.segment, ctx.segment}, q, k, v, p_.data(),
-                              datt_.data(), dp_.data(), dq, dk, dv);
+    const AttentionPairs a{.B = B, .heads_l = heads_l_, .D = D, .Tq = Tq, .Tk = Tq,
+                           .query_segment = ctx.segment, .key_segment = ctx.segment};
+    masked_attention_backward(a, q, k, v, p_.data(), datt_.data(), dp_.data(), dq, dk, dv);
   } else {
     causal_attention_backward(q, k, v, dq, dk, dv, B, Tq);
   }
@@ -146,7 +151,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
 template <typename T>
 void CausalSelfAttention<T>::causal_attention_backward(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv, int B,
                                                        int Tq) {
-  const AttentionPairs a{B, heads_l_, D_, Tq, Tq};
+  const AttentionPairs a{.B = B, .heads_l = heads_l_, .D = D_, .Tq = Tq, .Tk = Tq};
   const T scale = T(1) / std::sqrt(T(D_));
   const int blk = causal_block(Tq);
   const int64_t A_l = A_l_;
@@ -169,7 +174,8 @@ void CausalSelfAttention<T>::causal_attention_backward(const T* q, const T* k, c
                  heads_of(dO + r, a, Tq), T(0), heads_of(dv + r, a, Tq), B, heads_l_);
   }
   // softmax backward of every row: dS = P * (dP - sum_j P dP); zero above the diagonal since P is
-  for_each_row(int64_t(B) * heads_l_ * Tq, AttentionCausalSoftmaxBackwardRow<T>{P, dP, Tq, dS16}, Tq);
+  for_each_row(int64_t(B) * heads_l_ * Tq,
+               AttentionCausalSoftmaxBackwardRow<T>{.P = P, .dP = dP, .Tq = Tq, .dS16 = dS16}, Tq);
   for (int i0 = 0; i0 < Tq; i0 += blk) {
     const int rows = std::min(blk, Tq - i0);
     const size_t r = size_t(i0) * A_l, d = size_t(i0) * Tq;

@@ -26,7 +26,9 @@ void masked_attention_forward(const AttentionPairs& a, const T* q, const T* k, c
   gemm_batched(false, true, a.Tq, a.Tk, a.D, scale, heads_of(q, a, a.Tq), heads_of(k, a, a.Tk), T(0), scores_of(P, a),
                a.B, a.heads_l);
   for_each_row(int64_t(a.B) * a.heads_l * a.Tq,
-               AttentionMaskedSoftmaxRow<T>{P, a.query_segment, a.key_segment, a.Tq, a.Tk, a.heads_l}, a.Tk);
+               AttentionMaskedSoftmaxRow<T>{.P = P, .query_segment = a.query_segment, .key_segment = a.key_segment,
+                                            .Tq = a.Tq, .Tk = a.Tk, .heads_l = a.heads_l},
+               a.Tk);
   gemm_batched(false, false, a.Tq, a.D, a.Tk, T(1), scores_of<const T>(P, a), heads_of(v, a, a.Tk), T(0),
                heads_of(O, a, a.Tq), a.B, a.heads_l);
 }

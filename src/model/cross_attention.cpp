@@ -48,8 +48,9 @@ void CrossAttention<T>::forward(const StepContext& ctx, const T* x, int Tq, cons
   matmul(false, false, N, A_l, M_, x, wq.w, q_.data());
   matmul(false, false, int(Nk), A_l, M_, enc, wk.w, k, false, enc16);
   matmul(false, false, int(Nk), A_l, M_, enc, wv.w, v, false, enc16);
-  masked_attention_forward(AttentionPairs{B, heads_l_, D_, Tq, Tk, ctx.segment, enc_segment}, q_.data(), k, v,
-                           p_.data(), att_.data());
+  const AttentionPairs a{.B = B, .heads_l = heads_l_, .D = D_, .Tq = Tq, .Tk = Tk,
+                         .query_segment = ctx.segment, .key_segment = enc_segment};
+  masked_attention_forward(a, q_.data(), k, v, p_.data(), att_.data());
   // y [N, M] = att [N, A_l] wo [A_l, M]  (partial over heads when sharded)
   matmul(false, false, N, M_, A_l, att_.data(), wo.w, y);
   if (sharded() && tensor_allreduce) tensor_allreduce(y, size_t(N) * M_);
@@ -79,8 +80,8 @@ void CrossAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx, T* 
   T* dk = dkv_.data();
   T* dv = dk + size_t(Nk) * A_l;
   // The backward does not read the segment ids: P is already zero across examples.
-  masked_attention_backward(AttentionPairs{B, heads_l_, D_, Tq_, Tk_, nullptr, nullptr}, q_.data(), k, v, p_.data(),
-                            datt_.data(), dp_.data(), dq_.data(), dk, dv);
+  const AttentionPairs a{.B = B, .heads_l = heads_l_, .D = D_, .Tq = Tq_, .Tk = Tk_};
+  masked_attention_backward(a, q_.data(), k, v, p_.data(), datt_.data(), dp_.data(), dq_.data(), dk, dv);
   // Copies of dq, enc and dk, dv (one span), each read by two GEMMs below (dy's are done).
   const size_t NkA = size_t(Nk) * A_l, NkM = size_t(Nk) * M_;
   const uint16_t* dq16 = rounded_once(dq_.data(), N_A, room);

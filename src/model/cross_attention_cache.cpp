@@ -44,8 +44,9 @@ void CrossAttentionCache<T>::forward(CrossAttention<T>& cross, int n, const int3
     if (s < 0 || s >= sources()) throw std::logic_error("CrossAttentionCache: a token of an unknown source");
     const size_t first = size_t(begin_[size_t(s)]) * A_l;
     const int Tk = begin_[size_t(s) + 1] - begin_[size_t(s)];
-    masked_attention_forward(AttentionPairs{1, heads_l_, D_, 1, Tk, nullptr, nullptr}, q_.data() + size_t(i) * A_l,
-                             k_.data() + first, v_.data() + first, p_.data(), att_.data() + size_t(i) * A_l);
+    const AttentionPairs one_query{.B = 1, .heads_l = heads_l_, .D = D_, .Tq = 1, .Tk = Tk};
+    masked_attention_forward(one_query, q_.data() + size_t(i) * A_l, k_.data() + first, v_.data() + first, p_.data(),
+                             att_.data() + size_t(i) * A_l);
   }
   // y [n, M] = att [n, A_l] wo [A_l, M]  (partial over heads when sharded)
   matmul(false, false, n, M_, A_l, att_.data(), cross.wo.w, y);

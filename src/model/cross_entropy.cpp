@@ -61,13 +61,28 @@ double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, con
     psum_.resize(N);
     losses_.resize(3 * size_t(N));
     double* const hard = losses_.data();
-    run_rows(SoftTargetForwardRow<T>{logits, mask_.data(), soft_.data(), targets_.data(), lse_.data(), psum_.data(),
-                                     hard + 2 * N, hard, hard + N, T(alpha), V},
+    run_rows(SoftTargetForwardRow<T>{.logits = logits,
+                                     .mask = mask_.data(),
+                                     .soft = soft_.data(),
+                                     .targets = targets_.data(),
+                                     .lse = lse_.data(),
+                                     .psum = psum_.data(),
+                                     .loss = hard + 2 * N,
+                                     .hard = hard,
+                                     .soft_loss = hard + N,
+                                     .alpha = T(alpha),
+                                     .V = V},
              3 * int64_t(V));
   } else {
     soft_.clear();
     losses_.resize(N);
-    run_rows(CrossEntropyForwardRow<T>{logits, mask_.data(), targets_.data(), lse_.data(), losses_.data(), V}, V);
+    run_rows(CrossEntropyForwardRow<T>{.logits = logits,
+                                       .mask = mask_.data(),
+                                       .targets = targets_.data(),
+                                       .lse = lse_.data(),
+                                       .loss = losses_.data(),
+                                       .V = V},
+             V);
   }
   // The sum over tokens stays on the host, in token order (a transfer point: the per-token losses,
   // one copy).
@@ -94,8 +109,16 @@ std::span<const double> CrossEntropy<T>::host_losses(int row) const {
 template <typename T>
 CrossEntropyBackwardElement<T> CrossEntropy<T>::backward_body(const T* logits, T* dlogits) const {
   const bool soft = !soft_.empty();
-  return CrossEntropyBackwardElement<T>{logits, lse_.data(), mask_.data(), targets_.data(), dlogits, T(weight_), V_,
-                                        soft ? soft_.data() : nullptr, soft ? psum_.data() : nullptr, T(alpha_)};
+  return CrossEntropyBackwardElement<T>{.logits = logits,
+                                        .lse = lse_.data(),
+                                        .mask = mask_.data(),
+                                        .targets = targets_.data(),
+                                        .dlogits = dlogits,
+                                        .weight = T(weight_),
+                                        .V = V_,
+                                        .soft = soft ? soft_.data() : nullptr,
+                                        .psum = soft ? psum_.data() : nullptr,
+                                        .alpha = T(alpha_)};
 }
 
 // -> dlogits [N, V]

@@ -18,7 +18,14 @@ void Dropout<T>::forward(const StepContext& ctx, T* x, int N, int C) {
   if (keep_.size() < NC) keep_.resize(NC);
   const int per_token = (C + 3) / 4;
   for_each_index_2d(N, per_token,
-                 DropoutForwardBlock<T>{rng, ctx.token_offset, x, keep_.data(), C, per_token, rate_, scale});
+                    DropoutForwardBlock<T>{.rng = rng,
+                                           .token_offset = ctx.token_offset,
+                                           .x = x,
+                                           .keep = keep_.data(),
+                                           .C = C,
+                                           .per_token = per_token,
+                                           .rate = rate_,
+                                           .scale = scale});
 }
 
 // d [N, C] -> d [N, C] (in place)

@@ -40,7 +40,13 @@ void Embedding<T>::forward(const StepContext& ctx, const int32_t* tokens, T* x, 
   upload(positions_, host_positions_.data(), size_t(N));
   by_token_.build(tokens, N, V_);
   by_position_.build(host_positions_.data(), N, Tmax_);
-  for_each_index_2d(N, M_, EmbeddingForwardElement<T>{wte.w, wpe.w, tokens_.data(), positions_.data(), x, M_});
+  for_each_index_2d(N, M_,
+                    EmbeddingForwardElement<T>{.wte = wte.w,
+                                               .wpe = wpe.w,
+                                               .tokens = tokens_.data(),
+                                               .position = positions_.data(),
+                                               .x = x,
+                                               .M = M_});
 }
 
 template <typename T>
@@ -70,8 +76,12 @@ void Embedding<T>::backward(const StepContext& ctx, const T* dx, int N) {
   // each used row of a gradient table: no two tokens of one row add into it concurrently.
   for (RowGrouping* g : {&by_token_, &by_position_})
     for_each_index_2d(g->rows.size(), M_,
-                      EmbeddingRowGradElement<T>{dx, g->rows.data(), g->start.data(), g->order.data(),
-                                                 g == &by_token_ ? wte.g : wpe.g, M_});
+                      EmbeddingRowGradElement<T>{.dx = dx,
+                                                 .rows = g->rows.data(),
+                                                 .start = g->start.data(),
+                                                 .order = g->order.data(),
+                                                 .g_table = g == &by_token_ ? wte.g : wpe.g,
+                                                 .M = M_});
 }
 
 template <typename T>

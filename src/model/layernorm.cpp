@@ -17,19 +17,44 @@ template <typename T>
 void LayerNorm<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
   if (xhat_.size() < size_t(N) * M_) xhat_.resize(size_t(N) * M_);
   if (rstd_.size() < size_t(N)) rstd_.resize(N);
-  for_each_row(N, LayerNormForwardRow<T>{x, gain.w, bias.w, xhat_.data(), rstd_.data(), y, M_, T(eps_)}, M_);
+  for_each_row(N,
+               LayerNormForwardRow<T>{.x = x,
+                                      .gain = gain.w,
+                                      .bias = bias.w,
+                                      .xhat = xhat_.data(),
+                                      .rstd = rstd_.data(),
+                                      .y = y,
+                                      .M = M_,
+                                      .eps = T(eps_)},
+               M_);
 }
 
 // dy [N, M] -> dx [N, M] (+=), gain.g and bias.g (+=)
 template <typename T>
 void LayerNorm<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
-  for_each_row(N, LayerNormBackwardRow<T>{dy, xhat_.data(), rstd_.data(), gain.w, dx, M_}, M_);
+  for_each_row(N,
+               LayerNormBackwardRow<T>{
+                   .dy = dy, .xhat = xhat_.data(), .rstd = rstd_.data(), .gain = gain.w, .dx = dx, .M = M_},
+               M_);
   const int chunks = (N + LayerNormParamGradPartials<T>::kRows - 1) / LayerNormParamGradPartials<T>::kRows;
   if (partials_.size() < 2 * size_t(chunks) * M_) partials_.resize(2 * size_t(chunks) * M_);
   T* partial_gain = partials_.data();
   T* partial_bias = partial_gain + size_t(chunks) * M_;
-  for_each_index_2d(chunks, M_, LayerNormParamGradPartials<T>{dy, xhat_.data(), partial_gain, partial_bias, N, M_});
-  for_each_index(M_, LayerNormParamGradSum<T>{partial_gain, partial_bias, gain.g, bias.g, chunks, M_}, chunks);
+  for_each_index_2d(chunks, M_,
+                    LayerNormParamGradPartials<T>{.dy = dy,
+                                                  .xhat = xhat_.data(),
+                                                  .partial_gain = partial_gain,
+                                                  .partial_bias = partial_bias,
+                                                  .N = N,
+                                                  .M = M_});
+  for_each_index(M_,
+                 LayerNormParamGradSum<T>{.partial_gain = partial_gain,
+                                          .partial_bias = partial_bias,
+                                          .dgain = gain.g,
+                                          .dbias = bias.g,
+                                          .chunks = chunks,
+                                          .M = M_},
+                 chunks);
 }
 
 template class LayerNorm<float>;

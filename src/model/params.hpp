@@ -214,8 +214,13 @@ class ParamStore {
       if (dims > TruncatedNormalInit<T>::kMaxDims || p.logical_shape.size() != p.local_shape.size() ||
           p.offset.size() != p.local_shape.size())
         throw std::logic_error("ParamStore::init: " + p.name + ": more than 4 dimensions, or shapes of unequal rank");
-      TruncatedNormalInit<T> body{w, Rng{seed ^ fnv1a64(p.name), 0, 0, RngPurpose::Init}, std::sqrt(init_scale / p.fan_in),
-                                  dims, {}, {}, {}};
+      TruncatedNormalInit<T> body{.w = w,
+                                  .rng = Rng{seed ^ fnv1a64(p.name), 0, 0, RngPurpose::Init},
+                                  .std = std::sqrt(init_scale / p.fan_in),
+                                  .dims = dims,
+                                  .local_shape = {},
+                                  .offset = {},
+                                  .logical_shape = {}};
       for (int d = 0; d < dims; ++d) {
         body.local_shape[d] = p.local_shape[size_t(d)];
         body.offset[d] = p.offset[size_t(d)];

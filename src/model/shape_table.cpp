@@ -72,7 +72,8 @@ ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, Rank
 
   // The layers in the order the Transformer registers them (flat layout: embedding, blocks, ln_f, head).
   auto add = [&](std::string prefix, LayerKind kind, int block, std::vector<ParamInfo> params) {
-    layers_.push_back({std::move(prefix), kind, block, std::move(params), {}});
+    layers_.push_back(
+        {.prefix = std::move(prefix), .kind = kind, .block = block, .params = std::move(params), .buffers = {}});
   };
   add("stage", LayerKind::Stage, -1, {});
   if (s.first_stage) add("embed", LayerKind::Embedding, -1, embedding_params("embed", s.V, s.T, s.M));
@@ -140,7 +141,8 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
   using K = BufferKind;
   for (LayerShapes& l : layers_) {
     auto buf = [&](const char* name, const char* letters, std::vector<int64_t> dims, size_t elem, K kind = K::Saved) {
-      l.buffers.push_back({name, letters, std::move(dims), elem, kind});
+      l.buffers.push_back(
+          {.name = name, .letters = letters, .dims = std::move(dims), .elem_bytes = elem, .kind = kind});
     };
     // A feed-forward (mlp.hpp) of hidden units f.H_l: H_l, W_l in the letters are f's.
     auto ffn_buffers = [&](const FfnShape& f, bool with_dropout, bool partial_dx) {

@@ -76,19 +76,29 @@ void Adafactor::step(ParamStore<float>& store, double lr, int64_t t, double grad
       double *row = row_sums_.data(), *col = col_sums_.data(), *rsum = row_moment_sums_.data();
       for_each_index(int64_t(B * n), AdafactorRowSumSquares{g, row, int64_t(m)}, int64_t(m));
       for_each_row(int64_t(B) * AdafactorColumnSumSquares::blocks(int64_t(m)),
-                   AdafactorColumnSumSquares{g, col, int64_t(n), int64_t(m)},
+                   AdafactorColumnSumSquares{.g = g, .col = col, .n = int64_t(n), .m = int64_t(m)},
                    int64_t(n) * AdafactorColumnSumSquares::kColumns);
       if (split(p, nd - 1)) reduce(p, int(nd - 1), row, B * n);
       if (split(p, nd - 2)) reduce(p, int(nd - 2), col, B * m);
-      for_each_index(int64_t(B * n), AdafactorFactorMoment{en.v_row.data(), row, beta, m_logical, eps1});
-      for_each_index(int64_t(B * m), AdafactorFactorMoment{en.v_col.data(), col, beta, n_logical, eps1});
+      for_each_index(int64_t(B * n), AdafactorFactorMoment{.acc = en.v_row.data(), .sum = row, .beta = beta,
+                                                           .count = m_logical, .eps1 = eps1});
+      for_each_index(int64_t(B * m), AdafactorFactorMoment{.acc = en.v_col.data(), .sum = col, .beta = beta,
+                                                           .count = n_logical, .eps1 = eps1});
       for_each_index(int64_t(B), AdafactorRowMomentSum{en.v_row.data(), rsum, int64_t(n)}, int64_t(n));
       if (split(p, nd - 2)) reduce(p, int(nd - 2), rsum, B);
       for_each_row(int64_t(B * n),
-                   AdafactorFactoredUpdateRow{g, en.v_row.data(), en.v_col.data(), rsum, u, int64_t(n), int64_t(m), n_logical},
+                   AdafactorFactoredUpdateRow{.g = g,
+                                              .v_row = en.v_row.data(),
+                                              .v_col = en.v_col.data(),
+                                              .rsum = rsum,
+                                              .u = u,
+                                              .n = int64_t(n),
+                                              .m = int64_t(m),
+                                              .n_logical = n_logical},
                    int64_t(m));
     } else {
-      for_each_index(int64_t(p.size), AdafactorUnfactoredUpdateElement{g, en.v.data(), u, beta, eps1});
+      for_each_index(int64_t(p.size),
+                     AdafactorUnfactoredUpdateElement{.g = g, .v = en.v.data(), .u = u, .beta = beta, .eps1 = eps1});
     }
     // Update clipping (S&S section 6): RMS over the whole logical parameter, on the device (no
     // wait for the sum: the host never reads it; a split block adds it over its group by DimReduce).
@@ -100,7 +110,12 @@ void Adafactor::step(ParamStore<float>& store, double lr, int64_t t, double grad
       if (split(p, d)) reduce(p, int(d), sum_u2, 1);
       count *= double(p.logical_shape[d]);
     }
-    for_each_index(1, AdafactorClipFactor{sum_u2, count, opt_.clip, lr, rms_over_d_.data() + k, step_.data() + k});
+    for_each_index(1, AdafactorClipFactor{.sum_u2 = sum_u2,
+                                          .count = count,
+                                          .clip = opt_.clip,
+                                          .lr = lr,
+                                          .rms_over_d = rms_over_d_.data() + k,
+                                          .step = step_.data() + k});
     for_each_index(int64_t(p.size), AdafactorApplyElement{x, u, step_.data() + k});
   }
 }
@@ -113,12 +128,22 @@ std::vector<StateTensor> Adafactor::state() {
     const ParamInfo& p = en.info;
     if (factored(p)) {
       const size_t nd = p.local_shape.size();
-      s.push_back({p.name + "/v_row", drop_dim(p.logical_shape, nd - 1), drop_dim(p.local_shape, nd - 1),
-                   drop_dim(p.offset, nd - 1), &en.v_row});
-      s.push_back({p.name + "/v_col", drop_dim(p.logical_shape, nd - 2), drop_dim(p.local_shape, nd - 2),
-                   drop_dim(p.offset, nd - 2), &en.v_col});
+      s.push_back({.name = p.name + "/v_row",
+                   .logical_shape = drop_dim(p.logical_shape, nd - 1),
+                   .local_shape = drop_dim(p.local_shape, nd - 1),
+                   .offset = drop_dim(p.offset, nd - 1),
+                   .data = &en.v_row});
+      s.push_back({.name = p.name + "/v_col",
+                   .logical_shape = drop_dim(p.logical_shape, nd - 2),
+                   .local_shape = drop_dim(p.local_shape, nd - 2),
+                   .offset = drop_dim(p.offset, nd - 2),
+                   .data = &en.v_col});
     } else {
-      s.push_back({p.name + "/v", p.logical_shape, p.local_shape, p.offset, &en.v});
+      s.push_back({.name = p.name + "/v",
+                   .logical_shape = p.logical_shape,
+                   .local_shape = p.local_shape,
+                   .offset = p.offset,
+                   .data = &en.v});
     }
   }
   return s;

@@ -9,7 +9,10 @@
 namespace meshmoe {
 
 AdamWOptions AdamWOptions::from_config(const Config& cfg) {
-  return AdamWOptions{cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+  return AdamWOptions{.beta1 = cfg.optim.beta1,
+                      .beta2 = cfg.optim.beta2,
+                      .eps = cfg.optim.eps,
+                      .weight_decay = cfg.optim.weight_decay};
 }
 
 AdamW::AdamW(const ParamStore<float>& store, std::vector<size_t> owned, AdamWOptions opt)
@@ -24,8 +27,11 @@ AdamW::AdamW(const ParamStore<float>& store, std::vector<size_t> owned, AdamWOpt
     const ParamInfo& p = infos_[k];
     const int32_t decayed = !p.no_weight_decay && opt_.weight_decay != 0.0;
     for (size_t i = 0; i < p.size; i += AdamWUpdatePieces::kPiece)
-      pieces.push_back({int64_t(p.flat_offset + i), int64_t(std::min<size_t>(AdamWUpdatePieces::kPiece, p.size - i)),
-                        m_[k].data() + i, v_[k].data() + i, decayed});
+      pieces.push_back({.flat_offset = int64_t(p.flat_offset + i),
+                        .length = int64_t(std::min<size_t>(AdamWUpdatePieces::kPiece, p.size - i)),
+                        .m = m_[k].data() + i,
+                        .v = v_[k].data() + i,
+                        .decayed = decayed});
   }
   pieces_.assign(pieces.begin(), pieces.end());  // uploaded once (the moments' Buffers never move)
 }
@@ -40,9 +46,22 @@ void AdamW::step(ParamStore<float>& store, double lr, int64_t t, double grad_sca
   const float b1 = float(opt_.beta1), one_m_b1 = float(1.0 - opt_.beta1);
   const float b2 = float(opt_.beta2), one_m_b2 = float(1.0 - opt_.beta2);
   const float bc2s = float(bc2_sqrt), eps = float(opt_.eps), neg_step = float(-(lr / bc1));
-  const AdamWUpdateElement scalars{nullptr, nullptr, nullptr, nullptr, float(grad_scale), decay, b1,
-                                    one_m_b1,  b2,      one_m_b2, bc2s,    eps,     neg_step};
-  for_each_row(int64_t(pieces_.size()), AdamWUpdatePieces{pieces_.data(), store.weights(), store.grads(), scalars},
+  const AdamWUpdateElement scalars{.x = nullptr,
+                                   .m = nullptr,
+                                   .v = nullptr,
+                                   .g = nullptr,
+                                   .grad_scale = float(grad_scale),
+                                   .decay = decay,
+                                   .b1 = b1,
+                                   .one_m_b1 = one_m_b1,
+                                   .b2 = b2,
+                                   .one_m_b2 = one_m_b2,
+                                   .bc2s = bc2s,
+                                   .eps = eps,
+                                   .neg_step = neg_step};
+  for_each_row(int64_t(pieces_.size()),
+               AdamWUpdatePieces{
+                   .pieces = pieces_.data(), .x = store.weights(), .g = store.grads(), .scalars = scalars},
                AdamWUpdatePieces::kPiece);
 }
 
@@ -50,8 +69,16 @@ std::vector<StateTensor> AdamW::state() {
   std::vector<StateTensor> s;
   for (size_t k = 0; k < infos_.size(); ++k) {
     const ParamInfo& p = infos_[k];
-    s.push_back({p.name + "/exp_avg", p.logical_shape, p.local_shape, p.offset, &m_[k]});
-    s.push_back({p.name + "/exp_avg_sq", p.logical_shape, p.local_shape, p.offset, &v_[k]});
+    s.push_back({.name = p.name + "/exp_avg",
+                 .logical_shape = p.logical_shape,
+                 .local_shape = p.local_shape,
+                 .offset = p.offset,
+                 .data = &m_[k]});
+    s.push_back({.name = p.name + "/exp_avg_sq",
+                 .logical_shape = p.logical_shape,
+                 .local_shape = p.local_shape,
+                 .offset = p.offset,
+                 .data = &v_[k]});
   }
   return s;
 }

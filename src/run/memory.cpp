@@ -333,8 +333,8 @@ MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mes
   ctx.token_offset = uint64_t(data_rank) * uint64_t(N);
   LossWeights w;
   w.ce = 1.0 / N;
-  w.aux = cfg.moe.aux_loss_coef * double(cfg.moe.group_size) / N;
-  w.z = cfg.moe.z_loss_coef / N;
+  w.aux = balance_loss_weight(cfg.moe.balance, cfg.moe.aux_loss_coef, N, cfg.moe.group_size);
+  w.z = z_loss_weight(cfg.moe.z_loss_coef, N);
 
   const int64_t f0 = heap_in_use();
   model->forward(ctx, mb, w, model->first_stage() ? nullptr : x_in.data());

@@ -340,10 +340,8 @@ class Trainer {
   LossWeights loss_weights(double mask_total, double tokens) const {
     LossWeights w;
     w.ce = 1.0 / std::max(1.0, mask_total);
-    const double groups = tokens / double(cfg_.moe.group_size);
-    // moe.balance = bias balances without the aux loss (its value is still logged).
-    w.aux = cfg_.moe.balance == BalanceKind::Bias ? 0.0 : cfg_.moe.aux_loss_coef / groups;
-    w.z = cfg_.moe.z_loss_coef / tokens;
+    w.aux = balance_loss_weight(cfg_.moe.balance, cfg_.moe.aux_loss_coef, tokens, cfg_.moe.group_size);
+    w.z = z_loss_weight(cfg_.moe.z_loss_coef, tokens);
     return w;
   }
 

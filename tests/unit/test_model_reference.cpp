@@ -29,6 +29,7 @@
 
 #include "../test_util.hpp"
 #include "io/h5.hpp"
+#include "model/moe/router_equations.hpp"
 #include "model/transformer.hpp"
 #include "tensor/blas.hpp"
 #include "optim/grad_clip.hpp"
@@ -302,13 +303,15 @@ HostBatch make_batch(uint32_t seed, bool encdec) {
   return b;
 }
 
-// As the trainer (src/train/trainer.cpp loss_weights): sum then scale over the whole step.
+// As the trainer (src/train/trainer.cpp loss_weights): sum then scale over the whole step, the
+// routing losses' weights from router_equations.hpp (the reference states them itself).
 LossWeights loss_weights(const Config& cfg, const HostBatch& b) {
   double mask_total = 0;
   for (float m : b.mask) mask_total += m;
   const double tokens = double(kB) * kT;
-  return LossWeights{1.0 / std::max(1.0, mask_total), cfg.moe.aux_loss_coef / (tokens / double(cfg.moe.group_size)),
-                     cfg.moe.z_loss_coef / tokens};
+  return LossWeights{.ce = 1.0 / std::max(1.0, mask_total),
+                     .aux = balance_loss_weight(cfg.moe.balance, cfg.moe.aux_loss_coef, tokens, cfg.moe.group_size),
+                     .z = z_loss_weight(cfg.moe.z_loss_coef, tokens)};
 }
 
 double total_loss(const ForwardStats& f, const LossWeights& w) {

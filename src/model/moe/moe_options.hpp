@@ -1,14 +1,13 @@
 // Settings of one MoE layer, filled by the trainer from the deck's [moe] section (moe_options(cfg)),
-// and the capacity rule shared by the router, the dispatchers and the sharding code.
+// and the capacity of a forward's groups shared by the router, the dispatchers and the sharding code.
 #pragma once
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "core/error.hpp"
 #include "deck/config.hpp"
 #include "model/activation.hpp"
+#include "model/moe/router_equations.hpp"
 
 namespace meshmoe {
 
@@ -55,22 +54,15 @@ struct MoeOptions {
   // expert choice (Zhou et al. section 3.1) gate with the router probability itself.
   bool renormalised() const { return router == RouterKind::Top2 || router == RouterKind::TopK; }
 
-  // Capacity per group per expert (GShard section 2.2; docs/ARCHITECTURE.md "Principles" 1): C = ceil(k * S * factor / E), the factor chosen by
-  // training/eval; expert choice: the paper's k = n c / E (Zhou et al. section 3.1), C = ceil(S *
-  // factor / E), the tokens each expert takes; dropless -> C = S. C is also capped at S: one expert can receive at most S tokens of
-  // a group (a token goes to an expert at most once), so the cap changes no routing decision, only
-  // the buffer size. The ceil forgives 1e-9 relative rounding (0.7 * 10 must give 7, not 8).
-  // S: the tokens per group of this forward when not moe.group_size (StepContext::moe_group_size).
+  // Capacity per group per expert (expert_capacity: GShard section 2.2, Switch section 2.2 eq. 3;
+  // docs/ARCHITECTURE.md "Principles" 1): the factor chosen by training/eval, k choices per token (1
+  // under expert choice); dropless -> C = S. S: the tokens per group of this forward when not
+  // moe.group_size (StepContext::moe_group_size).
   int capacity(bool training, int S = 0) const {
     const int group_size = S > 0 ? S : this->group_size;
     if (dropless) return group_size;
-    const double cf = training ? capacity_factor_train : capacity_factor_eval;
-    const double v = double(expert_choice() ? 1 : k()) * group_size * cf / num_experts;
-    // Clamped in double first: a huge factor (1e300) would overflow the integer conversion.
-    if (!(v < double(group_size))) return group_size;
-    const double r = std::round(v);
-    const int64_t c = std::abs(v - r) <= 1e-9 * std::max(1.0, v) ? int64_t(r) : int64_t(std::ceil(v));
-    return int(std::clamp<int64_t>(c, 1, group_size));
+    return expert_capacity(expert_choice() ? 1 : k(), group_size, num_experts,
+                           training ? capacity_factor_train : capacity_factor_eval);
   }
   // Decoding's groups are a step's new tokens (a few per stream): a capacity factor there drops
   // choices that the same tokens in a moe.group_size group would keep (docs/user-guide.md "Translation"), so

@@ -49,7 +49,13 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
     jitter_.resize(size_t(N) * M);
     const Rng rng{ctx.seed, ctx.step, opt_.layer_id, RngPurpose::Jitter};
     for_each_index_2d(N, M,
-                   RouterJitterElement<T>{rng, ctx.token_offset, x, jitter_.data(), xj_.data(), M, opt_.jitter_eps});
+                      RouterJitterElement<T>{.rng = rng,
+                                             .token_offset = ctx.token_offset,
+                                             .x = x,
+                                             .jitter = jitter_.data(),
+                                             .xj = xj_.data(),
+                                             .M = M,
+                                             .eps = opt_.jitter_eps});
     xr = xj_.data();
   } else {
     copy_from(xj_.data(), x, size_t(N) * M);  // backward needs the router input for dwg
@@ -62,7 +68,7 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
   probs_.resize(size_t(N) * E);
   lse_.resize(N);
   matmul_fp32(false, false, N, E, M, xr, wg.w, logits_.data());
-  for_each_index(N, RouterSoftmaxRow<T>{logits_.data(), probs_.data(), lse_.data(), E});
+  for_each_index(N, RouterSoftmaxRow<T>{.logits = logits_.data(), .probs = probs_.data(), .lse = lse_.data(), .E = E});
   if (opt_.expert_choice()) {
     route_expert_choice(N, S, G, C);
     return;
@@ -81,9 +87,19 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
     const bool random_second = top2 && opt_.second_expert == SecondExpertPolicy::Random && ctx.training;
     const bool threshold_second = top2 && opt_.second_expert == SecondExpertPolicy::Threshold;
     const Rng rng{ctx.seed, ctx.step, opt_.layer_id, RngPurpose::SecondExpert};
-    for_each_index(N, RouterTopChoicesRow<T>{rng, ctx.token_offset, probs_.data(), top_.data(), norm_.data(),
-                                             want_.data(), E, k, opt_.renormalised(), random_second,
-                                             threshold_second, opt_.second_expert_threshold, bias()});
+    for_each_index(N, RouterTopChoicesRow<T>{.rng = rng,
+                                             .token_offset = ctx.token_offset,
+                                             .probs = probs_.data(),
+                                             .top = top_.data(),
+                                             .norm = norm_.data(),
+                                             .want = want_.data(),
+                                             .E = E,
+                                             .k = k,
+                                             .renorm = opt_.renormalised(),
+                                             .random_second = random_second,
+                                             .threshold_second = threshold_second,
+                                             .threshold = opt_.second_expert_threshold,
+                                             .bias = bias()});
   }
 
   // Slot assignment per group (GShard "local group dispatching"): first choices fill capacity in token
@@ -105,43 +121,74 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
   // their next-highest expert" stages until nothing moves, with full experts skipped at once. It only
   // adds placements: it never drops more than plain routing.
   //
-  // Each group is sequential in its tokens: one body per group (RouterAssignGroup).
+  // Each group is sequential in its tokens: one body per group (RouterAssignGroup). The loss terms
+  // are apart, with the totals (sum_totals).
   r_.N = N, r_.k = k, r_.S = S, r_.G = G, r_.C = C, r_.E = E;
   r_.expert.resize(size_t(N) * k);
   r_.slot.resize(size_t(N) * k);
   r_.gate.resize(size_t(N) * k);
-  frac_.resize(size_t(G) * E);
   count_.resize(size_t(G) * E);
   position_.resize(size_t(G) * E);
   dropped_.resize(size_t(N) * k);
-  aux_term_.resize(size_t(G) * E);
   group_stats_.resize(size_t(G) * 4);
-  for_each_index(G, RouterAssignGroup<T>{probs_.data(), top_.data(), norm_.data(), want_.data(), r_.expert.data(),
-                                         r_.slot.data(), r_.gate.data(), count_.data(), position_.data(), dropped_.data(),
-                                         frac_.data(), aux_term_.data(), group_stats_.data(), S, k, E, C,
-                                         opt_.no_token_left_behind, opt_.declined_takes_slot, bias()});
+  for_each_index(G, RouterAssignGroup<T>{.probs = probs_.data(),
+                                         .top = top_.data(),
+                                         .norm = norm_.data(),
+                                         .want = want_.data(),
+                                         .expert = r_.expert.data(),
+                                         .slot = r_.slot.data(),
+                                         .gate = r_.gate.data(),
+                                         .count = count_.data(),
+                                         .position = position_.data(),
+                                         .dropped = dropped_.data(),
+                                         .stats = group_stats_.data(),
+                                         .S = S,
+                                         .k = k,
+                                         .E = E,
+                                         .C = C,
+                                         .ntlb = opt_.no_token_left_behind,
+                                         .declined_takes_slot = opt_.declined_takes_slot,
+                                         .bias = bias()});
 
-  sum_totals(group_stats_.data(), aux_term_.data());
+  frac_.resize(size_t(G) * E);
+  balance_term_.resize(size_t(G) * E);
+  sum_totals(group_stats_.data(), top_.data());
 }
 
-// The routing's totals over tokens and groups, on the device into totals_ (RouterGroupTerms, then
-// RouterTotals; read by read_totals). group_stats and aux_term nullptr: expert choice.
+// The routing's loss terms and totals over tokens and groups, on the device into totals_
+// (RouterGroupTerms, then RouterTotals; read by read_totals). group_stats and top nullptr: expert
+// choice (no load-balancing loss).
 template <typename T>
-void Router<T>::sum_totals(const int64_t* group_stats, const double* aux_term) {
-  const RouterTotalsLayout at{opt_.num_experts, Routing<T>::kPlacedBins};
+void Router<T>::sum_totals(const int64_t* group_stats, const int* top) {
+  const RouterTotalsLayout at{.E = opt_.num_experts, .bins = Routing<T>::kPlacedBins};
   group_terms_.resize(size_t(r_.G) * size_t(at.size()));
   totals_.resize(size_t(at.size()));
   for_each_index(r_.G,
-                 RouterGroupTerms<T>{probs_.data(), logits_.data(), lse_.data(), r_.expert.data(), group_terms_.data(), at,
-                                     r_.S, r_.k},
+                 RouterGroupTerms<T>{.probs = probs_.data(),
+                                     .logits = logits_.data(),
+                                     .lse = lse_.data(),
+                                     .top = top,
+                                     .expert = r_.expert.data(),
+                                     .frac = top ? frac_.data() : nullptr,
+                                     .balance_term = top ? balance_term_.data() : nullptr,
+                                     .terms = group_terms_.data(),
+                                     .at = at,
+                                     .S = r_.S,
+                                     .k = r_.k},
                  int64_t(r_.S) * at.E);
-  for_each_index(1, RouterTotals{count_.data(), group_stats, aux_term, group_terms_.data(), totals_.data(), at, r_.G});
+  for_each_index(1, RouterTotals{.count = count_.data(),
+                                 .group_stats = group_stats,
+                                 .balance_term = top ? balance_term_.data() : nullptr,
+                                 .terms = group_terms_.data(),
+                                 .out = totals_.data(),
+                                 .at = at,
+                                 .G = r_.G});
 }
 
 template <typename T>
 void Router<T>::read_totals() {
   const int E = opt_.num_experts;
-  const RouterTotalsLayout at{E, Routing<T>::kPlacedBins};
+  const RouterTotalsLayout at{.E = E, .bins = Routing<T>::kPlacedBins};
   std::vector<double> totals(totals_.size());
   download(totals_, 0, totals.size(), totals.data());  // a transfer point: the host reads the routing's totals
   const auto count = [&](int i) { return int64_t(totals[size_t(i)]); };
@@ -153,7 +200,7 @@ void Router<T>::read_totals() {
   r_.rerouted = count(at.stat(3));
   r_.experts_per_token.resize(size_t(at.bins));
   for (int b = 0; b < at.bins; ++b) r_.experts_per_token[size_t(b)] = count(at.placed(b));
-  aux_sum = totals[size_t(at.aux())] * aux_form_scale();
+  aux_sum = totals[size_t(at.aux())] * balance_loss_form_scale(opt_.aux_loss_form, E);
   z_sum = totals[size_t(at.z())];
   entropy_sum = totals[size_t(at.entropy())];
 }
@@ -172,9 +219,15 @@ void Router<T>::route_expert_choice(int N, int S, int G, int C) {
   r_.slot.resize(size_t(N) * E);
   r_.gate.resize(size_t(N) * E);
   count_.resize(size_t(G) * E);
-  for_each_index(int64_t(G) * E, RouterExpertChoiceColumn<T>{probs_.data(), r_.expert.data(), r_.slot.data(),
-                                                             r_.gate.data(), count_.data(), S, E, C});
-  // What the backward reads of the top-k path: Z = 1 and f = 0 (no aux term).
+  for_each_index(int64_t(G) * E, RouterExpertChoiceColumn<T>{.probs = probs_.data(),
+                                                             .expert = r_.expert.data(),
+                                                             .slot = r_.slot.data(),
+                                                             .gate = r_.gate.data(),
+                                                             .count = count_.data(),
+                                                             .S = S,
+                                                             .E = E,
+                                                             .C = C});
+  // What the backward reads of the top-k path: Z = 1 and f = 0 (no load-balancing loss).
   fill_buffer(norm_, size_t(N), 1.0);
   fill_buffer(frac_, size_t(G) * E, 0.0);
   top_.resize(0);
@@ -190,9 +243,21 @@ void Router<T>::backward(const StepContext& ctx, const T* dgate, T* dx, int N, d
   // memory held between steps grow with E (GShard section 5.1 wants it flat as experts grow with ranks).
   Buffer<T> dlogits(size_t(N) * E);
   Buffer<double> dprobs(size_t(N) * E);
-  for_each_index(N, RouterBackwardRow<T>{probs_.data(), norm_.data(), lse_.data(), frac_.data(), r_.expert.data(),
-                                         top_.data(), dgate, dprobs.data(), dlogits.data(), E, k, S, renorm,
-                                         aux_weight * aux_form_scale(), z_weight});
+  for_each_index(N, RouterBackwardRow<T>{.probs = probs_.data(),
+                                         .norm = norm_.data(),
+                                         .lse = lse_.data(),
+                                         .frac = frac_.data(),
+                                         .expert = r_.expert.data(),
+                                         .top = top_.data(),
+                                         .dgate = dgate,
+                                         .dprobs = dprobs.data(),
+                                         .dlogits = dlogits.data(),
+                                         .E = E,
+                                         .k = k,
+                                         .S = S,
+                                         .renorm = renorm,
+                                         .balance_weight = aux_weight * balance_loss_form_scale(opt_.aux_loss_form, E),
+                                         .z_weight = z_weight});
   // logits = xr wg: dwg += xr^T dlogits, dxr = dlogits wg^T, dx += dxr * jitter
   matmul_fp32(true, false, M, E, N, xj_.data(), dlogits.data(), wg.g, true);
   if (!jittered_) {

@@ -54,8 +54,9 @@ class Router {
   void declare(ParamStore<T>& store, const std::string& prefix);
 
   // x [N, M] -> routing(), aux_sum (sum over local groups of the load-balancing loss of
-  // moe.aux_loss_form: Switch eq. 4 without alpha, or GShard Algorithm 1 line 13),
-  // z_sum (sum over tokens of logsumexp(logits)^2: each group's in token order, then over the groups).
+  // moe.aux_loss_form: Switch eq. 4 without alpha, or GShard Algorithm 1 line 13; router_equations.hpp),
+  // z_sum (sum over tokens of the z-loss terms logsumexp(logits)^2: each group's in token order,
+  // then over the groups).
   // N must be a multiple of group_size.
   // forward = route (device work only: the triples and the totals) + read_totals (a wait, then the
   // host's copy of the totals: routing()'s load and counts, aux_sum, z_sum, entropy_sum). The MoE
@@ -65,7 +66,7 @@ class Router {
   void read_totals();
   // dgate [N*k] (d loss / d gate of each choice; ignored where not dispatched) -> dx [N, M] (added),
   // wg.g (added). The aux and z terms enter with weights aux_weight and z_weight (the trainer's
-  // coef / total groups and coef / total tokens).
+  // balance_loss_weight and z_loss_weight, router_equations.hpp).
   void backward(const StepContext& ctx, const T* dgate, T* dx, int N, double aux_weight, double z_weight);
 
   // What backward reads of the last forward (activation_stash.hpp).
@@ -98,12 +99,8 @@ class Router {
  private:
   MoeOptions opt_;
   void route_expert_choice(int N, int S, int G, int C);  // forward's routing for moe.router = expert_choice
-  void sum_totals(const int64_t* group_stats, const double* aux_term);  // into totals_ (device work)
+  void sum_totals(const int64_t* group_stats, const int* top);  // into totals_ (device work)
   const float* bias() const { return selection_bias.empty() ? nullptr : selection_bias.data(); }
-  // The bodies compute the Switch form E * sum_e f_e P_e; GShard's mean_e f_e P_e is 1/E^2 of it.
-  double aux_form_scale() const {
-    return opt_.aux_loss_form == AuxLossForm::Gshard ? 1.0 / (double(opt_.num_experts) * opt_.num_experts) : 1.0;
-  }
   bool jittered_ = false;
   Buffer<T> jitter_;      // [N, M] multipliers in [1-eps, 1+eps) (training with jitter only)
   Buffer<T> xj_;          // [N, M] jittered router input
@@ -112,15 +109,15 @@ class Router {
   Buffer<double> lse_;    // [N] logsumexp of the logits
   Buffer<int> top_;       // [N*k] the token's k best experts, best first (before capacity)
   Buffer<double> norm_;   // [N] gate normaliser Z (sum of the top-k probabilities; 1 for top1)
-  Buffer<double> frac_;   // [G, E] Switch eq. 5: fraction of the group's tokens with top-1 = e
+  Buffer<double> frac_;   // [G, E] Switch eq. 5: fraction of the group's tokens with top-1 = e (switch_balance_terms)
   Routing<T> r_;
   // Scratch, not saved state (members so that a step does not allocate them). Forward: want [N*k]
-  // (choice wants dispatch), and per group count [G, E], position [G, E], dropped [N*k], aux_term
-  // [G, E], stats [G, 4] (RouterAssignGroup), the totals and their per-group terms (sum_totals).
-  // Backward: dxr [N, M] (jitter only).
+  // (choice wants dispatch), and per group count [G, E], position [G, E], dropped [N*k], stats
+  // [G, 4] (RouterAssignGroup), the Switch load-balancing terms balance_term [G, E], the totals and
+  // their per-group terms (sum_totals). Backward: dxr [N, M] (jitter only).
   Buffer<uint8_t> want_, dropped_;
   Buffer<int> count_, position_;
-  Buffer<double> aux_term_;
+  Buffer<double> balance_term_;
   Buffer<int64_t> group_stats_;
   Buffer<double> group_terms_, totals_;  // [G, RouterTotalsLayout] and [RouterTotalsLayout]
   Buffer<T> dxr_;

@@ -5,6 +5,7 @@
 
 #include "core/hd.hpp"
 #include "core/philox.hpp"
+#include "model/moe/router_equations.hpp"
 
 namespace meshmoe {
 
@@ -118,25 +119,29 @@ struct RouterTotalsLayout {
   MESHMOE_HD int size() const { return E + 7 + bins; }
 };
 
-// Group g: over its tokens, the z-loss terms logsumexp^2 (ST-MoE), the router softmax's entropies
-// lse - sum_e p * logit (nats, for the log), and the tokens by how many of their choices have an
-// expert (dispatched or held elsewhere; the last bin counts that many or more), into
-// terms [g, at.size()] at z(), entropy() and placed(bin).
+// Group g: the group's loss terms and what the log shows of it, from its routing. The Switch
+// load-balancing terms (switch_balance_terms) into frac [g, E] and balance_term [g, E] when top is
+// given (not under expert choice, which has no balancing loss); over its tokens, the z-loss terms
+// (z_loss_term), the router softmax's entropies lse - sum_e p * logit (nats, for the log), and the
+// tokens by how many of their choices have an expert (dispatched or held elsewhere; the last bin
+// counts that many or more), into terms [g, at.size()] at z(), entropy() and placed(bin).
 template <typename T>
 struct RouterGroupTerms {
   const T *probs, *logits;
   const double* lse;
-  const int* expert;
-  double* terms;
+  const int *top, *expert;  // top [N, k] the tokens' best experts (null: expert choice)
+  double *frac, *balance_term, *terms;
   RouterTotalsLayout at;
   int S, k;
   MESHMOE_HD void operator()(int64_t g) const {
     const int E = at.E;
+    if (top)
+      switch_balance_terms(probs + g * S * E, top + g * S * k, k, S, E, frac + g * E, balance_term + g * E);
     double* t = terms + g * at.size();
     double z = 0, entropy = 0;
     for (int b = 0; b < at.bins; ++b) t[at.placed(b)] = 0;
     for (int64_t n = g * S; n < (g + 1) * S; ++n) {
-      z += lse[n] * lse[n];
+      z += z_loss_term(lse[n]);
       double p_logit = 0;
       for (int e = 0; e < E; ++e) p_logit += double(probs[n * E + e]) * double(logits[n * E + e]);
       entropy += lse[n] - p_logit;
@@ -151,11 +156,11 @@ struct RouterGroupTerms {
 
 // One body (index 0): out = the sums over the G groups, in group order, of each expert's load
 // (count [G, E]), the groups' stats [G, 4] (nullptr: expert choice, whose wanted is the load's sum
-// and the rest 0), the aux terms [G, E] (nullptr: 0) and the group terms (RouterGroupTerms).
+// and the rest 0), the balance terms [G, E] (nullptr: 0) and the group terms (RouterGroupTerms).
 struct RouterTotals {
   const int* count;
   const int64_t* group_stats;
-  const double *aux_term, *terms;
+  const double *balance_term, *terms;
   double* out;
   RouterTotalsLayout at;
   int G;
@@ -166,8 +171,8 @@ struct RouterTotals {
       for (int e = 0; e < E; ++e) out[at.load() + e] += double(count[g * E + e]);
       if (group_stats)
         for (int i = 0; i < 4; ++i) out[at.stat(i)] += double(group_stats[g * 4 + i]);
-      if (aux_term)
-        for (int e = 0; e < E; ++e) out[at.aux()] += aux_term[g * E + e];
+      if (balance_term)
+        for (int e = 0; e < E; ++e) out[at.aux()] += balance_term[g * E + e];
       const double* t = terms + int64_t(g) * at.size();
       out[at.z()] += t[at.z()];
       out[at.entropy()] += t[at.entropy()];
@@ -179,12 +184,11 @@ struct RouterTotals {
 };
 
 // Group g (tokens g*S .. g*S+S-1): slot assignment in token order, first choices before second
-// choices, ... (router.cpp explains the rule), then No-Token-Left-Behind when ntlb, then the group's
-// Switch eq. 5 fractions and aux terms. Writes the group's (expert, slot, gate) triples, its expert
-// counts count [g, E] (the filled slots: its load), the position counters position [g, E] (the next
-// free slot: count plus the slots left empty by declined choices when declined_takes_slot), frac
-// [g, E], aux_term [g, E] = E f_e P_e, the flags dropped [g, S, k] and stats [g, 4] = (wanted,
-// declined, dropped, rerouted).
+// choices, ... (router.cpp explains the rule), then No-Token-Left-Behind when ntlb. Writes the
+// group's (expert, slot, gate) triples, its expert counts count [g, E] (the filled slots: its load),
+// the position counters position [g, E] (the next free slot: count plus the slots left empty by
+// declined choices when declined_takes_slot), the flags dropped [g, S, k] and stats [g, 4] =
+// (wanted, declined, dropped, rerouted).
 template <typename T>
 struct RouterAssignGroup {
   const T* probs;
@@ -195,7 +199,6 @@ struct RouterAssignGroup {
   T* gate;
   int *count, *position;
   uint8_t* dropped;
-  double *frac, *aux_term;
   int64_t* stats;
   int S, k, E, C;
   bool ntlb, declined_takes_slot;
@@ -261,17 +264,6 @@ struct RouterAssignGroup {
           st[3] += 1;
         }
     for (int64_t j = 0; j < int64_t(S) * k; ++j) st[2] += drop[j];
-
-    // Switch eq. 4-6: f_e = fraction of the group's tokens whose top-1 expert is e (before
-    // capacity), P_e = mean router probability of e; aux_g = sum_e E f_e P_e.
-    double* f = frac + g * E;
-    for (int e = 0; e < E; ++e) f[e] = 0.0;
-    for (int s = 0; s < S; ++s) f[top[int64_t(n0 + s) * k]] += 1.0 / S;
-    for (int e = 0; e < E; ++e) {
-      double P = 0;
-      for (int s = 0; s < S; ++s) P += double(probs[int64_t(n0 + s) * E + e]);
-      aux_term[g * E + e] = E * f[e] * (P / S);
-    }
   }
 };
 
@@ -322,8 +314,9 @@ struct RouterExpertChoiceColumn {
   }
 };
 
-// Token n: d loss / d logits [E] from dgate (through gate = p_e / Z), the aux term (f constant) and
-// the z term d(lse^2)/dlogit_e = 2 lse p_e; dprobs [n, E] is its scratch row.
+// Token n: d loss / d logits [E] from dgate (through gate = p_e / Z), the load-balancing loss
+// (switch_balance_dprob, balance_weight holding the form's scale) and the z-loss (z_loss_dlogit);
+// dprobs [n, E] is its scratch row.
 template <typename T>
 struct RouterBackwardRow {
   const T* probs;
@@ -334,7 +327,7 @@ struct RouterBackwardRow {
   T* dlogits;
   int E, k, S;
   bool renorm;
-  double aux_weight, z_weight;
+  double balance_weight, z_weight;
   MESHMOE_HD void operator()(int64_t n) const {
     const T* p = probs + n * E;
     const double Z = norm[n];
@@ -349,13 +342,13 @@ struct RouterBackwardRow {
       if (renorm)
         for (int j = 0; j < k; ++j) dp[top[n * k + j]] -= d * double(p[e]) / (Z * Z);
     }
-    if (aux_weight != 0)
-      for (int e = 0; e < E; ++e) dp[e] += aux_weight * E * frac[(n / S) * E + e] / S;
+    if (balance_weight != 0)
+      for (int e = 0; e < E; ++e) dp[e] += switch_balance_dprob(balance_weight, E, frac[(n / S) * E + e], S);
     double dot = 0;
     for (int e = 0; e < E; ++e) dot += dp[e] * double(p[e]);
     for (int e = 0; e < E; ++e) {
       double dl = double(p[e]) * (dp[e] - dot);
-      if (z_weight != 0) dl += z_weight * 2.0 * lse[n] * double(p[e]);
+      if (z_weight != 0) dl += z_loss_dlogit(z_weight, lse[n], double(p[e]));
       dlogits[n * E + e] = T(dl);
     }
   }
