@@ -11,6 +11,8 @@
 
 #include "data/batcher.hpp"
 #include "deck/options.hpp"
+#include "tensor/blas.hpp"
+#include "tensor/deferred_device.hpp"
 #include "tensor/launch.hpp"
 
 namespace meshmoe {
@@ -56,13 +58,25 @@ struct HostLoopsReversed {
   HostLoopsReversed& operator=(const HostLoopsReversed&) = delete;
 };
 
-// RAII: the deferred host device while it lives (tensor/device.hpp: launches and GEMMs wait for
+// RAII: the deferred host device while it lives (tensor/deferred_device.hpp: launches and GEMMs wait for
 // device_synchronize, and a host access to a Buffer without it stops the test with SIGSEGV).
 struct DeferredHostDevice {
   explicit DeferredHostDevice(DeviceAccess access = DeviceAccess::AfterWait) { set_deferred_host_device(true, access); }
   ~DeferredHostDevice() { set_deferred_host_device(false); }
   DeferredHostDevice(const DeferredHostDevice&) = delete;
   DeferredHostDevice& operator=(const DeferredHostDevice&) = delete;
+};
+
+// RAII: the GEMM precision (tensor/blas.hpp) while it lives, the previous one after.
+class GemmPrecisionScope {
+ public:
+  explicit GemmPrecisionScope(Precision p) : saved_(gemm_precision()) { set_gemm_precision(p); }
+  ~GemmPrecisionScope() { set_gemm_precision(saved_); }
+  GemmPrecisionScope(const GemmPrecisionScope&) = delete;
+  GemmPrecisionScope& operator=(const GemmPrecisionScope&) = delete;
+
+ private:
+  Precision saved_;
 };
 
 // RAII: host Buffers come from `arena` while it lives (tensor/device.hpp).

@@ -540,19 +540,6 @@ Dataset Location::write_strings(const std::string& name, const std::vector<std::
   return d;
 }
 
-std::string Location::read_string(const std::string& name) const {
-  Dataset d = dataset(name);
-  auto v = d.read_strings();
-  if (v.size() != 1) throw Error(where("dataset '" + name + "' is not a scalar string"));
-  return v[0];
-}
-
 std::vector<std::string> Location::read_strings(const std::string& name) const { return dataset(name).read_strings(); }
-
-std::pair<int64_t, int64_t> even_split(int64_t n, int parts, int p) {
-  int64_t base = n / parts, extra = n % parts;
-  int64_t offset = p * base + std::min<int64_t>(p, extra);
-  return {offset, base + (p < extra ? 1 : 0)};
-}
 
 }  // namespace meshmoe::h5

@@ -251,22 +251,7 @@ class Location : public Object {
   std::vector<T> read(const std::string& name) const {
     return dataset(name).template read<T>();
   }
-  std::string read_string(const std::string& name) const;  // scalar string dataset
   std::vector<std::string> read_strings(const std::string& name) const;
-
-  // Sharded write of a logical array of shape `global_shape`: creates the dataset (collective)
-  // and writes this rank's block [offset, offset+count) in one collective H5Dwrite. On a serial
-  // file it is a plain block write. With opt.fletcher32 the dataset is chunked (opt.chunk or a
-  // default) and filtered; parallel HDF5 >= 1.10.2 supports this with collective I/O.
-  template <typename T>
-  Dataset write_sharded(const std::string& name, const Dims& global_shape, const Dims& offset,
-                        const Dims& count, const T* data, const CreateOptions& opt = {});
-  // Reads the block [offset, offset+count) (collective on a parallel file); the decomposition
-  // may differ from the one written.
-  template <typename T>
-  void read_sharded(const std::string& name, const Dims& offset, const Dims& count, T* data) const {
-    dataset(name).read_block(offset, count, data);
-  }
 
  protected:
   std::string child_path(const std::string& name) const;
@@ -299,10 +284,6 @@ class File : public Location {
 // How HDF5 actually did the last block read/write of this thread on a parallel file
 // (H5D_MPIO_NO_COLLECTIVE after a serial one): lets tests prove the I/O stayed collective.
 H5D_mpio_actual_io_mode_t last_io_mode();
-
-// Block decomposition helper for tests and callers: splits n rows over `parts` as evenly as
-// possible (first n % parts parts get one extra); returns {offset, count} of part `p`.
-std::pair<int64_t, int64_t> even_split(int64_t n, int parts, int p);
 
 // ---------------------------------------------------------------------------------------------
 // Template implementations (thin wrappers over the raw calls in h5.cpp).
@@ -434,13 +415,6 @@ Dataset Location::write(const std::string& name, const std::vector<T>& data, con
                       " elements do not fill its shape"));
   Dataset d = create_dataset<T>(name, shape, opt);
   d.write(data.data());
-  return d;
-}
-template <typename T>
-Dataset Location::write_sharded(const std::string& name, const Dims& global_shape, const Dims& offset,
-                                const Dims& count, const T* data, const CreateOptions& opt) {
-  Dataset d = create_dataset<T>(name, global_shape, opt);
-  d.write_block(offset, count, data);
   return d;
 }
 

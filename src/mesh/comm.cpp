@@ -27,15 +27,6 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::Sum: return "sum";
-    case Op::Max: return "max";
-    case Op::Min: return "min";
-  }
-  return "?";
-}
-
 std::string Comm::broadcast_string(std::string s, int root) {
   if (device_memory()) throw Error(name() + ": broadcast_string needs host memory");
   return broadcast_sized(std::move(s), [&](void* p, size_t n) { broadcast_raw(p, n, DType::U8, root); });

@@ -29,7 +29,6 @@ enum class DType { F32, F64, I32, I64, U64, U8 };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
-const char* op_name(Op op);
 
 template <class T>
 constexpr DType dtype_of() {
@@ -160,10 +159,6 @@ class Comm {
     all_gather_raw(send, n, recv, dtype_of<T>());
   }
   template <class T>
-  void reduce_scatter(const T* send, T* recv, size_t n_per_rank, Op op = Op::Sum) {
-    reduce_scatter_raw(send, recv, n_per_rank, dtype_of<T>(), op);
-  }
-  template <class T>
   void reduce_scatterv_in_place(T* buf, std::span<const size_t> counts, Op op = Op::Sum) {
     check_counts(counts, "reduce_scatterv counts");
     reduce_scatterv_in_place_raw(buf, counts.data(), dtype_of<T>(), op);
@@ -215,10 +210,6 @@ class Comm {
   template <class T>
   void permute(const T* send, T* recv, size_t n, int dest, int source) {
     permute_raw(send, n, dest, recv, n, source, dtype_of<T>());
-  }
-  template <class T>
-  void send_recv(const T* send, size_t n_send, int dest, T* recv, size_t n_recv, int source) {
-    permute_raw(send, n_send, dest, recv, n_recv, source, dtype_of<T>());
   }
   template <class T>
   void send(const T* buf, size_t n, int dest, int tag = 0) {

@@ -86,14 +86,6 @@ std::string MeshShape::str() const {
          " = " + std::to_string(size()) + " ranks";
 }
 
-std::vector<MeshShape> MeshShape::all_for(int world_size) {
-  std::vector<MeshShape> out;
-  for (int p = 1; p <= world_size; ++p)
-    for (int d = 1; d <= world_size; ++d)
-      if (world_size % (p * d) == 0) out.push_back({p, d, world_size / (p * d)});
-  return out;
-}
-
 Mesh::Mesh(MPI_Comm world, int pipe, int data, int tensor) : shape_{pipe, data, tensor} {
   int world_size = 0;
   MPI_Comm_size(world, &world_size);

@@ -40,8 +40,6 @@ struct MeshShape {
   std::vector<std::vector<int>> expert_groups(int P) const;
   std::vector<std::vector<int>> replica_groups(int P) const;
   std::string str() const;  // "pipe=1 x data=2 x tensor=2 = 4 ranks"
-  // Every shape with pipe * data * tensor == world_size (for tests that sweep meshes).
-  static std::vector<MeshShape> all_for(int world_size);
   bool operator==(const MeshShape&) const = default;
 };
 

@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "mesh/agree.hpp"
 #include "tensor/blas.hpp"
+#include "tensor/deferred_device.hpp"
 #include "tensor/device.hpp"
 
 namespace meshmoe {
@@ -42,7 +43,7 @@ std::string select_device(Device device, Precision precision, MPI_Comm world) {
   if (device != Device::Cuda) {
     set_device(Device::Cpu);
     // Tests only (tests/scripts/deferred_device.sh): the host path run as the GPU path runs, its work
-    // queued until each transfer point (tensor/device.hpp).
+    // queued until each transfer point (tensor/deferred_device.hpp).
     // "copies": the host reaches the Buffers only through copy_to_host / copy_from_host (device
     // memory's rule, the GPU's); "list": as "copies", printing each other access; "1": any access
     // after a wait (a weaker rule, the queue's order alone).

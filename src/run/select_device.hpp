@@ -8,8 +8,10 @@
 
 namespace meshmoe {
 
-// Puts this process on run.device (cpu or cuda). With "cuda" each rank binds to a GPU of its
-// node (node-local rank modulo the GPUs it sees) before the model allocates anything. Collective
+// Puts this process on run.device: the device backend (tensor/device_backend.hpp) chosen once,
+// before the model allocates anything: the host's, the GPU's, or with MESHMOE_TEST_DEFERRED_DEVICE
+// (tests only) the deferred host device. With "cuda" each rank binds to a GPU of its node
+// (node-local rank modulo the GPUs it sees). Collective
 // over `world`: when any rank cannot, every rank throws InputError with the first failing rank's
 // reason and host, so no rank is left waiting in a later collective. Sets the precision of the
 // model's GEMMs (model.precision, tensor/blas.hpp) too. Returns a line for the log.

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <vector>
 
-#include "core/error.hpp"
 #include "tensor/bf16.hpp"
 #include "tensor/cuda_gemm_bf16.hpp"
 
@@ -57,39 +56,19 @@ void gemm_bf16_operands(bool trans_a, bool trans_b, int M, int N, int K, float a
                         const uint16_t* B16) {
   if (current_device() == Device::Cuda)
     return cuda_gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, A16, B16);
-  if (deferred_host_device())
-    return defer_host_work(
-        [=] { gemm_bf16_operands_on_host(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, A16, B16); });
-  gemm_bf16_operands_on_host(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, A16, B16);
+  run_host_work(
+      [=] { gemm_bf16_operands_on_host(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, A16, B16); });
 }
 
 Bf16OperandCounts bf16_operand_counts() {
   return {g_operands_rounded.load(std::memory_order_relaxed), g_operands_from_copies.load(std::memory_order_relaxed)};
 }
 
-// bits [n] = bf16_bits(x [n]): a kernel on the GPU, host threads (queued on the deferred host device)
-// otherwise.
+// bits [n] = bf16_bits(x [n]): a kernel on the GPU, host threads (queued where the backend queues
+// host work) otherwise.
 void round_to_bf16(const float* x, int64_t n, uint16_t* bits) {
   if (current_device() == Device::Cuda) return cuda_round_to_bf16(x, n, bits);
   run_host_indices(n, n, [x, bits](int64_t i) { bits[i] = bf16_bits(x[i]); });
 }
-
-#ifndef MESHMOE_CUDA
-void cuda_gemm_bf16(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int,
-                    const uint16_t*, const uint16_t*) {
-  throw Error("cuda_gemm_bf16: built without CUDA");
-}
-void cuda_round_to_bf16(const float*, int64_t, uint16_t*) { throw Error("cuda_round_to_bf16: built without CUDA"); }
-void cuda_gemm_bf16_strided_batched(bool, bool, int, int, int, float, const float*, int, int64_t, const float*, int,
-                                    int64_t, float, float*, int, int64_t, int) {
-  throw Error("cuda_gemm_bf16_strided_batched: built without CUDA");
-}
-bool cuda_gemm_bf16_two_level_batched(bool, bool, int, int, int, float, const float*, int, int64_t, int64_t,
-                                      const float*, int, int64_t, int64_t, float, float*, int, int64_t, int64_t, int,
-                                      int, const uint16_t*, const uint16_t*) {
-  throw Error("cuda_gemm_bf16_two_level_batched: built without CUDA");
-}
-void cuda_profile_restart() {}
-#endif
 
 }  // namespace meshmoe

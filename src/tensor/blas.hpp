@@ -24,18 +24,6 @@ namespace meshmoe {
 Precision gemm_precision();
 void set_gemm_precision(Precision p);
 
-// Sets the GEMM precision for a scope (tests), restoring the previous one after.
-class GemmPrecisionScope {
- public:
-  explicit GemmPrecisionScope(Precision p) : saved_(gemm_precision()) { set_gemm_precision(p); }
-  ~GemmPrecisionScope() { set_gemm_precision(saved_); }
-  GemmPrecisionScope(const GemmPrecisionScope&) = delete;
-  GemmPrecisionScope& operator=(const GemmPrecisionScope&) = delete;
-
- private:
-  Precision saved_;
-};
-
 // C = alpha op(bf16(A)) op(bf16(B)) + beta C with fp32 sums and result: on the host, copies of the
 // operands rounded by round_bf16 (tensor/bf16.hpp) into per-thread scratch, then sgemm; on the GPU
 // cuBLAS with bf16 operands (tensor/cuda_gemm_bf16.hpp). A16 / B16 (optional, host): the operand's
@@ -51,8 +39,7 @@ inline void gemm_fp32(bool trans_a, bool trans_b, int M, int N, int K, float alp
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
                 lda, B, ldb, beta, C, ldc);
   };
-  if (deferred_host_device()) return defer_host_work(run);
-  run();
+  run_host_work(run);
 }
 inline void gemm_fp32(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
                       const double* B, int ldb, double beta, double* C, int ldc) {
@@ -61,8 +48,7 @@ inline void gemm_fp32(bool trans_a, bool trans_b, int M, int N, int K, double al
     cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
                 lda, B, ldb, beta, C, ldc);
   };
-  if (deferred_host_device()) return defer_host_work(run);
-  run();
+  run_host_work(run);
 }
 
 // A16 / B16 (optional): as gemm_bf16_operands', read only by the bf16 GEMMs.

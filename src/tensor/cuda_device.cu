@@ -1,5 +1,6 @@
-// The CUDA side of tensor/device.hpp: device memory, GPU binding, cuBLAS GEMM; everything on the
-// rank's stream (cuda_stream()), returning without waiting (device_synchronize waits).
+// The CUDA side of tensor/device.hpp: the GPU's device backend (device memory, its copies and
+// waits), GPU binding, cuBLAS GEMM; everything on the rank's stream (cuda_stream()), returning
+// without waiting (device_synchronize waits).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -86,7 +87,9 @@ std::string cuda_device_name() {
   return std::string(p.name) + " (GPU " + std::to_string(g_gpu) + ")";
 }
 
-// device_synchronize (tensor/device.cpp) waits here once device work is queued.
+namespace {
+// The GPU's device backend (tensor/device_backend.hpp): device.cpp calls before_device_work before
+// the queued entries and device_synchronize before copy_to_host.
 void cuda_wait() {
   if (g_gpu < 0) return;
   cuda_check(cudaDeviceSynchronize(), "device work (kernels, GEMMs, copies)");
@@ -126,6 +129,27 @@ void* cuda_device_alloc(size_t bytes) {
   return p;
 }
 void cuda_device_free(void* p) noexcept { cudaFree(p); }
+Arena* cuda_arena() {
+  static Arena* arena = make_device_arena({cuda_device_alloc, cuda_device_free}, size_t(256) << 20);
+  return arena;
+}
+
+const DeviceBackend kCudaBackend = {
+    .name = "cuda",
+    .device = Device::Cuda,
+    .buffers_on_device = true,
+    .queue_host_work = nullptr,
+    .arena = cuda_arena,
+    .work_queued = nullptr,
+    .zero = cuda_zero_async,
+    .copy = cuda_copy_async,
+    .copy_from_host = cuda_copy_from_host,
+    .copy_to_host = cuda_copy_to_host,
+    .wait = cuda_wait,
+};
+}  // namespace
+
+const DeviceBackend* cuda_backend() { return &kCudaBackend; }
 
 // Row-major C[M,N] = alpha op(A) op(B) + beta C is column-major C^T = alpha op(B)^T op(A)^T + beta C^T:
 // hand cuBLAS B first and A second, with the row-major leading dimensions.

@@ -3,16 +3,14 @@
 // optimizer state) is a Buffer in GPU memory (cudaMalloc'd chunks of the rank's arena), which the
 // host reaches only through the transfer copies below; the layers' loops are functors that
 // for_each_index (tensor/launch.hpp) runs as a host loop or as a CUDA kernel, and GEMMs go to
-// OpenBLAS or cuBLAS (tensor/blas.hpp).
+// OpenBLAS or cuBLAS (tensor/blas.hpp). Which of these happens is the device backend's to say
+// (tensor/device_backend.hpp: the host, cuda, or the tests' deferred host device).
 //
 // Transfer points (docs/ARCHITECTURE.md "Device work and transfer points"): CUDA launches and GEMMs
 // are queued on one stream and return at once. Host code reads or writes a device Buffer's
 // elements only by copy_to_host / copy_from_host (upload, download, host_view, HostCopy,
 // HostStaged); a Buffer made on the device is zeroed there (no host value-initialisation). Without
-// a GPU the tests check every such point with the deferred host device (set_deferred_host_device):
-// launches and GEMMs wait in a queue until device_synchronize(), and the device Buffers' memory is
-// inaccessible to the host (DeviceAccess::Copies: but inside the copies), so a host access that is
-// not a copy stops the test with SIGSEGV at that line.
+// a GPU the tests check every such point with the deferred host device (tensor/deferred_device.hpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -21,7 +19,6 @@
 #include <iterator>
 #include <memory>
 #include <new>
-#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -29,13 +26,14 @@
 #include <vector>
 
 #include "tensor/compute_kinds.hpp"
-#include "tensor/arena.hpp"
+#include "tensor/device_backend.hpp"
 
 namespace meshmoe {
 
-// The process's device; set once, before the model allocates anything (Buffers remember how they
-// were allocated, so a Buffer made on one device is still freed correctly after a switch).
-Device current_device();
+// The process's device: where launches and GEMMs run (the backend's).
+inline Device current_device() { return device_backend().device; }
+// The host's backend, or the GPU's (throws Error in a build without CUDA); set once, before the
+// model allocates anything (select_device).
 void set_device(Device d);
 
 bool cuda_compiled();        // built with nvcc (make CUDA=1)
@@ -49,26 +47,19 @@ std::string cuda_device_name();  // of the bound GPU, for the run's start-up lin
 void device_synchronize();
 // Launches, GEMMs and collectives call this just before they queue device work.
 void before_device_work();
-
-// Tests: the deferred host device (see above). While on, with Device::Cpu, for_each_index,
-// for_each_index_2d and the host GEMMs queue their work (defer_host_work), device_synchronize() runs
-// the queue in order, and Buffers come from a host arena whose pages are inaccessible while work is
-// queued (DeviceAccess::AfterWait: managed memory's rule), or always, but inside copy_to_host and
-// copy_from_host (Copies: cudaMalloc's rule; CopiesListed: a host access prints its call stack once
-// per place and goes on, so that one run lists them all). Switching it off runs what is queued.
-enum class DeviceAccess { AfterWait, Copies, CopiesListed };
-void set_deferred_host_device(bool on, DeviceAccess access = DeviceAccess::AfterWait);
-size_t listed_host_accesses();  // CopiesListed: the places printed so far
-inline bool g_deferred_host_device = false;
-inline bool deferred_host_device() { return g_deferred_host_device; }
-void defer_host_work(std::function<void()> work);
-size_t deferred_host_work_queued();  // tests: the queue's length
-size_t device_waits();               // tests: device_synchronize() calls that found work queued
+size_t device_waits();  // tests: device_synchronize() calls that found work queued
 
 // Whether Buffers allocated now are device memory, never touched by the host between transfer
 // points (run.device = "cuda", or the deferred host device).
-inline bool g_buffers_on_device = false;
-inline bool buffers_on_device() { return g_buffers_on_device; }
+inline bool buffers_on_device() { return device_backend().buffers_on_device; }
+
+// Host loops and GEMMs: fn() now, or queued until device_synchronize() where the backend queues
+// host work (the deferred host device).
+template <class Fn>
+void run_host_work(const Fn& fn) {
+  if (const auto queue = device_backend().queue_host_work) return queue(fn);
+  fn();
+}
 
 // A Buffer's value-initialisation on the device: the elements' bytes are zeroed by the device
 // before the next device work (consecutive elements make one range, one memset).
@@ -86,15 +77,14 @@ inline void zero_on_device_later(void* p, size_t bytes) {
   zero_on_device_later_slow(c, bytes);
 }
 
-// Raw storage for Buffer: 64-byte aligned host memory on Device::Cpu; on Cuda a block of the
-// device's arena (tensor/arena.hpp, pooled cudaMalloc chunks). A Buffer is freed where it came from.
+// Raw storage for Buffer: 64-byte aligned host memory on the host; on a device a block of the
+// backend's arena (tensor/arena.hpp; on the GPU pooled cudaMalloc chunks). A Buffer is freed where
+// it came from.
 void* buffer_alloc(size_t bytes);
 void buffer_free(void* p) noexcept;
 // Makes the current device's arena hold `bytes` in one piece (the memory plan's total, before the
 // model allocates); nothing on the host.
 void reserve_buffer_memory(size_t bytes);
-// The current device's arena's figures; none on the host.
-std::optional<Arena::Stats> buffer_arena_stats();
 // Tests: host Buffers come from `arena` (null: the heap again) until the next call.
 void set_host_buffer_arena(Arena* arena);
 
@@ -118,8 +108,7 @@ class HostSection {
   HostSection& operator=(const HostSection&) = delete;
 
  private:
-  Device device_;
-  bool deferred_;
+  const DeviceBackend* saved_;
 };
 
 // A host range for host code (MPI, checkpoints) that reads or writes a range of memory: the range

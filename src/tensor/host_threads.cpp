@@ -16,6 +16,8 @@ namespace meshmoe {
 namespace {
 
 thread_local bool t_in_parts = false;
+bool g_reversed = false;  // host loops backwards (host_loop_reversed)
+int g_saved_blas_threads = 0;
 
 class Pool {
  public:
@@ -116,6 +118,18 @@ int apply_run_threads(int64_t threads) {
   set_host_loop_threads(n);  // the element-wise host loops use the same cores (tensor/launch.hpp)
   return openblas_get_num_threads();
 }
+
+void set_blas_threads_for_tasks(bool tasks_running) {
+  if (tasks_running) {
+    g_saved_blas_threads = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+  } else {
+    openblas_set_num_threads(g_saved_blas_threads);
+  }
+}
+
+bool host_loop_reversed() { return g_reversed; }
+void set_host_loop_reversed(bool reversed) { g_reversed = reversed; }
 
 void run_host_parts(int parts, const std::function<void(int)>& part) {
   if (parts > host_loop_threads()) throw std::logic_error("run_host_parts: more parts than host threads");

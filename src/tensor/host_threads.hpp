@@ -33,4 +33,13 @@ int apply_run_threads(int64_t threads);
 void run_host_parts(int parts, const std::function<void(int)>& part);
 bool in_host_parts();
 
+// OpenBLAS's thread count is global: for_each_task (tensor/launch.hpp) sets it to 1 while its
+// tasks run.
+void set_blas_threads_for_tasks(bool tasks_running);
+
+// The host loops of for_each_index run backwards on one thread (tests: the race check of
+// tensor/launch.hpp).
+bool host_loop_reversed();
+void set_host_loop_reversed(bool reversed);
+
 }  // namespace meshmoe

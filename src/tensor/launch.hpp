@@ -27,9 +27,6 @@
 
 namespace meshmoe {
 
-bool host_loop_reversed();
-void set_host_loop_reversed(bool reversed);
-
 constexpr int64_t kParallelWork = int64_t(1) << 15;
 
 // The threads a host loop of `work` elements gets: 1 when small, reversed, or already inside a
@@ -57,9 +54,6 @@ void host_parallel_for(int64_t n, int threads, const Fn& fn) {
   run_host_parts(parts, [&](int p) { host_block(n * p / parts, n * (p + 1) / parts, fn); });
 }
 
-// OpenBLAS's thread count is global: for_each_task sets it to 1 while its tasks run.
-void set_blas_threads_for_tasks(bool tasks_running);
-
 #ifdef MESHMOE_CUDA
 template <class Body>
 void launch_on_cuda(int64_t rows, int64_t cols, const Body& body);  // tensor/launch_cuda.cuh
@@ -67,17 +61,15 @@ void launch_on_cuda(int64_t rows, int64_t cols, const Body& body);  // tensor/la
 
 // The host side of the launches: fn(i) for every i in [0, n) on the host threads (`work`: the
 // loop's total work, which sets how many), or backwards on one thread when the tests ask
-// (host_loop_reversed); queued instead under the deferred host device.
+// (host_loop_reversed); queued instead where the backend queues host work (run_host_work).
 template <class Fn>
 void run_host_indices(int64_t n, int64_t work, const Fn& fn) {
-  const auto run = [n, work, fn] {
+  run_host_work([n, work, fn] {
     if (host_loop_reversed())
       for (int64_t i = n; i-- > 0;) fn(i);
     else
       host_parallel_for(n, host_threads_for(work), fn);
-  };
-  if (deferred_host_device()) return defer_host_work(run);
-  run();
+  });
 }
 
 template <class Body>
@@ -115,7 +107,8 @@ void for_each_index_2d(int64_t rows, int64_t cols, const Body& body) {
 // fn(i) for i in [0, n), each task free to call gemm (see above).
 template <class Fn>
 void for_each_task(int64_t n, const Fn& fn) {
-  const bool serial = current_device() == Device::Cuda || deferred_host_device() || host_loop_reversed() || in_host_parts();
+  const bool serial = current_device() == Device::Cuda || device_backend().queue_host_work || host_loop_reversed() ||
+                      in_host_parts();
   const int threads = serial ? 1 : host_loop_threads();
   if (threads <= 1 || n < 2) {
     for (int64_t i = 0; i < n; ++i) fn(i);

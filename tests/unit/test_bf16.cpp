@@ -123,7 +123,7 @@ TEST_CASE("bf16 rounding equals the nearest bf16 value, ties to even, over rando
 TEST_CASE("bf16 GEMM emulation equals a float64 product of the rounded operands", "[bf16]") {
   std::mt19937 rng(7u);
   std::normal_distribution<float> normal(0.f, 1.f);
-  const GemmPrecisionScope bf16(Precision::Bf16);
+  const test::GemmPrecisionScope bf16(Precision::Bf16);
   for (int variant = 0; variant < 8; ++variant) {
     const bool ta = variant & 1, tb = variant & 2, padded = variant & 4;
     const int M = 37, N = 23, K = 61;
@@ -181,7 +181,7 @@ TEST_CASE("bf16 precision: gemm_fp32 and the double GEMM do not round, the model
   matmul(false, false, M, N, K, A.data(), B.data(), plain.data());  // Fp32: the default
   CHECK(gemm_precision() == Precision::Fp32);
   {
-    const GemmPrecisionScope bf16(Precision::Bf16);
+    const test::GemmPrecisionScope bf16(Precision::Bf16);
     matmul_fp32(false, false, M, N, K, A.data(), B.data(), C32.data());
     matmul(false, false, M, N, K, A.data(), B.data(), Cm.data());
     std::vector<double> Ad(A.begin(), A.end()), Bd(B.begin(), B.end()), Cd(M * N), Cd_fp32(M * N);
@@ -209,7 +209,7 @@ TEST_CASE("bf16 precision: the router's GEMMs and softmax stay fp32", "[bf16][mo
     std::vector<int> decisions;
   };
   auto run = [&](Precision p) {
-    const GemmPrecisionScope scope(p);
+    const test::GemmPrecisionScope scope(p);
     ParamStore<float> store;
     Router<float> router(opt);
     router.declare(store, "r");
@@ -251,7 +251,7 @@ TEST_CASE("bf16 precision: an MoE layer's experts round, its router does not", "
   const std::vector<double> xd = test::normal_vector(size_t(N) * M, 9);
   const std::vector<float> x(xd.begin(), xd.end());
   auto run = [&](Precision p, std::vector<float>& probs) {
-    const GemmPrecisionScope scope(p);
+    const test::GemmPrecisionScope scope(p);
     test::MoeHarness<float> h(opt, 4);
     std::vector<float> y(x.size());
     StepContext ctx;

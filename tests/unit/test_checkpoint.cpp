@@ -15,6 +15,8 @@
 #include <limits>
 
 #include "../test_util.hpp"
+#include "../support/h5_support.hpp"
+#include "../support/mesh_support.hpp"
 #include "core/error.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "io/h5.hpp"
@@ -76,9 +78,9 @@ void build(Model& m, const MeshShape& sh, int rank, bool whole, bool fill, bool 
     if (whole) offset.assign(logical.size(), 0), local = logical, canonical = true;
     defs.push_back({std::move(name), std::move(logical), std::move(offset), std::move(local), canonical});
   };
-  const auto [l0, nl] = h5::even_split(kLayers, sh.pipe, p);
-  const auto [c0, nc] = h5::even_split(6, sh.tensor, t);
-  const auto [e0, ne] = h5::even_split(4, sh.data, d);
+  const auto [l0, nl] = test::even_split(kLayers, sh.pipe, p);
+  const auto [c0, nc] = test::even_split(6, sh.tensor, t);
+  const auto [e0, ne] = test::even_split(4, sh.data, d);
   if (whole || p == 0 || p == sh.pipe - 1) add("embed.wte", {7, 3}, {0, 0}, {7, 3}, p == 0 && d == 0 && t == 0);
   for (int64_t l = 0; l < kLayers; ++l) {
     if (!whole && (l < l0 || l >= l0 + nl)) continue;
@@ -188,7 +190,7 @@ bool any_contains(const std::vector<std::string>& v, const std::string& s) {
 
 TEST_CASE("checkpoint: write on every mesh, read back whole and on another mesh, exactly", "[checkpoint][mpi]") {
   const int world = test::world_size(), rank = test::world_rank();
-  const auto shapes = MeshShape::all_for(world);
+  const auto shapes = test::all_mesh_shapes(world);
   const std::string dir = fresh_dir("reshard");
   for (size_t i = 0; i < shapes.size(); ++i) {
     const MeshShape& a = shapes[i];
@@ -216,7 +218,7 @@ TEST_CASE("checkpoint: write on every mesh, read back whole and on another mesh,
 
 TEST_CASE("checkpoint: attributes round trip", "[checkpoint][mpi]") {
   const int world = test::world_size(), rank = test::world_rank();
-  const MeshShape sh = MeshShape::all_for(world).back();
+  const MeshShape sh = test::all_mesh_shapes(world).back();
   Mesh mesh(MPI_COMM_WORLD, sh.pipe, sh.data, sh.tensor);
   Model src;
   build(src, sh, rank, false, true, false);
@@ -254,7 +256,7 @@ TEST_CASE("checkpoint: attributes round trip", "[checkpoint][mpi]") {
 
 TEST_CASE("checkpoint: a checkpoint of another model is refused on every rank", "[checkpoint][mpi]") {
   const int world = test::world_size(), rank = test::world_rank();
-  const MeshShape sh = MeshShape::all_for(world).front();
+  const MeshShape sh = test::all_mesh_shapes(world).front();
   Mesh mesh(MPI_COMM_WORLD, sh.pipe, sh.data, sh.tensor);
   Model src;
   build(src, sh, rank, false, true, false);
@@ -311,7 +313,7 @@ TEST_CASE("checkpoint: a checkpoint of another model is refused on every rank", 
 
 TEST_CASE("checkpoint: atomic commit, LATEST, and what resume picks", "[checkpoint][mpi]") {
   const int world = test::world_size(), rank = test::world_rank();
-  const MeshShape sh = MeshShape::all_for(world).back();
+  const MeshShape sh = test::all_mesh_shapes(world).back();
   Mesh mesh(MPI_COMM_WORLD, sh.pipe, sh.data, sh.tensor);
   Model src;
   build(src, sh, rank, false, true, false);
@@ -364,7 +366,7 @@ TEST_CASE("checkpoint: atomic commit, LATEST, and what resume picks", "[checkpoi
 
 TEST_CASE("checkpoint: retention keeps keep_last newest and multiples of keep_every", "[checkpoint][mpi]") {
   const int world = test::world_size(), rank = test::world_rank();
-  const MeshShape sh = MeshShape::all_for(world).front();
+  const MeshShape sh = test::all_mesh_shapes(world).front();
   Mesh mesh(MPI_COMM_WORLD, sh.pipe, sh.data, sh.tensor);
   Model src;
   build(src, sh, rank, false, true, false);
@@ -408,7 +410,7 @@ TEST_CASE("checkpoint: retention keeps keep_last newest and multiples of keep_ev
 
 TEST_CASE("checkpoint: corrupt, truncated and partial checkpoints are detected and skipped", "[checkpoint][mpi]") {
   const int world = test::world_size(), rank = test::world_rank();
-  const MeshShape sh = MeshShape::all_for(world).back();
+  const MeshShape sh = test::all_mesh_shapes(world).back();
   Mesh mesh(MPI_COMM_WORLD, sh.pipe, sh.data, sh.tensor);
   Model src;
   build(src, sh, rank, false, true, false);
@@ -487,7 +489,7 @@ TEST_CASE("checkpoint: inconsistent blocks are refused before anything is writte
 
 TEST_CASE("checkpoint: a non-finite state is never written, verify and resume reject one", "[checkpoint][mpi]") {
   const int world = test::world_size(), rank = test::world_rank();
-  const MeshShape sh = MeshShape::all_for(world).back();
+  const MeshShape sh = test::all_mesh_shapes(world).back();
   Mesh mesh(MPI_COMM_WORLD, sh.pipe, sh.data, sh.tensor);
   Model src;
   build(src, sh, rank, false, true, false);
@@ -586,7 +588,7 @@ TEST_CASE("checkpoint: a non-finite state is never written, verify and resume re
 // Written for tests/scripts/ckpt_cli.sh: $MESHMOE_TEST_TMPDIR/ckpt_cli/run/ckpt/step_00000007.h5.
 TEST_CASE("checkpoint: export one for the command-line test", "[.ckpt-export]") {
   const int world = test::world_size(), rank = test::world_rank();
-  const MeshShape sh = MeshShape::all_for(world).back();
+  const MeshShape sh = test::all_mesh_shapes(world).back();
   Mesh mesh(MPI_COMM_WORLD, sh.pipe, sh.data, sh.tensor);
   Model src;
   build(src, sh, rank, false, true, true);

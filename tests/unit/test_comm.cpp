@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "../test_util.hpp"
+#include "../support/mesh_support.hpp"
 #include "mesh/agree.hpp"
 #include "mesh/mesh.hpp"
 #include "mesh/mpi_comm.hpp"
@@ -68,7 +69,7 @@ size_t v_count(int src, int dst, size_t n) { return n == 0 ? 0 : mix(uint32_t(sr
 template <class F>
 void for_each_axis(F&& body) {
   const int me = test::world_rank();
-  for (const MeshShape& s : MeshShape::all_for(test::world_size())) {
+  for (const MeshShape& s : test::all_mesh_shapes(test::world_size())) {
     Mesh mesh(MPI_COMM_WORLD, s.pipe, s.data, s.tensor);
     for (Axis a : kAxes) {
       INFO(s.str() << ", " << axis_name(a) << " axis");
@@ -86,7 +87,7 @@ TEMPLATE_TEST_CASE("Comm: all_reduce sum/max/min in place", "[comm][mpi]", float
   for_each_axis([&](Comm& c, const std::vector<int>& members) {
     for (size_t n : kSizes)
       for (Op op : {Op::Sum, Op::Max, Op::Min}) {
-        INFO("n=" << n << " op=" << op_name(op));
+        INFO("n=" << n << " op=" << test::op_name(op));
         std::vector<T> buf(n), expected(n);
         for (size_t i = 0; i < n; ++i) {
           buf[i] = value<T>(me, i);
@@ -162,13 +163,13 @@ TEMPLATE_TEST_CASE("Comm: reduce_scatter gives rank r block r reduced", "[comm][
     const size_t p = members.size(), r = size_t(c.rank());
     for (size_t n : kSizes)
       for (Op op : {Op::Sum, Op::Max}) {
-        INFO("n=" << n << " op=" << op_name(op));
+        INFO("n=" << n << " op=" << test::op_name(op));
         // Block j of rank k's input: value(k, i, salt = j).
         std::vector<T> send(p * n), recv(n, T(99)), expected(n);
         for (size_t j = 0; j < p; ++j)
           for (size_t i = 0; i < n; ++i) send[j * n + i] = value<T>(me, i, int(j));
         for (size_t i = 0; i < n; ++i) expected[i] = reduced<T>(members, i, int(r), op);
-        c.reduce_scatter(send.data(), recv.data(), n, op);
+        test::reduce_scatter(c, send.data(), recv.data(), n, op);
         CHECK(recv == expected);
       }
   });
@@ -190,7 +191,7 @@ TEMPLATE_TEST_CASE("Comm: reduce_scatterv in place leaves rank r's block reduced
     const size_t p = members.size(), r = size_t(c.rank());
     for (size_t n : kSizes)
       for (Op op : {Op::Sum, Op::Max}) {
-        INFO("n=" << n << " op=" << op_name(op));
+        INFO("n=" << n << " op=" << test::op_name(op));
         const std::vector<size_t> counts = uneven_counts(p, n);
         const size_t total = std::accumulate(counts.begin(), counts.end(), size_t(0));
         const size_t mine = std::accumulate(counts.begin(), counts.begin() + ptrdiff_t(r), size_t(0));
@@ -325,7 +326,7 @@ TEMPLATE_TEST_CASE("Comm: permute (collective permute) and send_recv", "[comm][m
         std::vector<T> send(n + size_t(r)), recv(n + size_t(source), T(99)), expected(recv.size());
         for (size_t i = 0; i < send.size(); ++i) send[i] = value<T>(me, i, 3);
         for (size_t i = 0; i < recv.size(); ++i) expected[i] = value<T>(members[size_t(source)], i, 3);
-        c.send_recv(send.data(), send.size(), dest, recv.data(), recv.size(), source);
+        test::send_recv(c, send.data(), send.size(), dest, recv.data(), recv.size(), source);
         CHECK(recv == expected);
       }
     }

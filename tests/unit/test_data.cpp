@@ -23,6 +23,7 @@
 #include "data/tokenizer.hpp"
 #include "io/h5.hpp"
 #include "../test_util.hpp"
+#include "../support/h5_support.hpp"
 
 using namespace meshmoe;
 namespace fs = std::filesystem;
@@ -746,7 +747,7 @@ TEST_CASE("batcher: seeded order, cursor restore, rank slices", "[data]") {
       Batch joined;
       joined.seq_len = 16;
       for (int p = 0; p < parts; ++p) {
-        const auto [off, cnt] = h5::even_split(12, parts, p);
+        const auto [off, cnt] = test::even_split(12, parts, p);
         Batcher r(ds, 16, 11, true);
         r.restore(c);
         const Batch part = r.next(12, int(off), int(off + cnt));

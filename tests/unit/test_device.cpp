@@ -172,7 +172,7 @@ TEST_CASE("device: bf16 operands that several GEMMs read are rounded once, into 
   // 3, P by P V 4; backward: dy by wo.g and datt 2, P by dV 4, dS by dQ and dK 8, x by the three
   // weight gradients 3, dq, dk, dv each by its weight gradient and dx 6), a dense feed-forward 4
   // (dy and dpre, each by a weight gradient and an input gradient).
-  const GemmPrecisionScope bf16(Precision::Bf16);
+  const test::GemmPrecisionScope bf16(Precision::Bf16);
   for (const std::string router : {"dense", "top1"}) {
     INFO("router " << router);
     const Config cfg = device_test_config(router);
@@ -544,7 +544,7 @@ TEST_CASE("device: cuBLAS bf16 GEMM equals the host emulation for every transpos
   // in C (not read, as cuBLAS) and beta = 0.3 (C joins). Each GEMM also runs with the operands'
   // bf16 copies (round_to_bf16 on the GPU: the host's bf16_bits exactly), which it reads where
   // nothing is padded.
-  const GemmPrecisionScope bf16(Precision::Bf16);
+  const test::GemmPrecisionScope bf16(Precision::Bf16);
   struct Shape { int M, N, K; };
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -596,7 +596,7 @@ TEST_CASE("device: the bf16 GEMM's rounding of strided and unaligned operands eq
   // The rounding kernel's two forms (tensor/cuda_gemm_bf16.cu): rows of a matrix with a leading
   // dimension beyond its columns, and a contiguous operand starting off a 16-byte boundary.
   // M = K = 64 take the unpadded kernels; 45 and 33 the padding one.
-  const GemmPrecisionScope bf16(Precision::Bf16);
+  const test::GemmPrecisionScope bf16(Precision::Bf16);
   const int N = 70, pad = 5;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -632,7 +632,7 @@ TEST_CASE("device: the bf16 two-level batched GEMM equals the host emulation", "
   // Each operand's span is rounded once (cuda_gemm_bf16_two_level_batched); with a gap of `gap`
   // unused rows after each sequence the span is more than twice the pairs' elements and the GPU
   // rounds per sequence instead: both paths against the host's per-pair emulation.
-  const GemmPrecisionScope bf16(Precision::Bf16);
+  const test::GemmPrecisionScope bf16(Precision::Bf16);
   const int outer = 3, inner = 4, T = 12, D = 8, A_l = inner * D;
   std::mt19937 rng(9);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -675,7 +675,7 @@ TEST_CASE("device: the whole model in bf16 on the GPU matches the host bf16 mode
   // fp32 tolerances hold (the host emulation matches PyTorch's bf16 model to them,
   // tests/reference/model_reference.py), unless a value next to a bf16 rounding boundary rounds
   // the other way on one side; the gradients' 1e-4 norm-wise bound leaves room for a few such.
-  const GemmPrecisionScope bf16(Precision::Bf16);
+  const test::GemmPrecisionScope bf16(Precision::Bf16);
   for (const std::string router : {"dense", "top1", "top2"}) {
     INFO("router " << router);
     const Config cfg = device_test_config(router);

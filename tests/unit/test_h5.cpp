@@ -17,6 +17,7 @@
 
 #include "io/h5.hpp"
 #include "../test_util.hpp"
+#include "../support/h5_support.hpp"
 
 using namespace meshmoe;
 using h5::Dims;
@@ -98,8 +99,8 @@ TEST_CASE("h5: serial round trip of every element type", "[h5]") {
   }
   h5::File f = h5::File::open(path);
   CHECK(f.read<uint8_t>("u8")[14] == 238);
-  CHECK(f.read_string("text") == "line 1\nline \"2\" = 'x'\n");
-  CHECK(f.read_string("empty_text").empty());
+  CHECK(test::read_string(f, "text") == "line 1\nline \"2\" = 'x'\n");
+  CHECK(test::read_string(f, "empty_text").empty());
   CHECK(f.read_strings("names") == std::vector<std::string>{"alpha", "", "βeta ✓", std::string(300, 'z')});
   CHECK(f.read_strings("no_names").empty());
   // HDF5 converts between numeric types on read (int32 -> double here): documented behaviour.
@@ -284,12 +285,12 @@ TEST_CASE("h5: Fletcher32 detects a corrupted chunk", "[h5]") {
 TEST_CASE("h5: even_split", "[h5]") {
   int64_t total = 0;
   for (int p = 0; p < 3; ++p) {
-    auto [o, c] = h5::even_split(10, 3, p);
+    auto [o, c] = test::even_split(10, 3, p);
     CHECK(o == total);
     CHECK(c == (p == 0 ? 4 : 3));
     total += c;
   }
-  CHECK(h5::even_split(2, 4, 3) == std::pair<int64_t, int64_t>{2, 0});
+  CHECK(test::even_split(2, 4, 3) == std::pair<int64_t, int64_t>{2, 0});
 }
 
 namespace {
@@ -315,11 +316,11 @@ int64_t write_sharded_arrays(const std::string& path, bool fletcher32) {
   }
   h5::File f = h5::File::create(path, MPI_COMM_WORLD);
   f.set_attr("writer_ranks", int64_t{np});
-  h5::Dataset dx = f.write_sharded("data/x", {rows, cols}, {r0, 0}, {nr, cols}, x.data(), ox);
+  h5::Dataset dx = test::write_sharded(f, "data/x", {rows, cols}, {r0, 0}, {nr, cols}, x.data(), ox);
   CHECK(h5::last_io_mode() != H5D_MPIO_NO_COLLECTIVE);  // stayed one collective write
   dx.set_attr("units", std::string("1"));
   dx.set_attr("formula", std::string("x[i,j] = 64 i + j + 0.25"));
-  f.write_sharded("data/ids", {rows}, {r0}, {nr}, ix.data(), oi);
+  test::write_sharded(f, "data/ids", {rows}, {r0}, {nr}, ix.data(), oi);
   CHECK(h5::last_io_mode() != H5D_MPIO_NO_COLLECTIVE);
   f.write_string("deck", "[model]\nd_model = 64\n");
   f.flush();
@@ -332,20 +333,20 @@ void check_sharded_arrays(const std::string& path, int64_t rows) {
   h5::File f = h5::File::open(path, MPI_COMM_WORLD);
   REQUIRE(f.dataset("data/x").shape() == Dims{rows, cols});
   // Resharded read 1: columns split evenly, every row.
-  auto [c0, nc] = h5::even_split(cols, np, me);
+  auto [c0, nc] = test::even_split(cols, np, me);
   std::vector<float> xc(static_cast<size_t>(rows * nc), -1.0f);
-  f.read_sharded("data/x", {0, c0}, {rows, nc}, xc.data());
+  test::read_sharded(f, "data/x", {0, c0}, {rows, nc}, xc.data());
   CHECK(h5::last_io_mode() != H5D_MPIO_NO_COLLECTIVE);
   int bad = 0;
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < nc; ++j) bad += xc[static_cast<size_t>(i * nc + j)] != fval(i, c0 + j);
   CHECK(bad == 0);
   // Resharded read 2: rows split evenly in reverse rank order; the int64 array too.
-  auto [q0, nq] = h5::even_split(rows, np, np - 1 - me);
+  auto [q0, nq] = test::even_split(rows, np, np - 1 - me);
   std::vector<float> xr(static_cast<size_t>(nq * cols));
   std::vector<int64_t> ir(static_cast<size_t>(nq));
-  f.read_sharded("data/x", {q0, 0}, {nq, cols}, xr.data());
-  f.read_sharded("data/ids", {q0}, {nq}, ir.data());
+  test::read_sharded(f, "data/x", {q0, 0}, {nq, cols}, xr.data());
+  test::read_sharded(f, "data/ids", {q0}, {nq}, ir.data());
   bad = 0;
   for (int64_t i = 0; i < nq; ++i) {
     bad += ir[static_cast<size_t>(i)] != ival(q0 + i);
@@ -354,7 +355,7 @@ void check_sharded_arrays(const std::string& path, int64_t rows) {
   CHECK(bad == 0);
   CHECK(f.attr<int64_t>("writer_ranks") == np);
   CHECK(f.dataset("data/x").attr<std::string>("units") == "1");
-  CHECK(f.read_string("deck") == "[model]\nd_model = 64\n");
+  CHECK(test::read_string(f, "deck") == "[model]\nd_model = 64\n");
 }
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "../test_util.hpp"
+#include "../support/mesh_support.hpp"
 #include "mesh/mesh.hpp"
 
 using namespace meshmoe;
@@ -36,7 +37,7 @@ std::string fmt_groups(const std::vector<std::vector<int>>& gs) {
 
 TEST_CASE("MeshShape: rank <-> coordinates follows pipe x data x tensor, tensor innermost", "[mesh]") {
   for (int world = 1; world <= 12; ++world) {
-    const auto shapes = MeshShape::all_for(world);
+    const auto shapes = test::all_mesh_shapes(world);
     for (const MeshShape& s : shapes) {
       INFO(s.str());
       REQUIRE(s.size() == world);
@@ -48,9 +49,9 @@ TEST_CASE("MeshShape: rank <-> coordinates follows pipe x data x tensor, tensor 
     }
   }
   // Every factorisation is listed once: 4 = 1x1x4, 1x2x2, 1x4x1, 2x1x2, 2x2x1, 4x1x1.
-  CHECK(MeshShape::all_for(4).size() == 6);
-  CHECK(MeshShape::all_for(1).size() == 1);
-  CHECK(MeshShape::all_for(8).size() == 10);
+  CHECK(test::all_mesh_shapes(4).size() == 6);
+  CHECK(test::all_mesh_shapes(1).size() == 1);
+  CHECK(test::all_mesh_shapes(8).size() == 10);
   CHECK(MeshShape{2, 3, 4}.coords(23) == std::array<int, 3>{1, 2, 3});
   CHECK(MeshShape{2, 3, 4}.coords(13) == std::array<int, 3>{1, 0, 1});
 }
@@ -69,7 +70,7 @@ TEST_CASE("MeshShape: axis groups partition the ranks and differ only along thei
   }
   SECTION("every shape up to 12 ranks") {
     for (int world = 1; world <= 12; ++world)
-      for (const MeshShape& s : MeshShape::all_for(world))
+      for (const MeshShape& s : test::all_mesh_shapes(world))
         for (Axis a : kAxes) {
           INFO(s.str() << " axis " << axis_name(a));
           const auto gs = s.groups(a);
@@ -95,7 +96,7 @@ TEST_CASE("MeshShape: axis groups partition the ranks and differ only along thei
 
 TEST_CASE("Mesh: communicators match the coordinates on every shape of this world", "[mesh][mpi]") {
   const int me = test::world_rank(), world = test::world_size();
-  for (const MeshShape& s : MeshShape::all_for(world)) {
+  for (const MeshShape& s : test::all_mesh_shapes(world)) {
     INFO(s.str());
     Mesh built(MPI_COMM_WORLD, s.pipe, s.data, s.tensor);
     Mesh mesh = std::move(built);  // movable; the communicators move with it
@@ -132,7 +133,7 @@ TEST_CASE("MeshShape: expert groups and replica groups split the data groups (ex
   }
   SECTION("every shape up to 12 ranks and every P dividing data") {
     for (int world = 1; world <= 12; ++world)
-      for (const MeshShape& s : MeshShape::all_for(world))
+      for (const MeshShape& s : test::all_mesh_shapes(world))
         for (int P = 1; P <= s.data; ++P) {
           if (s.data % P != 0) continue;
           INFO(s.str() << " P " << P);
@@ -164,7 +165,7 @@ TEST_CASE("MeshShape: expert groups and replica groups split the data groups (ex
 
 TEST_CASE("Mesh: expert and replica group communicators match MeshShape's groups", "[mesh][mpi]") {
   const int me = test::world_rank(), world = test::world_size();
-  for (const MeshShape& s : MeshShape::all_for(world))
+  for (const MeshShape& s : test::all_mesh_shapes(world))
     for (int P = 1; P <= s.data; ++P) {
       if (s.data % P != 0) continue;
       INFO(s.str() << " P " << P);
@@ -201,7 +202,7 @@ TEST_CASE("Mesh::describe: shape, each rank's coordinates and host, the axis gro
   char host[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
   MPI_Get_processor_name(host, &len);
-  for (const MeshShape& s : MeshShape::all_for(world)) {
+  for (const MeshShape& s : test::all_mesh_shapes(world)) {
     INFO(s.str());
     Mesh mesh(MPI_COMM_WORLD, s.pipe, s.data, s.tensor);
     const std::string text = mesh.describe();

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../test_util.hpp"
+#include "../support/h5_support.hpp"
 #include "io/h5.hpp"
 #include "io/metrics.hpp"
 
@@ -82,7 +83,7 @@ TEST_CASE("metrics: rows, gaps, 2-D series and units", "[metrics]") {
   CHECK_FALSE(load.attr<std::string>("description").empty());
   CHECK(f.dataset("my/custom").attr<std::string>("units") == "widgets");
   CHECK(f.dataset("my/custom").attr<std::string>("description") == "a caller-described metric");
-  CHECK(f.read_string("deck") == deck);
+  CHECK(test::read_string(f, "deck") == deck);
   CHECK(f.attr<std::string>("run_name") == "unit");
   CHECK(f.attr<std::string>("mesh") == "1x1x1");
   f.close();
@@ -122,7 +123,7 @@ TEST_CASE("metrics: resume truncates the rows after the checkpoint step", "[metr
   REQUIRE(lv.size() == 28);
   CHECK(lv[20] == load_at(6)[0]);
   CHECK(lv[24] == 7.0);
-  CHECK(f.read_string("deck") == "deck 2, longer than the first");
+  CHECK(test::read_string(f, "deck") == "deck 2, longer than the first");
   CHECK(f.attr<std::vector<int64_t>>("resumed_after_steps") == std::vector<int64_t>{6});
   CHECK(f.attr<std::string>("resumed") == "yes");
   CHECK(f.dataset("loss").attr<std::string>("units") == "nats/token");

@@ -403,7 +403,7 @@ void train_run(h5::File& f, const RefCase& rc, const std::string& opt_name,
     cfg.optim.lr = 3e-3;
     cfg.optim.schedule = ScheduleKind::Cosine;
   }
-  const GemmPrecisionScope precision(cfg.model.precision);
+  const test::GemmPrecisionScope precision(cfg.model.precision);
   Transformer<float> model(cfg, kV);
   model.init(uint64_t(cfg.run.seed), cfg.model.init_scale);
   auto& P = model.params();
@@ -454,7 +454,7 @@ void run_case(const RefCase& rc, int index) {
   h5::File f = h5::File::create(path);
   write_config(f, cfg, kV);
 
-  const GemmPrecisionScope precision(cfg.model.precision);
+  const test::GemmPrecisionScope precision(cfg.model.precision);
   Transformer<float> model(cfg, kV);
   model.init(uint64_t(cfg.run.seed), cfg.model.init_scale);
   auto& P = model.params();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../test_util.hpp"
+#include "../support/mesh_support.hpp"
 #include "mesh/mesh.hpp"
 
 using namespace meshmoe;
@@ -91,8 +92,8 @@ void compare_all(Comm& m, Comm& g, int me) {
       auto s = input<T>(me, p * n, 3);
       std::vector<T> h(n);
       DeviceBuf<T> ds(s), dr(h);
-      m.reduce_scatter(s.data(), h.data(), n, op);
-      g.reduce_scatter(ds.p, dr.p, n, op);
+      test::reduce_scatter(m, s.data(), h.data(), n, op);
+      test::reduce_scatter(g, ds.p, dr.p, n, op);
       CHECK(dr.get(g) == h);
     }
     {
@@ -159,7 +160,7 @@ TEST_CASE("NcclComm matches MpiComm on every collective", "[nccl][mpi]") {
     return;
   }
   const int me = test::world_rank();
-  for (const MeshShape& s : MeshShape::all_for(test::world_size())) {
+  for (const MeshShape& s : test::all_mesh_shapes(test::world_size())) {
     Mesh mesh(MPI_COMM_WORLD, s.pipe, s.data, s.tensor);
     mesh.enable_device();
     for (Axis a : kAxes) {

@@ -22,6 +22,7 @@
 #include "model/cross_entropy_bodies.hpp"
 #include "model/layernorm_bodies.hpp"
 #include "optim/optimizer_bodies.hpp"
+#include "tensor/deferred_device.hpp"
 #include "tensor/device.hpp"
 #include "tensor/elementwise.hpp"
 #include "tensor/launch_rows.hpp"

@@ -12,6 +12,7 @@
 #include "deck/shape_rules.hpp"
 #include "model/shape_table.hpp"
 #include "../test_util.hpp"
+#include "../support/mesh_support.hpp"
 
 using namespace meshmoe;
 
@@ -105,7 +106,7 @@ TEST_CASE("shape table: the ranks' blocks tile every parameter on every mesh", "
       one_rank.mesh.expert_parallel = 0;  // no expert groups on one rank
       for (const ParamInfo& p : ShapeTable(one_rank, V, MeshShape{1, 1, 1}, {}).params()) logical[p.name] = p.logical_shape;
       int meshes = 0;
-      for (const MeshShape& mesh : MeshShape::all_for(8)) {
+      for (const MeshShape& mesh : test::all_mesh_shapes(8)) {
         bool ok = true;
         for (const ShapeRule& r : shape_rules(cfg, mesh.pipe, mesh.data, mesh.tensor)) ok &= r.ok;
         if (!ok) {

@@ -16,6 +16,7 @@
 #include <numeric>
 
 #include "../test_util.hpp"
+#include "../support/mesh_support.hpp"
 #include "core/philox.hpp"
 #include "mesh/mesh.hpp"
 
@@ -57,7 +58,7 @@ ShmSettings small_slots() {
 template <class F>
 void for_each_axis(const ShmSettings& settings, F&& body) {
   const int me = test::world_rank();
-  for (const MeshShape& s : MeshShape::all_for(test::world_size())) {
+  for (const MeshShape& s : test::all_mesh_shapes(test::world_size())) {
     Mesh mesh(MPI_COMM_WORLD, s.pipe, s.data, s.tensor);
     mesh.set_shm(settings);
     for (Axis a : kAxes) {
