@@ -21,7 +21,8 @@
 //
 // Each stage is timed as a phase ("gate", "dispatch", "expert", "combine"; backward adds into the
 // phase of the forward stage it mirrors); the communication inside is also timed on its own as
-// "moe_alltoall" (inside dispatch and combine) and "moe_allreduce" (inside expert or combine).
+// "moe_alltoall" (inside dispatch and combine) and "moe_allreduce" (inside expert or combine, and
+// the index-select dispatch's backward).
 #pragma once
 #include <cstdint>
 #include <memory>
