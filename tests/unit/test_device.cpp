@@ -261,10 +261,11 @@ TEST_CASE("device: an MoE layer waits once a forward; routing and dispatch plan 
     layer.router.route(ctx, x.data(), N);
     CHECK(device_waits() == waits);
     CHECK(deferred_host_work_queued() > 0);
-    layer.dispatcher.count_rows(layer.router.routing());
+    IndexDispatcher<float>& perm = layer.dispatcher.permutation();
+    perm.count_rows(layer.router.routing());
     layer.router.read_totals();
     CHECK(device_waits() == waits + 1);
-    layer.dispatcher.map_rows(layer.router.routing(), ctx.token_offset);
+    perm.map_rows(layer.router.routing(), ctx.token_offset);
     CHECK(device_waits() == waits + 1);  // nothing was queued since the wait
     CHECK(deferred_host_work_queued() > 0);  // the maps
     device_synchronize();
@@ -272,10 +273,11 @@ TEST_CASE("device: an MoE layer waits once a forward; routing and dispatch plan 
     const Routing<float>& rp = plain.layer->router.routing();
     CHECK(r.load == rp.load);
     CHECK(r.experts_per_token == rp.experts_per_token);
-    CHECK(std::vector<int>(layer.dispatcher.slot_token().begin(), layer.dispatcher.slot_token().end()) ==
-          std::vector<int>(plain.layer->dispatcher.slot_token().begin(), plain.layer->dispatcher.slot_token().end()));
-    CHECK(std::vector<int64_t>(layer.dispatcher.choice_row().begin(), layer.dispatcher.choice_row().end()) ==
-          std::vector<int64_t>(plain.layer->dispatcher.choice_row().begin(), plain.layer->dispatcher.choice_row().end()));
+    const IndexDispatcher<float>& plain_perm = plain.layer->dispatcher.permutation();
+    CHECK(std::vector<int>(perm.slot_token().begin(), perm.slot_token().end()) ==
+          std::vector<int>(plain_perm.slot_token().begin(), plain_perm.slot_token().end()));
+    CHECK(std::vector<int64_t>(perm.choice_row().begin(), perm.choice_row().end()) ==
+          std::vector<int64_t>(plain_perm.choice_row().begin(), plain_perm.choice_row().end()));
 
     waits = device_waits();
     layer.forward(ctx, x.data(), y.data(), N);

@@ -139,17 +139,8 @@ void check_mode(const Case& c, ExpertAxis axis, int D, int Tn) {
   lctx.token_offset = ctx.token_offset + uint64_t(n0);
   PhaseTimers timers;
   lctx.timers = &timers;
-  Placement place;  // the placement model_sharding makes, for a layer instead of a deck
-  place.data_rank = d;
-  place.data_size = D;
-  place.tensor = &mesh.axis(Axis::Tensor);
-  place.tensor_rank = t;
-  place.tensor_size = Tn;
-  place.expert_axis = axis;
-  place.expert_parallel = axis == ExpertAxis::Data ? D : 1;
-  place.expert_group = &mesh.axis(Axis::Data);
   ParamStore<double> store;
-  MoeLayer<double> layer(opt, place);
+  MoeLayer<double> layer(opt, layer_placement(mesh, axis));
   layer.declare(store, "moe");
   store.allocate();
   store.init(17, 1.0);
@@ -215,14 +206,15 @@ void check_mode(const Case& c, ExpertAxis axis, int D, int Tn) {
 
   // What reached the local experts: every filled row is the input row of the token it names, every
   // empty row is zero, and each local expert got as many rows as its global load.
-  const auto& xin = layer.expert_input();
-  const auto& tok = layer.expert_input_token();
+  CHECK(layer.dispatcher.name() == (axis == ExpertAxis::Data ? (D > 1 ? "all-to-all" : "local")
+                                                               : (Tn > 1 ? "index-select" : "local")));
+  const auto& xin = layer.experts.input();
+  const auto& tok = layer.dispatcher.expert_row_token();
   REQUIRE(xin.size() == tok.size() * size_t(M));
   const int e0 = layer.experts.e0(), El = layer.experts.e_local();
   CHECK(El == (axis == ExpertAxis::Data ? E / D : E / Tn));
-  std::vector<int> rows_per_expert(El);
-  if (layer.a2a) rows_per_expert = layer.a2a->expert_rows();
-  else rows_per_expert = layer.dispatcher.expert_rows();
+  const std::vector<int>& rows_per_expert = layer.dispatcher.expert_rows();
+  REQUIRE(int(rows_per_expert.size()) == El);
   // Tensor mode: only this data rank's tokens reach the experts; data mode: every data rank's.
   std::vector<int64_t> want_load(rs.load.begin() + e0, rs.load.begin() + e0 + El);
   if (axis == ExpertAxis::Tensor)
@@ -332,8 +324,8 @@ TEST_CASE("moe dropless equals capacity routing with C = S, filled slots only", 
     int64_t kept = 0;
     for (int64_t l : b.hs.layer->stats().load) kept += l;
     CHECK(kept < int64_t(full.num_experts) * N);           // fewer than the E * G * S slots
-    CHECK(a.hs.layer->dispatcher.rows() == size_t(kept));  // only the filled slots
-    CHECK(b.hs.layer->dispatcher.rows() == size_t(kept));
+    CHECK(a.hs.layer->dispatcher.permutation().rows() == size_t(kept));  // only the filled slots
+    CHECK(b.hs.layer->dispatcher.permutation().rows() == size_t(kept));
     double worst = 0;
     CHECK(count_bad(b.y.data(), a.y.data(), a.y.size(), worst) == 0);
     CHECK(count_bad(b.dx.data(), a.dx.data(), a.dx.size(), worst) == 0);

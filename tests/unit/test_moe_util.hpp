@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "mesh/mesh.hpp"
 #include "model/moe/moe_layer.hpp"
 
 namespace meshmoe::test {
@@ -37,6 +38,21 @@ struct MoeHarness {
     store.init(seed, init_scale);
   }
 };
+
+// The placement model_sharding makes on `mesh` (one pipeline stage), for a layer instead of a deck:
+// the experts over `axis`, the expert group the whole data axis.
+inline Placement layer_placement(Mesh& mesh, ExpertAxis axis) {
+  Placement p;
+  p.data_rank = mesh.coord(Axis::Data);
+  p.data_size = mesh.extent(Axis::Data);
+  p.tensor = &mesh.axis(Axis::Tensor);
+  p.tensor_rank = mesh.coord(Axis::Tensor);
+  p.tensor_size = mesh.extent(Axis::Tensor);
+  p.expert_axis = axis;
+  p.expert_parallel = axis == ExpertAxis::Data ? p.data_size : 1;
+  p.expert_group = &mesh.axis(Axis::Data);
+  return p;
+}
 
 inline std::vector<double> normal_vector(size_t n, uint32_t seed, double scale = 1.0) {
   std::mt19937 gen(seed);

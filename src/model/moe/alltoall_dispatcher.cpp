@@ -14,16 +14,75 @@ namespace meshmoe {
 
 template <typename T>
 AllToAllDispatcher<T>::AllToAllDispatcher(const Placement& place, int E, int M)
-    : comm_(place.expert_group),
+    : local_(E, M),
+      comm_(place.expert_group),
       P_(place.expert_parallel),
       E_(E),
       El_(E / P_),
-      e0_(place.expert_rank() * El_),
       M_(M) {
   if (P_ < 1 || E % P_ != 0)
     throw std::logic_error("AllToAllDispatcher: " + std::to_string(E) + " experts over " + std::to_string(P_) + " ranks");
   if (P_ > 1 && (!comm_ || comm_->size() != P_ || comm_->rank() != place.expert_rank()))
     throw std::logic_error("AllToAllDispatcher: the expert group's Comm does not match expert_parallel / expert_rank");
+}
+
+// x [N, M] -> the token side's rows [rows, M] (all E experts) -> xin [rows', M] (this rank's experts)
+template <typename T>
+void AllToAllDispatcher<T>::dispatch(const StepContext& ctx, const Routing<T>& r, const T* x,
+                                     const AtDispatchWait& at_wait) {
+  local_.dispatch(ctx, r, x, at_wait);
+  // every source rank sends at most G*C rows per expert (the token side's full layout)
+  room_per_expert_ = size_t(P_) * local_.room_per_expert();
+  room_ = size_t(El_) * room_per_expert_;
+  if (room_ > 0) reserve(room_);
+  plan(ctx, local_.expert_rows(), local_.expert_row_token().data());
+  xin_.resize(expert_total_ * size_t(M_));
+  to_experts(ctx, local_.rows(), xin_.data());
+}
+
+template <typename T>
+ExpertRows<T> AllToAllDispatcher<T>::expert_input() {
+  expert_side_elems_ = xin_.size();
+  xout_.resize(xin_.size());
+  return {xin_.data(), xout_.data(), expert_rows_, expert_token_.data(), room_, room_per_expert_};
+}
+
+// The experts keep their own copy of their input (forward) and are done with their output
+// gradient (backward): the expert side's copy goes.
+template <typename T>
+void AllToAllDispatcher<T>::release_expert_input() {
+  Buffer<T>().swap(xin_);
+  Buffer<T>().swap(dexp_);
+}
+
+// xout [rows', M] -> the token side's out [rows, M] -> y [N, M]
+template <typename T>
+void AllToAllDispatcher<T>::combine(const StepContext& ctx, const Routing<T>& r, const T* shared, T* y) {
+  from_experts(ctx, xout_.data(), local_.output_rows());
+  Buffer<T>().swap(xout_);
+  local_.combine(ctx, r, shared, y);
+}
+
+// dy [N, M] -> the token side's dout [rows, M] -> dexp [rows', M]
+template <typename T>
+void AllToAllDispatcher<T>::combine_backward(const StepContext& ctx, const Routing<T>& r, const T* dy) {
+  local_.combine_backward(ctx, r, dy);
+  dexp_.resize(expert_side_elems_);
+  to_experts(ctx, local_.output_grads(), dexp_.data());
+}
+
+template <typename T>
+ExpertGradRows<T> AllToAllDispatcher<T>::expert_grads() {
+  dxe_.reserve(room_ * size_t(M_));
+  fill_buffer(dxe_, expert_side_elems_, T(0));
+  return {dexp_.data(), dxe_.data()};
+}
+
+// dxe [rows', M] -> the token side's dout [rows, M] (free again) -> dx [N, M] (added)
+template <typename T>
+void AllToAllDispatcher<T>::dispatch_backward(const StepContext& ctx, const Routing<T>& r, T* dx) {
+  from_experts(ctx, dxe_.data(), local_.output_grads());
+  local_.permutation().dispatch_backward(r, local_.output_grads(), dx, M_);
 }
 
 template <typename T>

@@ -1,5 +1,6 @@
 // Local permutation between token order [N, M] and the expert buffers, driven by the router's
-// (expert, slot, gate) triples (Tutel / Megatron style index form: the fast path).
+// (expert, slot, gate) triples (Tutel / Megatron style index form: the fast path). Every token
+// dispatcher (token_dispatcher.hpp) permutes with it, through the local dispatcher's token side.
 //
 // The buffer is expert-major (GShard's EGCM order, Algorithm 2 line 3), so that splitting it over the
 // expert dimension for an all-to-all is a contiguous split, and compact: only the filled slots have

@@ -34,6 +34,12 @@ void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, int R, const 
 }
 
 template <typename T>
+void Experts<T>::forward(const StepContext& ctx, const ExpertRows<T>& rows) {
+  if (rows.room > 0) reserve(rows.room, rows.room_per_expert);
+  forward(ctx, rows.x, rows.y, rows.count, rows.token);
+}
+
+template <typename T>
 void Experts<T>::reserve(size_t rows, size_t expert_rows) {
   const size_t M = size_t(opt_.d_model), H_l = size_t(H_l_), W = size_t(W_);
   x_.reserve(rows * M);

@@ -31,6 +31,28 @@ inline ExpertShape all_experts(const MoeOptions& opt) {
           kShardNone};
 }
 
+// The rows the local experts run on in one forward, as a token dispatcher hands them over
+// (token_dispatcher.hpp): the rows of local expert 0, then of expert 1, ..., in the dispatcher's
+// buffers.
+template <typename T>
+struct ExpertRows {
+  const T* x = nullptr;            // [rows, M] input
+  T* y = nullptr;                  // [rows, M] room for the output (overwritten)
+  std::span<const int> count;      // [E_local] rows of each local expert
+  const int64_t* token = nullptr;  // [rows] global token of each row, -1 for an empty slot
+  // Rows of the full [E_local, sources x G x C] layout and of one expert in it, that the buffers keep
+  // room for (capacity routing, MoeLayer's reserve; 0 until a capacity-routed pass).
+  size_t room = 0, room_per_expert = 0;
+};
+
+// The experts' rows of one backward, in the forward's row order: the gradient of their output and
+// of their input (zeroed by the dispatcher, added to).
+template <typename T>
+struct ExpertGradRows {
+  const T* dy = nullptr;  // [rows, M]
+  T* dx = nullptr;        // [rows, M]
+};
+
 template <typename T>
 class Experts {
  public:
@@ -48,6 +70,9 @@ class Experts {
   // row_token [sum rows]: global index of the token in each row, -1 for an empty row (keys the
   // expert dropout, so sharding cannot change it).
   void forward(const StepContext& ctx, const T* x, T* y, std::span<const int> rows, const int64_t* row_token);
+  // The rows a token dispatcher hands over: their room reserved (when the dispatcher keeps one),
+  // then forward(ctx, rows.x, rows.y, rows.count, rows.token).
+  void forward(const StepContext& ctx, const ExpertRows<T>& rows);
   // The same with R rows for every expert (x [E_local, R, M]).
   void forward(const StepContext& ctx, const T* x, T* y, int R, const int64_t* row_token);
   // Room for `rows` input rows, at most `expert_rows` of one expert, in the buffers of forward and
@@ -55,6 +80,7 @@ class Experts {
   void reserve(size_t rows, size_t expert_rows);
   // dy [rows, M] -> dx [rows, M] (added), w_in.g, w_out.g (added); the row layout of the last forward.
   void backward(const StepContext& ctx, const T* dy, T* dx);
+  void backward(const StepContext& ctx, const ExpertGradRows<T>& rows) { backward(ctx, rows.dy, rows.dx); }
 
   // What backward reads of the last forward (activation_stash.hpp).
   template <class F>

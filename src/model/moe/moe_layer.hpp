@@ -1,13 +1,14 @@
 // The MoE feed-forward layer as a fixed pipeline of named stages (Megatron-LM style):
 //   route -> dispatch -> experts -> combine
 // y = sum over a token's dispatched choices of gate * FFN_e(x) (GShard eq. in section 2.2; no residual:
-// the block adds it). The placement (model/placement.hpp) decides where the experts live and which
-// communication the stages carry:
-//   single rank            dispatch/combine are the local index permutation (IndexDispatcher);
+// the block adds it). The placement (model/placement.hpp) decides where the experts live, and so
+// the token dispatcher (token_dispatcher.hpp), chosen once, and the communication the stages carry:
+//   single rank            dispatch/combine are the local index permutation (LocalDispatcher);
 //   expert_axis = data     + two all-to-alls over data (AllToAllDispatcher), and with tensor > 1
 //                          an all-reduce over tensor inside each expert (Switch 5.5);
 //   expert_axis = tensor   index selection of this rank's experts + all-reduce over tensor of the
 //                          combined output (IndexSelectDispatcher, Pipeline-MoE).
+// The forward and backward are the same four stages whatever the dispatcher.
 // Shared experts (moe.shared_experts = n; DeepSpeed-MoE's residual MoE, DeepSeekMoE eq. 3): every
 // token also goes through n dense feed-forwards of width H, their sum added to y. Since the
 // activation is element-wise, sum_i act(x W_in_i) W_out_i = act(x [W_in_1 .. W_in_n]) [W_out_1; ..;
@@ -20,7 +21,8 @@
 //
 // Each stage is timed as a phase ("gate", "dispatch", "expert", "combine"; backward adds into the
 // phase of the forward stage it mirrors); the communication inside is also timed on its own as
-// "moe_alltoall" (inside dispatch and combine) and "moe_allreduce" (inside expert or combine).
+// "moe_alltoall" (inside dispatch and combine) and "moe_allreduce" (inside expert or combine, and
+// the index-select dispatch's backward).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -29,14 +31,12 @@
 
 #include "model/context.hpp"
 #include "model/mlp.hpp"
-#include "model/moe/alltoall_dispatcher.hpp"
-#include "model/moe/dispatcher.hpp"
 #include "model/moe/experts.hpp"
-#include "model/moe/index_select_dispatcher.hpp"
 #include "model/moe/moe_options.hpp"
-#include "model/placement.hpp"
 #include "model/moe/router.hpp"
+#include "model/moe/token_dispatcher.hpp"
 #include "model/params.hpp"
+#include "model/placement.hpp"
 #include "tensor/device.hpp"
 
 namespace meshmoe {
@@ -78,64 +78,32 @@ class MoeLayer {
   // stats().aux_sum and stats().z_sum in the trainer's loss.
   void backward(const StepContext& ctx, const T* dy, T* dx, int N, double aux_weight, double z_weight);
 
-  // What backward reads of the last forward, the stages' included (activation_stash.hpp); the
-  // index-select dispatcher keeps nothing.
+  // What backward reads of the last forward, the stages' included (activation_stash.hpp).
   template <class F>
   void saved_state(F&& f) {
     router.saved_state(f);
     dispatcher.saved_state(f);
     experts.saved_state(f);
-    if (a2a) a2a->saved_state(f);
     if (shared) shared->saved_state(f);
-    f(buf_);
-    f(out_);
-    f(expert_side_elems_);
   }
 
   const MoeStats& stats() const { return stats_; }
   const MoeOptions& options() const { return opt_; }
   const Placement& placement() const { return place_; }
-  // [rows, M] input of the local experts in the last forward, and the global token of each row
-  // (tests: what the all-to-all delivered).
-  const Buffer<T>& expert_input() const { return a2a ? experts.input() : buf_; }
-  const Buffer<int64_t>& expert_input_token() const {
-    return a2a ? a2a->expert_row_token() : dispatcher.slot_token_global();
-  }
 
   Router<T> router;
-  IndexDispatcher<T> dispatcher;             // local permutation (always)
-  Experts<T> experts;                        // this rank's experts (and hidden units)
-  std::unique_ptr<AllToAllDispatcher<T>> a2a;       // expert_axis = data, data > 1
-  std::unique_ptr<IndexSelectDispatcher<T>> isel;   // expert_axis = tensor, tensor > 1
-  std::unique_ptr<MLP<T>> shared;                   // moe.shared_experts > 0: this rank's hidden units
+  Experts<T> experts;                 // this rank's experts (and hidden units)
+  TokenDispatcher<T> dispatcher;      // chosen by the placement
+  std::unique_ptr<MLP<T>> shared;     // moe.shared_experts > 0: this rank's hidden units
 
  private:
-  // The stages, in order (the routing is router.route).
-  void dispatch(const StepContext& ctx, const T* x);
   void record_stats();  // in dispatch: the router's totals, read at the layer's one wait
-  void run_experts(const StepContext& ctx);
   void run_shared(const StepContext& ctx, const T* x, int N);
-  void combine(const StepContext& ctx, T* y);
-  void reserve_full_layout(const Routing<T>& r);
 
   MoeOptions opt_;
   Placement place_;
-  // Saved by the forward for the backward (with the router's and the experts' own):
-  Buffer<T> buf_;   // [rows, M] local expert buffer (dispatch order; the backward reads its size)
-  Buffer<T> out_;   // [rows, M] expert outputs in the local buffer's order
-  // All-to-all path: expert-side input and output [rows', M]. Only alive during the forward (the
-  // experts keep their own copy of the input; combine's output is in out_), so that the memory held
-  // between forward and backward stays that of the single-rank layer (GShard section 5.1).
-  Buffer<T> xin_, xout_;
-  Buffer<T> shared_out_;  // [N, M] the shared experts' output (partial over tensor with isel), forward only
-  size_t expert_side_elems_ = 0;  // rows' * M of the last forward
+  Buffer<T> shared_out_;  // [N, M] the shared experts' output (a partial sum over tensor when folded), forward only
   MoeStats stats_;
-  // Backward scratch, not saved state: overwritten by every backward, members so that a step does
-  // not allocate them. dout [rows, M] (the all-to-all path reuses it for the returning input
-  // gradient), dgate [N*k], dxe [rows or rows', M]; index-select path: dxp [N, M] (this rank's
-  // partial dx). The all-to-all path's dexp [rows', M] lives only during the backward.
-  Buffer<T> dout_, dgate_, dxe_, dxp_, dexp_;
-  size_t reserve_token_side_ = 0, reserve_expert_side_ = 0;  // rows of the full layout (reserve_full_layout)
 };
 
 }  // namespace meshmoe
