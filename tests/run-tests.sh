@@ -40,7 +40,7 @@ while IFS='|' read -r _ name t secs kern alone _; do
   name=$(tr -d ' `' <<<"$name")
   row_tier[$name]=$(tr -d ' ' <<<"$t"); row_secs[$name]=$(tr -d ' ' <<<"$secs")
   row_kernel[$name]=$(tr -d ' ' <<<"$kern"); row_alone[$name]=$(tr -d ' ' <<<"$alone")
-done < <(grep -E '^\| `[a-z0-9_ =]+` \|' tests/TIERS.md)
+done < <(grep -E '^\| `[a-z0-9_-]+` \|' tests/TIERS.md)
 
 in_tier() {  # name: whether this run runs it
   if [ "$rest" = 1 ]; then [ "${row_tier[$1]}" = all ]; else [ "$tier" = all ] || [ "${row_tier[$1]}" = check ]; fi
@@ -67,9 +67,9 @@ run_catch() {  # label tests-binary np kernel catch-args...
 
 catch_runs() {  # kernel: the three Catch runs of every tier
   local k=$1 sfx=${1:+@$1}
-  run_catch "catch np=1$sfx" "$MESHMOE_TESTS" 1 "$k"
-  run_catch "catch np=2$sfx" "$MESHMOE_TESTS" 2 "$k" '[mpi]'
-  run_catch "catch np=4$sfx" "$MESHMOE_TESTS" 4 "$k" '[mpi]'
+  run_catch "catch-np1$sfx" "$MESHMOE_TESTS" 1 "$k"
+  run_catch "catch-np2$sfx" "$MESHMOE_TESTS" 2 "$k" '[mpi]'
+  run_catch "catch-np4$sfx" "$MESHMOE_TESTS" 4 "$k" '[mpi]'
 }
 
 # Scripts: a pool of $jobs background jobs; each job writes its exit code to $tmp_root/<id>.rc.
@@ -139,7 +139,7 @@ if [ "$tier" = all ] && [ -z "$only_scripts" ]; then
   done
   run_scripts "$second" "${again[@]}"
   if [ -n "${CUDA_BUILD:-}" ] && [ -x "$CUDA_BUILD/meshmoe_tests" ]; then
-    run_catch "catch np=1 (CUDA build)" "$PWD/$CUDA_BUILD/meshmoe_tests" 1 ""
+    run_catch "catch-np1-cuda-build" "$PWD/$CUDA_BUILD/meshmoe_tests" 1 ""
   fi
 fi
 

@@ -41,7 +41,7 @@ void set_device(Device d) {
   if (d == current_device()) return;  // on the host: the host's backend, or the deferred host device, stays
   if (d == Device::Cpu) return set_device_backend(kHostBackend);
   if (!cuda_backend())
-    throw Error("run.device = \"cuda\": this meshmoe was built without CUDA (nvcc not found at build time; make CUDA=1)");
+    throw Error("run.device = \"cuda\": this meshmoe was built without CUDA (make CUDA=1 builds it)");
   set_device_backend(*cuda_backend());
 }
 
