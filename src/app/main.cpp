@@ -23,8 +23,8 @@
 #include "tensor/host_threads.hpp"
 #include "app/checkpoint_cli.hpp"
 #include "train/distill.hpp"
-#include "run/memory.hpp"
 #include "run/signals.hpp"
+#include "run/startup.hpp"
 #include "train/trainer.hpp"
 
 #ifndef MESHMOE_VERSION
@@ -61,8 +61,8 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& overrides)
   Setup s = setup(path, overrides);
   const std::string text = s.mesh.describe();
   if (world_rank() == 0) std::cout << text << std::flush;
-  // Memory and cost per rank, one column per pipeline stage (src/train/memory.hpp).
-  const std::string memory = memory_report_collective(s.deck.cfg, s.mesh.shape(), s.mesh.world());
+  // Memory and cost per rank, one column per pipeline stage, each stage's pieces once (src/run/startup.hpp).
+  const std::string memory = Startup::stages(s.deck.cfg, s.mesh).memory_report(s.mesh.world());
   if (world_rank() == 0) std::cout << memory << std::flush;
   return kExitOk;
 }
@@ -71,10 +71,12 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& overrides)
 int cmd_train(const std::string& path, const std::vector<std::string>& overrides, const TrainOptions& opt,
               const DistillOptions* distill = nullptr) {
   Setup s = setup(path, overrides);
-  check_memory_plan(s.deck.cfg, s.mesh.shape(), s.mesh.world());  // exit 2 before allocating (train/memory_limit.hpp)
+  // The placement, shape table and memory plan, each once, and the memory check: exit 2 before
+  // anything is allocated (src/run/startup.hpp).
+  const Startup start = Startup::training(s.deck.cfg, s.mesh);
   if (world_rank() == 0) std::cout << "# effective deck (" << s.deck.path << ")\n" << s.deck.effective_toml << std::flush;
-  if (distill) return distill_main(s.deck, s.mesh, MESHMOE_VERSION, *distill);
-  return train_main(s.deck, s.mesh, MESHMOE_VERSION, opt);
+  if (distill) return distill_main(s.deck, s.mesh, start, MESHMOE_VERSION, *distill);
+  return train_main(s.deck, s.mesh, start, MESHMOE_VERSION, opt);
 }
 
 int run(int argc, char** argv) {

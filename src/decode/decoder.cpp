@@ -10,6 +10,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "run/run_checkpoints.hpp"
 #include "run/run_data.hpp"
+#include "run/startup.hpp"
 
 namespace meshmoe {
 
@@ -46,7 +47,9 @@ Decoder load_decoder(const Deck& deck, Mesh& mesh, const std::string& checkpoint
   d.tokenizer = d.valid.info().tokenizer_object();
   d.checkpoint = resolve_named_checkpoint(checkpoint, "--checkpoint", mesh.world());
   set_gemm_precision(cfg.model.precision);  // decode in the arithmetic the model was trained in
-  d.model = std::make_unique<Transformer<float>>(cfg, model_vocab(cfg, d.valid), model_sharding(mesh, cfg));
+  // The model's start-up (run/startup.hpp): decoding needs no memory plan, nor the training batch's rules.
+  const Startup start = Startup::forward_only(cfg, model_vocab(cfg, d.valid), mesh, false);
+  d.model = std::make_unique<Transformer<float>>(cfg, start.table(), start.placement_on(mesh));
   // No optimizer state; the routers' selection biases (moe.balance = bias) route as in training.
   std::vector<StateTensor> model_state = selection_bias_state(*d.model);
   d.meta = read_checkpoint(d.checkpoint, d.model->params(), model_state, mesh.world());

@@ -32,8 +32,9 @@ struct Decoder {
 };
 
 // Collective. `checkpoint`: a checkpoint file, or a ckpt / run directory whose LATEST names one.
-// The model of this rank's shards, no optimizer state (the routers' selection biases, with
-// moe.balance = "bias", route as in training), its CachedModel as data_group_cached_model's.
+// The model of this rank's shards (from Startup::forward_only, run/startup.hpp), no optimizer state
+// (the routers' selection biases, with moe.balance = "bias", route as in training), its CachedModel
+// as data_group_cached_model's.
 Decoder load_decoder(const Deck& deck, Mesh& mesh, const std::string& checkpoint);
 
 // The CachedModel of a whole model on the mesh, each data group decoding inputs of its own: the

@@ -57,8 +57,14 @@ Placement placement_at(const Config& cfg, const MeshShape& mesh, const RankCoord
 }
 
 Placement model_sharding(Mesh& mesh, const Config& cfg) {
-  Placement p = placement_at(cfg, mesh.shape(),
-                             RankCoords{mesh.coord(Axis::Pipe), mesh.coord(Axis::Data), mesh.coord(Axis::Tensor)});
+  return model_sharding(mesh, placement_at(cfg, mesh.shape(),
+                                           RankCoords{mesh.coord(Axis::Pipe), mesh.coord(Axis::Data), mesh.coord(Axis::Tensor)}));
+}
+
+Placement model_sharding(Mesh& mesh, Placement p) {
+  if (MeshShape{p.pipe_size, p.data_size, p.tensor_size} != mesh.shape() || p.pipe_rank != mesh.coord(Axis::Pipe) ||
+      p.data_rank != mesh.coord(Axis::Data) || p.tensor_rank != mesh.coord(Axis::Tensor))
+    throw std::logic_error("model_sharding: the placement of another rank or mesh than this one");
   p.tensor = &mesh.axis(Axis::Tensor);
   const int P = p.expert_parallel;
   if (P == p.data_size) {

@@ -1,8 +1,9 @@
 // Where this rank's part of the model lives on the mesh (docs/ARCHITECTURE.md "Placement"): its
 // coordinate and the extent of every axis, the Comms the layers talk over, and where the experts of
 // the MoE layers sit (docs/ARCHITECTURE.md "The mesh"). Built once per run from the Mesh and the deck
-// (model_sharding); the Transformer, its MoE layers, their dispatchers, the gradient sync and the
-// shape table all read this one object. The default is the whole model on one rank.
+// (docs/ARCHITECTURE.md "One run": placement_at, then its Comms by model_sharding); the Transformer,
+// its MoE layers, their dispatchers, the gradient sync and the shape table all read this one object.
+// The default is the whole model on one rank.
 //   pipe:   stage p holds blocks [p L / pipe, (p+1) L / pipe); the first also embeds, the last has
 //           ln_f, the head and the loss.
 //   tensor: Megatron: heads and hidden units split over the tensor ranks.
@@ -75,8 +76,11 @@ struct Placement {
 // the shape table and the memory plan read.
 Placement placement_at(const Config& cfg, const MeshShape& mesh, const RankCoords& at);
 
-// This rank's placement on `mesh`, with the Comm of every axis it needs: collective over the data
-// axis the first time the mesh makes the expert and replica groups (Mesh::expert_comms).
+// This rank's placement `sizes` (placement_at's of this rank's coordinates on `mesh`) with the Comm
+// of every axis it needs: collective over the data axis the first time the mesh makes the expert
+// and replica groups (Mesh::expert_comms).
+Placement model_sharding(Mesh& mesh, Placement sizes);
+// The same from the deck: model_sharding(mesh, placement_at(cfg, mesh's shape, this rank)).
 Placement model_sharding(Mesh& mesh, const Config& cfg);
 
 }  // namespace meshmoe

@@ -41,9 +41,23 @@ ModelShape model_shape(const Config& cfg, int vocab) {
   return s;
 }
 
-ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, RankCoords at, bool with_buffers) {
+CheckedShapes::CheckedShapes(const Config& cfg, int vocab, const MeshShape& mesh, bool with_batch)
+    : cfg_(&cfg), vocab_(vocab), mesh_(mesh), with_batch_(with_batch) {
   check_dimension_limits(cfg);
-  require_rules(shape_rules(cfg, mesh.pipe, mesh.data, mesh.tensor), with_buffers);
+  require_rules(shape_rules(cfg, mesh.pipe, mesh.data, mesh.tensor), with_batch);
+}
+
+ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, RankCoords at, bool with_buffers)
+    : ShapeTable(CheckedShapes(cfg, vocab, mesh, with_buffers), placement_at(cfg, mesh, at)) {}
+
+ShapeTable::ShapeTable(const CheckedShapes& checked, const Placement& place)
+    : mesh_(checked.mesh()), at_{place.pipe_rank, place.data_rank, place.tensor_rank} {
+  const Config& cfg = checked.cfg();
+  const int vocab = checked.vocab();
+  const MeshShape& mesh = mesh_;
+  const RankCoords& at = at_;
+  if (MeshShape{place.pipe_size, place.data_size, place.tensor_size} != mesh)
+    throw std::logic_error("ShapeTable: a placement on another mesh than " + mesh.str());
   if (at.pipe < 0 || at.pipe >= mesh.pipe || at.data < 0 || at.data >= mesh.data || at.tensor < 0 ||
       at.tensor >= mesh.tensor)
     throw std::logic_error("ShapeTable: rank coordinates outside the mesh " + mesh.str());
@@ -62,7 +76,8 @@ ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, Rank
   s.moe = model_.num_moe_layers() > 0;
   if (s.moe) {
     s.moe_opt = moe_options(cfg, 0);
-    const Placement place = placement_at(cfg, mesh, at);  // sizes only: no communicators
+    if (place.expert_axis != cfg.moe.expert_axis || place.expert_parallel != expert_parallel(cfg, mesh.data))
+      throw std::logic_error("ShapeTable: the placement's experts are not the deck's (build it with placement_at)");
     s.expert_parallel = place.expert_parallel;
     s.experts_over_data = place.expert_axis == ExpertAxis::Data;
     s.experts = place.expert_shape(s.M, s.moe_opt.num_experts, s.moe_opt.d_ff, s.moe_opt.activation);
@@ -109,7 +124,7 @@ ShapeTable::ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, Rank
     else if (!s.first_stage) head = {embedding_params("embed", s.V, s.T, s.M)[0]};
     add("head", LayerKind::Head, -1, std::move(head));
   }
-  if (with_buffers) add_buffers(cfg, mesh);
+  if (checked.with_batch()) add_buffers(cfg, mesh);
 }
 
 // What each layer's first training forward and backward allocate for one micro-batch, read off the

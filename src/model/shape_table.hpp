@@ -1,8 +1,9 @@
 // The shape table (docs/ARCHITECTURE.md "The shape table"): for a deck, a mesh and one rank's
-// coordinates, the legend's letters with this rank's shares computed once, the divisibility rules
-// that make those shares whole, and every parameter tensor of every layer of the rank's pipeline
-// stage in ParamStore order. The model registers exactly these entries (Transformer checks it), the
-// memory plan sums them (train/memory.cpp), and the deck checks the same rules (deck.cpp).
+// placement, the legend's letters with this rank's shares computed once, the divisibility rules
+// that make those shares whole (checked once per start-up: CheckedShapes), and every parameter
+// tensor of every layer of the rank's pipeline stage in ParamStore order. The model registers
+// exactly these entries (Transformer checks it), the memory plan sums them (run/memory.cpp), and
+// the deck checks the same rules (deck.cpp).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,6 +17,8 @@
 #include "model/params.hpp"
 
 namespace meshmoe {
+
+struct Placement;  // model/placement.hpp
 
 // Sizes that follow from the deck and the dataset.
 // model.arch = "encdec": blocks [0, encoder_layers) are the encoder's, the rest (as many) the
@@ -106,14 +109,37 @@ struct ShapeLetters {
   int B = 0, N = 0, S = 0, G = 0, C = 0;
 };
 
+// A deck with its vocabulary on a mesh, checked once before any shape table of the mesh's ranks is
+// built from it (docs/ARCHITECTURE.md "One run"): every dimension within the layers' 32-bit indices
+// and every rule of shape_rules (the batch's too with with_batch). Throws InputError naming the
+// deck keys. `cfg` must outlive it.
+class CheckedShapes {
+ public:
+  CheckedShapes(const Config& cfg, int vocab, const MeshShape& mesh, bool with_batch);
+  const Config& cfg() const { return *cfg_; }
+  int vocab() const { return vocab_; }
+  const MeshShape& mesh() const { return mesh_; }
+  bool with_batch() const { return with_batch_; }
+
+ private:
+  const Config* cfg_;
+  int vocab_;
+  MeshShape mesh_;
+  bool with_batch_;
+};
+
 class ShapeTable {
  public:
-  // The model of the rank at `at` of `mesh`; with_buffers: also one training micro-batch's buffers
-  // (optim.batch_size / (optim.micro_batches x mesh.data) sequences). Throws InputError naming the
-  // deck keys when a dimension is beyond the layers' 32-bit indices or a rule of shape_rules fails
-  // (the batch's only with_buffers).
+  // The model of the rank `place` (its sizes: placement_at's, no Comms needed) of a checked deck's
+  // mesh; when the batch's rules were checked, also one training micro-batch's buffers
+  // (optim.batch_size / (optim.micro_batches x mesh.data) sequences).
+  ShapeTable(const CheckedShapes& checked, const Placement& place);
+  // Both steps in one: CheckedShapes(cfg, vocab, mesh, with_buffers), then the rank at `at`
+  // (placement_at). Throws InputError as CheckedShapes does.
   ShapeTable(const Config& cfg, int vocab, const MeshShape& mesh, RankCoords at, bool with_buffers = false);
 
+  const MeshShape& mesh() const { return mesh_; }
+  const RankCoords& coords() const { return at_; }
   const ShapeLetters& letters() const { return letters_; }
   const std::vector<LayerShapes>& layers() const { return layers_; }
   // Every parameter entry of the stage in ParamStore order, with its flat offset.
@@ -123,6 +149,8 @@ class ShapeTable {
 
  private:
   void add_buffers(const Config& cfg, const MeshShape& mesh);
+  MeshShape mesh_;
+  RankCoords at_;
   ShapeLetters letters_;
   ModelShape model_;
   std::vector<LayerShapes> layers_;

@@ -57,24 +57,30 @@ Transformer<T>::Transformer(const Config& cfg, int vocab) : Transformer(cfg, voc
 
 template <typename T>
 Transformer<T>::Transformer(const Config& cfg, int vocab, const Placement& placement)
+    : Transformer(cfg,
+                  ShapeTable(cfg, vocab, MeshShape{placement.pipe_size, placement.data_size, placement.tensor_size},
+                             RankCoords{placement.pipe_rank, placement.data_rank, placement.tensor_rank}),
+                  placement) {}
+
+template <typename T>
+Transformer<T>::Transformer(const Config& cfg, const ShapeTable& table, const Placement& placement)
     : cfg_(cfg),
-      shape_(model_shape(cfg, vocab)),
-      emb_(vocab, int(cfg.model.seq_len), int(cfg.model.d_model)),
-      emb_enc_(vocab, int(cfg.model.seq_len), int(cfg.model.d_model)),
+      shape_(table.model()),
+      emb_(table.letters().V, int(cfg.model.seq_len), int(cfg.model.d_model)),
+      emb_enc_(table.letters().V, int(cfg.model.seq_len), int(cfg.model.d_model)),
       lne_(int(cfg.model.d_model), cfg.model.layernorm_eps),
       lnf_(int(cfg.model.d_model), cfg.model.layernorm_eps),
-      head_(vocab, int(cfg.model.d_model)),
+      head_(table.letters().V, int(cfg.model.d_model)),
       placement_(placement) {
   if (placement_.tensor_size > 1 && !placement_.tensor) throw std::logic_error("Transformer: tensor_size > 1 without a Comm");
   auto tensor_allreduce = [this](T* buf, size_t n) {
     ScopedPhase t(timers_, "tensor_allreduce");
     placement_.tensor->all_reduce(buf, n, Op::Sum);
   };
-  const ShapeTable table(cfg, vocab, MeshShape{placement_.pipe_size, placement_.data_size, placement_.tensor_size},
-                         RankCoords{placement_.pipe_rank, placement_.data_rank, placement_.tensor_rank});
-  if (table.letters().moe && (placement_.expert_axis != cfg.moe.expert_axis ||
-                              placement_.expert_parallel != table.letters().expert_parallel))
-    throw std::logic_error("Transformer: the placement's experts are not the deck's (build it with model_sharding)");
+  const RankCoords& at = table.coords();
+  if (table.mesh() != MeshShape{placement_.pipe_size, placement_.data_size, placement_.tensor_size} ||
+      at.pipe != placement_.pipe_rank || at.data != placement_.data_rank || at.tensor != placement_.tensor_rank)
+    throw std::logic_error("Transformer: the shape table is not the placement's rank's");
   first_block_ = table.letters().first_block;
   if (first_stage()) emb_.declare(params_, "embed");
   std::vector<BlockGrads> block_first_param;  // indices into the parameter table

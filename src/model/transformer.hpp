@@ -92,6 +92,9 @@ class Transformer {
 
   // This rank's stage and shards (model_sharding, placement_at); without one, the whole model.
   Transformer(const Config& cfg, int vocab, const Placement& placement);
+  // The same from the shape table of the placement's rank, made once by the start-up
+  // (docs/ARCHITECTURE.md "One run").
+  Transformer(const Config& cfg, const ShapeTable& table, const Placement& placement);
   Transformer(const Config& cfg, int vocab);
   // Allocates and initialises the parameters from run.seed and model.init_scale.
   void init(uint64_t seed, double init_scale);

@@ -119,17 +119,51 @@ int64_t heap_in_use() {
   return int64_t(mi.uordblks) + int64_t(mi.hblkhd);
 }
 
-MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
-                       int tensor_rank) {
-  // Mesh extents are spelled out (docs/ARCHITECTURE.md "Legend of dimension letters").
-  const int pipe = mesh.pipe, data = mesh.data, tensor = mesh.tensor;
-  need(vocab >= 1, "memory plan: the vocabulary size is unknown (set model.vocab_size or prepare data.path)");
-  need(pipe_rank >= 0 && pipe_rank < pipe && data_rank >= 0 && data_rank < data && tensor_rank >= 0 && tensor_rank < tensor,
-       "memory plan: rank coordinates outside the mesh " + mesh.str());
-  // The rank's letters, parameters and buffers (model/shape_table.hpp).
-  const ShapeTable table(cfg, vocab, mesh, RankCoords{pipe_rank, data_rank, tensor_rank}, true);
+namespace {
+
+// A plan whose Checked arithmetic overflowed: the deck's sizes named.
+[[noreturn]] void throw_too_large(const Config& cfg, int vocab) {
+  const auto& m = cfg.model;
+  throw InputError("the model is too large: its memory plan overflows 64-bit byte counts (vocabulary " +
+                   std::to_string(vocab) + ", model.d_model = " + std::to_string(m.d_model) +
+                   ", model.d_ff = " + std::to_string(m.d_ff) + ", model.num_layers = " + std::to_string(m.num_layers) +
+                   ", model.seq_len = " + std::to_string(m.seq_len) + ", moe.num_experts = " +
+                   std::to_string(cfg.moe.num_experts) + ", moe.expert_d_ff = " + std::to_string(cfg.moe.expert_d_ff) +
+                   ", optim.batch_size = " + std::to_string(cfg.optim.batch_size) + "); make it smaller");
+}
+
+ModelCounts model_counts_checked(const Config& cfg, const ShapeTable& table) {
+  // Whole-model counts: the table of a one-rank mesh (the tied embedding once); a token visits k
+  // of each MoE layer's E experts (expert choice: E C / S on average, rounded up).
   const ShapeLetters& sl = table.letters();
-  const Checked V = vocab, M = sl.M, N = sl.N, MB = cfg.optim.micro_batches;
+  const int vocab = sl.V;
+  Config one_rank = cfg;
+  one_rank.mesh.expert_parallel = 0;  // a placement key: no expert groups on one rank
+  const ShapeTable whole_model(one_rank, vocab, MeshShape{1, 1, 1}, RankCoords{});
+  const int visits = sl.moe && sl.moe_opt.expert_choice() ? (sl.experts.E * sl.C + sl.S - 1) / sl.S : sl.k;
+  Checked params_total = 0, experts_skipped = 0;
+  for (const LayerShapes& l : whole_model.layers())
+    for (const ParamInfo& e : l.params) {
+      params_total += Checked(e.size);
+      if (l.kind == LayerKind::Experts)
+        experts_skipped += Checked(e.size) / sl.experts.E * std::max(sl.experts.E - visits, 0);
+    }
+  ModelCounts c;
+  c.params_total = params_total.value();
+  c.params_activated = (params_total - experts_skipped).value();
+  c.flops_per_token = train_flops_per_token(cfg, model_shape(cfg, vocab));
+  return c;
+}
+
+MemoryPlan plan_memory_checked(const Config& cfg, const ShapeTable& table, const ModelCounts& whole) {
+  // Mesh extents are spelled out (docs/ARCHITECTURE.md "Legend of dimension letters").
+  const MeshShape& mesh = table.mesh();
+  const int pipe = mesh.pipe, data = mesh.data, tensor = mesh.tensor;
+  const int pipe_rank = table.coords().pipe, data_rank = table.coords().data, tensor_rank = table.coords().tensor;
+  // The rank's letters, parameters and buffers (model/shape_table.hpp).
+  const ShapeLetters& sl = table.letters();
+  if (sl.N == 0) throw std::logic_error("plan_memory: a shape table without the micro-batch's buffers");
+  const Checked V = sl.V, M = sl.M, N = sl.N, MB = cfg.optim.micro_batches;
   const Checked NM = N * M;
 
   MemoryPlan p;
@@ -163,23 +197,9 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
     }
     p.optim_bytes = bytes(owned_state_elems(cfg, shapes, over_data, data, data_rank) * kF);
   }
-
-  // Whole-model counts: the table of a one-rank mesh (the tied embedding once); a token visits k
-  // of each MoE layer's E experts (expert choice: E C / S on average, rounded up).
-  Config one_rank = cfg;
-  one_rank.mesh.expert_parallel = 0;  // a placement key: no expert groups on one rank
-  const ShapeTable whole_model(one_rank, vocab, MeshShape{1, 1, 1}, RankCoords{});
-  const int visits = sl.moe && sl.moe_opt.expert_choice() ? (sl.experts.E * sl.C + sl.S - 1) / sl.S : sl.k;
-  Checked params_total = 0, experts_skipped = 0;
-  for (const LayerShapes& l : whole_model.layers())
-    for (const ParamInfo& e : l.params) {
-      params_total += Checked(e.size);
-      if (l.kind == LayerKind::Experts)
-        experts_skipped += Checked(e.size) / sl.experts.E * std::max(sl.experts.E - visits, 0);
-    }
-  p.params_total = params_total.value();
-  p.params_activated = (params_total - experts_skipped).value();
-  p.flops_per_token = train_flops_per_token(cfg, model_shape(cfg, vocab));
+  p.params_total = whole.params_total;
+  p.params_activated = whole.params_activated;
+  p.flops_per_token = whole.flops_per_token;
 
   // ---- activations: the shape table's buffers of one micro-batch -------------------------------------
   // Saved and forward-only buffers are what the first forward allocates, scratch the backward's;
@@ -273,26 +293,43 @@ MemoryPlan plan_memory_checked(const Config& cfg, int vocab, const MeshShape& me
   return p;
 }
 
+}  // namespace
+
+ModelCounts model_counts(const Config& cfg, const ShapeTable& table) {
+  try {
+    return model_counts_checked(cfg, table);
+  } catch (const SizeOverflow&) {
+    throw_too_large(cfg, table.letters().V);
+  }
+}
+
+MemoryPlan plan_memory(const Config& cfg, const ShapeTable& table, const ModelCounts& whole) {
+  try {
+    return plan_memory_checked(cfg, table, whole);
+  } catch (const SizeOverflow&) {
+    throw_too_large(cfg, table.letters().V);
+  }
+}
+
 MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
                        int tensor_rank) {
-  try {
-    return plan_memory_checked(cfg, vocab, mesh, pipe_rank, data_rank, tensor_rank);
-  } catch (const SizeOverflow&) {
-    const auto& m = cfg.model;
-    throw InputError("the model is too large: its memory plan overflows 64-bit byte counts (vocabulary " +
-                     std::to_string(vocab) + ", model.d_model = " + std::to_string(m.d_model) +
-                     ", model.d_ff = " + std::to_string(m.d_ff) + ", model.num_layers = " + std::to_string(m.num_layers) +
-                     ", model.seq_len = " + std::to_string(m.seq_len) + ", moe.num_experts = " +
-                     std::to_string(cfg.moe.num_experts) + ", moe.expert_d_ff = " + std::to_string(cfg.moe.expert_d_ff) +
-                     ", optim.batch_size = " + std::to_string(cfg.optim.batch_size) + "); make it smaller");
-  }
+  need(vocab >= 1, "memory plan: the vocabulary size is unknown (set model.vocab_size or prepare data.path)");
+  need(pipe_rank >= 0 && pipe_rank < mesh.pipe && data_rank >= 0 && data_rank < mesh.data && tensor_rank >= 0 &&
+           tensor_rank < mesh.tensor,
+       "memory plan: rank coordinates outside the mesh " + mesh.str());
+  const ShapeTable table(cfg, vocab, mesh, RankCoords{pipe_rank, data_rank, tensor_rank}, true);
+  const ModelCounts whole = model_counts(cfg, table);
+  return plan_memory(cfg, table, whole);
 }
 
 MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
                               int tensor_rank) {
-  const MemoryPlan plan = plan_memory(cfg, vocab, mesh, pipe_rank, data_rank, tensor_rank);
-  MemoryMeasured m;
+  // The start-up's sequence (docs/ARCHITECTURE.md "One run"), each piece once: the placement, its
+  // shape table, the plan read from it, and the model built from the same table.
   Placement sh = placement_at(cfg, mesh, RankCoords{pipe_rank, data_rank, tensor_rank});
+  const ShapeTable table(CheckedShapes(cfg, vocab, mesh, true), sh);
+  const MemoryPlan plan = plan_memory(cfg, table, model_counts(cfg, table));
+  MemoryMeasured m;
   LocalStandInComm tensor_comm(tensor_rank, mesh.tensor), expert_comm(sh.expert_rank(), sh.expert_parallel),
       replica_comm(data_rank / sh.expert_parallel, sh.replicas());
   sh.tensor = &tensor_comm;
@@ -300,7 +337,7 @@ MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mes
   sh.replica_group = &replica_comm;
 
   const int64_t h0 = heap_in_use();
-  auto model = std::make_unique<Transformer<float>>(cfg, vocab, sh);
+  auto model = std::make_unique<Transformer<float>>(cfg, table, sh);
   m.construct_heap = heap_in_use() - h0;
   model->init(uint64_t(cfg.run.seed), cfg.model.init_scale);
   m.param_bytes = model->params().size() * sizeof(float);
@@ -389,7 +426,8 @@ std::string expert_layout(const Config& cfg, const MeshShape& mesh, size_t max_g
   return o.str();
 }
 
-std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, double node_bytes_per_rank) {
+std::string memory_report(const Config& cfg, const MeshShape& mesh, const std::vector<std::vector<MemoryPlan>>& stages,
+                          double node_bytes_per_rank) {
   // Every data and tensor rank of a stage holds equal shards: one column per pipeline stage. With
   // optim.shard_state the data ranks' optimizer state differs: the column is the largest, and a
   // line below lists them all.
@@ -397,9 +435,9 @@ std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, d
   std::vector<std::vector<size_t>> state_per_data_rank(size_t(mesh.pipe));
   const bool sharded = cfg.optim.shard_state && mesh.data > 1;
   for (int s = 0; s < mesh.pipe; ++s) {
-    plans.push_back(plan_memory(cfg, vocab, mesh, s, 0, 0));
+    plans.push_back(stages[size_t(s)][0]);
     for (int d = 0; sharded && d < mesh.data; ++d) {
-      const MemoryPlan p = plan_memory(cfg, vocab, mesh, s, d, 0);
+      const MemoryPlan& p = stages[size_t(s)][size_t(d)];
       state_per_data_rank[size_t(s)].push_back(p.optim_bytes);
       if (p.optim_bytes > plans.back().optim_bytes) plans.back() = p;
     }
@@ -466,63 +504,6 @@ std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, d
           << " per rank but this node has " << format_bytes(node_bytes_per_rank)
           << " per rank (available memory / ranks on the node): use more ranks, smaller micro-batches or a smaller model\n";
   return o.str();
-}
-
-std::string memory_report_collective(const Config& cfg, const MeshShape& mesh, MPI_Comm world) {
-  int rank = 0;
-  MPI_Comm_rank(world, &rank);
-  // The vocabulary: rank 0 reads the dataset when the deck leaves it open, and tells everyone.
-  int vocab = int(cfg.model.vocab_size);
-  std::string why;
-  if (vocab == 0 && rank == 0) {
-    try {
-      vocab = int(Dataset::read_info(cfg.data.path).vocab_size);
-    } catch (const std::exception& e) {
-      why = e.what();
-    }
-  }
-  MPI_Bcast(&vocab, 1, MPI_INT, 0, world);
-  // Ranks on this node share its memory.
-  // The memory available to this process (cgroup limit, MemAvailable, or run.max_memory); a bad
-  // run.max_memory was refused by the deck already, so it raises nothing here.
-  MemoryLimit avail;
-  try {
-    avail = available_memory(cfg.run.max_memory);
-  } catch (const InputError&) {
-  }
-  MPI_Comm node;
-  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-  int local = 1;
-  MPI_Comm_size(node, &local);
-  double node_bytes = avail.bytes > 0 ? avail.bytes : 1e300;
-  MPI_Allreduce(MPI_IN_PLACE, &node_bytes, 1, MPI_DOUBLE, MPI_MIN, node);  // the node's tightest rank
-  MPI_Comm_free(&node);
-  struct {
-    double v;
-    int r;
-  } mine{node_bytes / local, rank}, least{};
-  MPI_Allreduce(&mine, &least, 1, MPI_DOUBLE_INT, MPI_MINLOC, world);  // the tightest node
-  // Rank 0 names where the tightest node's figure came from.
-  std::string source = avail.source;
-  int len = int(source.size()), nlocal = local;
-  MPI_Bcast(&len, 1, MPI_INT, least.r, world);
-  MPI_Bcast(&nlocal, 1, MPI_INT, least.r, world);
-  source.resize(size_t(len));
-  MPI_Bcast(source.data(), len, MPI_CHAR, least.r, world);
-  const double per_rank = least.v < 1e299 ? least.v : 0;
-  if (rank != 0) return "";
-  if (vocab <= 0)
-    return "memory: not computed: model.vocab_size = 0 and the dataset " + cfg.data.path +
-           " could not be read (" + why + "); set model.vocab_size to plan without data\n";
-  std::string text = memory_report(cfg, vocab, mesh, per_rank);
-  if (per_rank > 0) {
-    double need = 0;
-    for (int s = 0; s < mesh.pipe; ++s) need = std::max(need, double(plan_memory(cfg, vocab, mesh, s, 0, 0).total_bytes()));
-    text += "available memory: " + format_bytes(per_rank * nlocal) + " per node (" + source + "), " +
-            std::to_string(nlocal) + (nlocal == 1 ? " rank" : " ranks") + " on the node: " +
-            (need <= per_rank ? "the plan fits" : "the plan does NOT fit (meshmoe train refuses it)") + "\n";
-  }
-  return text;
 }
 
 }  // namespace meshmoe

@@ -1,5 +1,5 @@
-// Memory and cost plan of one rank (issue 4 "Memory", issue 6 "plan"): what `meshmoe plan` prints and
-// what the trainer reports at start-up.
+// Memory and cost plan of one rank: what `meshmoe plan` prints and what the trainer reports and
+// checks at start-up (run/startup.hpp).
 //
 // plan_memory() works from the deck alone (no MPI, no allocation): sums over the rank's shape table
 // (model/shape_table.hpp, docs/ARCHITECTURE.md "The shape table"): parameter, gradient and optimizer
@@ -21,7 +21,7 @@
 
 #include "deck/config.hpp"
 #include "mesh/mesh.hpp"
-#include "run/memory_limit.hpp"
+#include "model/shape_table.hpp"
 
 namespace meshmoe {
 
@@ -57,8 +57,22 @@ struct MemoryPlan {
   double sent_data = 0, sent_tensor = 0, sent_pipe = 0;
 };
 
-// The plan of the rank at (pipe_rank, data_rank, tensor_rank) of `mesh` for the model of `cfg` with
-// vocabulary `vocab`. Throws InputError when the deck does not split over the mesh.
+// The whole model's counts, the same on every rank (the table of a one-rank mesh): parameters, those
+// a token visits, training FLOPs per token. `table`: any rank's table with the micro-batch's buffers
+// (expert choice's visits read its C and S). Throws InputError when a count overflows.
+struct ModelCounts {
+  int64_t params_total = 0, params_activated = 0;
+  double flops_per_token = 0;
+};
+ModelCounts model_counts(const Config& cfg, const ShapeTable& table);
+
+// The plan of the rank of `table` (a table with the micro-batch's buffers: CheckedShapes with the
+// batch), `whole` the model's counts. Throws InputError when a byte count overflows.
+MemoryPlan plan_memory(const Config& cfg, const ShapeTable& table, const ModelCounts& whole);
+
+// The same from the deck in one call (the start-up's steps for one rank): the plan of the rank at
+// (pipe_rank, data_rank, tensor_rank) of `mesh` for the model of `cfg` with vocabulary `vocab`.
+// Throws InputError when the deck does not split over the mesh.
 MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
                        int tensor_rank);
 
@@ -82,11 +96,14 @@ int64_t heap_in_use();
 // Human-readable byte count: "1.50 MiB".
 std::string format_bytes(double bytes);
 
-// The report `meshmoe plan` prints and the trainer logs: one column per distinct placement (ranks
-// with the same pipeline stage and the same shard sizes share one), then a warning line for each
-// placement whose total exceeds `node_bytes_per_rank` (0: no check): the available memory of the
-// node (available_memory, memory_limit.hpp) divided by its ranks.
-std::string memory_report(const Config& cfg, int vocab, const MeshShape& mesh, double node_bytes_per_rank);
+// The report `meshmoe plan` prints and the trainer logs: one column per pipeline stage (its ranks
+// hold equal shards), then a warning line for each stage whose total exceeds `node_bytes_per_rank`
+// (0: no check): the available memory of the node (node_share, memory_limit.hpp) divided by its
+// ranks. `stages[s]`: the plans of stage s's tensor rank 0, data rank 0 first; with
+// optim.shard_state (the data ranks' optimizer state differs) every data rank's: the column is the
+// largest, and a line lists them all.
+std::string memory_report(const Config& cfg, const MeshShape& mesh, const std::vector<std::vector<MemoryPlan>>& stages,
+                          double node_bytes_per_rank);
 
 // Where the experts of a deck with experts over data live (`meshmoe plan`, the trainer's log): the
 // expert groups of mesh.expert_parallel data ranks (the all-to-all) and the replica groups (the
@@ -96,11 +113,5 @@ std::string expert_layout(const Config& cfg, const MeshShape& mesh, size_t max_g
 
 // MemTotal of /proc/meminfo in bytes (0 when unreadable). The checks use available_memory().
 double node_memory_bytes();
-
-// Collective over `world` (the mesh's ranks): the vocabulary (model.vocab_size, else the dataset's),
-// the ranks sharing this node and the memory available to them (the tightest node), and the report
-// text on rank 0 ("" elsewhere), ending with an "available memory: ..., the plan fits" line. When the vocabulary
-// cannot be known (vocab_size = 0 and no readable dataset) the report says so instead of numbers.
-std::string memory_report_collective(const Config& cfg, const MeshShape& mesh, MPI_Comm world);
 
 }  // namespace meshmoe

@@ -2,14 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/sizes.hpp"
-#include "io/h5.hpp"
 #include "mesh/agree.hpp"
 #include "run/memory.hpp"
 
@@ -158,36 +156,49 @@ void check_node_memory(double bytes_here, const std::string& what, const std::st
   throw InputError(broadcast_string(msg, worst.r, world));
 }
 
-void check_memory_plan(const Config& cfg, const MeshShape& mesh, MPI_Comm world) {
+void check_memory_plan(const Config& cfg, const MemoryPlan& stage_plan, MPI_Comm world) {
   if (cfg.run.device != Device::Cpu) return;
-  int rank = 0;
-  MPI_Comm_rank(world, &rank);
-  int vocab = int(cfg.model.vocab_size);
-  if (vocab == 0 && rank == 0) {
-    // Only the attribute: the tokens are not read here (the trainer loads them after the check).
-    try {
-      std::error_code ec;
-      if (std::filesystem::is_regular_file(cfg.data.path, ec)) {
-        h5::File f = h5::File::open(cfg.data.path);
-        if (f.has_attr("vocab_size")) vocab = int(std::clamp<int64_t>(f.attr<int64_t>("vocab_size"), 0, INT32_MAX));
-      }
-    } catch (const std::exception&) {
-      vocab = 0;  // the trainer says what is wrong with the data
-    }
-  }
-  MPI_Bcast(&vocab, 1, MPI_INT, 0, world);
-  if (vocab <= 0) return;
-  // Every rank plans every stage (deterministic, no communication), so an overflow or a deck that
-  // does not split is raised by all ranks together.
-  std::vector<MemoryPlan> plans;
-  for (int s = 0; s < mesh.pipe; ++s) plans.push_back(plan_memory(cfg, vocab, mesh, s, 0, 0));
-  const int stage = mesh.coords(rank)[size_t(Axis::Pipe)];
-  check_node_memory(double(plans[size_t(stage)].total_bytes()), "the plan", cfg.run.max_memory,
+  check_node_memory(double(stage_plan.total_bytes()), "the plan", cfg.run.max_memory,
                     cfg.run.max_memory.empty()
                         ? "see `meshmoe plan`; use more nodes, smaller micro-batches or a smaller model, or set "
                           "run.max_memory to override"
                         : "see `meshmoe plan`; raise run.max_memory if the node has more",
                     world);
+}
+
+NodeShare node_share(const std::string& max_memory, MPI_Comm world) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  // The memory available to this process (cgroup limit, MemAvailable, or run.max_memory).
+  MemoryLimit avail;
+  try {
+    avail = available_memory(max_memory);
+  } catch (const InputError&) {
+  }
+  // Ranks on this node share its memory.
+  MPI_Comm node;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  double node_bytes = avail.bytes > 0 ? avail.bytes : 1e300;
+  MPI_Allreduce(MPI_IN_PLACE, &node_bytes, 1, MPI_DOUBLE, MPI_MIN, node);  // the node's tightest rank
+  MPI_Comm_free(&node);
+  struct {
+    double v;
+    int r;
+  } mine{node_bytes / local, rank}, least{};
+  MPI_Allreduce(&mine, &least, 1, MPI_DOUBLE_INT, MPI_MINLOC, world);  // the tightest node
+  // Every rank learns where the tightest node's figure came from.
+  NodeShare share;
+  share.source = avail.source;
+  int len = int(share.source.size());
+  share.ranks = local;
+  MPI_Bcast(&len, 1, MPI_INT, least.r, world);
+  MPI_Bcast(&share.ranks, 1, MPI_INT, least.r, world);
+  share.source.resize(size_t(len));
+  MPI_Bcast(share.source.data(), len, MPI_CHAR, least.r, world);
+  share.per_rank = least.v < 1e299 ? least.v : 0;
+  return share;
 }
 
 }  // namespace meshmoe

@@ -22,6 +22,8 @@
 
 namespace meshmoe {
 
+struct MemoryPlan;  // run/memory.hpp
+
 struct MemoryLimit {
   double bytes = 0;    // 0: unknown (nothing readable)
   std::string source;  // "cgroup limit /sys/fs/cgroup/.../memory.max", "MemAvailable of /proc/meminfo", ...
@@ -45,11 +47,21 @@ MemoryLimit available_memory(const std::string& max_memory = "", const std::stri
 void check_node_memory(double bytes_here, const std::string& what, const std::string& max_memory,
                        const std::string& hint, MPI_Comm world, const std::string& key = "run.max_memory");
 
-// Collective over the mesh's ranks, before the trainer opens data or builds the model: the memory
-// plan of this rank (plan_memory, checked arithmetic: a plan that overflows is an InputError naming
-// the deck keys) summed per node against the available memory. Skipped (the trainer reports the
-// problem itself) when the vocabulary cannot be known: model.vocab_size = 0 and no readable data.
-// Also skipped for run.device = "cuda", whose tensors live in GPU memory.
-void check_memory_plan(const Config& cfg, const MeshShape& mesh, MPI_Comm world);
+// Collective over the mesh's ranks, before the trainer opens data or builds the model (the start-up's
+// last step, run/startup.hpp): `stage_plan`, the memory plan of this rank's pipeline stage (at data
+// and tensor rank 0), summed per node against the available memory. Skipped for run.device =
+// "cuda", whose tensors live in GPU memory.
+void check_memory_plan(const Config& cfg, const MemoryPlan& stage_plan, MPI_Comm world);
+
+// Collective over `world`: the memory available to each rank of the tightest node (the smallest
+// available_memory(max_memory) of a node's ranks, shared by them; 0 when unknown), how many ranks
+// that node holds and where its figure came from. An unparsable max_memory counts as unknown (the
+// deck refuses one before).
+struct NodeShare {
+  double per_rank = 0;
+  int ranks = 1;
+  std::string source;
+};
+NodeShare node_share(const std::string& max_memory, MPI_Comm world);
 
 }  // namespace meshmoe

@@ -6,7 +6,6 @@
 
 #include "core/error.hpp"
 #include "core/timers.hpp"
-#include "deck/shape_rules.hpp"
 #include "mesh/agree.hpp"
 #include "model/cross_entropy_bodies.hpp"
 #include "parallel/pipeline_executor.hpp"
@@ -65,12 +64,16 @@ std::unique_ptr<FrozenModel> load_frozen(const std::string& what, const std::str
   if (!why.empty())
     throw InputError(what + " " + f->path + " reads other batches than the deck's model (" + why +
                      "): the teacher, the baseline and the student must share the sequences and the vocabulary");
-  try {  // its experts, heads and routing groups must divide over the deck's mesh and batch
-    require_rules(shape_rules(c, c.mesh.pipe, c.mesh.data, c.mesh.tensor), true);
-  } catch (const InputError& e) {
-    throw InputError(what + " " + f->path + " does not fit the deck's mesh and batch: " + e.what());
-  }
-  f->model = std::make_unique<Transformer<float>>(c, vocab, model_sharding(mesh, c));
+  // Its start-up on the deck's mesh (run/startup.hpp): its experts, heads and routing groups must
+  // divide over the deck's mesh and batch.
+  const Startup start = [&] {
+    try {
+      return Startup::forward_only(c, vocab, mesh, true);
+    } catch (const InputError& e) {
+      throw InputError(what + " " + f->path + " does not fit the deck's mesh and batch: " + e.what());
+    }
+  }();
+  f->model = std::make_unique<Transformer<float>>(c, start.table(), start.placement_on(mesh));
   std::vector<StateTensor> state = selection_bias_state(*f->model);
   read_checkpoint(f->path, f->model->params(), state, mesh.world());
   f->pipeline = std::make_unique<PipelineExecutor>(*f->model, mesh, f->timers);
@@ -160,16 +163,18 @@ class Distiller : public TrainHooks {
 
 }  // namespace
 
-int distill_main(const Deck& deck, Mesh& mesh, const std::string& version, const DistillOptions& opt) {
+int distill_main(const Deck& deck, Mesh& mesh, const Startup& start, const std::string& version, const DistillOptions& opt) {
   const Config& cfg = deck.cfg;
   if (cfg.run.device != Device::Cpu)
     throw InputError("distill runs on the host only for now (the teacher's probabilities are made by host loops): use --set run.device=cpu");
-  const Dataset train = open_split(cfg.data.path, "train", mesh.world());
-  Distiller distiller(cfg, model_vocab(cfg, train), mesh, opt);
+  // The data's errors, a vocabulary smaller than the data's included, come before a teacher loads;
+  // the split is let go before the Trainer reads it again.
+  start.agree_vocab(model_vocab(cfg, open_split(cfg.data.path, "train", mesh.world())), mesh.world());
+  Distiller distiller(cfg, start.vocab(), mesh, opt);
   TrainOptions topt;
   topt.init_from = distiller.teacher_path();  // Switch 4.2: the student starts from the teacher's non-expert weights
   topt.hooks = &distiller;
-  return train_main(deck, mesh, version, topt);
+  return train_main(deck, mesh, start, version, topt);
 }
 
 }  // namespace meshmoe

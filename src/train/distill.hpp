@@ -11,6 +11,7 @@
 
 #include "deck/deck.hpp"
 #include "mesh/mesh.hpp"
+#include "run/startup.hpp"
 
 namespace meshmoe {
 
@@ -24,9 +25,10 @@ struct DistillOptions {
 // over the baseline as a fraction of the teacher's). NaN when the teacher is not better.
 double preserved_fraction(double teacher_loss, double student_loss, double baseline_loss);
 
-// Returns the process exit code as train_main does. The teacher and the baseline run on the
-// deck's mesh with their own decks (from their checkpoints), forward only; on a pipeline each in
-// its own stage split over the same pipe ranks, its logits on the last stage beside the student's.
-int distill_main(const Deck& deck, Mesh& mesh, const std::string& version, const DistillOptions& opt);
+// Returns the process exit code as train_main does (`start`: the student's Startup::training). The
+// teacher and the baseline run on the deck's mesh with their own decks (from their checkpoints),
+// forward only (each its own Startup::forward_only); on a pipeline each in its own stage split over
+// the same pipe ranks, its logits on the last stage beside the student's.
+int distill_main(const Deck& deck, Mesh& mesh, const Startup& start, const std::string& version, const DistillOptions& opt);
 
 }  // namespace meshmoe

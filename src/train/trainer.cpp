@@ -24,7 +24,7 @@
 #include "train/evaluate.hpp"
 #include "optim/grad_clip.hpp"
 #include "tensor/device.hpp"
-#include "run/memory.hpp"
+#include "run/startup.hpp"
 #include "optim/optimizer.hpp"
 #include "run/run_checkpoints.hpp"
 #include "run/run_data.hpp"
@@ -41,7 +41,7 @@ namespace {
 
 class Trainer {
  public:
-  Trainer(const Deck& deck, Mesh& mesh, std::string version, const TrainOptions& opt)
+  Trainer(const Deck& deck, Mesh& mesh, const Startup& start, std::string version, const TrainOptions& opt)
       : version_(std::move(version)),
         hooks_(opt.hooks),
         cfg_(deck.cfg),
@@ -65,25 +65,25 @@ class Trainer {
     if (mesh.rank() == 0) std::printf("%s\n", device_line.c_str());
     check_dataset_tokenizer(cfg_.data.path, train_.info(), cfg_.data.tokenizer, cfg_.data.spm_pieces);
     vocab_ = model_vocab(cfg_, train_);
+    start.agree_vocab(vocab_, mesh.world());  // the vocabulary the start-up planned with
     valid_too_long_ = check_eval_split(cfg_, valid_, eval_set_);
     DatasetIdentity data_identity;  // rank 0 only
     if (mesh.rank() == 0) data_identity = dataset_identity(cfg_.data.path, train_, valid_);
     install_stop_signal_handlers();
     // On the GPU the arena takes this rank's planned bytes in one piece before the model allocates
     // (docs/ARCHITECTURE.md "Device memory"); nothing on the host.
-    if (cfg_.run.device == Device::Cuda)
-      reserve_buffer_memory(plan_memory(cfg_, vocab_, mesh.shape(), mesh.coord(Axis::Pipe), mesh.coord(Axis::Data),
-                                        mesh.coord(Axis::Tensor))
-                                .total_bytes());
+    if (cfg_.run.device == Device::Cuda) reserve_buffer_memory(start.plan().total_bytes());
     if (cfg_.eval.bleu_every > 0) {  // every rank holds the same pairs (a data error throws on all alike)
       tokenizer_ = valid_.info().tokenizer_object();
       const int64_t n = cfg_.eval.bleu_examples > 0 ? cfg_.eval.bleu_examples : cfg_.eval.examples_per_language;
       bleu_pairs_ = validation_pairs(valid_, tokenizer_, n);
     }
-    Placement placement = model_sharding(mesh, cfg_);
-    placement.data = &mesh.axis(Axis::Data);  // weights and gradients node-shared over data (ParamStore::allocate)
-    placement.one_weight_copy = cfg_.optim.shard_state;
-    model_ = std::make_unique<Transformer<float>>(cfg_, vocab_, placement);
+    // The start-up's placement and shape table (run/startup.hpp); the Comms now that the device is chosen.
+    const Placement placement = start.placement_on(mesh);
+    Placement trained = placement;
+    trained.data = &mesh.axis(Axis::Data);  // weights and gradients node-shared over data (ParamStore::allocate)
+    trained.one_weight_copy = cfg_.optim.shard_state;
+    model_ = std::make_unique<Transformer<float>>(cfg_, start.table(), trained);
     if (mesh.rank() == 0 && mesh.extent(Axis::Data) > 1)
       std::printf("weights and gradients: %s\n",
                   model_->params().one_weight_copy()
@@ -98,7 +98,7 @@ class Trainer {
       std::optional<HostSection> host;
       if (buffers_on_device()) {
         host.emplace();
-        host_decoder_ = std::make_unique<Transformer<float>>(cfg_, vocab_, model_sharding(mesh, cfg_));
+        host_decoder_ = std::make_unique<Transformer<float>>(cfg_, start.table(), placement);
       }
       cached_ = data_group_cached_model(host_decoder_ ? *host_decoder_ : *model_, mesh);
     }
@@ -129,7 +129,7 @@ class Trainer {
     checkpoints_ = std::make_unique<RunCheckpoints>(deck, version_, mesh, run_dir_, std::move(data_identity),
                                                     model_->params(), *optimizer_, *batcher_, progress_);
     checkpoints_->add_model_state(selection_bias_state(*model_));
-    flops_per_token_ = train_flops_per_token(cfg_, model_->shape());
+    flops_per_token_ = start.plan().flops_per_token;
     // The sgemm ceiling with the run's BLAS threads (applied above), measured by every rank at once so
     // that the ranks of a node share its cores as they do in a step; the mesh's ceiling is the sum.
     if (cfg_.run.peak_gflops > 0) {
@@ -139,7 +139,7 @@ class Trainer {
       peak_ = measure_peak_flops();
       mesh.world_comm().all_reduce(&peak_, 1, Op::Sum);
     }
-    const std::string memory = memory_report_collective(cfg_, mesh.shape(), mesh.world());
+    const std::string memory = start.memory_report(mesh.world());
     if (mesh.rank() == 0) std::fputs(memory.c_str(), stdout);
     checkpoints_->resume();
     if (!opt.init_from.empty() && progress_.start_step == 0) init_from(opt.init_from);
@@ -443,8 +443,8 @@ class Trainer {
 
 }  // namespace
 
-int train_main(const Deck& deck, Mesh& mesh, const std::string& version, const TrainOptions& opt) {
-  Trainer trainer(deck, mesh, version, opt);
+int train_main(const Deck& deck, Mesh& mesh, const Startup& start, const std::string& version, const TrainOptions& opt) {
+  Trainer trainer(deck, mesh, start, version, opt);
   return trainer.run();
 }
 

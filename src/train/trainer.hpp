@@ -12,6 +12,7 @@
 #include "deck/deck.hpp"
 #include "mesh/mesh.hpp"
 #include "parallel/pipeline_executor.hpp"
+#include "run/startup.hpp"
 #include "train/evaluate.hpp"
 
 namespace meshmoe {
@@ -38,9 +39,12 @@ struct TrainOptions {
   TrainHooks* hooks = nullptr;
 };
 
-// Returns the process exit code: kExitOk when the run finished, kExitCheckpointed when a signal or
-// run.max_walltime stopped it with a checkpoint, kExitFailure after run.max_bad_steps non-finite steps
-// or when a checkpoint is due and the parameters or optimizer state are not finite (none written).
-int train_main(const Deck& deck, Mesh& mesh, const std::string& version, const TrainOptions& opt = {});
+// `start`: the deck's Startup::training on `mesh` (run/startup.hpp), whose pieces the model is built
+// from. Returns the process exit code: kExitOk when the run finished, kExitCheckpointed when a
+// signal or run.max_walltime stopped it with a checkpoint, kExitFailure after run.max_bad_steps
+// non-finite steps or when a checkpoint is due and the parameters or optimizer state are not
+// finite (none written).
+int train_main(const Deck& deck, Mesh& mesh, const Startup& start, const std::string& version,
+               const TrainOptions& opt = {});
 
 }  // namespace meshmoe

@@ -21,6 +21,7 @@
 #include "core/error.hpp"
 #include "core/sizes.hpp"
 #include "run/memory.hpp"
+#include "run/memory_limit.hpp"
 #include "../test_util.hpp"
 
 using namespace meshmoe;
