@@ -34,17 +34,38 @@ Tolerances (fp32 on both sides; "max-rel" = max |cpp - ref| / max |ref| over the
 Precision "bf16" (the *_bf16 cases): every GEMM of the model (not the router's) takes its operands
 rounded to bf16 by PyTorch's own conversion (to nearest, ties to even), in the forward and in both
 GEMMs of its backward (Bf16Gemm), products summed in fp32. The tolerances are the fp32 ones above,
-and they hold: a product of two bf16 values is exact in fp32 and the sums of these small GEMMs are
-mostly exact too, so the rounded operands snap the two sides' last-bit differences back together
-(the logits come out bitwise equal). What can differ is a value within an fp32 ulp or two of a bf16
-rounding boundary, rounded the other way on one side: one operand element then moves by 2^-8 of
-itself, rare (about 2^-15 per rounded value) and seen in the gradient norms only (up to 4e-5).
+and they hold because every bf16 pass is compared with the C++ side's roundings:
+  - what differs between the sides is the order of the fp32 sums (PyTorch's and OpenBLAS's GEMMs; and
+    OpenBLAS picks its kernel by CPU, OPENBLAS_CORETYPE), so a value both sides round to bf16 differs
+    between them by a few units of 2^-23 max(|v|, rms of its operand) (between two OpenBLAS kernels:
+    at most 11 units, most 1);
+  - the roundings that can then differ are those of values that close to a bf16 rounding midpoint
+    (half-way between two bf16 neighbours): of the 1e4-4e4 distinct values a pass rounds (the
+    weights aside), 40-500 lie within 4 units, and which of them flip depends on the kernels: 10
+    to 18 of the 84 bf16 passes of a run have one (seen over ten pairings of the C++ side's and
+    PyTorch's kernels), one in ten of those two;
+  - one flip moves an operand element by one bf16 ulp (2^-8 to 2^-7 of itself, 2^16 fp32 ulps), and
+    everything downstream rounds afresh from there: one flip at random in the reference moved the
+    logits by up to 8e-3 of their largest, a gradient tensor by up to 0.4 of its largest (typically
+    1e-3), the gradient norm by up to 1e-2 and the loss by up to 2e-4, beyond every tolerance above
+    and as large as the whole difference between bf16 and fp32, so no bound can cover a flip and
+    still tell bf16 from fp32;
+  - so a bf16 pass that mismatches is run again with candidate roundings taken the other way
+    (match_roundings: values within FLIP_RADII units of a midpoint, the weights excepted, which both
+    sides read from the same file), one more at a time, at most MAX_FLIPS per pass: a pass that then
+    agrees to the tolerances above was compared with the roundings the C++ side took. The roundings
+    taken are printed with their distance from the midpoint (seen: 0.0 to 2.6 units);
+  - a bug cannot hide there: a flip changes one value that lies at a midpoint by one bf16 ulp, while a
+    wrong C++ side (an operand left unrounded, a wrong gradient term) differs in thousands of values
+    of every pass, and no MAX_FLIPS flips make such a pass agree to the tolerances; the search has
+    SEARCH_LEFT CPU seconds in all, so a wrong side fails in minutes, not hours.
 Two checks make sure the cases test bf16: the fp32 model's logits and gradients are at least 10x
-further from the C++ ones than the bf16 reference's. The curves: a trajectory run freely on
-both sides drifts apart (a master weight a last bit apart rounds to another bf16 value a few steps
-on, and the 2^-8 jump feeds back: 1e-2 after 10 steps in encdec_top2_bf16), so for bf16 cases
-each step starts from the C++ side's weights at that step (/train/<opt>/params_<t>): the loss and
-gradient-norm curves then compare ten forward/backward passes along the C++ trajectory, to 1e-4.
+further from the C++ ones than the bf16 reference's. The curves: a trajectory run freely on both
+sides drifts apart (a master weight a last bit apart rounds to another bf16 value a few steps on,
+and the 2^-8 jump feeds back: 1e-2 after 10 steps in encdec_top2_bf16), so for bf16 cases each step
+starts from the C++ side's weights at that step (/train/<opt>/params_<t>), and compares its logits
+and gradients (/train/<opt>/logits_<t>, grads_<t>) with the single pass's tolerances, and the loss
+and gradient-norm curves to 1e-4.
 The optimizers, fp32 in both precisions, are compared free-running by the fp32 cases.
 Prints the worst error per quantity; exits 1 on any mismatch or a missing case file.
 Usage: /usr/bin/python3 tests/reference/model_reference.py DIR
@@ -52,6 +73,7 @@ Usage: /usr/bin/python3 tests/reference/model_reference.py DIR
 import math
 import os
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -67,6 +89,11 @@ CASES = ["dense_relu", "switch_top1", "gshard_top2", "geglu_untied", "encdec_top
          "dense_relu_bf16", "gshard_top2_bf16", "switch_top1_bf16", "encdec_top2_bf16"]
 CLIP_COUNTS = []  # fraction of clipped steps of every training run
 TOL_LOGITS, TOL_SCALAR, TOL_GRAD_REL, TOL_GRAD_ABS, TOL_CURVE, TOL_LR = 1e-5, 1e-5, 1e-4, 1e-7, 1e-4, 1e-12
+# bf16: the search for the roundings the C++ side took the other way (module docstring, "Precision bf16")
+FLIP_RADII = (4.0, 16.0, 128.0)  # rings of candidates, in units of 2^-23 max(|v|, rms) from a midpoint
+MAX_FLIPS = 3  # roundings taken the other way in one forward/backward, at most
+MAX_TRIES = 1000  # passes run to find one of them, at most
+SEARCH_LEFT = [120.0]  # CPU seconds of searching left to the whole script: a broken C++ side fails in time
 
 
 class Cfg:
@@ -138,6 +165,64 @@ def to_bf16(t):
     return t.to(torch.bfloat16).to(torch.float32)
 
 
+class Roundings:
+    """The bf16 roundings of one forward/backward, some taken the other way (module docstring,
+    "Precision bf16"): `flips` are the fp32 bit patterns (int32) of values rounded to their other
+    bf16 neighbour, not the nearest; every copy of such a value is (a value is rounded once per GEMM
+    that reads it, on both sides). Records what was rounded, and when, for the candidates."""
+
+    def __init__(self, flips=()):
+        self.flips = np.array(sorted(flips), dtype=np.int32)
+        self.seen = []  # the values of every rounded operand, flat, in order
+        self.backward = None  # index in `seen` of the backward's first rounding
+        self.done = {}  # parameter name -> roundings made before its gradient was complete
+
+    def round(self, t, backward=False):
+        if backward and self.backward is None:
+            self.backward = len(self.seen)
+        r = to_bf16(t)
+        v = t.detach().contiguous()
+        if self.flips.size:
+            m = torch.from_numpy(np.isin(v.view(torch.int32).numpy(), self.flips))
+            if bool(m.any()):
+                bits = r.contiguous().view(torch.int32)  # the other neighbour: one bf16 ulp towards v
+                other = torch.where(v.abs() > r.abs(), bits + 0x10000, bits - 0x10000).view(torch.float32)
+                r = torch.where(m, other, r)
+        self.seen.append(v.reshape(-1).numpy())
+        return r
+
+    def candidates(self, exclude, radius):
+        """{bit pattern: (distance, first rounding)} of the nonzero values rounded in this pass within
+        `radius` of a bf16 rounding midpoint (half-way between two neighbours), the distance in units
+        of 2^-23 max(|v|, rms of the operand), `exclude` (the weights' bit patterns) left out."""
+        found = {}
+        for i, v in enumerate(self.seen):
+            bits = v.view(np.int32)
+            v64 = np.abs(v).astype(np.float64)
+            # the midpoint has v's upper 16 bits and 0x8000 below them: |low 16 bits - 0x8000| ulps away
+            dist = np.abs((bits.astype(np.int64) & 0xFFFF) - 0x8000) * np.spacing(np.abs(v)).astype(np.float64)
+            unit = 2.0**-23 * np.maximum(v64, np.sqrt(np.mean(v64 * v64)))
+            sel = (v != 0) & (dist <= radius * unit)
+            for b, d in zip(bits[sel].tolist(), (dist[sel] / unit[sel]).tolist()):
+                if b not in exclude and (b not in found or d < found[b][0]):
+                    found[b] = (d, min(i, found.get(b, (0, i))[1]))
+        return found
+
+
+ROUNDINGS = None  # the Roundings of the pass being run (bf16), None: plain rounding to nearest
+
+
+def rounded(t, backward=False):
+    return to_bf16(t) if ROUNDINGS is None else ROUNDINGS.round(t, backward)
+
+
+def watch(P):
+    """Hooks noting, in the running pass's Roundings, when each parameter's gradient is complete
+    (autograd calls a leaf's hook once, with all contributions summed)."""
+    for n, p in P.items():
+        p.register_hook(lambda g, n=n: None if ROUNDINGS is None else ROUNDINGS.done.__setitem__(n, len(ROUNDINGS.seen)))
+
+
 class Bf16Gemm(torch.autograd.Function):
     """alpha (bf16(a) @ bf16(b)): operands rounded to bf16, exact products summed in fp32 (the
     rounding passes the gradient straight through). The backward's two GEMMs round their operands
@@ -147,14 +232,14 @@ class Bf16Gemm(torch.autograd.Function):
     def forward(ctx, a, b, alpha):
         ctx.save_for_backward(a, b)
         ctx.alpha = alpha
-        return scaled(to_bf16(a) @ to_bf16(b), alpha)
+        return scaled(rounded(a) @ rounded(b), alpha)
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
-        g = to_bf16(g)
-        da = scaled(g @ to_bf16(b).transpose(-1, -2), ctx.alpha)
-        db = scaled(to_bf16(a).transpose(-1, -2) @ g, ctx.alpha)
+        g = rounded(g, backward=True)
+        da = scaled(g @ rounded(b, True).transpose(-1, -2), ctx.alpha)
+        db = scaled(rounded(a, True).transpose(-1, -2) @ g, ctx.alpha)
         return da, db, None
 
 
@@ -430,6 +515,85 @@ class Report:
             self.failures.append(f"{self.case}: {what}")
 
 
+def mismatch(pairs):
+    """{name: max |cpp - ref| / limit} of [(name, cpp, ref, limit)]."""
+    return {n: float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)))) / lim
+            for n, a, b, lim in pairs}
+
+
+def grad_pairs(cpp, grads, init):
+    """(name, cpp, ref, limit) of every parameter's gradient, the limit TOL_GRAD_REL max |ref| +
+    TOL_GRAD_ABS; a gradient missing on the C++ side or of another shape: an infinite mismatch."""
+    pairs = []
+    for n in init:
+        ref = grads[n].detach().numpy() if grads.get(n) is not None else np.zeros_like(init[n])
+        got = cpp.get(n)
+        ok = got is not None and got.shape == ref.shape
+        pairs.append((n, got if ok else np.inf, ref if ok else 0.0,
+                      TOL_GRAD_REL * float(np.abs(ref).max()) + TOL_GRAD_ABS))
+    return pairs
+
+
+def weight_bits(params):
+    """The fp32 bit patterns of the weights (both sides use the same ones: no candidates)."""
+    return set(np.concatenate([np.asarray(v, dtype=np.float32).reshape(-1).view(np.int32) for v in params.values()]).tolist())
+
+
+def match_roundings(run, compare, exclude):
+    """A bf16 forward/backward with the C++ side's roundings (module docstring, "Precision bf16").
+    run(flips) -> (result, Roundings); compare(result) -> {name: err / limit} (names of parameters
+    for their gradients, "logits" for the logits). First rounded to nearest; while some err / limit
+    exceeds 1, candidates (Roundings.candidates) are tried taken the other way, one more at a time,
+    up to MAX_FLIPS: first those that can have caused the mismatch (only the forward's when the
+    logits differ; only roundings made before the first mismatching gradient was complete: where one
+    rounding differs), then the others, ring by ring (FLIP_RADII), nearest to their midpoint first.
+    The first candidate that lowers the score (sum of the squared ratios) to a half is taken, else
+    the one that lowered it most. Returns (result, flips, [(value, distance)])."""
+    flips, adopted = [], []
+    res, rnd = first = run(flips)
+    ratios = compare(res)
+    start, tries = time.process_time(), 0
+    while max(ratios.values()) > 1 and len(flips) < MAX_FLIPS:
+        score = sum(r * r for r in ratios.values())
+        found = rnd.candidates(exclude | set(flips), FLIP_RADII[-1])
+        bad = [n for n, r in ratios.items() if r > 1]
+        before = min([rnd.done[n] for n in bad if n in rnd.done] or [len(rnd.seen)])
+        if "logits" in bad and rnd.backward is not None:
+            before = min(before, rnd.backward)
+        ring = lambda d: next(i for i, r in enumerate(FLIP_RADII) if d <= r)  # noqa: E731
+        key = lambda b: (ring(found[b][0]), found[b][1] >= before, found[b][0])  # noqa: E731
+        best = None
+        for b in sorted(found, key=key):
+            if tries >= MAX_TRIES or time.process_time() - start >= SEARCH_LEFT[0]:
+                break
+            r2, rnd2 = run(flips + [b])
+            q2 = compare(r2)
+            s2 = sum(r * r for r in q2.values())
+            tries += 1
+            if best is None or s2 < best[1]:
+                best = (q2, s2, b, r2, rnd2)
+            if s2 <= score / 2:  # it explains much of the mismatch (all of it when every ratio <= 1): take it
+                break
+        if best is None or best[1] >= score:
+            break
+        ratios, _, b, res, rnd = best
+        flips.append(b)
+        adopted.append((float(np.array([b], dtype=np.int32).view(np.float32)[0]), found[b][0]))
+    spent = time.process_time() - start
+    SEARCH_LEFT[0] -= spent
+    if max(ratios.values()) > 1:  # not the C++ side's roundings: compared as rounded to nearest
+        print(f"    no {MAX_FLIPS} roundings taken the other way explain the mismatch ({tries} tried, {spent:.1f} s"
+              f"{'; no search time left' if SEARCH_LEFT[0] <= 0 else ''})")
+        return first[0], [], []
+    return res, flips, adopted
+
+
+def report_roundings(where, adopted):
+    if adopted:
+        print(f"    {where}: {len(adopted)} bf16 rounding(s) taken the other way, as the C++ side took them: "
+              + ", ".join(f"{v:.8g} ({d:.1f} units from its midpoint)" for v, d in adopted))
+
+
 def check_case(path, case):
     rep = Report(case)
     with h5py.File(path, "r") as f:
@@ -454,6 +618,9 @@ def check_case(path, case):
         # bf16: the C++ weights at the start of every step (see the curves below)
         forced = {o: [{n: g[f"params_{t}"][n][()] for n in g[f"params_{t}"]} for t in range(1, len(curves[o]["loss"]) + 1)]
                   for o in curves if "params_1" in (g := f["train"][o])}
+        # bf16: the logits and gradients (before clipping) of every step, compared as the single pass's
+        step_out = {o: [(g[f"logits_{t}"][()], {n: g[f"grads_{t}"][n][()] for n in g[f"grads_{t}"]})
+                        for t in range(1, len(curves[o]["loss"]) + 1)] for o in forced if "logits_1" in (g := f["train"][o])}
     moe_desc = (f"moe every {cfg.moe_every}: E={cfg.num_experts} router={cfg.router} k={cfg.k()} C={cfg.capacity()} "
                 f"second={cfg.second_expert} expert_dropout={cfg.expert_dropout} jitter={cfg.jitter_eps} "
                 f"ntlb={cfg.no_token_left_behind} shared={getattr(cfg, 'shared_experts', 0)}" if cfg.moe_every > 0 else "dense")
@@ -462,9 +629,52 @@ def check_case(path, case):
 
     # --- one forward/backward
     precision = getattr(cfg, "precision", "fp32")
-    P = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
-    logits, ce, aux, z, routing = forward(P, cfg, inputs, targets, mask, segment, ctx, *enc_batch,
-                                          bias=given_bias or None)
+    bf16 = precision == "bf16"
+    w_ce, w_aux, w_z = loss_weights(cfg, mask)
+    moe_blocks = [i for i in range(cfg.blocks()) if cfg.is_moe(i)]
+
+    def routing_mismatches(routing):
+        """Choices whose expert or slot differs from the C++ side's (C++ marks declined choices -2 and
+        dropped -1; slot -1 for both)."""
+        bad = int(sorted(cpp_routing) != moe_blocks)
+        for b, (e, s) in zip(moe_blocks, routing):
+            ce_, cs_ = cpp_routing.get(b, (None, None))
+            if ce_ is None or ce_.shape != e.reshape(-1).shape:
+                bad += 1
+                continue
+            bad += int(np.sum(ce_ != e.reshape(-1)) + np.sum(cs_ != s.reshape(-1)))
+        return bad
+
+    def single_pass(flips):
+        global ROUNDINGS
+        P = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
+        watch(P)
+        ROUNDINGS = rnd = Roundings(flips) if bf16 else None
+        try:
+            logits, ce, aux, z, routing = forward(P, cfg, inputs, targets, mask, segment, ctx, *enc_batch,
+                                                  bias=given_bias or None)
+            loss = ce.double() * w_ce + aux * w_aux + z * w_z
+            loss.backward()
+        finally:
+            ROUNDINGS = None
+        return (P, logits, ce, aux, z, routing, loss), rnd
+
+    def compare_single(res):  # the comparisons below, {name: err / limit}, for the search
+        P, logits, ce, aux, z, routing, loss = res
+        ref = logits.detach().numpy()
+        pairs = [("logits", cpp_logits, ref, TOL_LOGITS * float(np.abs(ref).max()))]
+        pairs += [(k, float(out[k]), v.item(), TOL_SCALAR * abs(v.item()) + 1e-12)
+                  for k, v in (("ce_sum", ce), ("aux_sum", aux), ("z_sum", z), ("loss", loss))]
+        ratios = mismatch(pairs + grad_pairs(cpp_grads, {n: p.grad for n, p in P.items()}, init))
+        ratios["routing"] = 1e3 * routing_mismatches(routing)  # exact: any other choice fails
+        return ratios
+
+    if bf16:
+        res, _, adopted = match_roundings(single_pass, compare_single, weight_bits(init))
+        report_roundings("one forward/backward", adopted)
+    else:
+        res = single_pass(())[0]
+    P, logits, ce, aux, z, routing, loss = res
     if given_bias:  # the biases must change some choice, else the case tests nothing of them
         with torch.no_grad():
             unbiased = forward(P, cfg, inputs, targets, mask, segment, ctx, *enc_batch)[4]
@@ -476,21 +686,9 @@ def check_case(path, case):
             plain = forward(P, compact, inputs, targets, mask, segment, ctx, *enc_batch)[4]
         changed = sum(int(np.sum(a[0] != b[0])) for a, b in zip(routing, plain))
         rep.check("line 22 changes some choice", 0 if changed else 1, 0, f" ({changed} choices changed)")
-    w_ce, w_aux, w_z = loss_weights(cfg, mask)
-    loss = ce.double() * w_ce + aux * w_aux + z * w_z
-    loss.backward()
 
-    moe_blocks = [i for i in range(cfg.blocks()) if cfg.is_moe(i)]
-    bad = ec_zero = ec_several = 0
-    if sorted(cpp_routing) != moe_blocks:
-        bad = 1
+    bad, ec_zero, ec_several = routing_mismatches(routing), 0, 0
     for b, (e, s) in zip(moe_blocks, routing):
-        ce_, cs_ = cpp_routing.get(b, (None, None))
-        if ce_ is None or ce_.shape != e.reshape(-1).shape:
-            bad += 1
-            continue
-        # C++ marks declined choices -2 and dropped -1; slot -1 for both
-        bad += int(np.sum(ce_ != e.reshape(-1)) + np.sum(cs_ != s.reshape(-1)))
         nd, nr = int(np.sum(e == -1)), int(np.sum(e == -2))
         if cfg.router == "expert_choice":  # a token gets 0..E experts
             got = np.sum(e >= 0, axis=1)
@@ -551,6 +749,7 @@ def check_case(path, case):
     for o in ("adamw", "adafactor"):
         c["lr"], c["schedule"] = peaks[o][0], peaks[o][1].decode() if isinstance(peaks[o][1], bytes) else peaks[o][1]
         P = {n: torch.tensor(v, requires_grad=True) for n, v in init.items()}
+        watch(P)
         plist = list(P.values())
         if o == "adamw":
             opt = torch.optim.AdamW(
@@ -567,24 +766,55 @@ def check_case(path, case):
         losses, norms, lrs = [], [], []
         use_bias = getattr(cfg, "balance", "aux_loss") == "bias"
         bias = {i: np.zeros(cfg.num_experts, dtype=np.float32) for i in range(cfg.blocks()) if cfg.is_moe(i)}
+        worst_logits = worst_grads = 0.0
         for t in range(1, steps + 1):
             bi, bt, bm, bs, *benc = (a[t - 1] for a in batches)
+            w_ce, w_aux, w_z = loss_weights(cfg, bm)
+
+            def step_pass(flips):  # forward/backward of step t from P's weights, gradients left in P
+                global ROUNDINGS
+                for p in plist:
+                    p.grad = None
+                ROUNDINGS = rnd = Roundings(flips) if bf16 else None
+                try:
+                    lg, ce, aux, z, step_routing = forward(P, cfg, bi, bt, bm, bs, Ctx(cfg.seed, t, 0), *benc,
+                                                           bias=bias if use_bias else None)
+                    loss = ce.double() * w_ce + aux * w_aux + z * w_z
+                    loss.backward()
+                finally:
+                    ROUNDINGS = None
+                grads = {n: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for n, p in P.items()}
+                norm = torch.norm(torch.stack([torch.norm(g, 2.0) for g in grads.values()]), 2.0).item()  # as clip_grad_norm_
+                return (lg, loss, grads, norm, step_routing), rnd
+
             if o in forced:
                 with torch.no_grad():
                     for n, p in P.items():
                         p.copy_(torch.from_numpy(forced[o][t - 1][n]))
-            for p in plist:
-                p.grad = None
-            lg, ce, aux, z, step_routing = forward(P, cfg, bi, bt, bm, bs, Ctx(cfg.seed, t, 0), *benc,
-                                                   bias=bias if use_bias else None)
+            if o in step_out:
+                cpp_lg, cpp_g = step_out[o][t - 1]
+
+                def compare_step(res):
+                    lg, loss, grads, norm, _ = res
+                    ref = lg.detach().numpy()
+                    return mismatch([("logits", cpp_lg, ref, TOL_LOGITS * float(np.abs(ref).max())),
+                                     ("loss", curves[o]["loss"][t - 1], loss.item(), TOL_CURVE * abs(loss.item())),
+                                     ("grad_norm", curves[o]["grad_norm"][t - 1], norm, TOL_CURVE * norm)]
+                                    + grad_pairs(cpp_g, grads, init))
+
+                res, flips, adopted = match_roundings(step_pass, compare_step, weight_bits(forced[o][t - 1]))
+                report_roundings(f"{o} step {t}", adopted)
+                lg, loss, grads, norm, step_routing = step_pass(flips)[0]  # P's gradients: the pass matched
+                ref = lg.detach().numpy()
+                worst_logits = max(worst_logits, float(np.abs(cpp_lg - ref).max() / np.abs(ref).max()))
+                worst_grads = max([worst_grads] + list(mismatch(grad_pairs(cpp_g, grads, init)).values()))
+            else:
+                lg, loss, grads, norm, step_routing = step_pass(())[0]
             if use_bias:  # Wang et al. 2024: b_e += u * sign(mean load - load_e), loads = dispatched choices
                 for i, (e, _) in zip(sorted(bias), step_routing):
                     load = np.array([np.sum(e == j) for j in range(cfg.num_experts)], dtype=np.float64)
                     step = cfg.bias_update_rate * np.sign(load.mean() - load)
                     bias[i] = (bias[i].astype(np.float64) + step).astype(np.float32)
-            w_ce, w_aux, w_z = loss_weights(cfg, bm)
-            loss = ce.double() * w_ce + aux * w_aux + z * w_z
-            loss.backward()
             for p in plist:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
@@ -615,6 +845,9 @@ def check_case(path, case):
         rep.check(f"{o} loss curve rel ({losses[0]:.4f}->{losses[-1]:.4f})", rel(cur["loss"], losses), TOL_CURVE)
         rep.check(f"{o} grad-norm curve rel ({clipped}/{steps} clipped)", rel(cur["grad_norm"], norms), TOL_CURVE)
         rep.check(f"{o} lr rel", rel(cur["lr"], lrs), TOL_LR)
+        if o in step_out:
+            rep.check(f"{o} logits max-rel, every step", worst_logits, TOL_LOGITS)
+            rep.check(f"{o} grads: worst err/limit, every step", worst_grads, 1.0)
     return rep.failures
 
 
