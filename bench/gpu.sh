@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make bench-gpu`: the CUDA path's speed on one GPU against the GPU's ceilings and PyTorch eager,
-# all measured in this one run (README "GPU"; results in bench/RESULTS.md):
+# all measured in this one run (docs/gpu.md; results in bench/RESULTS.md):
 #   - ceilings through PyTorch on the same GPU (bench/gpu_peak.py): cuBLAS bf16, fp32 and TF32 GEMM
 #     rates, device-to-device copy bandwidth;
 #   - meshmoe `train --set run.device=cuda` (model.precision fp32 and bf16) on the GPU decks (bench/decks/gpu-*.toml: d_model 1024,

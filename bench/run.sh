@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make bench`: the tiny M4-style comparison (issue 3): the dense, Switch (top-1) and GShard (top-2)
+# `make bench`: the tiny M4-style comparison (GShard section 4 in miniature): the dense, Switch (top-1) and GShard (top-2)
 # decks, FLOP-matched, trained for the same steps on the same data; prints validation loss and step
 # time of each, as ratios against the dense model measured in the same run.
 #   NP=2 STEPS=300 bench/run.sh

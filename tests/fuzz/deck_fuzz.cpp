@@ -1,4 +1,4 @@
-// libFuzzer target for the input-deck parser (issue 5 test 7, `make fuzz`; not part of `make check`).
+// libFuzzer target for the input-deck parser (`make fuzz`; not part of `make check`).
 // Any byte string is a possible deck: parse_deck must either return a Deck or throw InputError
 // (a user error with a message). Anything else (another exception, a crash, a sanitizer report,
 // an InputError without a message) is a bug the fuzzer stops on.

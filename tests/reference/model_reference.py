@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch reference of the whole meshmoe model (verification item 2).
+"""PyTorch reference of the whole meshmoe model.
 
 Reads every $DIR/model_ref_<case>.h5 written by the hidden Catch case [model-torch]
 (tests/unit/test_model_reference.cpp), rebuilds the same model in PyTorch from the stored weights,
@@ -121,7 +121,7 @@ class Cfg:
         return self.moe_every > 0 and (j + 1) % self.moe_every == 0
 
     def capacity(self):
-        """C = ceil(k S cf / E) forgiving 1e-9 relative rounding, in [1, S]; dropless: S (DESIGN.md)."""
+        """C = ceil(k S cf / E) forgiving 1e-9 relative rounding, in [1, S]; dropless: S (GShard section 2.2, Switch eq. 3)."""
         S = self.group_size
         if self.dropless:
             return S

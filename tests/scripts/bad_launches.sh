@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Bad launches and inputs (issue 5 test 5). Each case runs under `mpirun -np 4` (or the rank count
+# Bad launches and inputs. Each case runs under `mpirun -np 4` (or the rank count
 # the case needs) and must end
-#   - with the documented exit code (README "Exit codes": 2 for input errors: deck, command line,
+#   - with the documented exit code (docs/user-guide.md "Exit codes": 2 for input errors: deck, command line,
 #     rank count, data file; a checkpoint that cannot be read or written is an InputError too,
 #     src/train/checkpoint.hpp),
 #   - with a clear message (the regular expression given with the case),
@@ -235,7 +235,7 @@ fb=$(full_sums)
 n=$((n + 1)); t0=$SECONDS; why=()
 run_limited "$T/case$n.out" "$limit" mpirun -np 4 "$M" train "$D" --set run.out_dir="$FULL" --set run.steps=20 --set checkpoint.every=1 --set checkpoint.keep_last=10
 # A rank failing inside the collective checkpoint write cannot be agreed on: it names the reason
-# and aborts the job (README "Exit codes": 1).
+# and aborts the job (docs/user-guide.md "Exit codes": 1).
 if [ $rc = 124 ] || [ $rc = 137 ]; then why+=("hang: killed after 30 s"); elif [ $rc != 1 ]; then why+=("exit code $rc, expected 1"); fi
 grep -qE "meshmoe: rank [0-9]+: fatal: cannot write checkpoint .*(No space left|File size limit|too large|write failed|H5)" "$T/case$n.out" ||
   grep -qE "$E .*cannot write checkpoint" "$T/case$n.out" || why+=("no message 'cannot write checkpoint'")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Kill test (issue 5 test 3): SIGKILL the whole job (mpirun and every rank) at 10 random moments,
+# Kill test: SIGKILL the whole job (mpirun and every rank) at 10 random moments,
 # checkpoints written every step so that some kills land inside a checkpoint write; after each kill
 # the next launch (run.resume = auto) must resume from the newest complete checkpoint, and once the
 # run has finished, its metrics (the rows of the final metrics.h5: loss, aux_loss, z_loss,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One rule for naming a checkpoint on the command line (README "Commands"): `generate --checkpoint`
+# One rule for naming a checkpoint on the command line (docs/user-guide.md "Naming a checkpoint"): `generate --checkpoint`
 # (decode_cli, like translate and eval), `distill --teacher` and `train --init-from` each take a
 # checkpoint file, a checkpoint directory (its LATEST) or a run directory (its ckpt/LATEST), on 1
 # and 2 ranks: each form names the same file (printed in the init and teacher lines) and

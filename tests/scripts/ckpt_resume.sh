@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checkpoints and restart, end to end (issue 5 tests 1, 2, 4, 6):
+# Checkpoints and restart, end to end:
 #   exact resume: 20 steps straight vs 10 + restart + 10 on the same mesh: every loss-like metric
 #     bitwise equal;
 #   resharded resume: written on data=2 x tensor=2, resumed on data=4 and on 1 rank: within 1e-5;

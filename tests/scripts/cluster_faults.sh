@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cluster-shaped faults (README "Faults on a cluster"): ranks that do not share everything, a run
+# Cluster-shaped faults (docs/cluster.md "Faults on a cluster"): ranks that do not share everything, a run
 # directory used twice, stop requests at any moment. Each case names what it checks; a case that
 # hangs is killed after 60 s and fails. One line per case, "ok NAME" or "FAIL NAME: why".
 #   - a dataset missing on one rank's node only, and a run directory that is not the same on every

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Faults in checkpoint and data files (README "Checkpoints and restart", "Datasets", "Exit codes").
+# Faults in checkpoint and data files (docs/user-guide.md "Checkpoints and restart", "Datasets", "Exit codes").
 # One line per case, "ok NAME" or "FAIL NAME: why"; exit 1 when any case failed.
 #   non-finite checkpoints: a copy of a good checkpoint with one parameter element NaN, one Inf,
 #     one AdamW second moment (exp_avg_sq) negative (h5py rewrites the Fletcher32 checksum):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `meshmoe distill` (Switch section 4.2, README "Distillation"): a tiny Switch teacher and a dense
+# `meshmoe distill` (Switch section 4.2, docs/user-guide.md "Distillation"): a tiny Switch teacher and a dense
 # baseline are trained, then the dense student is distilled from the teacher. Checks:
 #   - the report line, and /distill/* in metrics.h5: the teacher's and the baseline's validation
 #     losses equal their own runs' last eval/loss (the same checkpoint, the same sample; 1e-6

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `meshmoe eval` and eval.bleu_every (README "Translation"): a small MoE model (GShard top-2) trains
+# `meshmoe eval` and eval.bleu_every (docs/user-guide.md "Translation"): a small MoE model (GShard top-2) trains
 # on a generated two-language gettext corpus with translation scores every 40 steps, and again
 # without them: the losses (training and validation) must be bitwise equal. Then `meshmoe eval`
 # of its checkpoint must give

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The memory check before allocating (README "Memory check") and the expert-capacity clamp:
+# The memory check before allocating (docs/user-guide.md "Memory check") and the expert-capacity clamp:
 #   train with model.d_model = 1e9: exit 2 within seconds, one "error:" about the size, never
 #     'max_size' or a crash;
 #   run.max_memory far below the plan: exit 2 on both ranks with "the plan needs X per node (2 ranks:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole model against PyTorch (verification item 2): the hidden Catch case [model-torch]
+# The whole model against PyTorch: the hidden Catch case [model-torch]
 # (tests/unit/test_model_reference.cpp) writes, for each reference configuration, the weights, a batch,
 # the C++ logits, losses and every gradient, and 10 AdamW + 10 Adafactor loss curves to
 # $MESHMOE_TEST_TMPDIR/model_ref_<case>.h5; tests/reference/model_reference.py rebuilds the model in

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Numerical faults (issue 5 "Numerical faults"), with the debug.nan_* deck keys injecting NaN into
+# Numerical faults (docs/user-guide.md "Faults"), with the debug.nan_* deck keys injecting NaN into
 # one rank's embedding output:
 #   one bad step on rank 1 of 2: the update is skipped on every rank (metrics /skipped = 1 at that
 #     step only, the loss finite before and after it, the same losses as the same fault on 1 rank

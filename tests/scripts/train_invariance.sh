@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The same deck on different meshes and micro-batch splits gives the same training: per-step loss,
 # aux loss and gradient norm within 1e-5 relative of the single-rank run, and identical per-expert
-# loads (DESIGN.md principle 1; the central test of issue 4, here for the data axis, gradient
+# loads (docs/ARCHITECTURE.md "Principles" 1; the central test of the project, here for the data axis, gradient
 # accumulation, the tensor axis, pipeline stages on the 1F1B schedule, tied and untied
 # embeddings, both optimizers, the encoder-decoder model, expert-choice routing, and expert
 # replicas: expert groups smaller than the data axis, mesh.expert_parallel). Also checks
@@ -46,7 +46,7 @@ path = "$T/data.h5"
 every = 2
 batches = 2
 DECK
-# Issue 4's matrix: four models on eight meshes (micro_batches = 2 everywhere, so pipe = 2 can run).
+# The matrix: four models on eight meshes (micro_batches = 2 everywhere, so pipe = 2 can run).
 declare -A model=(
   [dense]="--set moe.every=0 --set moe.num_experts=1"
   [switch]="--set moe.router=top1"
@@ -155,7 +155,7 @@ train_or_fail encdec-pmoe-1 1 $encdec ${model[pmoe]}
 # shellcheck disable=SC2086
 train_or_fail encdec-pmoe-t2 2 --set mesh.tensor=2 $encdec ${model[pmoe]}
 pairs+="encdec-pmoe-1:encdec-pmoe-t2 "
-# Expert-choice routing (README "Expert-choice routing"): C = ceil(16 * 1.5 / 4) = 6 tokens per
+# Expert-choice routing (docs/user-guide.md "Expert-choice routing"): C = ceil(16 * 1.5 / 4) = 6 tokens per
 # expert and group, on data, tensor (Switch 5.5), data x tensor, pipe meshes and experts over tensor
 # (index-select); also as an encoder-decoder.
 echoice="--set moe.router=expert_choice --set moe.capacity_factor_train=1.5 --set optim.micro_batches=2"

@@ -302,7 +302,7 @@ TEST_CASE("decode: cached decoding on a pipe x data x tensor mesh equals the one
   }
 }
 
-// Inputs split over the data axis (README "Mesh"): every data group steps its own streams, the
+// Inputs split over the data axis (docs/user-guide.md "The device mesh and parallelism"): every data group steps its own streams, the
 // data ranks stepping together (more_steps, as data_group_cached_model sets it) because the MoE
 // all-to-all spans them. Data rank 0 holds 3 streams for 5 steps, rank 1 one stream for 2 steps,
 // ranks 2, 3 none at all: they step with no tokens (and encode no source) until rank 0 is done.

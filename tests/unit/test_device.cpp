@@ -803,7 +803,7 @@ TEST_CASE("device: MPI's host copies of device memory (HostStaged)", "[device][d
 }
 
 TEST_CASE("device: a HostSection computes on the host while the device's Buffers stay put", "[device][deferred]") {
-  // Decoding for eval.bleu_every on a device (README, Translation): inside the section launches run
+  // Decoding for eval.bleu_every on a device (docs/user-guide.md "Translation"): inside the section launches run
   // at once on the host and new Buffers are host memory; the device's Buffers stay inaccessible
   // (device memory's rule), so the host copies what it needs of them before.
   test::DeferredHostDevice guard(DeviceAccess::Copies);

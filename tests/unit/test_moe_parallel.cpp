@@ -1,4 +1,4 @@
-// Expert parallelism (issue 4): the sharded MoE layer against the single-rank one.
+// Expert parallelism: the sharded MoE layer against the single-rank one.
 // For every mesh data x tensor of the job's ranks and both expert axes:
 //   expert_axis = data   (GShard / Switch all-to-all; with tensor > 1 Switch 5.5 hidden split),
 //   expert_axis = tensor (Pipeline-MoE index-select + all-reduce),

@@ -78,7 +78,7 @@ TEST_CASE("moe capacity: huge factors are clamped to the group size in double, n
     CHECK(o.capacity(true) == 256);  // a token visits an expert once: C <= S (1e300 used to give 1)
     CHECK(o.capacity(false) == 256);
   }
-  // Below the cap: exactly the ceil formula of DESIGN.md, as before the clamp.
+  // Below the cap: exactly the ceil formula of GShard section 2.2 (router_equations.hpp), as before the clamp.
   const std::pair<double, int> cases[] = {{1.25, 80}, {2.0, 128}, {1.0, 64}, {0.5, 32}, {1.01, 65}, {3.99, 256}, {3.9, 250}};
   for (const auto& [f, c] : cases) {
     o.capacity_factor_train = f;
