@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real single-node Slurm on this machine for the job-script tests (the single-node set-up that tests/slurm/run.sh uses):
+# A real single-node Slurm on this machine for the job-script tests (tests/slurm/run.sh):
 #   tests/slurm/cluster.sh start DIR   starts munged, slurmctld, slurmd with state under DIR and
 #                                      prints the SLURM_CONF to export; the node has
 #                                      2 CPUs and one stand-in GPU (GRES gpu:1)
