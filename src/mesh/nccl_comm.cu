@@ -79,25 +79,25 @@ void NcclComm::barrier() {
   group_.barrier();
 }
 
-void NcclComm::all_reduce_raw(void* buf, size_t n, DType t, Op op) {
+void NcclComm::queue_all_reduce(void* buf, size_t n, DType t, Op op) {
   nccl_check(ncclAllReduce(buf, buf, n, nccl_type(t), nccl_op(op), comm_, stream_), name(), "ncclAllReduce");
 }
 
-void NcclComm::broadcast_raw(void* buf, size_t n, DType t, int root) {
+void NcclComm::queue_broadcast(void* buf, size_t n, DType t, int root) {
   check_rank(root, "broadcast root");
   nccl_check(ncclBroadcast(buf, buf, n, nccl_type(t), root, comm_, stream_), name(), "ncclBroadcast");
 }
 
-void NcclComm::all_gather_raw(const void* send, size_t n, void* recv, DType t) {
+void NcclComm::queue_all_gather(const void* send, size_t n, void* recv, DType t) {
   nccl_check(ncclAllGather(send, recv, n, nccl_type(t), comm_, stream_), name(), "ncclAllGather");
 }
 
-void NcclComm::reduce_scatter_raw(const void* send, void* recv, size_t n, DType t, Op op) {
+void NcclComm::queue_reduce_scatter(const void* send, void* recv, size_t n, DType t, Op op) {
   nccl_check(ncclReduceScatter(send, recv, n, nccl_type(t), nccl_op(op), comm_, stream_), name(),
              "ncclReduceScatter");
 }
 
-void NcclComm::reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DType t, Op op) {
+void NcclComm::queue_reduce_scatterv_in_place(void* buf, const size_t* counts, DType t, Op op) {
   size_t off = 0;
   nccl_check(ncclGroupStart(), name(), "ncclGroupStart");
   for (int r = 0; r < size(); ++r) {
@@ -108,7 +108,7 @@ void NcclComm::reduce_scatterv_in_place_raw(void* buf, const size_t* counts, DTy
   nccl_check(ncclGroupEnd(), name(), "ncclGroupEnd");
 }
 
-void NcclComm::all_gatherv_in_place_raw(void* buf, const size_t* counts, DType t) {
+void NcclComm::queue_all_gatherv_in_place(void* buf, const size_t* counts, DType t) {
   size_t off = 0;
   nccl_check(ncclGroupStart(), name(), "ncclGroupStart");
   for (int r = 0; r < size(); ++r) {
@@ -119,7 +119,7 @@ void NcclComm::all_gatherv_in_place_raw(void* buf, const size_t* counts, DType t
   nccl_check(ncclGroupEnd(), name(), "ncclGroupEnd");
 }
 
-void NcclComm::all_to_all_raw(const void* send, void* recv, size_t n, DType t) {
+void NcclComm::queue_all_to_all(const void* send, void* recv, size_t n, DType t) {
   const ncclDataType_t nt = nccl_type(t);
   nccl_check(ncclGroupStart(), name(), "ncclGroupStart");
   for (int j = 0; j < size(); ++j) {
@@ -129,7 +129,7 @@ void NcclComm::all_to_all_raw(const void* send, void* recv, size_t n, DType t) {
   nccl_check(ncclGroupEnd(), name(), "ncclGroupEnd");
 }
 
-void NcclComm::all_to_allv_raw(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
+void NcclComm::queue_all_to_allv(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
                                DType t) {
   const ncclDataType_t nt = nccl_type(t);
   size_t s_off = 0, r_off = 0;
@@ -148,7 +148,7 @@ std::vector<size_t> NcclComm::exchange_counts(std::span<const size_t> send_count
   return group_.exchange_counts(send_counts);
 }
 
-void NcclComm::permute_raw(const void* send, size_t n_send, int dest, void* recv, size_t n_recv, int source,
+void NcclComm::queue_permute(const void* send, size_t n_send, int dest, void* recv, size_t n_recv, int source,
                            DType t) {
   check_rank(dest, "permute destination", /*allow_none=*/true);
   check_rank(source, "permute source", /*allow_none=*/true);
@@ -159,12 +159,12 @@ void NcclComm::permute_raw(const void* send, size_t n_send, int dest, void* recv
   nccl_check(ncclGroupEnd(), name(), "ncclGroupEnd");
 }
 
-void NcclComm::send_raw(const void* buf, size_t n, DType t, int dest, int tag) {
+void NcclComm::queue_send(const void* buf, size_t n, DType t, int dest, int tag) {
   check_rank(dest, "send destination");
   nccl_check(ncclSend(buf, n, nccl_type(t), dest, comm_, stream_), name(), "ncclSend");
 }
 
-void NcclComm::recv_raw(void* buf, size_t n, DType t, int source, int tag) {
+void NcclComm::queue_recv(void* buf, size_t n, DType t, int source, int tag) {
   check_rank(source, "receive source");
   nccl_check(ncclRecv(buf, n, nccl_type(t), source, comm_, stream_), name(), "ncclRecv");
 }

@@ -13,6 +13,8 @@
 #include "../test_util.hpp"
 #include "../support/mesh_support.hpp"
 #include "mesh/mesh.hpp"
+#include "tensor/device.hpp"
+#include "tensor/elementwise.hpp"
 
 using namespace meshmoe;
 
@@ -169,5 +171,33 @@ TEST_CASE("NcclComm matches MpiComm on every collective", "[nccl][mpi]") {
       compare_all<int64_t>(mesh.axis(a), mesh.device_axis(a), me);
     }
   }
+}
+// The defect QueuedComm closes (mesh/queued_comm.hpp), on a GPU: a receive into a Buffer that grew
+// on the device (its tail's zeroes still owed), then any kernel, then a download.
+TEST_CASE("NcclComm: a receive into a grown Buffer is not wiped by the Buffer's zeroes", "[nccl]") {
+  if (!cuda_compiled() || cuda_device_count() == 0) {
+    WARN("skipped: no GPU");
+    SUCCEED("no GPU");
+    return;
+  }
+  struct OnGpu {
+    OnGpu() {
+      cuda_bind(0);
+      set_device(Device::Cuda);
+    }
+    ~OnGpu() { set_device(Device::Cpu); }
+  } on_gpu;
+  Mesh mesh(MPI_COMM_SELF, 1, 1, 1);
+  mesh.enable_device();
+  Comm& comm = mesh.device_axis(Axis::Data);
+  std::vector<float> sent(1 << 16);
+  for (size_t i = 0; i < sent.size(); ++i) sent[i] = float(i % 1000) + 1.f;
+  Buffer<float> send(sent.begin(), sent.end());
+  Buffer<float> recv(1024);
+  recv.resize(sent.size());
+  comm.permute(send.data(), recv.data(), sent.size(), 0, 0);
+  Buffer<float> after(8);
+  fill_with(after.data(), after.size(), 1.f);
+  CHECK(download(recv) == sent);
 }
 #endif  // MESHMOE_CUDA
