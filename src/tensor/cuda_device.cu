@@ -4,13 +4,17 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "core/error.hpp"
 #include "tensor/cuda_check.hpp"
 #include "tensor/cuda_profile.hpp"
 #include "tensor/device.hpp"
 #include "tensor/launch.hpp"
+#include "tensor/staging_ring.hpp"
 
 namespace meshmoe {
 
@@ -90,9 +94,39 @@ std::string cuda_device_name() {
 namespace {
 // The GPU's device backend (tensor/device_backend.hpp): device.cpp calls before_device_work before
 // the queued entries and device_synchronize before copy_to_host.
+// Uploads through pinned staging (tensor/staging_ring.hpp): copy_from_host copies the host's bytes
+// into pinned memory before it returns and queues the device's copy from there, so an upload waits
+// for nothing queued (from pageable memory cudaMemcpy waits for the whole stream). An upload larger
+// than the ring is a cudaMemcpy. Made on the first upload; never freed (the process's lifetime).
+constexpr size_t kStagingBytes = size_t(32) << 20;
+struct PinnedStaging {
+  char* memory = nullptr;
+  std::vector<cudaEvent_t> free_events;
+  std::unordered_map<uint64_t, cudaEvent_t> events;  // by ticket, recorded after each queued copy
+  uint64_t next_ticket = 0;
+  StagingRing ring{kStagingBytes, [this](uint64_t ticket) {
+                     const cudaEvent_t e = events.at(ticket);
+                     events.erase(ticket);
+                     free_events.push_back(e);
+                     cuda_check(cudaEventSynchronize(e), "cudaEventSynchronize (pinned staging reused)");
+                   }};
+};
+PinnedStaging* g_staging = nullptr;
+
+PinnedStaging& staging() {
+  if (!g_staging) {
+    auto* s = new PinnedStaging;
+    cuda_check(cudaHostAlloc(reinterpret_cast<void**>(&s->memory), kStagingBytes, cudaHostAllocDefault),
+               "cudaHostAlloc (pinned staging for uploads)");
+    g_staging = s;
+  }
+  return *g_staging;
+}
+
 void cuda_wait() {
   if (g_gpu < 0) return;
   cuda_check(cudaDeviceSynchronize(), "device work (kernels, GEMMs, copies)");
+  if (g_staging) g_staging->ring.all_done();
   if (cuda_profiling()) cuda_profile_collect();
 }
 void cuda_zero_async(void* p, size_t bytes) {
@@ -109,16 +143,39 @@ void cuda_copy_async(void* dst, const void* src, size_t bytes) {
   profiled(copy, [] { return "cudaMemcpyAsync (Buffers' copies)"; });
 }
 
-// The transfer points' copies (tensor/device.hpp): cudaMemcpy, on the legacy default stream that
-// cuda_stream() is, so in order with the queued work; the host waits for a copy to the host, and a
-// copy from the host has taken the host's bytes when cudaMemcpy returns.
+// The transfer points' copies (tensor/device.hpp), on the legacy default stream that cuda_stream()
+// is, so in order with the queued work: the host waits for a copy to the host (cudaMemcpy); a copy
+// from the host has taken the host's bytes when it returns (into pinned staging, or cudaMemcpy).
 void cuda_copy_to_host(void* host, const void* device, size_t bytes) {
   profiled([&] { cuda_check(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (to the host)"); },
            [] { return "cudaMemcpy (to the host)"; });
 }
 void cuda_copy_from_host(void* device, const void* host, size_t bytes) {
-  profiled([&] { cuda_check(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (from the host)"); },
-           [] { return "cudaMemcpy (from the host)"; });
+  if (bytes > kStagingBytes) {
+    profiled([&] { cuda_check(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (from the host)"); },
+             [] { return "cudaMemcpy (from the host)"; });
+    return;
+  }
+  PinnedStaging& s = staging();
+  char* room = s.memory + *s.ring.take(bytes);
+  std::memcpy(room, host, bytes);
+  profiled(
+      [&] {
+        cuda_check(cudaMemcpyAsync(device, room, bytes, cudaMemcpyHostToDevice, cuda_stream()),
+                   "cudaMemcpyAsync (from the host, pinned staging)");
+      },
+      [] { return "cudaMemcpyAsync (from the host, pinned staging)"; });
+  cudaEvent_t done;
+  if (s.free_events.empty()) {
+    cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate (pinned staging)");
+  } else {
+    done = s.free_events.back();
+    s.free_events.pop_back();
+  }
+  cuda_check(cudaEventRecord(done, cuda_stream()), "cudaEventRecord (pinned staging)");
+  const uint64_t ticket = s.next_ticket++;
+  s.events.emplace(ticket, done);
+  s.ring.issued(ticket);
 }
 
 // The arena's chunks: GPU memory, which the host reaches only through the transfer copies.
