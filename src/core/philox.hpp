@@ -49,9 +49,6 @@ struct Rng {
                       {uint32_t(seed) ^ (draw << 24), uint32_t(seed >> 32)});
   }
   // Uniform in [0, 1): 24 random bits of word `lane` (0..3).
-  MESHMOE_HD float uniform(uint64_t index, int lane = 0, uint32_t draw = 0) const {
-    return float(bits(index, draw)[lane] >> 8) * (1.0f / 16777216.0f);
-  }
   MESHMOE_HD double uniform_double(uint64_t index, int lane = 0, uint32_t draw = 0) const {
     return double(bits(index, draw)[lane] >> 8) * (1.0 / 16777216.0);
   }

@@ -112,8 +112,6 @@ class Batcher {
 
   DataCursor cursor() const { return cursor_; }
   void restore(DataCursor c);
-  int seq_len() const { return seq_len_; }
-  ModelArch arch() const { return arch_; }
   // The examples of its dataset that the sequences truncate or drop (check_examples_fit).
   const TooLong& too_long() const { return too_long_; }
 

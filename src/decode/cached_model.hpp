@@ -60,8 +60,6 @@ class CachedModel {
   void encode(const std::vector<std::vector<int32_t>>& sources);
   bool encdec() const { return model_.encdec(); }
   int sources() const { return sources_; }
-  int length(int stream) const { return length_[size_t(stream)]; }
-  int capacity() const { return capacity_; }
   int vocab() const { return model_.shape().vocab; }
   int max_positions() const { return model_.shape().seq_len; }
 

@@ -51,8 +51,6 @@ class MetricsFile {
 
   int64_t rows() const { return rows_; }                // rows of /step
   std::optional<int64_t> last_step() const { return last_step_; }
-  const std::string& path() const { return path_; }
-  void flush() { file_.flush(); }
 
   // Built-in units/description for the metric names the trainer writes ('*' = one path
   // component); {"", ""} for unknown names.

@@ -15,18 +15,6 @@ size_t dtype_size(DType t) {
   throw Error("dtype_size: unknown DType");
 }
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::F32: return "float32";
-    case DType::F64: return "float64";
-    case DType::I32: return "int32";
-    case DType::I64: return "int64";
-    case DType::U64: return "uint64";
-    case DType::U8: return "uint8";
-  }
-  return "?";
-}
-
 std::string Comm::broadcast_string(std::string s, int root) {
   if (device_memory()) throw Error(name() + ": broadcast_string needs host memory");
   return broadcast_sized(std::move(s), [&](void* p, size_t n) { broadcast_raw(p, n, DType::U8, root); });

@@ -28,7 +28,6 @@ enum class Op { Sum, Max, Min };
 enum class DType { F32, F64, I32, I64, U64, U8 };
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);
 
 template <class T>
 constexpr DType dtype_of() {

@@ -39,7 +39,6 @@ class MpiComm final : public Comm {
   MPI_Comm mpi() const { return comm_; }
 
   void set_shm(const ShmSettings& s) { shm_settings_ = s; }
-  const ShmSettings& shm_settings() const { return shm_settings_; }
   // Collective on the first call: true when the shared-memory path is enabled and the group is
   // on one node (then buffers of at least min_bytes take it).
   bool shm_active();

@@ -26,8 +26,6 @@ class NcclComm final : public QueuedComm {
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
-  cudaStream_t stream() const { return stream_; }
-
   int rank() const override { return group_.rank(); }
   int size() const override { return group_.size(); }
   void barrier() override;  // drains the stream, then an MPI barrier on the group

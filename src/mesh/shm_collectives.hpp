@@ -58,8 +58,6 @@ class ShmCollectives {
   // barrier: what a rank wrote there before the call, the others read after it.
   void shared_fence();
 
-  size_t window_bytes_per_rank() const { return slot_bytes_; }
-
  private:
   ShmCollectives(MPI_Comm node, std::string label);
   void check(int rc, const char* call) const;

@@ -25,7 +25,6 @@ class ActivationStash {
     layer.saved_state([&](auto& member) { swap_one(i++, member); });
     if (i != slots_.size()) throw std::logic_error("ActivationStash: the layer listed fewer members than before");
   }
-  bool empty() const { return slots_.empty(); }
 
  private:
   struct Slot {

@@ -59,7 +59,6 @@ class CausalSelfAttention {
 
   int num_heads() const { return heads_; }
   int local_heads() const { return heads_l_; }
-  int head_offset() const { return h0_; }
   bool sharded() const { return heads_l_ != heads_; }
   bool causal() const { return causal_; }
 

@@ -37,13 +37,10 @@ class AttentionCache {
   // width d_model); empties every stream.
   void reset(int streams, int capacity, int d_model, const CausalSelfAttention<T>& attn);
   int streams() const { return int(length_.size()); }
-  int capacity() const { return capacity_; }
-  int length(int stream) const { return length_[size_t(stream)]; }
 
   // x [n, M] -> y [n, M]: appends the new tokens' keys and values to their streams, then each
-  // token attends over the keys it sees. The index of token i in its stream is where()[i].
+  // token attends over the keys it sees.
   void forward(CausalSelfAttention<T>& attn, const CachedTokens& tok, const T* x, T* y);
-  const std::vector<int32_t>& where() const { return where_; }
 
  private:
   int capacity_ = 0, M_ = 0, D_ = 0, A_l_ = 0;  // capacity, M, D, A_l

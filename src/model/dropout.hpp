@@ -1,5 +1,5 @@
 // Inverted dropout (Srivastava et al. 2014) keyed by the global token index: element (token g,
-// column c) is kept when Rng{seed, step, layer, purpose}.uniform(g * ceil(C/4) + c/4, lane c%4) >= rate,
+// column c) is kept when Rng{seed, step, layer, purpose}.uniform_double(g * ceil(C/4) + c/4, lane c%4) >= rate,
 // so a sharded run drops exactly the elements the single-rank run drops (docs/ARCHITECTURE.md "Principles" 1).
 // Active only when ctx.training and rate > 0.
 #pragma once
@@ -20,7 +20,6 @@ class Dropout {
       : rate_(rate), layer_(layer_id), purpose_(purpose) {}
 
   bool active(const StepContext& ctx) const { return ctx.training && rate_ > 0; }
-  double rate() const { return rate_; }
 
   // x [N, C] in place: x = x * keep / (1 - rate). Saves the keep mask for backward.
   void forward(const StepContext& ctx, T* x, int N, int C);

@@ -39,8 +39,6 @@ class Embedding {
   }
 
   ParamView<T> wte, wpe;
-  int vocab() const { return V_; }
-  int d_model() const { return M_; }
 
  private:
   int V_, Tmax_, M_;

@@ -50,7 +50,6 @@ class MLP {
   ParamView<T> w_in, w_out;
   std::function<void(T*, size_t)> tensor_allreduce;  // sum over the tensor axis, in place
 
-  Activation activation() const { return act_; }
   bool sharded() const { return H_l_ != H_; }
 
  private:

@@ -58,7 +58,6 @@ class GradientSync {
   // The entries this rank updates and keeps optimizer state for (every entry unless sharded), and
   // after the update (sharded only) the all-gather of the owned parameters over data.
   const std::vector<size_t>& owned_entries() const { return owned_; }
-  bool sharded() const { return sharded_; }
   void gather_params();
 
   // Buckets of the last step whose all-reduce started before its backward ended.

@@ -68,7 +68,6 @@ class PipelineExecutor {
   Bubble take_bubble() { return std::exchange(bubble_, Bubble{}); }
   // The most micro-batches parked at once in the last train() (Recompute::None; tests).
   int parked_peak() const { return parked_peak_; }
-  Recompute recompute() const { return recompute_; }
 
   // The first non-finite layer output this rank saw in the last train() ("" when none).
   const std::string& first_nonfinite() const { return first_nonfinite_; }

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -390,16 +389,6 @@ std::string format_bytes(double b) {
   char buf[64];
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
   return buf;
-}
-
-double node_memory_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  std::string unit;
-  while (f >> key >> kib >> unit)
-    if (key == "MemTotal:") return kib * 1024.0;
-  return 0;
 }
 
 std::string expert_layout(const Config& cfg, const MeshShape& mesh, size_t max_groups) {

@@ -111,7 +111,4 @@ std::string memory_report(const Config& cfg, const MeshShape& mesh, const std::v
 // MoE layers or with experts over tensor.
 std::string expert_layout(const Config& cfg, const MeshShape& mesh, size_t max_groups = 16);
 
-// MemTotal of /proc/meminfo in bytes (0 when unreadable). The checks use available_memory().
-double node_memory_bytes();
-
 }  // namespace meshmoe

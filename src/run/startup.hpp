@@ -39,7 +39,6 @@ class Startup {
   // the micro-batch's buffers), this rank's placement and shape table; no plan, no check.
   static Startup forward_only(const Config& cfg, int vocab, const Mesh& mesh, bool with_batch);
 
-  const Config& cfg() const { return *cfg_; }
   int vocab() const { return vocab_; }  // <= 0: unknown (training: nothing after step 1 was computed)
   const Placement& placement() const;   // this rank's, sizes only
   const ShapeTable& table() const;      // this rank's

@@ -49,7 +49,6 @@ class Arena {
   bool contains(const void* p) const;  // p lies in one of the chunks (a block's start or inside it)
 
   Stats stats() const;
-  size_t alignment() const { return alignment_; }
 
  private:
   size_t round_up(size_t bytes) const { return (bytes + alignment_ - 1) & ~(alignment_ - 1); }

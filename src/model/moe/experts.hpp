@@ -94,8 +94,6 @@ class Experts {
 
   int e0() const { return e0_; }
   int e_local() const { return e_local_; }
-  int h0() const { return h0_; }
-  int h_local() const { return H_l_; }
   bool hidden_split() const { return H_l_ != opt_.d_ff; }
   ParamView<T> w_in, w_out;
 

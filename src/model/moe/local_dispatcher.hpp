@@ -58,8 +58,7 @@ class LocalDispatcher {
   const T* rows() const { return rows_.data(); }  // [rows, M] after dispatch
   T* output_rows();                               // [rows, M] the experts' outputs, sized as the rows
   T* output_grads() { return dout_.data(); }      // [rows, M] their gradient, after combine_backward
-  // Rows of the full layout of the held experts [E_held, G, C], 0 until a capacity-routed dispatch.
-  size_t room() const { return room_; }
+  // Rows of one held expert in the full layout [E_held, G, C], 0 until a capacity-routed dispatch.
   size_t room_per_expert() const { return room_per_expert_; }
 
  private:

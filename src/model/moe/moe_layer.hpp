@@ -88,8 +88,6 @@ class MoeLayer {
   }
 
   const MoeStats& stats() const { return stats_; }
-  const MoeOptions& options() const { return opt_; }
-  const Placement& placement() const { return place_; }
 
   Router<T> router;
   Experts<T> experts;                 // this rank's experts (and hidden units)
