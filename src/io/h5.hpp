@@ -281,8 +281,8 @@ class File : public Location {
   File(hid_t id, std::string path, MPI_Comm comm) : Location(id, path, "/", comm) {}
 };
 
-// How HDF5 actually did the last block read/write of this thread on a parallel file
-// (H5D_MPIO_NO_COLLECTIVE after a serial one): lets tests prove the I/O stayed collective.
+// Tests only: how HDF5 actually did the last block read/write of this thread on a parallel file
+// (H5D_MPIO_NO_COLLECTIVE after a serial one), to prove the I/O stayed collective.
 H5D_mpio_actual_io_mode_t last_io_mode();
 
 // ---------------------------------------------------------------------------------------------

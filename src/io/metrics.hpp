@@ -49,7 +49,8 @@ class MetricsFile {
   // length is fixed by the first call.
   void append_row(const std::string& name, const std::vector<double>& row);
 
-  int64_t rows() const { return rows_; }                // rows of /step
+  // Tests only: the rows of /step, and the last step logged or found on reopening (none when empty).
+  int64_t rows() const { return rows_; }
   std::optional<int64_t> last_step() const { return last_step_; }
 
   // Built-in units/description for the metric names the trainer writes ('*' = one path

@@ -61,7 +61,6 @@ class Mesh {
   int coord(Axis a) const { return coords_[size_t(a)]; }
   int extent(Axis a) const { return shape_.extent(a); }
   int rank() const { return rank_; }
-  int size() const { return shape_.size(); }
   MPI_Comm world() const { return world_->mpi(); }
   // Comm over all ranks of the mesh (rank = world rank), e.g. for run-wide metrics.
   Comm& world_comm() { return *world_; }

@@ -60,6 +60,7 @@ class CausalSelfAttention {
   int num_heads() const { return heads_; }
   int local_heads() const { return heads_l_; }
   bool sharded() const { return heads_l_ != heads_; }
+  // Tests only: whether it attends causally (the decoder's) or within the packed example.
   bool causal() const { return causal_; }
 
  private:

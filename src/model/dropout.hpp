@@ -33,12 +33,6 @@ class Dropout {
     f(keep_);
   }
 
-  // The keep decision for one element (also the test oracle's definition of the mask).
-  static bool keep(const Rng& rng, double rate, uint64_t global_token, int c, int C) {
-    const uint64_t per_token = (uint64_t(C) + 3) / 4;
-    return rng.uniform_double(global_token * per_token + uint64_t(c / 4), c % 4) >= rate;
-  }
-
  private:
   double rate_ = 0;
   uint32_t layer_ = 0;

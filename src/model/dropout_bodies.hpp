@@ -8,7 +8,7 @@
 namespace meshmoe {
 
 // Index i = n * per_token + q: the Philox block of token n (global token_offset + n) that decides
-// columns 4q .. 4q+3 (lane = c % 4, as in Dropout::keep); saves keep and scales x in place.
+// columns 4q .. 4q+3 (lane = c % 4, model/dropout.hpp); saves keep and scales x in place.
 template <typename T>
 struct DropoutForwardBlock {
   Rng rng;

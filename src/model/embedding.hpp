@@ -78,6 +78,7 @@ class OutputHead {
   }
 
   ParamView<T> wout;  // used when untied
+  // Tests only: whether the projection reads the token embedding's weights.
   bool tied() const { return W_ != &wout; }
 
  private:

@@ -180,12 +180,6 @@ class ParamStore {
     publish_weights();
   }
 
-  // Logical (row-major, unsharded) index of local element `local` of parameter p.
-  static uint64_t logical_index(const ParamInfo& p, size_t local) {
-    return logical_element_index(int(p.local_shape.size()), p.local_shape.data(), p.offset.data(),
-                                 p.logical_shape.data(), int64_t(local));
-  }
-
   void zero_grad() { fill_with(g_, total_, T(0)); }  // on the current device
 
   T* weights() { return w_; }
@@ -195,11 +189,6 @@ class ParamStore {
   size_t size() const { return total_; }
   const std::vector<ParamInfo>& infos() const { return infos_; }
   std::vector<ParamInfo>& infos() { return infos_; }
-  const ParamInfo* find(const std::string& name) const {
-    for (const auto& p : infos_)
-      if (p.name == name) return &p;
-    return nullptr;
-  }
 
  private:
   void init_values(uint64_t seed, double init_scale) {

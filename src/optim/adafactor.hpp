@@ -38,12 +38,10 @@ class Adafactor final : public Optimizer {
   Adafactor(const ParamStore<float>& store, std::vector<size_t> owned, AdafactorOptions opt, DimReduce reduce = {});
   void step(ParamStore<float>& store, double lr, int64_t t, double grad_scale = 1.0) override;
   std::vector<StateTensor> state() override;
-  const char* name() const override { return "adafactor"; }
 
   // Whether an owned entry is factored (>= 2 dims).
   static bool factored(const ParamInfo& p) { return p.local_shape.size() >= 2; }
-  // RMS(U_t) / d of each owned entry in the last step, before clipping (diagnostics, tests; a
-  // transfer point: the values live on the device).
+  // Tests only: each owned entry's RMS(U_t) / d in the last step, before clipping (a transfer point).
   std::vector<double> last_rms_over_d() const;
 
  private:

@@ -25,7 +25,6 @@ class AdamW final : public Optimizer {
   AdamW& operator=(const AdamW&) = delete;
   void step(ParamStore<float>& store, double lr, int64_t t, double grad_scale = 1.0) override;
   std::vector<StateTensor> state() override;
-  const char* name() const override { return "adamw"; }
 
  private:
   AdamWOptions opt_;

@@ -10,18 +10,6 @@
 
 namespace meshmoe {
 
-namespace {
-std::vector<size_t> entries_where(const ParamStore<float>& store, bool split) {
-  std::vector<size_t> out;
-  for (size_t e = 0; e < store.infos().size(); ++e)
-    if ((store.infos()[e].local_shape != store.infos()[e].logical_shape) == split) out.push_back(e);
-  return out;
-}
-}  // namespace
-
-std::vector<size_t> whole_entries(const ParamStore<float>& store) { return entries_where(store, false); }
-std::vector<size_t> split_entries(const ParamStore<float>& store) { return entries_where(store, true); }
-
 EntrySumSquares::EntrySumSquares(const ParamStore<float>& store, const std::vector<size_t>& entries)
     : first_(entries.size() + 1, 0) {
   constexpr int64_t kChunk = SumSquaresChunk<float>::kChunk;
@@ -47,21 +35,6 @@ std::vector<double> EntrySumSquares::operator()(const ParamStore<float>& store) 
   for (size_t k = 0; k < sums.size(); ++k)
     for (int64_t c = first_[k]; c < first_[k + 1]; ++c) sums[k] += chunks[size_t(c)];
   return sums;
-}
-
-std::vector<double> grad_entry_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries) {
-  return EntrySumSquares(store, entries)(store);
-}
-
-double grad_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries) {
-  double s = 0.0;
-  for (double entry : grad_entry_sum_squares(store, entries)) s += entry;
-  return s;
-}
-
-double grad_sum_squares(const ParamStore<float>& store) {
-  Buffer<double> partials;
-  return sum_squares(store.grads(), store.size(), partials);
 }
 
 double clip_scale(double global_norm, double max_norm) {

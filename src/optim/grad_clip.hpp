@@ -1,7 +1,7 @@
 // Global gradient-norm clipping, split so that sharded gradients work: each rank sums the squares
-// of the gradients it is responsible for (grad_sum_squares, in double), the trainer all-reduces the
-// partial sums (counting each replicated gradient once) and takes the square root, and every rank
-// scales its gradients by clip_scale(norm, optim.grad_clip):
+// of the gradients it is responsible for (EntrySumSquares, in double), GradientSync::global_norm
+// all-reduces the partial sums (counting each replicated gradient once) and takes the square root,
+// and every rank scales its gradients by clip_scale(norm, optim.grad_clip):
 //   scale = min(1, clip / (norm + 1e-6))
 // as torch.nn.utils.clip_grad_norm_ (the 1e-6 guards a zero norm); clip = 0 disables clipping.
 #pragma once
@@ -13,22 +13,10 @@
 
 namespace meshmoe {
 
-// Entries holding the whole logical tensor (replicated: count them once) and entries holding a
-// proper block (sharded: all-reduce their partial sums over the axes they are split on). With
-// sharded params: norm^2 = grad_sum_squares(whole) + allreduce(grad_sum_squares(split)).
-std::vector<size_t> whole_entries(const ParamStore<float>& store);
-std::vector<size_t> split_entries(const ParamStore<float>& store);
-
-// Sum of squared gradients of the given entries (indices into store.infos()) / of every entry.
-double grad_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries);
-// Each entry's sum, in the order of `entries` (one wait for all): grad_sum_squares adds these in
-// that order.
-std::vector<double> grad_entry_sum_squares(const ParamStore<float>& store, const std::vector<size_t>& entries);
-double grad_sum_squares(const ParamStore<float>& store);
-
-// grad_entry_sum_squares for a fixed list of entries, called each step (the gradient norm): the
-// entries' chunks are listed on the device once, and a call is one launch over all of them (not
-// one per entry) and one wait.
+// The sum of squared gradients of each of a fixed list of entries (indices into store.infos()),
+// called each step (the gradient norm): the entries' chunks are listed on the device once, and a
+// call is one launch over all of them (not one per entry) and one wait. An entry's sum is
+// sum_squares's of its gradient, the same bits.
 class EntrySumSquares {
  public:
   EntrySumSquares() = default;

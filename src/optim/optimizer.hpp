@@ -54,7 +54,6 @@ class Optimizer {
   virtual ~Optimizer() = default;
   virtual void step(ParamStore<float>& store, double lr, int64_t t, double grad_scale = 1.0) = 0;
   virtual std::vector<StateTensor> state() = 0;
-  virtual const char* name() const = 0;
 
  protected:
   Optimizer(const ParamStore<float>& store, std::vector<size_t> owned);

@@ -253,7 +253,7 @@ double GradientSync::global_norm() {
   if (mesh_.extent(Axis::Data) > 1)
     sq = owned_norm_squares();
   else
-    for (double entry : norm_sums_(model_.params())) sq += entry;  // grad_sum_squares's order
+    for (double entry : norm_sums_(model_.params())) sq += entry;  // in the entries' order
   mesh_.world_comm().all_reduce(&sq, 1, Op::Sum);
   return std::sqrt(sq);
 }

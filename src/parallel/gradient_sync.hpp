@@ -60,7 +60,7 @@ class GradientSync {
   const std::vector<size_t>& owned_entries() const { return owned_; }
   void gather_params();
 
-  // Buckets of the last step whose all-reduce started before its backward ended.
+  // Tests only: the last step's buckets whose all-reduce started before its backward ended, and all.
   int buckets_started_in_backward() const { return started_in_backward_; }
   size_t num_buckets() const { return buckets_.size(); }
 

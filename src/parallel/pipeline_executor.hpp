@@ -66,7 +66,7 @@ class PipelineExecutor {
     double wait_s = 0, train_s = 0;
   };
   Bubble take_bubble() { return std::exchange(bubble_, Bubble{}); }
-  // The most micro-batches parked at once in the last train() (Recompute::None; tests).
+  // Tests only: the most micro-batches parked at once in the last train() (Recompute::None's stash).
   int parked_peak() const { return parked_peak_; }
 
   // The first non-finite layer output this rank saw in the last train() ("" when none).

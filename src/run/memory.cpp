@@ -1,13 +1,9 @@
 #include "run/memory.hpp"
 
-#include <malloc.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <limits>
-#include <memory>
 #include <numeric>
 #include <sstream>
 
@@ -21,7 +17,6 @@
 #include "parallel/pipeline_schedule.hpp"
 #include "parallel/state_shards.hpp"
 #include "run/memory_limit.hpp"
-#include "optim/optimizer.hpp"
 
 namespace meshmoe {
 
@@ -72,53 +67,6 @@ Checked owned_state_elems(const Config& cfg, const std::vector<std::vector<Check
     if (over_data[i] || part[r++] == data_rank) owned += state[i];
   return owned;
 }
-
-// A Comm that moves nothing: lets measure_memory build and run a sharded layer on one process.
-// Collectives leave the buffers as they are (an all-to-all copies its own blocks), so the values are
-// wrong but every buffer has its real size.
-class LocalStandInComm final : public Comm {
- public:
-  LocalStandInComm(int rank, int size) : rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  void barrier() override {}
-  std::string name() const override { return "stand-in comm (measure_memory)"; }
-  void all_reduce_raw(void*, size_t, DType, Op) override {}
-  void broadcast_raw(void*, size_t, DType, int) override {}
-  void all_gather_raw(const void* send, size_t n, void* recv, DType t) override {
-    for (int r = 0; r < size_; ++r) std::memcpy(static_cast<char*>(recv) + r * n * dtype_size(t), send, n * dtype_size(t));
-  }
-  void reduce_scatter_raw(const void* send, void* recv, size_t n, DType t, Op) override {
-    std::memcpy(recv, static_cast<const char*>(send) + rank_ * n * dtype_size(t), n * dtype_size(t));
-  }
-  void all_to_all_raw(const void* send, void* recv, size_t n, DType t) override {
-    std::memcpy(recv, send, size_t(size_) * n * dtype_size(t));
-  }
-  void all_to_allv_raw(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
-                       DType t) override {
-    size_t ns = 0, nr = 0;
-    for (int r = 0; r < size_; ++r) ns += send_counts[r], nr += recv_counts[r];
-    std::memcpy(recv, send, std::min(ns, nr) * dtype_size(t));
-  }
-  void permute_raw(const void*, size_t, int, void*, size_t, int, DType) override {}
-  void send_raw(const void*, size_t, DType, int, int) override {}
-  void recv_raw(void*, size_t, DType, int, int) override {}
-  std::vector<size_t> exchange_counts(std::span<const size_t> send_counts) override {
-    return {send_counts.begin(), send_counts.end()};
-  }
-
- private:
-  int rank_, size_;
-};
-
-}  // namespace
-
-int64_t heap_in_use() {
-  const struct mallinfo2 mi = mallinfo2();
-  return int64_t(mi.uordblks) + int64_t(mi.hblkhd);
-}
-
-namespace {
 
 // A plan whose Checked arithmetic overflowed: the deck's sizes named.
 [[noreturn]] void throw_too_large(const Config& cfg, int vocab) {
@@ -319,67 +267,6 @@ MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int 
   const ShapeTable table(cfg, vocab, mesh, RankCoords{pipe_rank, data_rank, tensor_rank}, true);
   const ModelCounts whole = model_counts(cfg, table);
   return plan_memory(cfg, table, whole);
-}
-
-MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
-                              int tensor_rank) {
-  // The start-up's sequence (docs/ARCHITECTURE.md "One run"), each piece once: the placement, its
-  // shape table, the plan read from it, and the model built from the same table.
-  Placement sh = placement_at(cfg, mesh, RankCoords{pipe_rank, data_rank, tensor_rank});
-  const ShapeTable table(CheckedShapes(cfg, vocab, mesh, true), sh);
-  const MemoryPlan plan = plan_memory(cfg, table, model_counts(cfg, table));
-  MemoryMeasured m;
-  LocalStandInComm tensor_comm(tensor_rank, mesh.tensor), expert_comm(sh.expert_rank(), sh.expert_parallel),
-      replica_comm(data_rank / sh.expert_parallel, sh.replicas());
-  sh.tensor = &tensor_comm;
-  sh.expert_group = &expert_comm;
-  sh.replica_group = &replica_comm;
-
-  const int64_t h0 = heap_in_use();
-  auto model = std::make_unique<Transformer<float>>(cfg, table, sh);
-  m.construct_heap = heap_in_use() - h0;
-  model->init(uint64_t(cfg.run.seed), cfg.model.init_scale);
-  m.param_bytes = model->params().size() * sizeof(float);
-  m.grad_bytes = model->params().size() * sizeof(float);
-  {
-    const bool sharded = cfg.optim.shard_state && mesh.data > 1;
-    auto opt = make_optimizer(cfg, model->params(),
-                              sharded ? owned_entries(state_owners(model->params(), mesh.data), data_rank)
-                                      : all_entries(model->params()));
-    for (const StateTensor& s : opt->state()) m.optim_bytes += s.data->size() * sizeof(float);
-  }
-
-  // A dummy micro-batch of this rank's size; everything it needs exists before the measurement.
-  const int rows = plan.rows, T = plan.seq_len, N = rows * T, M = int(cfg.model.d_model);
-  std::vector<int32_t> inputs(N), targets(N);
-  for (int n = 0; n < N; ++n) inputs[n] = int32_t((7919u * unsigned(n) + 13u) % unsigned(vocab)),
-                              targets[n] = int32_t((104729u * unsigned(n) + 7u) % unsigned(vocab));
-  std::vector<int32_t> segment(N, 0), position(N);  // one example per sequence
-  for (int n = 0; n < N; ++n) position[n] = n % T;
-  const size_t message = size_t(N) * M * size_t(model->stage_streams());  // between pipeline stages
-  std::vector<float> mask(N, 1.0f), x_in(message), d_out(message);
-  for (size_t i = 0; i < x_in.size(); ++i) x_in[i] = float(std::sin(0.37 * double(i))), d_out[i] = 1e-3f * float(std::cos(0.11 * double(i)));
-  MicroBatch mb{rows, T, inputs.data(), targets.data(), mask.data(), segment.data(), position.data()};
-  if (cfg.model.arch == ModelArch::EncDec)  // the encoder reads the same dummy tokens
-    mb.enc_len = T, mb.enc_inputs = inputs.data(), mb.enc_segment = segment.data(), mb.enc_position = position.data();
-  StepContext ctx;
-  ctx.seed = uint64_t(cfg.run.seed);
-  ctx.step = 1;
-  ctx.training = true;
-  ctx.token_offset = uint64_t(data_rank) * uint64_t(N);
-  LossWeights w;
-  w.ce = 1.0 / N;
-  w.aux = balance_loss_weight(cfg.moe.balance, cfg.moe.aux_loss_coef, N, cfg.moe.group_size);
-  w.z = z_loss_weight(cfg.moe.z_loss_coef, N);
-
-  const int64_t f0 = heap_in_use();
-  model->forward(ctx, mb, w, model->first_stage() ? nullptr : x_in.data());
-  const int64_t f1 = heap_in_use();
-  model->backward(ctx, w, model->last_stage() ? nullptr : d_out.data());
-  const int64_t f2 = heap_in_use();
-  m.forward_heap = f1 - f0;
-  m.backward_heap = f2 - f1;
-  return m;
 }
 
 std::string format_bytes(double b) {

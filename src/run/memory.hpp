@@ -6,12 +6,8 @@
 // bytes over the parameter entries the model registers, activation and backward-workspace bytes over
 // the buffers each layer allocates for one micro-batch (by kind: saved for the backward, forward-only,
 // backward scratch), and bytes sent per step on each mesh axis. The expert placement is the
-// documented one (docs/ARCHITECTURE.md "The mesh"): Placement::expert_shape.
-//
-// measure_memory() builds the real Transformer<float> of that placement and measures it: the store
-// sizes exactly, the optimizer state through state(), and the activations as heap growth (glibc
-// mallinfo2: uordblks + hblkhd, i.e. in-use bytes of all arenas plus mmapped chunks) around the
-// first forward and around the first backward of one micro-batch.
+// documented one (docs/ARCHITECTURE.md "The mesh"): Placement::expert_shape. The tests measure the
+// real model of the same placement against the plan (tests/support/memory_support.hpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -75,23 +71,6 @@ MemoryPlan plan_memory(const Config& cfg, const ShapeTable& table, const ModelCo
 // Throws InputError when the deck does not split over the mesh.
 MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
                        int tensor_rank);
-
-struct MemoryMeasured {
-  size_t param_bytes = 0, grad_bytes = 0;  // ParamStore weights and gradients
-  size_t optim_bytes = 0;                  // sum of the optimizer's state() tensors
-  int64_t construct_heap = 0;              // heap growth of building the model (store included)
-  int64_t forward_heap = 0;                // heap growth of the first forward of one micro-batch
-  int64_t backward_heap = 0;               // heap growth of the first backward after it
-};
-
-// Builds this rank's Transformer<float> (and optimizer) on one process, with a stand-in tensor Comm
-// whose all-reduce does nothing (the values are wrong, the buffers are the real ones), and runs one
-// training forward + backward on a dummy micro-batch of plan rows. Cheap only for test-size decks.
-MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
-                              int tensor_rank);
-
-// In-use heap bytes now (glibc mallinfo2: uordblks + hblkhd).
-int64_t heap_in_use();
 
 // Human-readable byte count: "1.50 MiB".
 std::string format_bytes(double bytes);

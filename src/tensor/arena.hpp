@@ -48,7 +48,7 @@ class Arena {
   bool owns(const void* p) const;
   bool contains(const void* p) const;  // p lies in one of the chunks (a block's start or inside it)
 
-  Stats stats() const;
+  Stats stats() const;  // Tests only: the arena's use so far
 
  private:
   size_t round_up(size_t bytes) const { return (bytes + alignment_ - 1) & ~(alignment_ - 1); }

@@ -112,8 +112,8 @@ const uint16_t* rounded_once(const T* x, size_t n, uint16_t* bits) {
   }
 }
 
-// How many bf16 GEMM operands the host emulation rounded, and how many it read from copies, since
-// the process started (tests: which operands the copies serve).
+// Tests only: how many bf16 GEMM operands the host emulation rounded, and how many it read from
+// copies, since the process started (which operands the copies serve).
 struct Bf16OperandCounts {
   size_t rounded = 0, from_copies = 0;
 };

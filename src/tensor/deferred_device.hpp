@@ -21,7 +21,7 @@ enum class DeviceAccess { AfterWait, Copies, CopiesListed };
 // on the GPU); off: the host's again where it was on. Either way the work queued so far runs first.
 void set_deferred_host_device(bool on, DeviceAccess access = DeviceAccess::AfterWait);
 
-size_t deferred_host_work_queued();  // tests: the queue's length
-size_t listed_host_accesses();       // tests, CopiesListed: the places printed so far
+size_t deferred_host_work_queued();  // Tests only: the queue's length
+size_t listed_host_accesses();       // Tests only, CopiesListed: the places printed so far
 
 }  // namespace meshmoe

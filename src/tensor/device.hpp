@@ -47,7 +47,7 @@ std::string cuda_device_name();  // of the bound GPU, for the run's start-up lin
 void device_synchronize();
 // Launches, GEMMs and collectives call this just before they queue device work.
 void before_device_work();
-size_t device_waits();  // tests: device_synchronize() calls that found work queued
+size_t device_waits();  // Tests only: device_synchronize() calls that found work queued
 
 // Whether Buffers allocated now are device memory, never touched by the host between transfer
 // points (run.device = "cuda", or the deferred host device).
@@ -85,7 +85,7 @@ void buffer_free(void* p) noexcept;
 // Makes the current device's arena hold `bytes` in one piece (the memory plan's total, before the
 // model allocates); nothing on the host.
 void reserve_buffer_memory(size_t bytes);
-// Tests: host Buffers come from `arena` (null: the heap again) until the next call.
+// Tests only: host Buffers come from `arena` (null: the heap again) until the next call.
 void set_host_buffer_arena(Arena* arena);
 
 // The host's copies of device memory, the only host accesses to it that cudaMalloc allows:

@@ -37,9 +37,10 @@ bool in_host_parts();
 // tasks run.
 void set_blas_threads_for_tasks(bool tasks_running);
 
-// The host loops of for_each_index run backwards on one thread (tests: the race check of
+// The host loops of for_each_index run backwards on one thread (the race check of
 // tensor/launch.hpp).
 bool host_loop_reversed();
+// Tests only: the race check on or off.
 void set_host_loop_reversed(bool reversed);
 
 }  // namespace meshmoe

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../test_util.hpp"
+#include "../support/model_support.hpp"
 #include "model/moe/router.hpp"
 #include "tensor/bf16.hpp"
 #include "tensor/blas.hpp"
@@ -220,7 +221,7 @@ TEST_CASE("bf16 precision: the router's GEMMs and softmax stay fp32", "[bf16][mo
     CHECK(not_bf16 > M * E / 2);
     StepContext ctx;
     ctx.seed = 1, ctx.step = 2;
-    router.forward(ctx, x.data(), N);
+    test::route_and_read_totals(router, ctx, x.data(), N);
     Result r;
     r.probs.assign(router.probs().begin(), router.probs().end());
     r.decisions = test::decisions(router.routing());

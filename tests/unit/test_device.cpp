@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "../test_util.hpp"
+#include "../support/model_support.hpp"
 #include "core/timers.hpp"
 #include "model/transformer.hpp"
 #include "tensor/bf16.hpp"
@@ -306,17 +307,18 @@ TEST_CASE("device: the dispatch plan names a routing choice outside the experts'
   test::MoeHarness<float> h(o, 9);
   StepContext ctx;
   ctx.training = true;
-  h.layer->router.forward(ctx, x.data(), N);
+  test::route_and_read_totals(h.layer->router, ctx, x.data(), N);
   Routing<float> r = h.layer->router.routing();
   IndexDispatcher<float> d;
-  d.plan(r, 0);  // a valid routing plans
+  test::plan_rows(d, r, 0);  // a valid routing plans
   int c = 0;
   while (r.expert[size_t(c)] < 0) ++c;
   r.slot[size_t(c)] = r.C;  // one slot past capacity
-  CHECK_THROWS_WITH(d.plan(r, 0), Catch::Contains("choice " + std::to_string(c) + " has expert"));
+  CHECK_THROWS_WITH(test::plan_rows(d, r, 0), Catch::Contains("choice " + std::to_string(c) + " has expert"));
   r.slot[size_t(c)] = 0;
   r.expert[size_t(c + 1)] = r.E;
-  CHECK_THROWS_WITH(d.plan(r, 0), Catch::Contains("choice " + std::to_string(c + 1) + " has expert " + std::to_string(r.E)));
+  CHECK_THROWS_WITH(test::plan_rows(d, r, 0),
+                    Catch::Contains("choice " + std::to_string(c + 1) + " has expert " + std::to_string(r.E)));
 }
 
 TEST_CASE("device: a Buffer made on the device is zero; the host's values reach it by queued copies", "[device][deferred]") {

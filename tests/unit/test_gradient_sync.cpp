@@ -13,11 +13,12 @@
 #include <random>
 
 #include "../test_util.hpp"
+#include "../support/model_support.hpp"
+#include "../support/optim_support.hpp"
 #include "mesh/mesh.hpp"
 #include "mesh/mpi_comm.hpp"
 #include "parallel/gradient_sync.hpp"
 #include "parallel/pipeline_executor.hpp"
-#include "optim/grad_clip.hpp"
 
 using namespace meshmoe;
 
@@ -212,12 +213,12 @@ TEST_CASE("gradient sync: expert replicas sum their gradients over the replica g
       if (expert && P > 1) CHECK(bool(p.sharded_over & kShardReplicas) == (P < c.data));
       if (!expert || P == 1) CHECK(!(p.sharded_over & (kShardData | kShardReplicas)));
       experts_seen += expert;
-      const ParamInfo* wp = whole.params().find(p.name);
+      const ParamInfo* wp = test::find_param(whole.params(), p.name);
       REQUIRE(wp != nullptr);
       const float* g = model.params().grads() + p.flat_offset;
       double largest = 0, worst = 0;
       for (size_t i = 0; i < p.size; ++i) {
-        const double want = whole.params().grads()[wp->flat_offset + ParamStore<float>::logical_index(p, i)];
+        const double want = whole.params().grads()[wp->flat_offset + test::logical_index(p, i)];
         largest = std::max(largest, std::abs(want));
         worst = std::max(worst, std::abs(double(g[i]) - want));
       }
@@ -261,7 +262,7 @@ TEST_CASE("gradient sync: the data ranks share the norm, bitwise the one-rank or
     if (!shard) {
       std::vector<size_t> every(model.params().infos().size());
       std::iota(every.begin(), every.end(), size_t(0));
-      CHECK(norms[0] == std::sqrt(grad_sum_squares(model.params(), every)));
+      CHECK(norms[0] == std::sqrt(test::grad_sum_squares(model.params(), every)));
     }
   }
   CHECK(norms[1] == norms[0]);

@@ -175,6 +175,15 @@ TEST_CASE("activation backward matches finite differences", "[layers]") {
   }
 }
 
+namespace {
+// The keep decision for one element, as model/dropout.hpp states it: Philox block g * ceil(C / 4) +
+// c / 4 of the dropout stream, lane c % 4, at least the rate.
+bool dropout_keeps(const Rng& rng, double rate, uint64_t global_token, int c, int C) {
+  const uint64_t per_token = (uint64_t(C) + 3) / 4;
+  return rng.uniform_double(global_token * per_token + uint64_t(c / 4), c % 4) >= rate;
+}
+}  // namespace
+
 TEST_CASE("dropout: deterministic, keyed by global token, rate respected", "[layers]") {
   const int N = 64, C = 30;
   const double rate = 0.25;
@@ -193,7 +202,7 @@ TEST_CASE("dropout: deterministic, keyed by global token, rate respected", "[lay
   for (int n = 0; n < N; ++n)
     for (int c = 0; c < C; ++c) {
       const double v = x[size_t(n) * C + c];
-      const bool keep = Dropout<double>::keep(rng, rate, 100 + n, c, C);
+      const bool keep = dropout_keeps(rng, rate, 100 + n, c, C);
       CHECK(v == (keep ? 1.0 / (1.0 - rate) : 0.0));
       dropped += !keep;
     }

@@ -1,4 +1,5 @@
-// The memory plan (src/train/memory.hpp) against reality and against GShard section 5.1.
+// The memory plan (src/run/memory.hpp) against reality (test::measure_memory,
+// tests/support/memory_support.hpp) and against GShard section 5.1.
 //
 // Oracles:
 // - parameter and gradient bytes: the built Transformer's ParamStore, EXACT;
@@ -23,6 +24,7 @@
 #include "run/memory.hpp"
 #include "run/memory_limit.hpp"
 #include "../test_util.hpp"
+#include "../support/memory_support.hpp"
 
 using namespace meshmoe;
 
@@ -65,7 +67,7 @@ Config moe_config() {
 }
 
 // Within 10% of the measured heap growth (stated in the file header).
-void check_activations(const MemoryPlan& p, const MemoryMeasured& m) {
+void check_activations(const MemoryPlan& p, const test::MemoryMeasured& m) {
   INFO("planned activations " << p.activation_bytes << " B, forward heap growth " << m.forward_heap << " B");
   REQUIRE(m.forward_heap > 0);
   CHECK(std::fabs(double(p.activation_bytes) - double(m.forward_heap)) <= 0.10 * double(m.forward_heap));
@@ -76,7 +78,7 @@ void check_activations(const MemoryPlan& p, const MemoryMeasured& m) {
 
 void check_exact(const Config& cfg, int vocab, const MeshShape& mesh, int pipe, int data, int tensor) {
   const MemoryPlan p = plan_memory(cfg, vocab, mesh, pipe, data, tensor);
-  const MemoryMeasured m = measure_memory(cfg, vocab, mesh, pipe, data, tensor);
+  const test::MemoryMeasured m = test::measure_memory(cfg, vocab, mesh, pipe, data, tensor);
   INFO("mesh " << mesh.str() << " at pipe " << pipe << " data " << data << " tensor " << tensor << ", optimizer "
                << cfg.optim.name);
   CHECK(p.param_bytes == m.param_bytes);
@@ -208,7 +210,7 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
       Config c = moe_config();
       c.model.tied_embeddings = tied;
       const MemoryPlan p = plan_memory(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
-      const MemoryMeasured m = measure_memory(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
+      const test::MemoryMeasured m = test::measure_memory(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
       CHECK(size_t(p.params_total) * sizeof(float) == m.param_bytes);
       // activated: all but the E - k = 2 experts a token skips in each of the 2 MoE layers;
       // one expert = w_in [M, H] + w_out [H, M] = 2 x 32 x 64
@@ -304,7 +306,7 @@ TEST_CASE("memory plan: GShard section 5.1, memory per rank stays flat as expert
   {
     const Config c = deck(1, "data");
     const MemoryPlan p = plan_memory(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
-    const MemoryMeasured m = measure_memory(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
+    const test::MemoryMeasured m = test::measure_memory(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
     CHECK(p.param_bytes == m.param_bytes);
     CHECK(p.optim_bytes == m.optim_bytes);
     check_activations(p, m);
@@ -313,7 +315,7 @@ TEST_CASE("memory plan: GShard section 5.1, memory per rank stays flat as expert
     const Config c = deck(2, "data");
     const MeshShape mesh{1, 2, 1};
     const MemoryPlan p = plan_memory(c, V, mesh, 0, 1, 0);
-    const MemoryMeasured m = measure_memory(c, V, mesh, 0, 1, 0);
+    const test::MemoryMeasured m = test::measure_memory(c, V, mesh, 0, 1, 0);
     // Experts are sharded over data: this rank holds E / 2 of them, exactly as planned.
     CHECK(m.param_bytes == p.param_bytes);
     CHECK(p.optim_bytes == m.optim_bytes);

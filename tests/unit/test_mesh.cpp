@@ -101,7 +101,7 @@ TEST_CASE("Mesh: communicators match the coordinates on every shape of this worl
     Mesh built(MPI_COMM_WORLD, s.pipe, s.data, s.tensor);
     Mesh mesh = std::move(built);  // movable; the communicators move with it
     CHECK(mesh.rank() == me);
-    CHECK(mesh.size() == world);
+    CHECK(mesh.world_comm().size() == world);
     CHECK(mesh.shape() == s);
     int cmp = MPI_UNEQUAL;
     MPI_Comm_compare(mesh.world(), MPI_COMM_WORLD, &cmp);

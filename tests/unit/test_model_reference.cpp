@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "../test_util.hpp"
+#include "../support/optim_support.hpp"
 #include "io/h5.hpp"
 #include "model/moe/router_equations.hpp"
 #include "model/transformer.hpp"
@@ -427,7 +428,7 @@ void train_run(h5::File& f, const RefCase& rc, const std::string& opt_name,
     model.backward(ctx, w);
     if (bf16) write_params(f, at + "grads_" + std::to_string(t), P, true);
     loss.push_back(total_loss(fs, w));
-    norm.push_back(std::sqrt(grad_sum_squares(P)));
+    norm.push_back(std::sqrt(test::grad_sum_squares(P)));
     lr.push_back(sched(t));
     REQUIRE(std::isfinite(norm.back()));
     opt->step(P, lr.back(), t, clip_scale(norm.back(), cfg.optim.grad_clip));

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../test_util.hpp"
+#include "../support/model_support.hpp"
 #include "mesh/mesh.hpp"
 #include "test_moe_util.hpp"
 
@@ -163,7 +164,7 @@ void check_mode(const Case& c, ExpertAxis axis, int D, int Tn) {
   // split over data is summed over the data ranks first, as the trainer does.
   for (const ParamInfo& p : store.infos()) {
     INFO("parameter " << p.name);
-    const ParamInfo* rp = ref.hs.store.find(p.name);
+    const ParamInfo* rp = test::find_param(ref.hs.store, p.name);
     REQUIRE(rp != nullptr);
     CHECK(rp->logical_shape == p.logical_shape);
     const bool experts = p.name.find("experts") != std::string::npos;
@@ -177,7 +178,7 @@ void check_mode(const Case& c, ExpertAxis axis, int D, int Tn) {
     if (!(p.sharded_over & kShardData)) mesh.axis(Axis::Data).all_reduce(g.data(), g.size());
     std::vector<double> gw(p.size), ww(p.size);
     for (size_t i = 0; i < p.size; ++i) {
-      const uint64_t li = ParamStore<double>::logical_index(p, i);
+      const uint64_t li = test::logical_index(p, i);
       gw[i] = ref.grads[rp->flat_offset + li];
       ww[i] = ref.hs.store.weights()[rp->flat_offset + li];
     }

@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 
+#include "../support/model_support.hpp"
 #include "test_moe_util.hpp"
 
 using namespace meshmoe;
@@ -42,7 +43,7 @@ void route_probabilities(RouterHarness& h, const double (*p)[2], int N, const St
   std::vector<double> x(size_t(N) * 2);
   for (int n = 0; n < N; ++n)
     for (int e = 0; e < 2; ++e) x[size_t(n) * 2 + e] = std::log(p[n][e]);
-  h.router.forward(ctx, x.data(), N);
+  test::route_and_read_totals(h.router, ctx, x.data(), N);
 }
 
 }  // namespace
@@ -117,11 +118,11 @@ TEST_CASE("moe routing invariants over random settings; NTLB never drops more", 
     INFO("trial " << trial << " E=" << E << " k=" << k << " S=" << o.group_size << " G=" << G);
 
     RouterHarness plain(o, trial);
-    plain.router.forward(ctx, x.data(), N);
+    test::route_and_read_totals(plain.router, ctx, x.data(), N);
     MoeOptions on = o;
     on.no_token_left_behind = true;
     RouterHarness ntlb(on, trial);
-    ntlb.router.forward(ctx, x.data(), N);
+    test::route_and_read_totals(ntlb.router, ctx, x.data(), N);
 
     for (RouterHarness* h : {&plain, &ntlb}) {
       const bool is_ntlb = h == &ntlb;
@@ -228,7 +229,7 @@ TEST_CASE("moe top-2 slot order: first choices fill capacity first, in token ord
   RouterHarness h(o, 4);
   StepContext ctx;
   const std::vector<double> x = skewed_tokens(N, o.d_model, 77, 1.5);
-  h.router.forward(ctx, x.data(), N);
+  test::route_and_read_totals(h.router, ctx, x.data(), N);
   const Routing<double>& r = h.router.routing();
   CHECK(r.dropped > 0);
   // Recompute GShard's positions: position of a first choice = number of earlier first choices of its
@@ -307,11 +308,11 @@ TEST_CASE("moe declined_takes_slot equals a literal transcription of GShard Algo
     ctx.seed = uint64_t(trial), ctx.training = true;
     const std::vector<double> x = skewed_tokens(N, o.d_model, uint32_t(100 + trial), 1.0);
     RouterHarness compact(o, trial);
-    compact.router.forward(ctx, x.data(), N);
+    test::route_and_read_totals(compact.router, ctx, x.data(), N);
     MoeOptions ol = o;
     ol.declined_takes_slot = true;
     RouterHarness literal(ol, trial);
-    literal.router.forward(ctx, x.data(), N);
+    test::route_and_read_totals(literal.router, ctx, x.data(), N);
     const Routing<double>& a = compact.router.routing();
     const Routing<double>& r = literal.router.routing();
     INFO("trial " << trial << " E=" << E << " S=" << S << " C=" << r.C);
@@ -408,7 +409,7 @@ TEST_CASE("moe expert choice equals sorting each expert's column, over random se
     RouterHarness h(o, uint64_t(trial));
     StepContext ctx;
     ctx.training = true;
-    h.router.forward(ctx, x.data(), N);
+    test::route_and_read_totals(h.router, ctx, x.data(), N);
     const Routing<double>& r = h.router.routing();
     const auto& p = h.router.probs();
     INFO("trial " << trial << " E=" << E << " S=" << S << " C=" << r.C);
@@ -450,7 +451,7 @@ TEST_CASE("moe random routing: second-expert dispatch rate is mean(min(1, 2 g2))
   StepContext ctx;
   ctx.seed = 12345, ctx.step = 17;
   const std::vector<double> x = normal_vector(size_t(N) * o.d_model, 31);
-  h.router.forward(ctx, x.data(), N);
+  test::route_and_read_totals(h.router, ctx, x.data(), N);
   const Routing<double>& r = h.router.routing();
   const auto& p = h.router.probs();
   double expected = 0, var = 0, mean_q = 0;
@@ -470,7 +471,7 @@ TEST_CASE("moe random routing: second-expert dispatch rate is mean(min(1, 2 g2))
   CHECK(std::abs(observed - expected) <= 5 * std::sqrt(var));
   // Evaluation dispatches every second expert.
   ctx.training = false;
-  h.router.forward(ctx, x.data(), N);
+  test::route_and_read_totals(h.router, ctx, x.data(), N);
   CHECK(h.router.routing().declined == 0);
 }
 
@@ -483,7 +484,7 @@ TEST_CASE("moe dropless routing drops nothing even when all tokens prefer one ex
     RouterHarness h(o, 2);
     StepContext ctx;
     const std::vector<double> x = skewed_tokens(N, o.d_model, 5, 20.0);
-    h.router.forward(ctx, x.data(), N);
+    test::route_and_read_totals(h.router, ctx, x.data(), N);
     const Routing<double>& r = h.router.routing();
     CHECK(r.C == o.group_size);
     CHECK(r.dropped == 0);
@@ -491,7 +492,7 @@ TEST_CASE("moe dropless routing drops nothing even when all tokens prefer one ex
     // the same tokens with capacity do drop
     o.dropless = false;
     RouterHarness h2(o, 2);
-    h2.router.forward(ctx, x.data(), N);
+    test::route_and_read_totals(h2.router, ctx, x.data(), N);
     CHECK(h2.router.routing().dropped > 0);
   }
 }
@@ -511,7 +512,7 @@ TEST_CASE("moe aux and z loss on a hand-computed case", "[moe]") {
   StepContext ctx;
   SECTION("one group") {
     const std::vector<double> x = {1, 0, 0.5, 0};
-    h.router.forward(ctx, x.data(), 2);
+    test::route_and_read_totals(h.router, ctx, x.data(), 2);
     CHECK(h.router.aux_sum == Approx(aux).epsilon(1e-14));
     CHECK(h.router.z_sum == Approx(z).epsilon(1e-14));
     CHECK(h.router.routing().gate[0] == Approx(0.75).epsilon(1e-15));  // top-1 gate = p, not renormalised
@@ -519,7 +520,7 @@ TEST_CASE("moe aux and z loss on a hand-computed case", "[moe]") {
   }
   SECTION("two groups: the layer returns the sum over groups") {
     const std::vector<double> x = {1, 0, 0.5, 0, 0.5, 0, 1, 0};
-    h.router.forward(ctx, x.data(), 4);
+    test::route_and_read_totals(h.router, ctx, x.data(), 4);
     CHECK(h.router.aux_sum == Approx(2 * aux).epsilon(1e-14));
     CHECK(h.router.z_sum == Approx(2 * z).epsilon(1e-14));
   }
@@ -535,7 +536,7 @@ TEST_CASE("moe Switch aux loss = E^2 * GShard aux loss", "[moe]") {
   RouterHarness h(o, 8);
   StepContext ctx;
   const std::vector<double> x = skewed_tokens(N, o.d_model, 3, 1.0);
-  h.router.forward(ctx, x.data(), N);
+  test::route_and_read_totals(h.router, ctx, x.data(), N);
   const auto& p = h.router.probs();
   double gshard_sum = 0;
   for (int g = 0; g < N / S; ++g) {
@@ -553,7 +554,7 @@ TEST_CASE("moe Switch aux loss = E^2 * GShard aux loss", "[moe]") {
   // moe.aux_loss_form = gshard: the same routing, the loss in GShard's normalisation.
   o.aux_loss_form = AuxLossForm::Gshard;
   RouterHarness hg(o, 8);
-  hg.router.forward(ctx, x.data(), N);
+  test::route_and_read_totals(hg.router, ctx, x.data(), N);
   CHECK(hg.router.aux_sum == Approx(gshard_sum).epsilon(1e-12));
 }
 
@@ -595,7 +596,7 @@ TEST_CASE("moe selection bias: selects by p + b, gates from the unbiased probabi
     std::copy(b, b + 4, h.router.selection_bias.begin());
     StepContext ctx;
     ctx.training = true;
-    h.router.forward(ctx, x.data(), N);
+    test::route_and_read_totals(h.router, ctx, x.data(), N);
     const Routing<double>& r = h.router.routing();
     int moved = 0;  // choices the bias changed
     for (int n = 0; n < N; ++n) {
@@ -632,7 +633,7 @@ TEST_CASE("moe selection bias: updating it from the loads lowers the largest loa
   StepContext ctx;
   ctx.training = true;
   auto max_load = [&] {
-    h.router.forward(ctx, x.data(), N);
+    test::route_and_read_totals(h.router, ctx, x.data(), N);
     const auto& load = h.router.routing().load;
     return *std::max_element(load.begin(), load.end());
   };

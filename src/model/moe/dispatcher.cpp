@@ -8,12 +8,6 @@
 
 namespace meshmoe {
 
-template <typename T>
-void IndexDispatcher<T>::plan(const Routing<T>& r, uint64_t token_offset, DispatchLayout layout) {
-  count_rows(r, layout);
-  map_rows(r, token_offset);
-}
-
 // The rows of each (expert, group) and their offsets, on the device (dispatcher_bodies.hpp).
 template <typename T>
 void IndexDispatcher<T>::count_rows(const Routing<T>& r, DispatchLayout layout) {

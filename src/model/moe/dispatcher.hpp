@@ -31,14 +31,13 @@ struct DispatchLayout {
 template <typename T>
 class IndexDispatcher {
  public:
-  // Builds the row <-> choice maps of routing r. token_offset: global index of local token 0.
-  // plan = count_rows (device work: the rows of each expert and group) + map_rows (a wait: the host
-  // sizes the maps from the counts; then device work: the maps). The MoE layer reads the router's
-  // totals at that wait, between the two.
-  void plan(const Routing<T>& r, uint64_t token_offset, DispatchLayout layout = {});
+  // Builds the row <-> choice maps of routing r in two parts: count_rows (device work: the rows of
+  // each expert and group), then map_rows (a wait: the host sizes the maps from the counts; then
+  // device work: the maps). The MoE layer reads the router's totals at that wait, between the two.
+  // token_offset: global index of local token 0.
   void count_rows(const Routing<T>& r, DispatchLayout layout = {});
   void map_rows(const Routing<T>& r, uint64_t token_offset);
-  // Room for `rows` rows in the maps, so that plan() does not reallocate below it.
+  // Room for `rows` rows in the maps, so that map_rows() does not reallocate below it.
   void reserve(size_t rows);
 
   // x [N, M] -> buf [rows, M] (overwritten)
@@ -69,9 +68,9 @@ class IndexDispatcher {
   const std::vector<int>& expert_rows() const { return expert_rows_; }
   // [rows] global token index in each row, -1 for an empty slot (keys the expert dropout).
   const Buffer<int64_t>& slot_token_global() const { return slot_global_; }
-  // [rows] local token index in each row, -1 for an empty slot.
+  // Tests only: [rows] local token index in each row, -1 for an empty slot.
   const Buffer<int>& slot_token() const { return slot_token_; }
-  // [N*k] row of each choice, -1 when not dispatched or held elsewhere.
+  // Tests only: [N*k] row of each choice, -1 when not dispatched or held elsewhere.
   const Buffer<int64_t>& choice_row() const { return choice_row_; }
 
  private:

@@ -56,7 +56,7 @@ struct ExpertGradRows {
 template <typename T>
 class Experts {
  public:
-  // The expert-side input rows of the last forward (kept for backward).
+  // Tests only: the expert-side input rows of the last forward (kept for backward).
   const Buffer<T>& input() const { return x_; }
   // This rank's experts and hidden units (layer_shapes.hpp; the default: all of them). tensor: sums
   // the partial outputs when the hidden units are split (required then).
@@ -92,6 +92,7 @@ class Experts {
     f(mask_);
   }
 
+  // Tests only: this rank's first expert and its number of experts (e0, E_l).
   int e0() const { return e0_; }
   int e_local() const { return e_local_; }
   bool hidden_split() const { return H_l_ != opt_.d_ff; }

@@ -24,12 +24,6 @@ void Router<T>::declare(ParamStore<T>& store, const std::string& prefix) {
   declare_params(store, router_params(prefix, opt_.d_model, opt_.num_experts), {&wg});
 }
 
-template <typename T>
-void Router<T>::forward(const StepContext& ctx, const T* x, int N) {
-  route(ctx, x, N);
-  read_totals();
-}
-
 // x [N, M] -> logits [N, E] -> probs [N, E] -> triples (expert, slot, gate) [N*k], then the totals
 template <typename T>
 void Router<T>::route(const StepContext& ctx, const T* x, int N) {

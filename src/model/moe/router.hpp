@@ -53,15 +53,13 @@ class Router {
   // prefix.wg [M, E], fan_in M.
   void declare(ParamStore<T>& store, const std::string& prefix);
 
-  // x [N, M] -> routing(), aux_sum (sum over local groups of the load-balancing loss of
-  // moe.aux_loss_form: Switch eq. 4 without alpha, or GShard Algorithm 1 line 13; router_equations.hpp),
-  // z_sum (sum over tokens of the z-loss terms logsumexp(logits)^2: each group's in token order,
-  // then over the groups).
-  // N must be a multiple of group_size.
-  // forward = route (device work only: the triples and the totals) + read_totals (a wait, then the
-  // host's copy of the totals: routing()'s load and counts, aux_sum, z_sum, entropy_sum). The MoE
-  // layer reads the totals at its dispatch plan's wait instead, so that a layer waits once.
-  void forward(const StepContext& ctx, const T* x, int N);
+  // The forward in two parts, so that the MoE layer waits once (it reads the totals at its dispatch
+  // plan's wait): route, x [N, M] -> routing()'s triples and the totals, device work only;
+  // read_totals, a wait, then the host's copy of the totals: routing()'s load and counts, aux_sum
+  // (sum over local groups of the load-balancing loss of moe.aux_loss_form: Switch eq. 4 without
+  // alpha, or GShard Algorithm 1 line 13; router_equations.hpp), z_sum (sum over tokens of the
+  // z-loss terms logsumexp(logits)^2: each group's in token order, then over the groups) and
+  // entropy_sum. N must be a multiple of group_size.
   void route(const StepContext& ctx, const T* x, int N);
   void read_totals();
   // dgate [N*k] (d loss / d gate of each choice; ignored where not dispatched) -> dx [N, M] (added),
@@ -91,7 +89,8 @@ class Router {
   double bias_max_abs() const;
 
   const Routing<T>& routing() const { return r_; }
-  const Buffer<T>& probs() const { return probs_; }  // [N, E] softmax of the router logits
+  // Tests only: the last forward's softmax of the router logits, [N, E] (kept for the backward).
+  const Buffer<T>& probs() const { return probs_; }
   double aux_sum = 0, z_sum = 0;
   double entropy_sum = 0;  // sum over tokens of the entropy (nats) of the token's router softmax
   ParamView<T> wg;  // [M, E]

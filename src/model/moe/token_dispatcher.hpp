@@ -50,7 +50,7 @@ class TokenDispatcher {
   // The dispatcher of `place` for a layer of E experts of width M.
   TokenDispatcher(const Placement& place, int E, int M);
 
-  // "local", "all-to-all" or "index-select".
+  // Tests only: "local", "all-to-all" or "index-select", the one the placement chose.
   std::string_view name() const;
 
   // Forward.
@@ -112,8 +112,7 @@ class TokenDispatcher {
     visit([&](auto& d) { d.saved_state(f); });
   }
 
-  // The last forward's plan (tests): rows of each local expert on the expert side, the global token
-  // of each expert-side row, and the local permutation of this rank's tokens.
+  // Tests only: the last forward's plan: rows per local expert, each row's global token, the permutation.
   const std::vector<int>& expert_rows() const {
     return std::visit([](const auto& d) -> const std::vector<int>& { return d.expert_rows(); }, impl_);
   }
