@@ -392,6 +392,15 @@ std::string format_bytes(double b) {
   return buf;
 }
 
+std::string format_count(double n) {
+  const char* units[] = {"", "K", "M", "B", "T"};
+  int u = 0;
+  while (std::fabs(n) >= 1000.0 && u < 4) n /= 1000.0, ++u;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f%s" : "%.2f%s", n, units[u]);
+  return buf;
+}
+
 double node_memory_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string key;
@@ -448,6 +457,10 @@ std::string memory_report(const Config& cfg, const MeshShape& mesh, const std::v
   std::snprintf(line, sizeof line, "model: %lld parameters, %lld activated per token, %.4g training FLOPs per token\n",
                 (long long)p0.params_total, (long long)p0.params_activated, p0.flops_per_token);
   o << line;
+  // The figures model cards publish: active = every parameter but the routed experts a token skips
+  // (docs/user-guide.md "Presets and their published sizes").
+  o << "parameters: " << format_count(double(p0.params_total)) << " total, "
+    << format_count(double(p0.params_activated)) << " active per token\n";
   o << expert_layout(cfg, mesh);
   std::snprintf(line, sizeof line, "memory per rank (fp32; one micro-batch = %d x %d tokens; bytes):\n", p0.rows, p0.seq_len);
   o << line;
