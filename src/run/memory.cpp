@@ -383,22 +383,26 @@ MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshShape& mes
   return m;
 }
 
-std::string format_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+namespace {
+// v in the largest of the 5 units (steps of `step`) that keeps it >= 1: "%.0f" in the first unit,
+// "%.2f" after, then `sep` and the unit's name.
+std::string format_scaled(double v, double step, const char* const (&units)[5], const char* sep) {
   int u = 0;
-  while (std::fabs(b) >= 1024.0 && u < 4) b /= 1024.0, ++u;
+  while (std::fabs(v) >= step && u < 4) v /= step, ++u;
   char buf[64];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f%s%s" : "%.2f%s%s", v, sep, units[u]);
   return buf;
+}
+}  // namespace
+
+std::string format_bytes(double b) {
+  static const char* const units[5] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  return format_scaled(b, 1024.0, units, " ");
 }
 
 std::string format_count(double n) {
-  const char* units[] = {"", "K", "M", "B", "T"};
-  int u = 0;
-  while (std::fabs(n) >= 1000.0 && u < 4) n /= 1000.0, ++u;
-  char buf[64];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f%s" : "%.2f%s", n, units[u]);
-  return buf;
+  static const char* const units[5] = {"", "K", "M", "B", "T"};
+  return format_scaled(n, 1000.0, units, "");
 }
 
 double node_memory_bytes() {

@@ -259,6 +259,9 @@ TEST_CASE("memory plan: active parameters of fine-grained experts with shared on
   CHECK(format_count(1281951744.0) == "1.28B");
   CHECK(format_count(2500.0) == "2.50K");
   CHECK(format_count(999.0) == "999");
+  CHECK(format_bytes(512.0) == "512 B");
+  CHECK(format_bytes(1536.0) == "1.50 KiB");
+  CHECK(format_bytes(3.0 * 1024 * 1024 * 1024) == "3.00 GiB");
   const std::vector<std::vector<MemoryPlan>> stages{std::vector<MemoryPlan>{q}};
   const std::string report = memory_report(c, MeshShape{1, 1, 1}, stages, 0);
   CHECK_THAT(report, Catch::Contains("parameters: " + format_count(double(q.params_total)) + " total, " +
