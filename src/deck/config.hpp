@@ -26,6 +26,7 @@ using AuxLossForm_t = AuxLossForm;
 using DecodeCapacity_t = DecodeCapacity;
 using ExpertAxis_t = ExpertAxis;
 using BalanceKind_t = BalanceKind;
+using MoeGate_t = MoeGate;
 using OptimizerKind_t = OptimizerKind;
 using ScheduleKind_t = ScheduleKind;
 using TokenizerKind_t = TokenizerKind;

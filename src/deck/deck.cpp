@@ -335,6 +335,15 @@ void Parser::cross_checks() {
          ec + "does not combine with moe.balance = \"bias\" (every expert takes the same number of tokens): use "
               "moe.balance = \"aux_loss\" (expert choice adds no aux loss)");
   }
+  if (moe_layers && e.gate != MoeGate::Softmax)
+    rule({"moe.gate", "moe.router"}, e.router != RouterKind::ExpertChoice,
+         "moe.gate = \"" + std::string(option_name(e.gate)) +
+             "\" does not combine with moe.router = \"expert_choice\" (each expert ranks the tokens by their softmax "
+             "probability over all experts): use moe.router = \"topk\", or moe.gate = \"softmax\"");
+  if (moe_layers && e.gate == MoeGate::Sigmoid)
+    rule({"moe.gate", "moe.z_loss_coef"}, e.z_loss_coef == 0.0,
+         "moe.gate = \"sigmoid\" does not combine with moe.z_loss_coef = " + deck::toml_value(e.z_loss_coef) +
+             " (the z-loss is the softmax router's logsumexp, ST-MoE section 3.3): set moe.z_loss_coef = 0");
   if (mesh.pipe > 1)
     rule({"mesh.pipe", "optim.micro_batches"}, o.micro_batches >= mesh.pipe,
          kv("mesh.pipe", mesh.pipe) + " needs optim.micro_batches >= " + std::to_string(mesh.pipe) + ", got " +

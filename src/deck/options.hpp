@@ -27,6 +27,7 @@ enum class AuxLossForm { Switch, Gshard };                  // moe.aux_loss_form
 enum class DecodeCapacity { Dropless, Eval };               // moe.decode_capacity (model/moe/moe_options.hpp)
 enum class ExpertAxis { Data, Tensor };                     // moe.expert_axis (model/placement.hpp)
 enum class BalanceKind { AuxLoss, Bias };                   // moe.balance (model/moe/router.hpp)
+enum class MoeGate { Softmax, SoftmaxTopk, SoftmaxUnnormalised, Sigmoid };  // moe.gate (model/moe/router_equations.hpp)
 enum class OptimizerKind { AdamW, Adafactor };              // optim.name
 enum class ScheduleKind { Constant, Rsqrt, Cosine };        // optim.schedule (train/schedule.hpp)
 enum class TokenizerKind { Bytes, Spm };                    // data.tokenizer (data/tokenizer.hpp)
@@ -52,6 +53,8 @@ MESHMOE_OPTION_NAMES(AuxLossForm, {AuxLossForm::Switch, "switch"}, {AuxLossForm:
 MESHMOE_OPTION_NAMES(DecodeCapacity, {DecodeCapacity::Dropless, "dropless"}, {DecodeCapacity::Eval, "eval"})
 MESHMOE_OPTION_NAMES(ExpertAxis, {ExpertAxis::Data, "data"}, {ExpertAxis::Tensor, "tensor"})
 MESHMOE_OPTION_NAMES(BalanceKind, {BalanceKind::AuxLoss, "aux_loss"}, {BalanceKind::Bias, "bias"})
+MESHMOE_OPTION_NAMES(MoeGate, {MoeGate::Softmax, "softmax"}, {MoeGate::SoftmaxTopk, "softmax_topk"},
+                     {MoeGate::SoftmaxUnnormalised, "softmax_unnormalised"}, {MoeGate::Sigmoid, "sigmoid"})
 MESHMOE_OPTION_NAMES(OptimizerKind, {OptimizerKind::AdamW, "adamw"}, {OptimizerKind::Adafactor, "adafactor"})
 MESHMOE_OPTION_NAMES(ScheduleKind, {ScheduleKind::Constant, "constant"}, {ScheduleKind::Rsqrt, "rsqrt"},
                      {ScheduleKind::Cosine, "cosine"})

@@ -269,13 +269,26 @@ MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int 
   return plan_memory(cfg, table, whole);
 }
 
-std::string format_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+namespace {
+// v in the largest of the 5 units (steps of `step`) that keeps it >= 1: "%.0f" in the first unit,
+// "%.2f" after, then `sep` and the unit's name.
+std::string format_scaled(double v, double step, const char* const (&units)[5], const char* sep) {
   int u = 0;
-  while (std::fabs(b) >= 1024.0 && u < 4) b /= 1024.0, ++u;
+  while (std::fabs(v) >= step && u < 4) v /= step, ++u;
   char buf[64];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f%s%s" : "%.2f%s%s", v, sep, units[u]);
   return buf;
+}
+}  // namespace
+
+std::string format_bytes(double b) {
+  static const char* const units[5] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  return format_scaled(b, 1024.0, units, " ");
+}
+
+std::string format_count(double n) {
+  static const char* const units[5] = {"", "K", "M", "B", "T"};
+  return format_scaled(n, 1000.0, units, "");
 }
 
 std::string expert_layout(const Config& cfg, const MeshShape& mesh, size_t max_groups) {
@@ -324,6 +337,10 @@ std::string memory_report(const Config& cfg, const MeshShape& mesh, const std::v
   std::snprintf(line, sizeof line, "model: %lld parameters, %lld activated per token, %.4g training FLOPs per token\n",
                 (long long)p0.params_total, (long long)p0.params_activated, p0.flops_per_token);
   o << line;
+  // The figures model cards publish: active = every parameter but the routed experts a token skips
+  // (docs/user-guide.md "Presets and their published sizes").
+  o << "parameters: " << format_count(double(p0.params_total)) << " total, "
+    << format_count(double(p0.params_activated)) << " active per token\n";
   o << expert_layout(cfg, mesh);
   std::snprintf(line, sizeof line, "memory per rank (fp32; one micro-batch = %d x %d tokens; bytes):\n", p0.rows, p0.seq_len);
   o << line;

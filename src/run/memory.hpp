@@ -75,6 +75,9 @@ MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int 
 // Human-readable byte count: "1.50 MiB".
 std::string format_bytes(double bytes);
 
+// Human-readable count in powers of 1000, as model cards write parameter counts: "46.70B", "1.28M".
+std::string format_count(double n);
+
 // The report `meshmoe plan` prints and the trainer logs: one column per pipeline stage (its ranks
 // hold equal shards), then a warning line for each stage whose total exceeds `node_bytes_per_rank`
 // (0: no check): the available memory of the node (node_share, memory_limit.hpp) divided by its

@@ -16,7 +16,10 @@ math, not from the C++ loops:
     choice-then-token order, random routing of the second expert (GShard 2.2), threshold routing,
     No-Token-Left-Behind (Switch appendix B, the rule stated in src/model/moe/router.cpp), top-1
     gate not renormalised (Switch eq. 2), aux loss Switch eq. 4 per group, z-loss sum of
-    logsumexp^2), so autograd gives every gradient;
+    logsumexp^2), so autograd gives every gradient; moe.gate softmax_topk (Mixtral section 2.1:
+    the chosen gates always renormalised) and sigmoid (DeepSeek-V3 section 2.1.2: torch.sigmoid
+    scores, gates normalised over the chosen k, aux loss over s / sum(s), no z-loss), the routed
+    scale multiplying the combine weights;
   - jitter, random routing, dropout and expert dropout from Philox 4x32-10 reimplemented in numpy
     (philox.py) with the index formulas stated in dropout.hpp, router.cpp and experts.cpp;
   - optimizers: torch.optim.AdamW and the paper Adafactor of optim_reference.py (imported), with
@@ -85,7 +88,8 @@ from optim_reference import PaperAdafactor, schedule  # noqa: E402
 from philox import DROPOUT, EXPERT_DROPOUT, JITTER, SECOND_EXPERT, Rng  # noqa: E402
 
 CASES = ["dense_relu", "switch_top1", "gshard_top2", "geglu_untied", "encdec_top2", "top2_ntlb", "shared_experts",
-         "bias_ntlb", "gshard_line22", "expert_choice", "encdec_expert_choice",
+         "bias_ntlb", "gshard_line22", "expert_choice", "encdec_expert_choice", "softmax_topk_top1", "sigmoid_bias",
+         "sigmoid_aux", "deepseekmoe_gates",
          "dense_relu_bf16", "gshard_top2_bf16", "switch_top1_bf16", "encdec_top2_bf16"]
 CLIP_COUNTS = []  # fraction of clipped steps of every training run
 TOL_LOGITS, TOL_SCALAR, TOL_GRAD_REL, TOL_GRAD_ABS, TOL_CURVE, TOL_LR = 1e-5, 1e-5, 1e-4, 1e-7, 1e-4, 1e-12
@@ -108,6 +112,16 @@ class Cfg:
     def k(self):
         """Choices per token; expert choice: one per expert (taken or not)."""
         return {"top1": 1, "top2": 2, "expert_choice": self.num_experts}.get(self.router, self.top_k)
+
+    def gate_kind(self):
+        return getattr(self, "gate", "softmax")
+
+    def renormalised(self):
+        """Gates over the chosen k summing to 1 (GShard top-2, top-k; Mixtral's Softmax(TopK); DeepSeek-V3
+        eq. 13); softmax top-1 (Switch eq. 2) and expert choice gate with p itself."""
+        if self.router == "expert_choice" or self.gate_kind() == "softmax_unnormalised":
+            return False
+        return self.gate_kind() != "softmax" or self.router != "top1"
 
     def encoder_layers(self):
         return self.num_layers if self.arch == "encdec" else 0
@@ -307,7 +321,7 @@ def route(probs_np, cfg, ctx, layer, bias=None):
     score = probs_np if bias is None else probs_np.astype(np.float64) + bias.astype(np.float64)[None, :]
     order = np.argsort(-score, axis=1, kind="stable")  # best first, ties to the lower expert index
     top = order[:, :k]
-    Z = np.ones(N) if cfg.router == "top1" else np.array([sum(float(probs_np[n, e]) for e in top[n]) for n in range(N)])
+    Z = np.ones(N) if not cfg.renormalised() else np.array([sum(float(probs_np[n, e]) for e in top[n]) for n in range(N)])
     want = np.ones((N, k), dtype=bool)
     if cfg.router == "top2" and cfg.second_expert != "always":
         g2 = probs_np[np.arange(N), top[:, 1]].astype(np.float64) / Z
@@ -380,9 +394,13 @@ def moe(x, P, pre, cfg, ctx, layer, routing_out, bias=None):
         u = Rng(ctx.seed, ctx.step, layer, JITTER).uniform_double(idx)
         xr = x * torch.from_numpy((1.0 - cfg.jitter_eps + 2.0 * cfg.jitter_eps * u).astype(np.float32))
     logits64 = (xr @ P[pre + ".router.wg"]).double()  # router in fp32, softmax in double
-    lse = torch.logsumexp(logits64, dim=-1)
-    probs = torch.softmax(logits64, dim=-1).float()  # [N, E]
-    z_sum = (lse * lse).sum()
+    if cfg.gate_kind() == "sigmoid":  # DeepSeek-V3 section 2.1.2 eq. 15; no z-loss
+        probs = torch.sigmoid(logits64).float()
+        z_sum = torch.zeros((), dtype=torch.float64)
+    else:
+        lse = torch.logsumexp(logits64, dim=-1)
+        probs = torch.softmax(logits64, dim=-1).float()  # [N, E]
+        z_sum = (lse * lse).sum()
 
     if cfg.router == "expert_choice":
         expert, slot = route_expert_choice(probs.detach().numpy(), cfg)
@@ -395,7 +413,11 @@ def moe(x, P, pre, cfg, ctx, layer, routing_out, bias=None):
     frac = np.zeros((G, E))  # expert choice: no aux loss (the paper needs none)
     for n in range(N if top is not None else 0):
         frac[n // S, top[n, 0]] += 1.0 / S
-    aux_sum = (E * torch.from_numpy(frac) * probs.double().view(G, S, E).sum(1) / S).sum()
+    # Sigmoid scores: P_e over s / sum_e s (DeepSeek-V3 eq. 19-20).
+    p_aux = probs.double()
+    if cfg.gate_kind() == "sigmoid":
+        p_aux = p_aux / p_aux.sum(-1, keepdim=True)
+    aux_sum = (E * torch.from_numpy(frac) * p_aux.view(G, S, E).sum(1) / S).sum()
 
     # GShard Algorithm 2 in dense one-hot form.
     disp = np.zeros((G, S, E, C), dtype=np.float32)
@@ -406,12 +428,13 @@ def moe(x, P, pre, cfg, ctx, layer, routing_out, bias=None):
                 disp[n // S, n % S, expert[n, i], slot[n, i]] = 1
                 slot_token[expert[n, i], n // S, slot[n, i]] = ctx.token_offset + n
     dispatch = torch.from_numpy(disp)
-    if cfg.router in ("top1", "expert_choice"):
+    if not cfg.renormalised():
         gates = probs  # Switch eq. 2, and expert choice's G[e, j] = S[I[e, j], e]: not renormalised
     else:
         topmask = torch.zeros(N, E, dtype=torch.float64)
         topmask[torch.arange(N).unsqueeze(1), torch.from_numpy(top)] = 1
         gates = (probs.double() / (probs.double() * topmask).sum(-1, keepdim=True)).float()
+    gates = gates * getattr(cfg, "routed_scale", 1.0)  # y = scale * sum of gated outputs + shared
     combine = gates.view(G, S, E, 1) * dispatch  # [G, S, E, C]
     xin = torch.einsum("gsec,gsm->egcm", dispatch, x.view(G, S, M))
     w_in = P[pre + ".experts.w_in"].reshape(E, M, -1)

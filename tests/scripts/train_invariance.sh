@@ -3,7 +3,7 @@
 # aux loss and gradient norm within 1e-5 relative of the single-rank run, and identical per-expert
 # loads (docs/ARCHITECTURE.md "Principles" 1; the central test of the project, here for the data axis, gradient
 # accumulation, the tensor axis, pipeline stages on the 1F1B schedule, tied and untied
-# embeddings, both optimizers, the encoder-decoder model, expert-choice routing, and expert
+# embeddings, both optimizers, the encoder-decoder model, expert-choice routing, sigmoid gates, and expert
 # replicas: expert groups smaller than the data axis, mesh.expert_parallel). Also checks
 # that a run writes deck.toml and a complete metrics.h5.
 set -euo pipefail
@@ -97,6 +97,16 @@ train_or_fail bias 1 --set moe.balance=bias --set moe.bias_update_rate=0.01 --se
 train_or_fail bias-p2d2 4 --set moe.balance=bias --set moe.bias_update_rate=0.01 --set optim.micro_batches=2 --set mesh.pipe=2 --set mesh.data=2
 train_or_fail bias-d2t2 4 --set moe.balance=bias --set moe.bias_update_rate=0.01 --set optim.micro_batches=2 --set mesh.data=2 --set mesh.tensor=2
 pairs+="bias:bias-p2d2 bias:bias-d2t2 "
+# Sigmoid gates (moe.gate = sigmoid, DeepSeek-V3 section 2.1.2): top-3 by score + selection bias,
+# gates normalised over the 3 and scaled by moe.routed_scale, a shared expert; experts over 4 data
+# ranks (one each) against one rank.
+sigmoid="--set moe.gate=sigmoid --set moe.z_loss_coef=0 --set moe.router=topk --set moe.top_k=3 --set moe.balance=bias"
+sigmoid+=" --set moe.bias_update_rate=0.01 --set moe.routed_scale=2.5 --set moe.shared_experts=1 --set optim.micro_batches=2"
+# shellcheck disable=SC2086
+train_or_fail sigmoid 1 $sigmoid
+# shellcheck disable=SC2086
+train_or_fail sigmoid-d4 4 $sigmoid --set mesh.data=4
+pairs+="sigmoid:sigmoid-d4 "
 # A run where the biases balance: top-1 without an aux loss collapses onto one expert within a few
 # steps; with moe.balance = bias the busiest expert's share stays far lower (checked below).
 collapse="--set run.steps=30 --set eval.every=0 --set moe.aux_loss_coef=0 --set moe.router=top1 --set optim.micro_batches=2"

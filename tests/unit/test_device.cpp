@@ -41,7 +41,18 @@ using namespace meshmoe;
 
 namespace {
 
+// router: dense, top1, top2, or the gates "sigmoid" (top-3 by score + selection bias, routed scale
+// 2.5, a shared expert: DeepSeek-V3's layer) and "softmax_topk" (top-1 with a gate of 1, scale 1.5).
 Config device_test_config(const std::string& router) {
+  if (router == "sigmoid" || router == "softmax_topk") {
+    Config c = device_test_config(router == "sigmoid" ? "top2" : "top1");
+    c.moe.gate = test::option<MoeGate>(router);
+    c.moe.router = router == "sigmoid" ? RouterKind::TopK : RouterKind::Top1;
+    c.moe.top_k = 3;
+    c.moe.routed_scale = router == "sigmoid" ? 2.5 : 1.5;
+    if (router == "sigmoid") c.moe.balance = BalanceKind::Bias, c.moe.z_loss_coef = 0, c.moe.shared_experts = 1;
+    return c;
+  }
   Config c;
   c.model.seq_len = 8;
   c.model.d_model = 16;
@@ -146,7 +157,7 @@ TEST_CASE("device: the model reaches device Buffers only through the transfer co
   // copy_to_host / copy_from_host: a layer, or this test's run_step, that touches a device Buffer
   // otherwise stops here with SIGSEGV (or, reading a value not yet computed, differs). The [cuda]
   // cases below run the same run_step on a GPU.
-  for (const std::string router : {"dense", "top1", "top2"}) {
+  for (const std::string router : {"dense", "top1", "top2", "sigmoid", "softmax_topk"}) {
     INFO("router " << router);
     const Config cfg = device_test_config(router);
     const StepResult<float> now = run_step<float>(cfg, 13);
@@ -513,7 +524,7 @@ TEST_CASE("device: the whole model on the GPU matches the host model", "[device]
     WARN("skipped: no GPU");
     return;
   }
-  for (const std::string router : {"dense", "top1", "top2"}) {
+  for (const std::string router : {"dense", "top1", "top2", "sigmoid", "softmax_topk"}) {
     INFO("router " << router);
     const Config cfg = device_test_config(router);
     const StepResult<double> host64 = run_step<double>(cfg, 13);

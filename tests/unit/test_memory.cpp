@@ -238,6 +238,38 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
   }
 }
 
+TEST_CASE("memory plan: active parameters of fine-grained experts with shared ones; the plan's count line", "[memory]") {
+  // 16 experts of width 16 (moe.expert_d_ff) with top-8 and 2 shared experts against 4 experts of
+  // width d_ff = 64 with top-2, M = 32, 2 MoE layers, gelu (one expert: w_in [M, H] + w_out [H, M]).
+  const int V = 50, M = 32;
+  const Config base = moe_config();
+  Config c = base;
+  c.moe.num_experts = 16;
+  c.moe.expert_d_ff = 16;
+  c.moe.router = RouterKind::TopK;
+  c.moe.top_k = 8;
+  c.moe.shared_experts = 2;
+  c.moe.gate = MoeGate::Sigmoid;  // the gate adds no parameter
+  const MemoryPlan p = plan_memory(base, V, MeshShape{1, 1, 1}, 0, 0, 0);
+  const MemoryPlan q = plan_memory(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
+  const int64_t coarse = 2 * M * 64, fine = 2 * M * 16;
+  // total: the experts (routed and shared) and the wider router change
+  CHECK(q.params_total == p.params_total + 2 * (-4 * coarse + 16 * fine + 2 * fine + M * (16 - 4)));
+  // active: all but the 16 - 8 routed experts a token skips in each MoE layer; the shared ones count
+  CHECK(q.params_activated == q.params_total - 2 * (16 - 8) * fine);
+  CHECK(format_count(46702792704.0) == "46.70B");
+  CHECK(format_count(1281951744.0) == "1.28B");
+  CHECK(format_count(2500.0) == "2.50K");
+  CHECK(format_count(999.0) == "999");
+  CHECK(format_bytes(512.0) == "512 B");
+  CHECK(format_bytes(1536.0) == "1.50 KiB");
+  CHECK(format_bytes(3.0 * 1024 * 1024 * 1024) == "3.00 GiB");
+  const std::vector<std::vector<MemoryPlan>> stages{std::vector<MemoryPlan>{q}};
+  const std::string report = memory_report(c, MeshShape{1, 1, 1}, stages, 0);
+  CHECK_THAT(report, Catch::Contains("parameters: " + format_count(double(q.params_total)) + " total, " +
+                                     format_count(double(q.params_activated)) + " active per token\n"));
+}
+
 TEST_CASE("memory plan: bytes sent per step follow the ring and all-to-all formulas", "[memory]") {
   const int V = 50;
   Config c = dense_config();  // 4 blocks, micro-batch 2 x 16 tokens of width 32 on data = 2

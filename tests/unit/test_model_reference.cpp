@@ -234,6 +234,72 @@ std::vector<RefCase> ref_cases() {
     r.expect_uneven_tokens = true;
     v.push_back(r);
   }
+  {
+    // Mixtral's gate (moe.gate = softmax_topk, Mixtral section 2.1) on top-1, where it differs from
+    // softmax (a gate of 1: the router learns from the aux and z losses), beside a routed scale.
+    RefCase r{"softmax_topk_top1", base_config(5000000012ull)};
+    Config& c = r.cfg;
+    c.moe.every = 2;
+    c.moe.router = RouterKind::Top1;
+    c.moe.gate = MoeGate::SoftmaxTopk;
+    c.moe.routed_scale = 1.5;
+    c.moe.capacity_factor_train = 0.75;
+    c.moe.z_loss_coef = 1e-2;
+    r.expect_drops = true;
+    v.push_back(r);
+  }
+  {
+    // DeepSeek-V3's gate: sigmoid scores, top-3 of 8 fine-grained experts by score + selection bias,
+    // gates normalised over the 3, routed scale 2.5, one shared expert; every block MoE.
+    RefCase r{"sigmoid_bias", base_config(5000000013ull)};
+    Config& c = r.cfg;
+    c.model.activation = Activation::Geglu;
+    c.moe.every = 1;
+    c.moe.num_experts = 8;
+    c.moe.expert_d_ff = 8;
+    c.moe.router = RouterKind::TopK;
+    c.moe.top_k = 3;
+    c.moe.gate = MoeGate::Sigmoid;
+    c.moe.routed_scale = 2.5;
+    c.moe.shared_experts = 1;
+    c.moe.balance = BalanceKind::Bias;
+    c.moe.bias_update_rate = 0.05;
+    c.moe.aux_loss_coef = 0.0;
+    c.moe.z_loss_coef = 0.0;
+    c.moe.capacity_factor_train = 0.75;
+    r.expect_drops = true;
+    v.push_back(r);
+  }
+  {
+    // DeepSeekMoE's layer (section 3.1): top-3 of 8 experts with their softmax probabilities as gates
+    // (moe.gate = softmax_unnormalised), 2 shared experts, swapped-in expert width.
+    RefCase r{"deepseekmoe_gates", base_config(5000000015ull)};
+    Config& c = r.cfg;
+    c.moe.every = 2;
+    c.moe.num_experts = 8;
+    c.moe.expert_d_ff = 8;
+    c.moe.router = RouterKind::TopK;
+    c.moe.top_k = 3;
+    c.moe.gate = MoeGate::SoftmaxUnnormalised;
+    c.moe.shared_experts = 2;
+    c.moe.capacity_factor_train = 0.75;
+    c.moe.z_loss_coef = 1e-3;
+    r.expect_drops = true;
+    v.push_back(r);
+  }
+  {
+    // Sigmoid gates with the load-balancing loss over s / sum(s) (DeepSeek-V3 eq. 19-20), top-2.
+    RefCase r{"sigmoid_aux", base_config(5000000014ull)};
+    Config& c = r.cfg;
+    c.moe.every = 2;
+    c.moe.router = RouterKind::Top2;
+    c.moe.second_expert = SecondExpertPolicy::Random;
+    c.moe.gate = MoeGate::Sigmoid;
+    c.moe.aux_loss_coef = 0.1;
+    c.moe.z_loss_coef = 0.0;
+    r.expect_declined = true;
+    v.push_back(r);
+  }
   // model.precision = bf16 (docs/ARCHITECTURE.md "Precision"): the model's GEMM operands rounded
   // to bf16, the router in fp32; a dense model, GShard top-2 with gelu and random routing, Switch
   // top-1 with dropout and jitter, and the encoder-decoder (cross-attention GEMMs).
@@ -354,6 +420,8 @@ void write_config(h5::File& f, const Config& c, int vocab) {
   i64("shared_experts", c.moe.shared_experts);
   str("balance", std::string(option_name(c.moe.balance)));
   f64("bias_update_rate", c.moe.bias_update_rate);
+  str("gate", std::string(option_name(c.moe.gate)));
+  f64("routed_scale", c.moe.routed_scale);
   f64("aux_loss_coef", c.moe.aux_loss_coef);
   f64("z_loss_coef", c.moe.z_loss_coef);
   i64("seed", c.run.seed);

@@ -245,3 +245,56 @@ TEST_CASE("moe layer: finite differences, selection bias (top-2 and NTLB top-1)"
   b.bias = {-0.1f, 0.15f, 0.0f, 0.1f};
   check_fd(b);
 }
+
+TEST_CASE("moe layer: finite differences, softmax over the chosen k (top-1 gate 1, top-3 drops, scale)", "[moe]") {
+  // moe.gate = softmax_topk (Mixtral section 2.1): top-1's gate is 1, so the router learns only from
+  // the aux and z losses; top-3 with drops and shared experts; the routed scale on both.
+  FdCase a{"softmax-topk-top1", small_moe(RouterKind::Top1, Activation::Relu)};
+  a.opt.gate = MoeGate::SoftmaxTopk;
+  a.opt.routed_scale = 2.5;
+  a.opt.jitter_eps = 0.1;
+  check_fd(a);
+  FdCase b{"softmax-topk-top3", small_moe(RouterKind::TopK, Activation::Gelu)};
+  b.opt.gate = MoeGate::SoftmaxTopk;
+  b.opt.capacity_factor_train = 0.75;
+  b.opt.shared_experts = 2;
+  b.opt.routed_scale = 0.6;
+  check_fd(b);
+}
+
+TEST_CASE("moe layer: finite differences, sigmoid gates (selection bias, NTLB, random second, scale)", "[moe]") {
+  // moe.gate = sigmoid (DeepSeek-V3 section 2.1.2): the aux loss over s / R enters the check with
+  // aux_w, whatever moe.balance says (check_fd passes the weights).
+  FdCase a{"sigmoid-top3-bias", small_moe(RouterKind::TopK, Activation::Geglu)};
+  a.opt.gate = MoeGate::Sigmoid;
+  a.opt.balance = BalanceKind::Bias;
+  a.opt.shared_experts = 1;
+  a.opt.routed_scale = 2.5;
+  a.opt.capacity_factor_train = 0.75;
+  a.bias = {0.05f, -0.1f, 0.02f, 0.08f};
+  check_fd(a);
+  FdCase b{"sigmoid-ntlb-top1", small_moe(RouterKind::Top1, Activation::Relu)};
+  b.opt.gate = MoeGate::Sigmoid;
+  b.opt.no_token_left_behind = true;
+  b.opt.capacity_factor_train = 0.75;
+  check_fd(b);
+  FdCase c{"sigmoid-top2-random", small_moe(RouterKind::Top2, Activation::Gelu)};
+  c.opt.gate = MoeGate::Sigmoid;
+  c.opt.second_expert = SecondExpertPolicy::Random;
+  c.opt.jitter_eps = 0.05;
+  check_fd(c);
+}
+
+TEST_CASE("moe layer: finite differences, fine-grained experts (16 of width 3, top-8, 2 shared)", "[moe]") {
+  // DeepSeekMoE's fine-grained segmentation (section 3.1) at test size: many narrow experts, k = 8.
+  for (const MoeGate gate : {MoeGate::Softmax, MoeGate::SoftmaxUnnormalised, MoeGate::Sigmoid}) {
+    FdCase c{"fine-grained-" + std::string(option_name(gate)), small_moe(RouterKind::TopK, Activation::Gelu)};
+    c.opt.num_experts = 16;
+    c.opt.d_ff = 3;
+    c.opt.top_k = 8;
+    c.opt.shared_experts = 2;
+    c.opt.capacity_factor_train = 0.9;
+    c.opt.gate = gate;
+    check_fd(c);
+  }
+}

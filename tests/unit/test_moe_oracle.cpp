@@ -120,6 +120,23 @@ TEST_CASE("moe index dispatch equals the einsum oracle: expert choice", "[moe]")
   }
 }
 
+TEST_CASE("moe index dispatch equals the einsum oracle: sigmoid and softmax_topk gates, top-8 of 16", "[moe]") {
+  // DeepSeek-V3's and Mixtral's gates (moe.gate) with the routed scale in the combine weights, over
+  // fine-grained experts (16 of width 3, 8 choices per token).
+  MoeOptions opt = small_moe(RouterKind::TopK, Activation::Gelu);
+  opt.num_experts = 16, opt.d_ff = 3, opt.top_k = 8, opt.routed_scale = 2.5;
+  SECTION("sigmoid, overflow") {
+    opt.gate = MoeGate::Sigmoid;
+    opt.capacity_factor_train = 0.75;
+    compare_with_oracle(opt, true);
+  }
+  SECTION("softmax_topk, no overflow") {
+    opt.gate = MoeGate::SoftmaxTopk;
+    opt.capacity_factor_train = 2.0;  // C = S
+    compare_with_oracle(opt, false);
+  }
+}
+
 TEST_CASE("moe float layer matches the double layer", "[moe]") {
   // Same parameters (init is computed in double then rounded) and inputs; routing must be identical
   // and y agree within 1e-4 relative (float rounding of O(1) sums of a few dozen terms).

@@ -652,3 +652,75 @@ TEST_CASE("moe selection bias: updating it from the loads lowers the largest loa
   std::fill(h.router.selection_bias.begin(), h.router.selection_bias.end(), 0.0f);
   CHECK(max_load() == start);
 }
+
+TEST_CASE("moe gates: softmax_topk, sigmoid and the routed scale against their formulas", "[moe]") {
+  // The router's scores and gates (moe.gate, moe.routed_scale) against the formulas written out from
+  // the logits x wg: softmax_topk = Softmax(TopK(logits)) (Mixtral section 2.1), sigmoid = the chosen
+  // sigmoid scores normalised over the k (DeepSeek-V3 eq. 13-15); dropless, so every choice is placed.
+  const int M = 6, E = 8, N = 32;
+  const std::vector<double> x = normal_vector(size_t(N) * M, 41);
+  StepContext ctx;
+  ctx.training = true;
+  for (const MoeGate gate : {MoeGate::Softmax, MoeGate::SoftmaxTopk, MoeGate::SoftmaxUnnormalised, MoeGate::Sigmoid})
+    for (const RouterKind router : {RouterKind::Top1, RouterKind::Top2, RouterKind::TopK})
+      for (const double scale : {1.0, 2.5}) {
+        INFO("gate " << option_name(gate) << " router " << option_name(router) << " scale " << scale);
+        MoeOptions o = small_moe(router);
+        o.d_model = M, o.num_experts = E, o.top_k = 5, o.dropless = true, o.group_size = 16;
+        o.second_expert = SecondExpertPolicy::Always;
+        o.gate = gate, o.routed_scale = scale;
+        RouterHarness h(o, 5);
+        h.router.forward(ctx, x.data(), N);
+        const Routing<double>& r = h.router.routing();
+        const int k = o.k();
+        for (int n = 0; n < N; ++n) {
+          std::vector<double> logit(E), score(E);
+          double sum_exp = 0;
+          for (int e = 0; e < E; ++e) {
+            for (int m = 0; m < M; ++m) logit[e] += x[size_t(n) * M + m] * h.router.wg.w[size_t(m) * E + e];
+            sum_exp += std::exp(logit[e]);
+          }
+          for (int e = 0; e < E; ++e)
+            score[e] = gate == MoeGate::Sigmoid ? 1 / (1 + std::exp(-logit[e])) : std::exp(logit[e]) / sum_exp;
+          std::vector<int> order(E);
+          for (int e = 0; e < E; ++e) order[e] = e;
+          std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return score[a] > score[b]; });
+          double chosen_exp = 0, chosen_score = 0;
+          for (int i = 0; i < k; ++i) chosen_exp += std::exp(logit[order[i]]), chosen_score += score[order[i]];
+          for (int i = 0; i < k; ++i) {
+            const int e = order[i];
+            REQUIRE(r.expert[size_t(n) * k + i] == e);
+            CHECK(h.router.probs()[size_t(n) * E + e] == Approx(score[e]).epsilon(1e-13));
+            double want = score[e];  // softmax top-1 (Switch eq. 2), softmax_unnormalised (DeepSeekMoE eq. 4)
+            if (gate == MoeGate::SoftmaxTopk || (gate == MoeGate::Softmax && router != RouterKind::Top1))
+              want = std::exp(logit[e]) / chosen_exp;
+            if (gate == MoeGate::Sigmoid) want = score[e] / chosen_score;
+            CHECK(r.gate[size_t(n) * k + i] == Approx(scale * want).epsilon(1e-13));
+          }
+        }
+      }
+}
+
+TEST_CASE("moe gates: softmax_topk routes top-2 and top-k bitwise as softmax", "[moe]") {
+  // Renormalised softmax gates are Softmax(TopK(logits)): the two spellings give the same triples.
+  const int N = 64;
+  for (const RouterKind router : {RouterKind::Top2, RouterKind::TopK}) {
+    MoeOptions o = small_moe(router);
+    o.capacity_factor_train = 0.75;
+    const std::vector<double> x = skewed_tokens(N, o.d_model, 9, 1.0);
+    StepContext ctx;
+    ctx.training = true, ctx.seed = 3, ctx.step = 2;
+    RouterHarness a(o, 2);
+    o.gate = MoeGate::SoftmaxTopk;
+    RouterHarness b(o, 2);
+    a.router.forward(ctx, x.data(), N);
+    b.router.forward(ctx, x.data(), N);
+    const Routing<double>&ra = a.router.routing(), &rb = b.router.routing();
+    CHECK(ra.dropped > 0);
+    for (size_t c = 0; c < size_t(N) * ra.k; ++c) {
+      REQUIRE(ra.expert[c] == rb.expert[c]);
+      REQUIRE(ra.slot[c] == rb.slot[c]);
+      REQUIRE(ra.gate[c] == rb.gate[c]);
+    }
+  }
+}

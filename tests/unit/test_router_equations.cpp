@@ -190,3 +190,82 @@ TEST_CASE("router equations: the losses' weights are the step's means", "[moe]")
   CHECK(balance_loss_weight(BalanceKind::AuxLoss, 0.0, tokens, int64_t(S)) == 0.0);
   CHECK(z_loss_weight(coef, tokens) * tokens == Approx(coef).epsilon(1e-15));
 }
+
+TEST_CASE("router equations: sigmoid scores, gates over the chosen k, and their gradients", "[moe]") {
+  // DeepSeek-V3 eq. 13-15 and Mixtral's Softmax(TopK): each against central differences of the
+  // formula written out here, h = 1e-6, relative tolerance 1e-7.
+  const double h = 1e-6;
+  for (const double x : {-6.0, -1.3, 0.0, 0.4, 3.2}) {
+    CHECK(sigmoid_score(x) == Approx(std::exp(x) / (1 + std::exp(x))).epsilon(1e-15));
+    const double numeric = 0.7 * (sigmoid_score(x + h) - sigmoid_score(x - h)) / (2 * h);
+    CHECK(sigmoid_dlogit(0.7, sigmoid_score(x)) == Approx(numeric).epsilon(1e-7));
+  }
+  // g = scale p_e / Z, Z = sum of the chosen p: d g / d p_j for a chosen j.
+  const std::vector<double> p = {0.31, 0.07, 0.22, 0.4};
+  const std::vector<int> chosen = {3, 0, 2};
+  const double scale = 2.5, dg = 0.9;
+  auto gate = [&](const std::vector<double>& q, int e) {
+    double Z = 0;
+    for (const int j : chosen) Z += q[size_t(j)];
+    return routed_gate(scale, q[size_t(e)], Z);
+  };
+  double Z = 0;
+  for (const int j : chosen) Z += p[size_t(j)];
+  for (const int e : chosen) {
+    CHECK(gate(p, e) == Approx(scale * p[size_t(e)] / Z).epsilon(1e-15));
+    for (const int j : chosen) {
+      std::vector<double> up = p, down = p;
+      up[size_t(j)] += h, down[size_t(j)] -= h;
+      const double numeric = dg * (gate(up, e) - gate(down, e)) / (2 * h);
+      const double analytic = (j == e ? routed_gate_dscore(scale, dg, Z) : 0.0) - routed_gate_dnorm(scale, dg, p[size_t(e)], Z);
+      CHECK(analytic == Approx(numeric).epsilon(1e-7));
+    }
+  }
+  // Mixtral: a softmax over the chosen logits equals the chosen softmax probabilities renormalised.
+  const std::vector<double> logits = {0.5, -1.0, 2.0, 1.1, -0.3};
+  double all = 0, top = 0;
+  for (const double l : logits) all += std::exp(l);
+  for (const int j : {2, 3}) top += std::exp(logits[size_t(j)]);
+  const double p2 = std::exp(logits[2]) / all, p3 = std::exp(logits[3]) / all;
+  CHECK(routed_gate(1.0, p2, p2 + p3) == Approx(std::exp(logits[2]) / top).epsilon(1e-14));
+}
+
+TEST_CASE("router equations: balance loss over normalised sigmoid scores and its gradient", "[moe]") {
+  // DeepSeek-V3 eq. 19-20: P_e = mean over the group of s_e / R, R = sum_e s_e; the router's f stays
+  // Switch's top-1 fraction (eq. 5). Against the loss written out and central differences in s.
+  const int S = 7, E = 5, k = 2;
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<double> u(0.05, 0.95);
+  std::vector<double> s(size_t(S) * E), R(size_t(S), 0.0);
+  for (int t = 0; t < S; ++t)
+    for (int e = 0; e < E; ++e) R[size_t(t)] += s[size_t(t) * E + e] = u(gen);
+  const std::vector<int> top = top_choices(s, S, E, k);
+  std::vector<double> f(static_cast<size_t>(E)), term(static_cast<size_t>(E));
+  switch_balance_terms(s.data(), top.data(), k, S, E, f.data(), term.data(), R.data());
+  auto normalised = [&](const std::vector<double>& v) {
+    std::vector<double> q(v.size());
+    for (int t = 0; t < S; ++t) {
+      double r = 0;
+      for (int e = 0; e < E; ++e) r += v[size_t(t) * E + e];
+      for (int e = 0; e < E; ++e) q[size_t(t) * E + e] = v[size_t(t) * E + e] / r;
+    }
+    return q;
+  };
+  auto loss = [&](const std::vector<double>& v) { return switch_loss(normalised(v), s, S, E); };
+  double sum = 0;
+  for (const double t : term) sum += t;
+  CHECK(sum == Approx(loss(s)).epsilon(1e-14));
+  const double weight = 0.37, h = 1e-6;
+  for (int t = 0; t < S; ++t) {
+    double sum_ws = 0;
+    for (int e = 0; e < E; ++e) sum_ws += switch_balance_dprob(weight, E, f[size_t(e)], S) * s[size_t(t) * E + e];
+    for (int j = 0; j < E; ++j) {
+      std::vector<double> up = s, down = s;
+      up[size_t(t) * E + j] += h, down[size_t(t) * E + j] -= h;
+      const double numeric = weight * (loss(up) - loss(down)) / (2 * h);
+      const double analytic =
+          normalised_score_dscore(switch_balance_dprob(weight, E, f[size_t(j)], S), sum_ws, R[size_t(t)]);
+      CHECK(analytic == Approx(numeric).epsilon(1e-7).margin(1e-12));
+    }
+  }
+}

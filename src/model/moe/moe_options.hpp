@@ -33,6 +33,8 @@ struct MoeOptions {
   int shared_experts = 0;   // n shared experts of width d_ff, every token through them (moe_layer.hpp)
   BalanceKind balance = BalanceKind::AuxLoss;  // aux_loss, or bias: the router's selection bias (router.hpp)
   double bias_update_rate = 1e-3;              // u of the selection-bias update
+  MoeGate gate = MoeGate::Softmax;             // scores and gate weights (router_equations.hpp "Gates")
+  double routed_scale = 1.0;                   // y = routed_scale * sum of gated expert outputs + shared
   uint32_t layer_id = 0;    // keys this layer's random streams (Rng layer field)
 
   // Hidden width of the shared experts as one feed-forward: n x H (moe_layer.hpp).
@@ -50,9 +52,15 @@ struct MoeOptions {
     return top_k;
   }
   bool expert_choice() const { return router == RouterKind::ExpertChoice; }
-  // Gates renormalised over the token's chosen experts (top-2, top-k); top-1 (Switch eq. 2) and
-  // expert choice (Zhou et al. section 3.1) gate with the router probability itself.
-  bool renormalised() const { return router == RouterKind::Top2 || router == RouterKind::TopK; }
+  // Gates renormalised over the token's chosen experts (router_equations.hpp "Scores and gates"):
+  // top-2 and top-k with moe.gate = softmax, any k with softmax_topk or sigmoid; the router
+  // probability itself with softmax top-1 (Switch eq. 2), softmax_unnormalised and expert choice
+  // (Zhou et al. section 3.1).
+  bool renormalised() const {
+    if (expert_choice() || gate == MoeGate::SoftmaxUnnormalised) return false;
+    return gate != MoeGate::Softmax || router == RouterKind::Top2 || router == RouterKind::TopK;
+  }
+  bool sigmoid() const { return gate == MoeGate::Sigmoid; }
 
   // Capacity per group per expert (expert_capacity: GShard section 2.2, Switch section 2.2 eq. 3;
   // docs/ARCHITECTURE.md "Principles" 1): the factor chosen by training/eval, k choices per token (1
@@ -83,6 +91,10 @@ struct MoeOptions {
     if (expert_dropout < 0 || expert_dropout >= 1) bad("moe.expert_dropout must be in [0, 1)");
     if (shared_experts < 0) bad("moe.shared_experts must be >= 0");
     if (bias_update_rate < 0) bad("moe.bias_update_rate must be >= 0");
+    if (!(routed_scale > 0)) bad("moe.routed_scale must be > 0");
+    if (expert_choice() && gate != MoeGate::Softmax)
+      bad("moe.router = \"expert_choice\" needs moe.gate = \"softmax\" (each expert ranks tokens by their softmax "
+          "probability)");
     if (expert_choice() && (dropless || no_token_left_behind || balance == BalanceKind::Bias))
       bad("moe.router = \"expert_choice\" does not combine with moe.dropless, moe.no_token_left_behind or "
           "moe.balance = \"bias\" (each expert takes its top-C tokens: nothing to drop, reroute or balance)");
@@ -113,6 +125,8 @@ inline MoeOptions moe_options(const Config& cfg, uint32_t layer_id) {
   o.shared_experts = int(cfg.moe.shared_experts);
   o.balance = cfg.moe.balance;
   o.bias_update_rate = cfg.moe.bias_update_rate;
+  o.gate = cfg.moe.gate;
+  o.routed_scale = cfg.moe.routed_scale;
   o.layer_id = layer_id;
   o.validate();
   return o;

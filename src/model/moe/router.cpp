@@ -61,16 +61,20 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
   logits_.resize(size_t(N) * E);
   probs_.resize(size_t(N) * E);
   lse_.resize(N);
+  // moe.gate = sigmoid (DeepSeek-V3 section 2.1.2): sigmoid scores instead, lse_ holding their sum.
   matmul_fp32(false, false, N, E, M, xr, wg.w, logits_.data());
-  for_each_index(N, RouterSoftmaxRow<T>{.logits = logits_.data(), .probs = probs_.data(), .lse = lse_.data(), .E = E});
+  if (opt_.sigmoid())
+    for_each_index(N, RouterSigmoidRow<T>{.logits = logits_.data(), .probs = probs_.data(), .row_sum = lse_.data(), .E = E});
+  else
+    for_each_index(N, RouterSoftmaxRow<T>{.logits = logits_.data(), .probs = probs_.data(), .lse = lse_.data(), .E = E});
   if (opt_.expert_choice()) {
     route_expert_choice(N, S, G, C);
     return;
   }
 
   // Top-k experts per token, best first; ties go to the lower expert index. Top-1 (Switch eq. 2):
-  // gate = p_top1, not renormalised. Top-2 (GShard Algorithm 1 lines 6, 16) and top-k: gates
-  // renormalised over the k chosen experts. Which choices want dispatch: all, except the top-2
+  // gate = p_top1, not renormalised. Top-2 (GShard Algorithm 1 lines 6, 16) and top-k, and any k with
+  // moe.gate = softmax_topk or sigmoid: gates renormalised over the k chosen experts (routed_gate). Which choices want dispatch: all, except the top-2
   // second expert under random routing (training only: evaluation dispatches it always) or
   // threshold routing (train and eval).
   top_.resize(size_t(N) * k);
@@ -142,7 +146,8 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
                                          .C = C,
                                          .ntlb = opt_.no_token_left_behind,
                                          .declined_takes_slot = opt_.declined_takes_slot,
-                                         .bias = bias()});
+                                         .bias = bias(),
+                                         .scale = opt_.routed_scale});
 
   frac_.resize(size_t(G) * E);
   balance_term_.resize(size_t(G) * E);
@@ -168,7 +173,8 @@ void Router<T>::sum_totals(const int64_t* group_stats, const int* top) {
                                      .terms = group_terms_.data(),
                                      .at = at,
                                      .S = r_.S,
-                                     .k = r_.k},
+                                     .k = r_.k,
+                                     .sigmoid = opt_.sigmoid()},
                  int64_t(r_.S) * at.E);
   for_each_index(1, RouterTotals{.count = count_.data(),
                                  .group_stats = group_stats,
@@ -220,7 +226,8 @@ void Router<T>::route_expert_choice(int N, int S, int G, int C) {
                                                              .count = count_.data(),
                                                              .S = S,
                                                              .E = E,
-                                                             .C = C});
+                                                             .C = C,
+                                                             .scale = opt_.routed_scale});
   // What the backward reads of the top-k path: Z = 1 and f = 0 (no load-balancing loss).
   fill_buffer(norm_, size_t(N), 1.0);
   fill_buffer(frac_, size_t(G) * E, 0.0);
@@ -250,6 +257,8 @@ void Router<T>::backward(const StepContext& ctx, const T* dgate, T* dx, int N, d
                                          .k = k,
                                          .S = S,
                                          .renorm = renorm,
+                                         .sigmoid = opt_.sigmoid(),
+                                         .scale = opt_.routed_scale,
                                          .balance_weight = aux_weight * balance_loss_form_scale(opt_.aux_loss_form, E),
                                          .z_weight = z_weight});
   // logits = xr wg: dwg += xr^T dlogits, dxr = dlogits wg^T, dx += dxr * jitter

@@ -4,6 +4,7 @@
 
 MESHMOE_CUDA_BODY_FD(meshmoe::RouterJitterElement)
 MESHMOE_CUDA_BODY_FD(meshmoe::RouterSoftmaxRow)
+MESHMOE_CUDA_BODY_FD(meshmoe::RouterSigmoidRow)
 MESHMOE_CUDA_BODY_FD(meshmoe::RouterTopChoicesRow)
 MESHMOE_CUDA_BODY_FD(meshmoe::RouterAssignGroup)
 MESHMOE_CUDA_BODY_FD(meshmoe::RouterExpertChoiceColumn)

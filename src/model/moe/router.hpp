@@ -1,4 +1,4 @@
-// The MoE router: softmax gating, top-k choice with per-group expert capacity, random routing of the
+// The MoE router: softmax or sigmoid gating (moe.gate, router_equations.hpp "Scores and gates"), top-k choice with per-group expert capacity, random routing of the
 // second expert, No-Token-Left-Behind, load-balancing and z losses (GShard section 2.2 / Algorithm 1,
 // Switch sections 2.1-2.4 and appendices B, C, F); or expert choice, each expert taking its top-C
 // tokens of the group (Zhou et al. 2022, section 3.1).
@@ -89,7 +89,8 @@ class Router {
   double bias_max_abs() const;
 
   const Routing<T>& routing() const { return r_; }
-  // Tests only: the last forward's softmax of the router logits, [N, E] (kept for the backward).
+  // Tests only: the last forward's [N, E] softmax of the router logits (sigmoid: the scores), kept
+  // for the backward.
   const Buffer<T>& probs() const { return probs_; }
   double aux_sum = 0, z_sum = 0;
   double entropy_sum = 0;  // sum over tokens of the entropy (nats) of the token's router softmax
@@ -104,8 +105,8 @@ class Router {
   Buffer<T> jitter_;      // [N, M] multipliers in [1-eps, 1+eps) (training with jitter only)
   Buffer<T> xj_;          // [N, M] jittered router input
   Buffer<T> logits_;      // [N, E]
-  Buffer<T> probs_;       // [N, E]
-  Buffer<double> lse_;    // [N] logsumexp of the logits
+  Buffer<T> probs_;       // [N, E] softmax probabilities, or sigmoid scores (moe.gate = sigmoid)
+  Buffer<double> lse_;    // [N] logsumexp of the logits; sigmoid: the sum of the token's scores
   Buffer<int> top_;       // [N*k] the token's k best experts, best first (before capacity)
   Buffer<double> norm_;   // [N] gate normaliser Z (sum of the top-k probabilities; 1 for top1)
   Buffer<double> frac_;   // [G, E] Switch eq. 5: fraction of the group's tokens with top-1 = e (switch_balance_terms)

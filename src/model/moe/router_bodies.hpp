@@ -63,6 +63,26 @@ struct RouterSoftmaxRow {
   }
 };
 
+// Token n with moe.gate = sigmoid (DeepSeek-V3 section 2.1.2 eq. 15): scores s_e = sigmoid(logit_e)
+// into probs (sigmoid_score, in double) and their sum R (as stored) into row_sum, which normalises
+// them for the load-balancing loss (switch_balance_terms).
+template <typename T>
+struct RouterSigmoidRow {
+  const T* logits;
+  T* probs;
+  double* row_sum;
+  int E;
+  MESHMOE_HD void operator()(int64_t n) const {
+    double sum = 0;
+    for (int e = 0; e < E; ++e) {
+      const T s = T(sigmoid_score(double(logits[n * E + e])));
+      probs[n * E + e] = s;
+      sum += double(s);
+    }
+    row_sum[n] = sum;
+  }
+};
+
 // Token n: its k best experts, best first (top), the gate normaliser Z (sum of their probabilities;
 // 1 when not renormalised) and whether each choice wants dispatch (want). With a selection bias
 // the experts are ranked by p + bias; Z and the gates stay the probabilities'. Top-2 second expert
@@ -128,23 +148,32 @@ struct RouterTotalsLayout {
 template <typename T>
 struct RouterGroupTerms {
   const T *probs, *logits;
-  const double* lse;
+  const double* lse;        // softmax: [N] logsumexp of the logits; sigmoid: [N] sum of the scores R
   const int *top, *expert;  // top [N, k] the tokens' best experts (null: expert choice)
   double *frac, *balance_term, *terms;
   RouterTotalsLayout at;
   int S, k;
+  bool sigmoid;  // moe.gate = sigmoid: no z-loss; balance and entropy over the scores normalised by R
   MESHMOE_HD void operator()(int64_t g) const {
     const int E = at.E;
     if (top)
-      switch_balance_terms(probs + g * S * E, top + g * S * k, k, S, E, frac + g * E, balance_term + g * E);
+      switch_balance_terms(probs + g * S * E, top + g * S * k, k, S, E, frac + g * E, balance_term + g * E,
+                           sigmoid ? lse + g * S : nullptr);
     double* t = terms + g * at.size();
     double z = 0, entropy = 0;
     for (int b = 0; b < at.bins; ++b) t[at.placed(b)] = 0;
     for (int64_t n = g * S; n < (g + 1) * S; ++n) {
-      z += z_loss_term(lse[n]);
-      double p_logit = 0;
-      for (int e = 0; e < E; ++e) p_logit += double(probs[n * E + e]) * double(logits[n * E + e]);
-      entropy += lse[n] - p_logit;
+      if (sigmoid) {
+        for (int e = 0; e < E; ++e) {
+          const double q = double(probs[n * E + e]) / lse[n];
+          if (q > 0) entropy -= q * std::log(q);
+        }
+      } else {
+        z += z_loss_term(lse[n]);
+        double p_logit = 0;
+        for (int e = 0; e < E; ++e) p_logit += double(probs[n * E + e]) * double(logits[n * E + e]);
+        entropy += lse[n] - p_logit;
+      }
       int got = 0;
       for (int i = 0; i < k; ++i) got += expert[n * k + i] >= 0;
       t[at.placed(got < at.bins - 1 ? got : at.bins - 1)] += 1;
@@ -203,6 +232,7 @@ struct RouterAssignGroup {
   int S, k, E, C;
   bool ntlb, declined_takes_slot;
   const float* bias;  // [E] selection bias (NTLB ranks by it too), or null
+  double scale;       // moe.routed_scale
   static constexpr int kDropped = -1, kDeclined = -2;  // = Routing<T>::kDropped, kDeclined
 
   MESHMOE_HD void place(int* cnt, int* pos, int n, int i, int e) const {
@@ -210,7 +240,7 @@ struct RouterAssignGroup {
     expert[c] = e;
     slot[c] = pos[e]++;
     cnt[e] += 1;
-    gate[c] = T(double(probs[int64_t(n) * E + e]) / norm[n]);
+    gate[c] = T(routed_gate(scale, double(probs[int64_t(n) * E + e]), norm[n]));
   }
 
   MESHMOE_HD void operator()(int64_t g) const {
@@ -280,6 +310,7 @@ struct RouterExpertChoiceColumn {
   T* gate;
   int* count;
   int S, E, C;
+  double scale;  // moe.routed_scale
   static constexpr int kDropped = -1;  // = Routing<T>::kDropped
 
   // token a before token b for expert e: the strict total order of the choice
@@ -307,27 +338,29 @@ struct RouterExpertChoiceColumn {
       const int64_t c = int64_t(best) * E + e;
       expert[c] = e;
       slot[c] = j;
-      gate[c] = probs[int64_t(best) * E + e];
+      gate[c] = T(routed_gate(scale, double(probs[int64_t(best) * E + e]), 1.0));
       prev = best;
     }
     count[i] = C < S ? C : S;
   }
 };
 
-// Token n: d loss / d logits [E] from dgate (through gate = p_e / Z), the load-balancing loss
-// (switch_balance_dprob, balance_weight holding the form's scale) and the z-loss (z_loss_dlogit);
-// dprobs [n, E] is its scratch row.
+// Token n: d loss / d logits [E] from dgate (through gate = scale p_e / Z: routed_gate), the
+// load-balancing loss (switch_balance_dprob, balance_weight holding the form's scale) and the z-loss
+// (z_loss_dlogit); dprobs [n, E] is its scratch row. With sigmoid scores (moe.gate = sigmoid) the
+// balance loss reads s / R (normalised_score_dscore), the scores' gradient goes through
+// sigmoid_dlogit, and there is no z-loss.
 template <typename T>
 struct RouterBackwardRow {
   const T* probs;
-  const double *norm, *lse, *frac;
+  const double *norm, *lse, *frac;  // lse: the row sum R with sigmoid scores
   const int *expert, *top;
   const T* dgate;
   double* dprobs;
   T* dlogits;
   int E, k, S;
-  bool renorm;
-  double balance_weight, z_weight;
+  bool renorm, sigmoid;
+  double scale, balance_weight, z_weight;
   MESHMOE_HD void operator()(int64_t n) const {
     const T* p = probs + n * E;
     const double Z = norm[n];
@@ -338,12 +371,24 @@ struct RouterBackwardRow {
       const int e = expert[c];
       if (e < 0) continue;
       const double d = double(dgate[c]);
-      dp[e] += d / Z;
+      dp[e] += routed_gate_dscore(scale, d, Z);
       if (renorm)
-        for (int j = 0; j < k; ++j) dp[top[n * k + j]] -= d * double(p[e]) / (Z * Z);
+        for (int j = 0; j < k; ++j) dp[top[n * k + j]] -= routed_gate_dnorm(scale, d, double(p[e]), Z);
     }
-    if (balance_weight != 0)
+    if (balance_weight != 0 && sigmoid) {
+      const double R = lse[n];
+      double sum_ws = 0;
+      for (int e = 0; e < E; ++e)
+        sum_ws += switch_balance_dprob(balance_weight, E, frac[(n / S) * E + e], S) * double(p[e]);
+      for (int e = 0; e < E; ++e)
+        dp[e] += normalised_score_dscore(switch_balance_dprob(balance_weight, E, frac[(n / S) * E + e], S), sum_ws, R);
+    } else if (balance_weight != 0) {
       for (int e = 0; e < E; ++e) dp[e] += switch_balance_dprob(balance_weight, E, frac[(n / S) * E + e], S);
+    }
+    if (sigmoid) {
+      for (int e = 0; e < E; ++e) dlogits[n * E + e] = T(sigmoid_dlogit(dp[e], double(p[e])));
+      return;
+    }
     double dot = 0;
     for (int e = 0; e < E; ++e) dot += dp[e] * double(p[e]);
     for (int e = 0; e < E; ++e) {
