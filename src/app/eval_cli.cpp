@@ -13,6 +13,7 @@
 #include "decode/decoder.hpp"
 #include "decode/translation_eval.hpp"
 #include "io/h5.hpp"
+#include "io/output_file.hpp"
 #include "mesh/agree.hpp"
 #include "parallel/pipeline_executor.hpp"
 #include "train/evaluate.hpp"
@@ -54,15 +55,18 @@ std::vector<size_t> chosen_languages(const std::vector<std::string>& names, cons
   return which;
 }
 
-// Rank 0's result file, created before the long work so that an unwritable path fails at once.
-h5::File create_output(const std::string& path, Mesh& mesh) {
+// Rank 0's result file, checked (never one of the inputs, never another kind of file: src/io/output_file.hpp)
+// and created under its temporary name before the long work, so that a bad path fails at once.
+h5::File create_output(const std::string& path, const std::vector<std::string>& inputs, ReplacingFile& out, Mesh& mesh) {
   h5::File file;
   agree_on_input(mesh.world(), [&] {
     if (mesh.rank() != 0) return;
+    check_output_path(path, {"eval", "-o", inputs, {"meshmoe eval"}});
+    out = ReplacingFile(path);
     try {
-      file = h5::File::create(path);
+      file = h5::File::create(out.temporary());
     } catch (const std::exception& e) {
-      throw InputError("-o " + path + ": cannot create the result file (" + e.what() + ")");
+      throw InputError("eval: cannot create the output file " + path + " (" + e.what() + ")");
     }
   });
   return file;
@@ -167,7 +171,8 @@ int eval_main(const Deck& deck, Mesh& mesh, const EvalCliOptions& opt, const std
   const Dataset eval_set = eval_subset(d.valid, cfg.eval.examples_per_language);
   check_examples_fit(eval_set, int(cfg.model.seq_len), cfg.model.arch);
   const std::string out_path = opt.output.empty() ? default_eval_path(d.checkpoint, d.meta.step) : opt.output;
-  h5::File file = create_output(out_path, mesh);
+  ReplacingFile out;  // rank 0's
+  h5::File file = create_output(out_path, {d.checkpoint, cfg.data.path, deck.path}, out, mesh);
   if (!opt.write_text.empty())
     agree_on_input(mesh.world(), [&] {
       std::error_code ec;
@@ -216,6 +221,7 @@ int eval_main(const Deck& deck, Mesh& mesh, const EvalCliOptions& opt, const std
   if (talk) try {
       write_result(file, rows, e, all, d, deck, mesh, opt, version);
       file.close();
+      out.commit();
     } catch (const std::exception& x) {
       error = "cannot write " + out_path + ": " + x.what();
     }

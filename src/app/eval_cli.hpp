@@ -22,6 +22,8 @@ struct EvalCliOptions {
   std::vector<std::string> langs;  // languages translated; empty: all
   std::string output;              // "": eval-<step>.h5 in the checkpoint's run directory
   std::string write_text;          // a directory for <lang>.src, <lang>.ref, <lang>.hyp; "": none
+  bool allow_other_data = false;   // a checkpoint trained on other data than data.path: warn, go on
+                                   // (checked by main before eval_main: check_checkpoint_data)
 };
 
 // The default output: eval-<step>.h5 in the run directory of `checkpoint` (the parent of its

@@ -15,6 +15,7 @@
 #include "app/eval_cli.hpp"
 #include "app/prep_cli.hpp"
 #include "deck/deck.hpp"
+#include "mesh/agree.hpp"
 #include "mesh/mesh.hpp"
 #include "app/bench_comm.hpp"
 #include "app/score_cli.hpp"
@@ -23,6 +24,8 @@
 #include "tensor/host_threads.hpp"
 #include "app/checkpoint_cli.hpp"
 #include "train/distill.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "run/run_checkpoints.hpp"
 #include "run/signals.hpp"
 #include "run/startup.hpp"
 #include "train/trainer.hpp"
@@ -40,13 +43,46 @@ int world_rank() {
   return r;
 }
 
-// Reads the deck on rank 0, broadcasts it, checks the launch and builds the mesh.
+// The lines of `text` ("a\nb\n" -> {a, b}).
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (size_t end; (end = text.find('\n', start)) != std::string::npos; start = end + 1)
+    lines.push_back(text.substr(start, end - start));
+  if (start < text.size()) lines.push_back(text.substr(start));
+  return lines;
+}
+
+// "optim.lr" for the line "lr = 0.001" under "[optim]" of an effective deck.
+std::string deck_key_of_line(const std::vector<std::string>& lines, size_t i) {
+  if (i >= lines.size()) return "the end of the deck";
+  const std::string& line = lines[i];
+  if (!line.empty() && line[0] == '[') return "section " + line;
+  std::string section;
+  for (size_t j = i; j-- > 0;)
+    if (!lines[j].empty() && lines[j][0] == '[') {
+      section = lines[j].substr(1, lines[j].find(']') - 1) + ".";
+      break;
+    }
+  const size_t eq = line.find(" =");
+  return "key " + section + (eq == std::string::npos ? line : line.substr(0, eq));
+}
+
+// Reads the deck on rank 0 and broadcasts it; every rank applies its --set options, and the ranks
+// must then hold the same effective deck (docs/user-guide.md "Faults on a cluster": a mixed launch).
+Deck load_agreed_deck(const std::string& path, const std::vector<std::string>& overrides) {
+  Deck deck = load_deck(path, overrides, MPI_COMM_WORLD);
+  agree_on_lines("effective deck", lines_of(deck.effective_toml), deck_key_of_line, MPI_COMM_WORLD);
+  return deck;
+}
+
+// Reads the deck (load_agreed_deck), checks the launch and builds the mesh.
 struct Setup {
   Deck deck;
   Mesh mesh;
 };
 Setup setup(const std::string& path, const std::vector<std::string>& overrides) {
-  Deck deck = load_deck(path, overrides, MPI_COMM_WORLD);
+  Deck deck = load_agreed_deck(path, overrides);
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   check_world_size(deck.cfg, world);
@@ -79,7 +115,25 @@ int cmd_train(const std::string& path, const std::vector<std::string>& overrides
   return train_main(s.deck, s.mesh, start, MESHMOE_VERSION, opt);
 }
 
+constexpr const char* kAllowOtherData =
+    "Use a checkpoint trained on other data than data.path (exit 2 otherwise): its tokens are read with this data's "
+    "tokenizer and its per-language counts by index into this data's language table";
+
+// The checkpoint a decoding command (generate, translate, eval) names was trained on data.path's
+// data (run/run_checkpoints.hpp), checked before its model is loaded.
+void check_decoding_data(const std::string& checkpoint, const Deck& deck, bool allow_other_data) {
+  const std::string file = resolve_named_checkpoint(checkpoint, "--checkpoint", MPI_COMM_WORLD);
+  check_checkpoint_data("--checkpoint", file, deck.cfg.data.path, allow_other_data, MPI_COMM_WORLD);
+}
+
 int run(int argc, char** argv) {
+  // The first collective of every command: every rank runs the same command line (subcommand,
+  // deck, --set and every other option), so that a mixed launch (train beside plan, another
+  // optim.lr on one rank) stops at once with exit 2 instead of training apart or waiting forever
+  // in a collective the other command never makes.
+  agree_on_lines("command line", std::vector<std::string>(argv + 1, argv + argc),
+                 [](const std::vector<std::string>&, size_t i) { return "argument " + std::to_string(i + 1); },
+                 MPI_COMM_WORLD);
   CLI::App app{"meshmoe: sharded Mixture-of-Experts Transformer training (GShard, Switch, Pipeline-MoE)"};
   app.set_version_flag("--version", std::string("meshmoe ") + MESHMOE_VERSION +
                                         (cuda_compiled() ? " (host: OpenBLAS + MPI; CUDA: cuBLAS + NCCL)"
@@ -105,6 +159,7 @@ int run(int argc, char** argv) {
   distill->add_option("--baseline", distill_opt.baseline,
                       "Checkpoint (file, or a ckpt / run directory: its LATEST) of a model trained without the teacher: report "
                       "the share of the teacher's gain kept");
+  distill->add_flag("--allow-other-data", distill_opt.allow_other_data, kAllowOtherData);
   auto* plan = app.add_subcommand("plan", "Print the device mesh and the plan of a deck without training");
   plan->add_option("deck", deck_path, "Input deck (TOML)")->required();
   plan->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
@@ -210,6 +265,9 @@ int run(int argc, char** argv) {
   tr->add_option("--alpha", tr_opt.beam.alpha, "Length normalisation ((5+|Y|)/6)^alpha")->capture_default_str();
   tr->add_option("--max-len", tr_opt.beam.max_len, "Output tokens at most, EOS included")->capture_default_str();
   tr->add_option("--batch", tr_opt.batch, "Sources decoded together; the data ranks share the batches out")->capture_default_str();
+  bool allow_other_data = false;  // translate and generate
+  tr->add_flag("--allow-other-data", allow_other_data, kAllowOtherData);
+  gen->add_flag("--allow-other-data", allow_other_data, kAllowOtherData);
 
   EvalCliOptions ev_opt;
   auto* ev = app.add_subcommand("eval", "Validation loss, BLEU and chrF per language of a checkpoint, into an HDF5 file");
@@ -225,6 +283,7 @@ int run(int argc, char** argv) {
   ev->add_option("--langs", ev_opt.langs, "Languages to translate, comma-separated (default: all)")->delimiter(',');
   ev->add_option("-o,--output", ev_opt.output, "HDF5 file to write (default: eval-<step>.h5 in the checkpoint's run directory)");
   ev->add_option("--write-text", ev_opt.write_text, "Directory for each language's <lang>.src, .ref and .hyp lines");
+  ev->add_flag("--allow-other-data", ev_opt.allow_other_data, kAllowOtherData);
 
   // A mistyped subcommand gets a suggestion rather than CLI11's "A subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
@@ -273,7 +332,7 @@ int run(int argc, char** argv) {
   if (*prep_gettext) return prep_gettext_main(gettext_opt);
   if (*prep_text) return prep_text_main(text_opt);
   if (*plan && ranks_only) {
-    const Deck deck = load_deck(deck_path, overrides, MPI_COMM_WORLD);
+    const Deck deck = load_agreed_deck(deck_path, overrides);
     if (world_rank() == 0) std::cout << deck.cfg.mesh.pipe * deck.cfg.mesh.data * deck.cfg.mesh.tensor << "\n";
     return kExitOk;
   }
@@ -282,14 +341,17 @@ int run(int argc, char** argv) {
   if (*distill) return cmd_train(deck_path, overrides, {}, &distill_opt);
   if (*gen) {
     Setup s = setup(deck_path, overrides);
+    check_decoding_data(gen_opt.checkpoint, s.deck, allow_other_data);
     return generate_main(s.deck, s.mesh, gen_opt);
   }
   if (*tr) {
     Setup s = setup(deck_path, overrides);
+    check_decoding_data(tr_opt.checkpoint, s.deck, allow_other_data);
     return translate_main(s.deck, s.mesh, tr_opt);
   }
   if (*ev) {
     Setup s = setup(deck_path, overrides);
+    check_decoding_data(ev_opt.checkpoint, s.deck, ev_opt.allow_other_data);
     return eval_main(s.deck, s.mesh, ev_opt, MESHMOE_VERSION);
   }
   return kExitInputError;

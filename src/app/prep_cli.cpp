@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "io/output_file.hpp"
 
 namespace meshmoe {
 
@@ -49,31 +50,9 @@ Tokenizer prep_tokenizer(const std::string& cmd, TokenizerKind kind, int64_t spm
   return Tokenizer(std::move(languages), Tokenizer::train_spm(train_texts, int(spm_pieces), quiet));
 }
 
-namespace {
-
-// The same file (inode) when both exist, else the same path once normalised (".", "..", symlinks).
-bool same_file(const std::string& a, const std::string& b) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::exists(a, ec) && fs::exists(b, ec)) {
-    const bool eq = fs::equivalent(a, b, ec);
-    if (!ec) return eq;
-  }
-  const fs::path ca = fs::weakly_canonical(fs::absolute(a, ec), ec);
-  if (ec) return false;
-  const fs::path cb = fs::weakly_canonical(fs::absolute(b, ec), ec);
-  return !ec && ca == cb;
-}
-
-}  // namespace
-
 void refuse_output_overwriting_input(const std::string& cmd, const std::string& output,
                                      const std::vector<std::string>& inputs) {
-  if (output.empty()) return;
-  for (const auto& in : inputs)
-    if (same_file(output, in))
-      throw InputError(cmd + ": the output file " + output + " is the input " + in +
-                       ": refusing to overwrite it (give another -o)");
+  if (!output.empty()) check_output_path(output, {cmd, "-o", inputs, {}});
 }
 
 void check_split_sizes(const std::string& cmd, const PreparedDataset& d, int64_t valid_percent, std::ostream& log) {
@@ -110,18 +89,20 @@ int on_rank0(const std::function<void()>& work) {
   return kExitOk;
 }
 
-// Checked before the work starts, so a typo in -o costs nothing.
+// Checked before the work starts, so a typo in -o costs nothing (src/io/output_file.hpp); the
+// inputs are compared as they are found (refuse_output_overwriting_input).
 void check_output(const std::string& cmd, const std::string& output) {
   if (output.empty()) throw InputError(cmd + ": give the output file with -o FILE.h5");
-  const auto parent = std::filesystem::path(output).parent_path();
-  std::error_code ec;
-  if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
-    throw InputError(cmd + ": the directory of the output file " + output + " does not exist");
+  check_output_path(output, {cmd, "-o", {}, {}});
 }
 
+// Replaces only an earlier dataset, written under a temporary name and renamed over `output` once whole.
 void write_output(const std::string& cmd, const std::string& output, const PreparedDataset& d) {
+  check_output_path(output, {cmd, "-o", {}, {"meshmoe prep"}});
   try {
-    write_dataset(output, d.info, d.train, d.valid);
+    ReplacingFile out(output);
+    write_dataset(out.temporary(), d.info, d.train, d.valid);
+    out.commit();
   } catch (const Error& e) {
     throw InputError(cmd + ": cannot write " + output + ": " + e.what());
   }

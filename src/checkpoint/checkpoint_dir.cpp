@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "io/output_file.hpp"
 #include "mesh/agree.hpp"
 #include "checkpoint/checkpoint_format.hpp"
 
@@ -20,22 +21,6 @@ namespace meshmoe {
 namespace fs = std::filesystem;
 
 namespace {
-
-// Files: fsync, atomic replace. Throws Error with errno text.
-void fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) throw Error(path + ": cannot open to fsync: " + std::strerror(errno));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) throw Error(path + ": fsync failed: " + std::strerror(err));
-}
-
-void rename_durably(const std::string& from, const std::string& to, const std::string& dir) {
-  if (std::rename(from.c_str(), to.c_str()) != 0)
-    throw Error("cannot rename " + from + " to " + to + ": " + std::strerror(errno));
-  fsync_path(dir, true);
-}
 
 void write_latest(const std::string& dir, const std::string& file_name) {
   const std::string tmp = dir + "/LATEST.tmp", latest = dir + "/LATEST";
@@ -46,7 +31,7 @@ void write_latest(const std::string& dir, const std::string& file_name) {
     if (!o) throw Error(tmp + ": cannot write");
   }
   fsync_path(tmp, false);
-  rename_durably(tmp, latest, dir);
+  rename_durably(tmp, latest);
 }
 
 // Step of "step_00001000.h5" (or of "...h5.tmp" when tmp), -1 when the name is something else.
@@ -90,7 +75,7 @@ namespace ckpt {
 void commit_checkpoint(const std::string& tmp, const std::string& path, const std::string& ckpt_dir,
                        int64_t step, const RetentionPolicy& keep) {
   fsync_path(tmp, false);
-  rename_durably(tmp, path, ckpt_dir);
+  rename_durably(tmp, path);
   write_latest(ckpt_dir, fs::path(path).filename().string());
   prune(ckpt_dir, step, keep);
 }

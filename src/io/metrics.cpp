@@ -1,10 +1,19 @@
 // The metrics file: see metrics.hpp.
 #include "io/metrics.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <limits>
+#include <thread>
+
 
 namespace meshmoe {
 
@@ -94,10 +103,56 @@ MetricInfo MetricsFile::default_info(const std::string& name) {
   return {"", ""};
 }
 
+namespace {
+
+// Test hook (tests/scripts/metrics_rows.sh): MESHMOE_TEST_METRICS_PAUSE seconds of sleep between a
+// step's /step append (flushed) and its other series, so that a reader meets a half-written step.
+double test_pause_seconds() {
+  static const double s = [] {
+    const char* v = std::getenv("MESHMOE_TEST_METRICS_PAUSE");
+    return v ? std::atof(v) : 0.0;
+  }();
+  return s;
+}
+
+}  // namespace
+
 MetricsFile::MetricsFile(const std::string& path, const std::string& deck_text,
                          const std::map<std::string, std::string>& attrs, std::optional<int64_t> resume_after_step)
     : path_(path) {
   bool resume = resume_after_step.has_value() && std::filesystem::exists(path);
+  // A resumed file is changed in place (it may be a link, or a mount point), after a copy of it is
+  // made beside its real path: when a write fails (a full disk), the copy is renamed back, so that
+  // the readable history is never left half-rewritten (docs/user-guide.md "Faults").
+  std::string real, copy;
+  if (resume) {
+    std::error_code ec;
+    real = std::filesystem::canonical(path, ec).string();
+    if (ec) throw Error("cannot resolve " + path + ": " + ec.message());
+    copy = real + ".tmp-" + std::to_string(::getpid());
+    if (!std::filesystem::copy_file(real, copy, std::filesystem::copy_options::overwrite_existing, ec) || ec) {
+      std::remove(copy.c_str());
+      throw Error("cannot copy " + path + " before continuing it: " + ec.message());
+    }
+  }
+  try {
+    open_or_create(path, deck_text, attrs, resume ? resume_after_step : std::nullopt);
+  } catch (const std::exception& e) {
+    if (!resume) throw;
+    // Its writes failed: no flush, no close (see ~MetricsFile); the copy goes back in its place.
+    step_.release();
+    file_.release();
+    if (std::rename(copy.c_str(), real.c_str()) != 0)
+      throw Error(std::string(e.what()) + "; the copy made before could not be put back (" + std::strerror(errno) +
+                  "): it is " + copy);
+    throw;
+  }
+  if (resume) std::remove(copy.c_str());
+}
+
+void MetricsFile::open_or_create(const std::string& path, const std::string& deck_text,
+                                 const std::map<std::string, std::string>& attrs, std::optional<int64_t> resume_after_step) {
+  const bool resume = resume_after_step.has_value();
   if (resume) {
     file_ = h5::File::open(path, h5::Access::ReadWrite);
     if (!file_.is_dataset("step"))
@@ -134,6 +189,7 @@ MetricsFile::MetricsFile(const std::string& path, const std::string& deck_text,
   h5::Dataset deck = file_.write_string("deck", deck_text);
   deck.set_attr("description", std::string("effective input deck (TOML, after --set overrides)"));
   for (const auto& [k, v] : attrs) file_.set_attr(k, v);
+  file_.set_attr("rows", rows_);
   file_.flush();
 }
 
@@ -221,6 +277,10 @@ void MetricsFile::append(int64_t step, const std::map<std::string, double>& scal
     guarded([&] { step_.append(&step, 1); });
     ++rows_;
     last_step_ = step;
+    if (test_pause_seconds() > 0) {
+      guarded([&] { file_.flush(); });
+      std::this_thread::sleep_for(std::chrono::duration<double>(test_pause_seconds()));
+    }
   }
   for (const auto& [name, value] : scalars) write_at_current_row(series(name, 0), {value});
   guarded([&] { file_.flush(); });
@@ -231,6 +291,13 @@ void MetricsFile::append_row(const std::string& name, const std::vector<double>&
   if (row.empty()) throw Error(path_ + ": append_row('" + name + "') with an empty row");
   write_at_current_row(series(name, static_cast<int64_t>(row.size())), row);
   guarded([&] { file_.flush(); });
+}
+
+void MetricsFile::publish_rows() {
+  guarded([&] {
+    file_.set_attr("rows", rows_);
+    file_.flush();
+  });
 }
 
 void MetricsFile::pad_all() {

@@ -8,8 +8,11 @@
 // later steps yet. Every dataset carries `units` and `description` attributes, set when it is
 // created (from describe() or the built-in table, default_info()). /deck holds the effective
 // deck text; the root carries the caller's attributes. Each append is flushed, and the file is
-// not locked, so h5py can read it while the run goes on:
-//   f = h5py.File("metrics.h5", "r"); plt.plot(f["step"][()], f["loss"][()])
+// not locked, so h5py can read it while the run goes on. The datasets of one step grow one after
+// the other; the root attribute `rows` counts the rows whose datasets are all written
+// (publish_rows, flushed after them), so a reader reads it first and slices every series to it
+// (docs/user-guide.md "metrics.h5"):
+//   f = h5py.File("metrics.h5", "r"); n = f.attrs["rows"]; plt.plot(f["step"][:n], f["loss"][:n])
 #pragma once
 #include <cstdint>
 #include <map>
@@ -28,10 +31,12 @@ struct MetricInfo {
 
 class MetricsFile {
  public:
-  // Creates `path` (truncating any old file). With `resume_after_step`, opens an existing file
-  // instead (creating it when missing) and drops every row logged after that step, so a run
-  // resumed from the checkpoint at that step continues the series without duplicates; /deck is
-  // replaced and the attributes are updated.
+  // Creates `path` (truncating any old file). With `resume_after_step`, continues an existing file
+  // instead (creating it when missing) without the rows logged after that step, so a run resumed
+  // from the checkpoint at that step continues the series without duplicates; /deck is replaced
+  // and the attributes are updated. The existing file is changed in place after a copy of it is
+  // made beside it, which is put back when a write fails (a full disk): then `path` is left as it
+  // was and the constructor throws.
   MetricsFile(const std::string& path, const std::string& deck_text,
               const std::map<std::string, std::string>& attrs = {},
               std::optional<int64_t> resume_after_step = std::nullopt);
@@ -49,8 +54,11 @@ class MetricsFile {
   // length is fixed by the first call.
   void append_row(const std::string& name, const std::vector<double>& row);
 
-  // Tests only: the rows of /step, and the last step logged or found on reopening (none when empty).
-  int64_t rows() const { return rows_; }
+  // Sets the root attribute `rows` to rows() and flushes: every dataset of those rows is written.
+  // Call it after the appends of one step.
+  void publish_rows();
+
+  int64_t rows() const { return rows_; }                // rows of /step
   std::optional<int64_t> last_step() const { return last_step_; }
 
   // Built-in units/description for the metric names the trainer writes ('*' = one path
@@ -61,6 +69,9 @@ class MetricsFile {
   h5::Dataset& series(const std::string& name, int64_t width);  // opens or creates
   void write_at_current_row(h5::Dataset& d, const std::vector<double>& values);
   void pad_all();
+  // The constructor's work: a new file, or (with `resume_after_step`) the rows up to it of `path`.
+  void open_or_create(const std::string& path, const std::string& deck_text, const std::map<std::string, std::string>& attrs,
+                      std::optional<int64_t> resume_after_step);
 
   std::string path_;
   h5::File file_;

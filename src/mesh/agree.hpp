@@ -5,7 +5,10 @@
 #pragma once
 #include <mpi.h>
 
+#include <cstddef>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace meshmoe {
 
@@ -26,6 +29,14 @@ std::string rank_and_host();
 // every rank failed the same way (so the user learns which node lacks what).
 template <class Check>
 void agree_on_input(MPI_Comm comm, Check&& check);
+
+// Collective over `comm`: every rank must hold the same `lines` (its command line, its effective
+// deck). When a rank's differ from rank 0's, throws InputError on every rank, naming `what`, the
+// ranks that differ and the first line that differs, as `label(lines, i)` names line i ("argument
+// 3", "optim.lr"). One hash per rank crosses the wire when all agree; the differing ranks' lines
+// only when not. Call it before any collective that a disagreement could leave waiting.
+void agree_on_lines(const std::string& what, const std::vector<std::string>& lines,
+                    const std::function<std::string(const std::vector<std::string>&, size_t)>& label, MPI_Comm comm);
 
 // The non-template part of agree_on_input: `mine` is this rank's message ("" = fine).
 void throw_agreed_input_error(const std::string& mine, MPI_Comm comm);

@@ -13,6 +13,46 @@
 
 namespace meshmoe {
 
+namespace {
+
+// The sentences of the difference between the data a checkpoint records and `now`.
+std::string data_difference(const CheckpointMeta& head, const DatasetIdentity& now) {
+  const DatasetIdentity then{head.data_path, head.data_summary, head.data_fingerprint, split_languages(head.data_languages)};
+  std::string text;
+  for (const auto& d : now.differences_from(then)) text += "\n  " + d;
+  return text;
+}
+
+}  // namespace
+
+void check_checkpoint_data(const std::string& option, const std::string& path, const std::string& data_path,
+                           bool allow_other, MPI_Comm world) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  std::string error;
+  if (rank == 0) try {
+      const CheckpointMeta head = read_checkpoint_meta(path);
+      if (!head.data_fingerprint.empty()) {
+        const DatasetIdentity now =
+            dataset_identity(data_path, Dataset::open(data_path, "train"), Dataset::open(data_path, "valid"));
+        if (const std::string diff = data_difference(head, now); !diff.empty()) {
+          const std::string what = option + " " + path + " was trained on other data than data.path = " + data_path +
+                                   " (it records " + head.data_path + "):" + diff;
+          if (!allow_other)
+            error = what + "\n  its tokens, language table and per-language counts belong to that data: set data.path = " +
+                    head.data_path + ", or give --allow-other-data to use it on this data anyway";
+          else
+            std::fprintf(stderr, "meshmoe: warning: %s\n  going on (--allow-other-data): the tokens are read as this "
+                                 "data's tokenizer reads them, and the per-language trained tokens are reported by "
+                                 "index into this data's language table\n", what.c_str());
+        }
+      }
+    } catch (const std::exception& e) {
+      error = option + " " + path + ": cannot compare its data with data.path = " + data_path + ": " + e.what();
+    }
+  if (const std::string e = first_error(error, world); !e.empty()) throw InputError(e);
+}
+
 RunCheckpoints::RunCheckpoints(const Deck& deck, std::string version, Mesh& mesh, const RunDirectory& run_dir,
                                DatasetIdentity data, ParamStore<float>& params, Optimizer& optimizer, Batcher& batcher,
                                TrainProgress& progress)
@@ -144,11 +184,8 @@ void RunCheckpoints::report_changes(const std::vector<DeckChange>& changes, int6
 void RunCheckpoints::check_same_data(const std::string& path, const CheckpointMeta& head) {
   std::string error;
   if (mesh_.rank() == 0 && !head.data_fingerprint.empty()) {
-    const DatasetIdentity then{head.data_path, head.data_summary, head.data_fingerprint, split_languages(head.data_languages)};
-    const std::vector<std::string> diffs = data_identity_.differences_from(then);
-    if (!diffs.empty()) {
-      error = "checkpoint " + path + " was trained on other data:";
-      for (const auto& d : diffs) error += "\n  " + d;
+    if (const std::string diff = data_difference(head, data_identity_); !diff.empty()) {
+      error = "checkpoint " + path + " was trained on other data:" + diff;
       error += "\n  its data cursor and per-language metrics belong to that data: set data.path back to " +
                head.data_path + ", or start afresh (run.resume = \"never\" moves the earlier run aside)";
     } else if (head.data_path != cfg_.data.path) {

@@ -41,6 +41,15 @@ struct TrainProgress {
   std::vector<int64_t> lang_tokens;
 };
 
+// Collective over `world`: was the checkpoint file `path` trained on the data at `data_path`? Rank 0
+// compares the fingerprint that resume compares (src/data/dataset_identity.hpp) with that data's;
+// on a difference every rank throws InputError naming both and the sentences of the difference
+// ("--checkpoint"/"--teacher"/"--baseline" = `option` begins it), unless `allow_other` (the
+// command's --allow-other-data): then rank 0 warns and the command goes on. A checkpoint that
+// records no fingerprint (an older version) passes.
+void check_checkpoint_data(const std::string& option, const std::string& path, const std::string& data_path,
+                           bool allow_other, MPI_Comm world);
+
 class RunCheckpoints {
  public:
   // Writes and reads <run_dir>/ckpt. `params`, `optimizer`, `batcher` and `progress` are the

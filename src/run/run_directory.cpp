@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
+#include "io/output_file.hpp"
 #include "mesh/agree.hpp"
 #include "checkpoint/checkpoint.hpp"
 
@@ -34,15 +36,22 @@ void write_deck_file(const Deck& deck, const std::string& dir, MPI_Comm world) {
   std::string error;
   int rank = 0;
   MPI_Comm_rank(world, &rank);
-  if (rank == 0) {
-    std::ofstream out(dir + "/deck.toml");
+  if (rank == 0) try {
+    // Replaced whole (src/io/output_file.hpp): a full disk leaves the earlier deck.toml as it was.
+    ReplacingFile file(dir + "/deck.toml");
+    std::ofstream out(file.temporary());
     // run.name is checked to be one printable line (deck.cpp); the deck's path may be anything.
     std::string from = deck.path;
     for (char& ch : from)
       if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
     out << "# effective deck of run " << deck.cfg.run.name << " (from " << from << ")\n" << deck.effective_toml;
     out.flush();
-    if (!out) error = "cannot write the run directory " + dir + ": cannot write deck.toml (set run.out_dir to a writable place)";
+    out.close();
+    if (!out) throw Error(std::strerror(errno));
+    file.commit();
+  } catch (const std::exception& e) {
+    error = "cannot write the run directory " + dir + ": cannot write deck.toml (" + e.what() +
+            "; set run.out_dir to a writable place)";
   }
   if (const std::string e = first_error(error, world); !e.empty()) throw InputError(e);
 }
@@ -98,6 +107,72 @@ std::string read_file(const std::string& path) {
 
 }  // namespace
 
+std::string RunDirectory::lock_text() const {
+  const char* job = std::getenv("SLURM_JOB_ID");
+  return "nonce=" + nonce_ + "\nhost=" + host_name() + "\npid=" + std::to_string(getpid()) + "\njob=" + (job ? job : "-") +
+         "\nstarted=" + utc_now("%Y-%m-%dT%H:%M:%SZ") + "\nrun=" + absolute(dir_) + "\n";
+}
+
+// What keeps rank 0 from writing the run's file `path` later ("" when nothing): a link to nothing, not
+// a regular file, no write permission, a read-only mount.
+static std::string file_problem(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return "";
+  if (S_ISLNK(st.st_mode) && ::stat(path.c_str(), &st) != 0) return path + " is a symbolic link to nothing";
+  if (!S_ISREG(st.st_mode)) return path + " is not a regular file";
+  if (::access(path.c_str(), W_OK) != 0) return "cannot write " + path + ": " + std::strerror(errno);
+  return "";
+}
+
+std::string RunDirectory::take_lock(const std::string& lock_path, const std::string& what, int& fd) const {
+  const std::string cannot = "cannot write " + what;
+  const std::string hint = " (set run.out_dir to a writable place)";
+  if (fd >= 0) ::close(fd);
+  fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return cannot + ": " + lock_path + ": " + std::strerror(errno) + hint;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      const std::string t = read_text(fd);
+      const std::string job = lock_field(t, "job"), run = lock_field(t, "run");
+      return what + " is in use by another run (pid " + lock_field(t, "pid") + " on " + lock_field(t, "host") +
+             (job.empty() || job == "-" ? "" : ", Slurm job " + job) + (run.empty() ? "" : ", run directory " + run) +
+             ", started " + lock_field(t, "started") + "; " + lock_path +
+             " is locked): two runs must not share a run directory or a checkpoint directory; wait for that run to "
+             "end, or give this one another run.name or run.out_dir";
+    }
+    // A file system without locks (some NFS or Lustre mounts): say so and go on.
+    std::fprintf(stderr, "meshmoe: warning: cannot lock %s (%s): a second run started in this directory would not "
+                         "be detected\n", lock_path.c_str(), std::strerror(errno));
+  }
+  const std::string text = lock_text();
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != ssize_t(text.size()) || ::fsync(fd) != 0)
+    return cannot + ": " + lock_path + ": " + std::strerror(errno) + hint;
+  return "";
+}
+
+std::string RunDirectory::check_checkpoint_dir(bool create) const {
+  const std::string ckpt = dir_ + "/ckpt";
+  const std::string hint = ": a run writes its checkpoints there (set run.out_dir to a writable place)";
+  struct stat st {};
+  if (::lstat(ckpt.c_str(), &st) != 0) {
+    if (!create) return "";
+    if (::mkdir(ckpt.c_str(), 0755) != 0) return "cannot create the checkpoint directory " + ckpt + ": " + std::strerror(errno) + hint;
+  } else if (S_ISLNK(st.st_mode) && ::stat(ckpt.c_str(), &st) != 0) {
+    std::error_code ec;
+    return "the checkpoint directory " + ckpt + " is a symbolic link to nothing (" + fs::read_symlink(ckpt, ec).string() +
+           ")" + hint + "; make its target, or remove the link";
+  } else if (!S_ISDIR(st.st_mode)) {
+    return "the checkpoint directory " + ckpt + " is not a directory" + hint + "; move the file away";
+  }
+  if (::access(ckpt.c_str(), W_OK | X_OK) != 0)
+    return "cannot write the checkpoint directory " + ckpt + ": " + std::strerror(errno) + hint;
+  std::error_code ec;
+  const fs::path real = fs::canonical(ckpt, ec);
+  const std::string resolved = ec || real == fs::absolute(ckpt, ec) ? "" : " (" + real.string() + ")";
+  // Hidden, so that a listing of ckpt/ shows the checkpoints and LATEST only.
+  return take_lock(ckpt + "/." + kLockName, "the checkpoint directory " + ckpt + resolved, ckpt_lock_fd_);
+}
+
 RunDirectory::RunDirectory(std::string dir, MPI_Comm world) : dir_(std::move(dir)) {
   const bool root = comm_rank(world) == 0;
   const std::string lock_path = dir_ + "/" + kLockName;
@@ -110,37 +185,15 @@ RunDirectory::RunDirectory(std::string dir, MPI_Comm world) : dir_(std::move(dir
     fs::create_directories(dir_, ec);
     if (ec) error = cannot + ": " + ec.message() + hint;
     if (error.empty()) {
-      lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-      if (lock_fd_ < 0) error = cannot + ": " + lock_path + ": " + std::strerror(errno) + hint;
-    }
-    if (error.empty() && ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-      if (errno == EWOULDBLOCK) {
-        const std::string t = read_text(lock_fd_);
-        const std::string job = lock_field(t, "job");
-        error = "the run directory " + dir_ + " is in use by another run (pid " + lock_field(t, "pid") + " on " +
-                lock_field(t, "host") + (job.empty() || job == "-" ? "" : ", Slurm job " + job) + ", started " +
-                lock_field(t, "started") + "; " + lock_path +
-                " is locked): two runs must not share a run directory; wait for that run to end, or give this one "
-                "another run.name or run.out_dir";
-      } else {
-        // A file system without locks (some NFS or Lustre mounts): say so and go on.
-        std::fprintf(stderr, "meshmoe: warning: cannot lock %s (%s): a second run started in this directory would not "
-                             "be detected\n", lock_path.c_str(), std::strerror(errno));
-      }
-    }
-    if (error.empty()) {
       const auto now = std::chrono::system_clock::now().time_since_epoch().count();
       char hex[17];
       std::snprintf(hex, sizeof hex, "%016llx",
                     (unsigned long long)fnv1a64(host_name() + "/" + std::to_string(getpid()) + "/" + std::to_string(now)));
       nonce_ = hex;
-      const char* job = std::getenv("SLURM_JOB_ID");
-      const std::string text = "nonce=" + nonce_ + "\nhost=" + host_name() + "\npid=" + std::to_string(getpid()) +
-                               "\njob=" + (job ? job : "-") + "\nstarted=" + utc_now("%Y-%m-%dT%H:%M:%SZ") + "\n";
-      if (::ftruncate(lock_fd_, 0) != 0 || ::pwrite(lock_fd_, text.data(), text.size(), 0) != ssize_t(text.size()) ||
-          ::fsync(lock_fd_) != 0)
-        error = cannot + ": " + lock_path + ": " + std::strerror(errno) + hint;
+      error = take_lock(lock_path, "the run directory " + dir_, lock_fd_);
     }
+    // The checkpoint directory as well: ckpt/ may be a link that another run's ckpt/ resolves to too.
+    if (error.empty()) error = check_checkpoint_dir(true);
   }
   if (const std::string e = first_error(error, world); !e.empty()) throw InputError(e);
   nonce_ = broadcast_string(nonce_, 0, world);
@@ -161,13 +214,25 @@ RunDirectory::RunDirectory(std::string dir, MPI_Comm world) : dir_(std::move(dir
              "): the run directory must be on a file system every rank shares; give run.out_dir as an absolute "
              "path on a shared file system (a relative one resolves against each rank's working directory)";
   }
+  // Every file the run will write, checked before any step (docs/user-guide.md "Faults"): the
+  // checkpoint directory on every rank (each writes its part of a checkpoint), the rest on rank 0.
+  if (mine.empty() && !root && ::access((dir_ + "/ckpt").c_str(), W_OK | X_OK) != 0)
+    mine = "cannot write the checkpoint directory " + dir_ + "/ckpt here: " + std::strerror(errno) +
+           ": every rank writes its part of each checkpoint there";
+  if (mine.empty() && root)
+    for (const char* name : {"metrics.h5", "deck.toml"})
+      if (const std::string why = file_problem(dir_ + "/" + name); !why.empty()) {
+        mine = why + ": the run writes it (move it away, or set run.out_dir to another place)";
+        break;
+      }
   agree_on_input(world, [&] {
     if (!mine.empty()) throw Error(mine);
   });
 }
 
 RunDirectory::~RunDirectory() {
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+  if (ckpt_lock_fd_ >= 0) ::close(ckpt_lock_fd_);  // releases the flocks
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 std::string RunDirectory::move_aside(MPI_Comm world) const {
@@ -199,6 +264,8 @@ std::string RunDirectory::move_aside(MPI_Comm world) const {
         fs::rename(dir_ + "/" + n, aside + "/" + n, ec);
         if (ec) error = "cannot move " + dir_ + "/" + n + " aside to " + aside + ": " + ec.message();
       }
+      // A new ckpt/ in place of the one moved, locked as the old one was (check_checkpoint_dir).
+      if (error.empty() && ckpt_files) error = check_checkpoint_dir(true);
       std::string what;
       if (!steps.empty()) {
         what = "checkpoints of step";

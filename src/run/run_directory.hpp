@@ -1,7 +1,10 @@
 // The run directory (docs/user-guide.md "Files a run writes") belongs to one run at a time. On a cluster
 // ranks do not share everything and jobs get started twice, so before anything is written:
-//   - ownership: rank 0 holds an flock on <dir>/run.lock for the whole run; a second run started in
-//     the same directory finds it held and stops (InputError, exit 2) naming the holder;
+//   - ownership: rank 0 holds an flock on <dir>/run.lock and on <dir>/ckpt/.run.lock for the whole
+//     run; a second run started in the same directory, or whose ckpt/ is (through links) the same
+//     directory, finds one held and stops (InputError, exit 2) naming the holder;
+//   - every file the run writes can be written: ckpt/ is a writable directory on every rank (not a
+//     file, a link to nothing or a read-only mount), metrics.h5 and deck.toml are writable files;
 //   - one directory for all ranks: run.lock carries a nonce that every rank must read back, else
 //     the directory is not on a file system every rank shares (a relative run.out_dir and ranks
 //     started in different working directories) and the run stops before its first collective
@@ -27,7 +30,8 @@ void write_deck_file(const Deck& deck, const std::string& dir, MPI_Comm world);
 
 class RunDirectory {
  public:
-  // Collective over `world`: creates `dir`, takes the lock and checks that every rank sees it.
+  // Collective over `world`: creates `dir` and `dir`/ckpt, takes the locks, checks that every rank sees
+  // them and can write what the run writes.
   // Throws InputError on every rank alike (the failing rank named) when it cannot.
   RunDirectory(std::string dir, MPI_Comm world);
   ~RunDirectory();  // releases the lock (the process exit does too, however it ends)
@@ -44,8 +48,16 @@ class RunDirectory {
   std::string move_aside(MPI_Comm world) const;
 
  private:
+  // The text of a lock file: who holds it.
+  std::string lock_text() const;
+  // flock of `lock_path` into `fd` (closed first), its text written; "" or why not (`what` names the directory).
+  std::string take_lock(const std::string& lock_path, const std::string& what, int& fd) const;
+  // ckpt/ is a directory this rank can write (created when missing and `create`), and locked; "" or why not.
+  std::string check_checkpoint_dir(bool create) const;
+
   std::string dir_, nonce_;
-  int lock_fd_ = -1;  // rank 0 only
+  int lock_fd_ = -1;               // rank 0 only
+  mutable int ckpt_lock_fd_ = -1;  // rank 0 only; taken again when move_aside moves ckpt/ away
 };
 
 }  // namespace meshmoe

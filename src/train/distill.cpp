@@ -38,10 +38,12 @@ struct FrozenModel {
 // `what`: "--teacher" or "--baseline", for the messages. Collective; every refusal is an
 // InputError on every rank alike.
 std::unique_ptr<FrozenModel> load_frozen(const std::string& what, const std::string& given, const Config& student,
-                                         int vocab, Mesh& mesh) {
+                                         int vocab, bool allow_other_data, Mesh& mesh) {
   auto f = std::make_unique<FrozenModel>();
   CheckpointMeta head;
   f->path = resolve_named_checkpoint(given, what, mesh.world());
+  // Its probabilities are over the student's tokens only if it learnt the student's data.
+  check_checkpoint_data(what, f->path, student.data.path, allow_other_data, mesh.world());
   agree_on_input(mesh.world(), [&] {
     head = read_checkpoint_meta(f->path);
     if (head.deck.empty()) throw InputError(what + " " + f->path + " stores no deck (written by an older version)");
@@ -84,8 +86,9 @@ class Distiller : public TrainHooks {
  public:
   Distiller(const Config& student, int vocab, Mesh& mesh, const DistillOptions& opt)
       : student_(student), mesh_(mesh), vocab_(vocab), alpha_(student.distill.alpha) {
-    teacher_ = load_frozen("--teacher", opt.teacher, student, vocab, mesh);
-    if (!opt.baseline.empty()) baseline_ = load_frozen("--baseline", opt.baseline, student, vocab, mesh);
+    teacher_ = load_frozen("--teacher", opt.teacher, student, vocab, opt.allow_other_data, mesh);
+    if (!opt.baseline.empty())
+      baseline_ = load_frozen("--baseline", opt.baseline, student, vocab, opt.allow_other_data, mesh);
     if (mesh.rank() == 0) {
       std::printf("distill: teacher %s (%zu parameters on this rank), alpha %.3g%s%s\n", teacher_->path.c_str(),
                   teacher_->model->params().size(), alpha_, baseline_ ? ", baseline " : "",

@@ -18,6 +18,7 @@ namespace meshmoe {
 struct DistillOptions {
   std::string teacher;   // checkpoint file, or a ckpt / run directory (its LATEST)
   std::string baseline;  // optional, the same
+  bool allow_other_data = false;  // a teacher or baseline trained on other data than data.path: warn, go on
 };
 
 // The share of the teacher's gain the student keeps: (baseline - student) / (baseline - teacher)

@@ -1,7 +1,9 @@
 #include "train/step_log.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <optional>
 
@@ -50,6 +52,17 @@ StepLog::StepLog(const Deck& deck, std::string dir, Mesh& mesh, const ModelShape
 
 StepLog::~StepLog() = default;
 
+namespace {
+// An HDF5 file with a /step dataset that opens for reading.
+bool readable_metrics(const std::string& path) {
+  try {
+    return h5::File::open(path).is_dataset("step");
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+}  // namespace
+
 void StepLog::open(int64_t start_step, const std::string& languages, const std::string& version,
                    const TooLong& train_too_long, const TooLong& valid_too_long, const std::vector<double>& lang_p) {
   std::string p_text;
@@ -76,11 +89,16 @@ void StepLog::open(int64_t start_step, const std::string& languages, const std::
   try {
     metrics_ = std::make_unique<MetricsFile>(path, deck_.effective_toml, attrs, after);
   } catch (const std::exception& e) {
-    if (!after) throw;
+    // A readable history is never renamed or replaced (a disk still full must not cost it): the
+    // run stops, the file as it was. Only a file HDF5 cannot open is kept aside for a new one.
+    if (!after || readable_metrics(path))
+      throw InputError("cannot continue " + path + " (" + e.what() + "); it is left as it was: free space on its file "
+                       "system, or move it away to start a new one");
     const std::string aside = path + ".broken-" + std::to_string(start_step);
-    std::fprintf(stderr, "meshmoe: warning: cannot reopen %s (%s); keeping it as %s and starting a new one\n",
+    std::fprintf(stderr, "meshmoe: warning: cannot read %s (%s); keeping it as %s and starting a new one\n",
                  path.c_str(), e.what(), aside.c_str());
-    std::rename(path.c_str(), aside.c_str());
+    if (std::rename(path.c_str(), aside.c_str()) != 0)
+      throw InputError("cannot move the unreadable " + path + " aside to " + aside + ": " + std::strerror(errno));
     metrics_ = std::make_unique<MetricsFile>(path, deck_.effective_toml, attrs);
   }
   metrics_->describe("skipped", "1", "1 when the update was skipped for a non-finite loss or gradient norm");
@@ -257,6 +275,7 @@ void StepLog::on_rank0_agreed(Write&& write) {
   if (mesh_.rank() == 0) {
     try {
       write();
+      metrics_->publish_rows();  // the step's datasets are all written: readers may read its rows
     } catch (const std::exception& e) {
       error = "cannot write " + dir_ + "/metrics.h5: " + e.what();
     }

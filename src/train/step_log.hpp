@@ -35,8 +35,10 @@ class StepLog {
   ~StepLog();
 
   // Rank 0: metrics.h5, a new file, or on resume (start_step > 0) the existing one with the rows
-  // after the checkpoint's step dropped. A metrics file the resume cannot open (e.g. cut short by a
-  // kill) is kept aside as metrics.h5.broken-<step> and a new one started, so the run goes on.
+  // after the checkpoint's step dropped (MetricsFile: in a copy renamed over it). A metrics file
+  // HDF5 cannot open (e.g. cut short by a kill) is kept aside as metrics.h5.broken-<step> and a new
+  // one started, so the run goes on; a readable one that cannot be continued (a full disk) is left
+  // as it was and throws InputError.
   // The root attributes record how many examples the sequences truncate or drop (data/batcher.hpp).
   // `lang_p`: the probability of drawing each language (Batcher::language_probabilities), root
   // attribute lang_sampling_probability.

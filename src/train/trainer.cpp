@@ -13,6 +13,7 @@
 #include "data/dataset_identity.hpp"
 #include "decode/decoder.hpp"
 #include "decode/translation_eval.hpp"
+#include "mesh/agree.hpp"
 #include "mesh/comm.hpp"
 #include "model/transformer.hpp"
 #include "parallel/gradient_sync.hpp"
@@ -145,8 +146,11 @@ class Trainer {
     if (!opt.init_from.empty() && progress_.start_step == 0) init_from(opt.init_from);
     write_deck_file(deck, dir_, mesh.world());
     log_ = std::make_unique<StepLog>(deck, dir_, mesh, model_->shape(), timers_, *pipeline_, flops_per_token_, peak_);
-    if (mesh.rank() == 0) log_->open(progress_.start_step, join_languages(train_.info().languages), version_, train_too_long_,
-                          valid_too_long_, batcher_->language_probabilities());
+    agree_on_input(mesh.world(), [&] {  // metrics.h5 that cannot be continued stops every rank (StepLog::open)
+      if (mesh.rank() == 0)
+        log_->open(progress_.start_step, join_languages(train_.info().languages), version_, train_too_long_,
+                   valid_too_long_, batcher_->language_probabilities());
+    });
   }
 
   int run() {

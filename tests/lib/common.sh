@@ -81,3 +81,21 @@ train_or_fail() {
   mpirun -np "$np" "$M" train "$T/deck.toml" --set run.out_dir="$T/$name" "$@" >"$T/$name.log" 2>&1 ||
     { cat "$T/$name.log"; fail "run $name failed"; }
 }
+
+# Scripts of many cases (one line each, "ok NAME" or "FAIL NAME: why") set failed=0 n=0 and use:
+ok() { n=$((n + 1)); echo "ok   $1"; }
+bad() { n=$((n + 1)); failed=$((failed + 1)); echo "FAIL $1"; [ -z "${2:-}" ] || tail -n 15 "$2" | sed 's/^/     | /'; }
+# run OUT CMD...: CMD with a 60 s limit in a session of its own (nothing outlives a hang); sets rc.
+run() {
+  local out=$1; shift
+  setsid timeout -k 5 60 "$@" </dev/null >"$out" 2>&1
+  rc=$?
+}
+# expect NAME RC REGEX OUT: the last run ended with RC and OUT matches REGEX.
+expect() {
+  local name=$1 want=$2 re=$3 out=$4
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then bad "$name: hang (killed after 60 s)" "$out"
+  elif [ "$rc" != "$want" ]; then bad "$name: exit code $rc, expected $want" "$out"
+  elif ! grep -qE -- "$re" "$out"; then bad "$name: no message matching /$re/" "$out"
+  else ok "$name"; fi
+}

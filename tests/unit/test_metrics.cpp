@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -142,6 +143,32 @@ TEST_CASE("metrics: resume truncates the rows after the checkpoint step", "[metr
     m.append(101, {{"loss", 1.0}});
   }
   CHECK(h5::File::open(path).read<int64_t>("step") == std::vector<int64_t>{101});
+  std::remove(path.c_str());
+}
+
+TEST_CASE("metrics: the root attribute rows counts the rows whose datasets are all written", "[metrics]") {
+  if (test::world_rank() != 0) return;
+  std::string path = metrics_path("rows");
+  {
+    MetricsFile m(path, "deck");
+    CHECK(h5::File::open(path).attr<int64_t>("rows") == 0);
+    m.append(1, {{"loss", 1.0}});
+    m.append_row("moe/1/expert_load", {1, 1});
+    CHECK(h5::File::open(path).attr<int64_t>("rows") == 0);  // step 1 is not published yet
+    m.publish_rows();
+    CHECK(h5::File::open(path).attr<int64_t>("rows") == 1);
+    m.append(2, {{"loss", 2.0}});
+    m.publish_rows();
+  }
+  {
+    // A resume (in place, after a copy that it removes): the kept steps, `rows` of them.
+    MetricsFile m(path, "deck", {}, int64_t{1});
+    CHECK(h5::File::open(path).attr<int64_t>("rows") == 1);
+    CHECK(h5::File::open(path).read<int64_t>("step") == std::vector<int64_t>{1});
+  }
+  namespace fs = std::filesystem;
+  for (const auto& e : fs::directory_iterator(fs::path(path).parent_path()))
+    CHECK(e.path().string().rfind(path + ".tmp", 0) != 0);  // no temporary left
   std::remove(path.c_str());
 }
 

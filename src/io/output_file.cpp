@@ -1,0 +1,115 @@
+#include "io/output_file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.hpp"
+#include "io/h5.hpp"
+
+namespace meshmoe {
+
+namespace fs = std::filesystem;
+
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+namespace {
+
+// Sets `by` to the root attribute created_by of an HDF5 file ("" when it has none); false when the
+// file does not open as HDF5.
+bool created_by(const std::string& path, std::string& by) {
+  try {
+    h5::File f = h5::File::open(path);
+    by = f.has_attr("created_by") ? f.attr<std::string>("created_by") : "";
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+void check_output_path(const std::string& path, const OutputRules& rules) {
+  const std::string name = rules.command + ": the output file " + path;
+  const std::string another = "; give another " + rules.option + ")";
+  if (path.empty()) throw InputError(rules.command + ": the output file name is empty (give " + rules.option + " FILE)");
+  const fs::path parent = fs::path(path).parent_path();
+  struct stat st {};
+  if (!parent.empty() && (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)))
+    throw InputError(name + ": cannot create it: its directory " + parent.string() +
+                     " does not exist (a command never creates it: make it first)");
+  for (const std::string& in : rules.inputs)
+    if (!in.empty() && same_file(path, in))
+      throw InputError(name + " is the input " + in + ": refusing to overwrite it (the same file" + another);
+  if (::lstat(path.c_str(), &st) != 0) return;  // a new file
+  if (S_ISLNK(st.st_mode) && ::stat(path.c_str(), &st) != 0)
+    throw InputError(name + " is a symbolic link to nothing: refusing to write through it (remove it" + another);
+  if (!S_ISREG(st.st_mode)) throw InputError(name + " exists and is not a regular file (" + another.substr(2));
+  if (rules.replaceable.empty()) return;
+  std::string by;
+  const bool hdf5 = created_by(path, by);
+  for (const std::string& ok : rules.replaceable)
+    if (hdf5 && by.rfind(ok, 0) == 0) return;
+  std::string allowed;
+  for (const std::string& ok : rules.replaceable) allowed += (allowed.empty() ? "" : " or ") + ok;
+  throw InputError(name + " exists and is " +
+                   (!hdf5        ? std::string("not an HDF5 file")
+                    : by.empty() ? std::string("an HDF5 file of another kind (a run's metrics or checkpoint?)")
+                                 : "a file of " + by) +
+                   ": refusing to replace it, only an earlier result of " + allowed + " is replaced (remove it yourself" +
+                   another);
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) throw Error(path + ": cannot open to fsync: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw Error(path + ": fsync failed: " + std::strerror(err));
+}
+
+void rename_durably(const std::string& from, const std::string& to) {
+  if (std::rename(from.c_str(), to.c_str()) != 0)
+    throw Error("cannot rename " + from + " to " + to + ": " + std::strerror(errno));
+  const fs::path dir = fs::path(to).parent_path();
+  fsync_path(dir.empty() ? "." : dir.string(), true);
+}
+
+ReplacingFile::ReplacingFile(std::string path)
+    : path_(std::move(path)), tmp_(path_ + ".tmp-" + std::to_string(::getpid())) {}
+
+ReplacingFile::~ReplacingFile() {
+  if (!tmp_.empty()) std::remove(tmp_.c_str());
+}
+
+ReplacingFile::ReplacingFile(ReplacingFile&& o) noexcept : path_(std::move(o.path_)), tmp_(std::move(o.tmp_)) {
+  o.tmp_.clear();
+}
+
+ReplacingFile& ReplacingFile::operator=(ReplacingFile&& o) noexcept {
+  if (this != &o) {
+    if (!tmp_.empty()) std::remove(tmp_.c_str());
+    path_ = std::move(o.path_);
+    tmp_ = std::move(o.tmp_);
+    o.tmp_.clear();
+  }
+  return *this;
+}
+
+void ReplacingFile::commit() {
+  if (tmp_.empty()) throw Error(path_ + ": committed twice");
+  fsync_path(tmp_, false);
+  rename_durably(tmp_, path_);
+  tmp_.clear();
+}
+
+}  // namespace meshmoe
