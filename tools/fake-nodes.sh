@@ -48,8 +48,9 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || { echo "fake-nodes.sh: no command to run (usage: tools/fake-nodes.sh [options] COMMAND...)" >&2; exit 2; }
 case "$nodes$per_node" in *[!0-9]*) echo "fake-nodes.sh: --nodes and --ranks-per-node take numbers" >&2; exit 2 ;; esac
-[ "$nodes" -ge 1 ] && [ "$nodes" -le 200 ] && [ "$per_node" -ge 1 ] ||
-  { echo "fake-nodes.sh: --nodes 1..200, --ranks-per-node >= 1" >&2; exit 2; }
+if [ "$nodes" -lt 1 ] || [ "$nodes" -gt 200 ] || [ "$per_node" -lt 1 ]; then
+  echo "fake-nodes.sh: --nodes 1..200, --ranks-per-node >= 1" >&2; exit 2
+fi
 command -v unshare >/dev/null || { echo "fake-nodes.sh: needs unshare (util-linux)" >&2; exit 2; }
 unshare --uts true 2>/dev/null || { echo "fake-nodes.sh: cannot make a UTS namespace here (needs root or user namespaces)" >&2; exit 2; }
 

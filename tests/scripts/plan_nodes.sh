@@ -63,7 +63,7 @@ batch_size = 8
 micro_batches = 2
 TOML
 plan() {  # NAME DECK RANKS-PER-NODE|slurm
-  local name=$1 deck=$2 rpn=$3 opt=()
+  local name=$1 deck=$2 rpn=$3
   if [ "$rpn" = slurm ]; then
     SLURM_NTASKS_PER_NODE=2 timeout 120 mpirun -np 4 -x SLURM_NTASKS_PER_NODE "$M" plan "$T/$deck.toml" >"$T/$name.out" 2>&1 ||
       { cat "$T/$name.out"; fail "plan $name failed"; }
