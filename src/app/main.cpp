@@ -65,7 +65,6 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& overrides,
   // The nodes: as MPI sees them, and the placement planned for (--ranks-per-node, else Slurm's
   // SLURM_NTASKS_PER_NODE, else MPI's), with the bytes each axis sends across them (src/run/node_placement.hpp).
   const NodeMap seen = nodes_seen_by_mpi(MPI_COMM_WORLD);
-  if (world_rank() == 0) std::cout << describe_nodes(seen, "nodes seen by MPI") << std::flush;
   const int slurm = slurm_ranks_per_node();
   const int world = s.mesh.shape().size();
   const NodeMap nodes =
@@ -76,6 +75,7 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& overrides,
   const Startup start = Startup::stages(s.deck.cfg, s.mesh);
   const std::string memory = start.memory_report(s.mesh.world());
   if (world_rank() == 0) std::cout << memory << std::flush;
+  if (world_rank() == 0) std::cout << describe_nodes(seen, "nodes seen by MPI") << std::flush;
   if (world_rank() == 0 && start.vocab() > 0) {
     const MeshShape& shape = s.mesh.shape();
     std::vector<MemoryPlan> stages;
