@@ -27,6 +27,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "run/run_checkpoints.hpp"
 #include "run/signals.hpp"
+#include "run/node_placement.hpp"
 #include "run/startup.hpp"
 #include "train/trainer.hpp"
 
@@ -93,13 +94,31 @@ Setup setup(const std::string& path, const std::vector<std::string>& overrides) 
   return Setup{std::move(deck), std::move(mesh)};
 }
 
-int cmd_plan(const std::string& path, const std::vector<std::string>& overrides) {
+int cmd_plan(const std::string& path, const std::vector<std::string>& overrides, int ranks_per_node) {
   Setup s = setup(path, overrides);
   const std::string text = s.mesh.describe();
   if (world_rank() == 0) std::cout << text << std::flush;
+  // The nodes: as MPI sees them, and the placement planned for (--ranks-per-node, else Slurm's
+  // SLURM_NTASKS_PER_NODE, else MPI's), with the bytes each axis sends across them (src/run/node_placement.hpp).
+  const NodeMap seen = nodes_seen_by_mpi(MPI_COMM_WORLD);
+  const int slurm = slurm_ranks_per_node();
+  const int world = s.mesh.shape().size();
+  const NodeMap nodes =
+      ranks_per_node > 0 ? nodes_in_blocks(world, ranks_per_node, "--ranks-per-node " + std::to_string(ranks_per_node))
+      : slurm > 0        ? nodes_in_blocks(world, slurm, "SLURM_NTASKS_PER_NODE " + std::to_string(slurm))
+                         : seen;
   // Memory and cost per rank, one column per pipeline stage, each stage's pieces once (src/run/startup.hpp).
-  const std::string memory = Startup::stages(s.deck.cfg, s.mesh).memory_report(s.mesh.world());
+  const Startup start = Startup::stages(s.deck.cfg, s.mesh);
+  const std::string memory = start.memory_report(s.mesh.world());
   if (world_rank() == 0) std::cout << memory << std::flush;
+  if (world_rank() == 0) std::cout << describe_nodes(seen, "nodes seen by MPI") << std::flush;
+  if (world_rank() == 0 && start.vocab() > 0) {
+    const MeshShape& shape = s.mesh.shape();
+    std::vector<MemoryPlan> stages;
+    for (int p = 0; p < shape.pipe; ++p) stages.push_back(plan_memory(s.deck.cfg, start.vocab(), shape, p, 0, 0));
+    const int P = placement_at(s.deck.cfg, shape, RankCoords{0, 0, 0}).expert_parallel;
+    std::cout << placement_report(shape, nodes, node_crossings(shape, nodes, stages, P)) << std::flush;
+  }
   return kExitOk;
 }
 
@@ -165,6 +184,11 @@ int run(int argc, char** argv) {
   plan->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
   bool ranks_only = false;
   plan->add_flag("--ranks", ranks_only, "Only print the number of ranks the deck's mesh needs (for job scripts)");
+  int ranks_per_node = 0;
+  plan->add_option("--ranks-per-node", ranks_per_node,
+                   "Ranks per node to place the mesh on, in blocks of consecutive ranks (default: SLURM_NTASKS_PER_NODE, "
+                   "else the nodes MPI sees): print which axes cross nodes and the bytes they send across")
+      ->check(CLI::Range(1, 1 << 20));
   auto* deck_doc = app.add_subcommand("deck-doc", "Print the reference of every deck key as markdown");
 
   auto* prep = app.add_subcommand("prep", "Turn text sources into a dataset file (HDF5)");
@@ -334,9 +358,17 @@ int run(int argc, char** argv) {
   if (*plan && ranks_only) {
     const Deck deck = load_agreed_deck(deck_path, overrides);
     if (world_rank() == 0) std::cout << deck.cfg.mesh.pipe * deck.cfg.mesh.data * deck.cfg.mesh.tensor << "\n";
+    // A job's placement (--ranks-per-node, or Slurm's): warn when a tensor group spans nodes (docs/cluster.md).
+    const int per_node = ranks_per_node > 0 ? ranks_per_node : slurm_ranks_per_node();
+    const MeshShape shape{int(deck.cfg.mesh.pipe), int(deck.cfg.mesh.data), int(deck.cfg.mesh.tensor)};
+    if (world_rank() == 0 && per_node > 0 &&
+        groups_spanning_nodes(shape, nodes_in_blocks(shape.size(), per_node, ""), Axis::Tensor) > 0)
+      std::cerr << "meshmoe: warning: with " << per_node << " ranks per node the tensor axis (mesh.tensor = "
+                << shape.tensor << ") spans nodes: its all-reduces go over the network; use a multiple of "
+                << shape.tensor << " ranks per node\n";
     return kExitOk;
   }
-  if (*plan) return cmd_plan(deck_path, overrides);
+  if (*plan) return cmd_plan(deck_path, overrides, ranks_per_node);
   if (*train) return cmd_train(deck_path, overrides, train_opt);
   if (*distill) return cmd_train(deck_path, overrides, {}, &distill_opt);
   if (*gen) {

@@ -214,9 +214,11 @@ MemoryPlan plan_memory_checked(const Config& cfg, const ShapeTable& table, const
   // replica groups); all-to-all dispatch and combine of every MoE layer in each forward and (their
   // transposes) in each backward, within the expert group of expert_parallel ranks
   const int ep = sl.expert_parallel;
-  p.sent_data = ring_allreduce(double(elems - expert_local) * kF, data) +
-                ring_allreduce(double(expert_replicated) * kF, data / ep);
-  if (expert_on_data && any_moe) p.sent_data += moe_here * (2 * fw + 2 * bw) * all_to_all(double(E * G * C * M) * kF, ep);
+  p.sent_data_allreduce = ring_allreduce(double(elems - expert_local) * kF, data);
+  p.sent_data_replicas = ring_allreduce(double(expert_replicated) * kF, data / ep);
+  if (expert_on_data && any_moe)
+    p.sent_data_all_to_all = moe_here * (2 * fw + 2 * bw) * all_to_all(double(E * G * C * M) * kF, ep);
+  p.sent_data = p.sent_data_allreduce + p.sent_data_replicas + p.sent_data_all_to_all;
   // tensor: Megatron all-reduce of the output (forward) and of the input gradient (backward) of
   // each attention and dense feed-forward; experts over data with their hidden units split: the
   // same pair on the expert rows; experts over tensor: the combine and its gradient
@@ -230,9 +232,10 @@ MemoryPlan plan_memory_checked(const Config& cfg, const ShapeTable& table, const
   // gradient between the first and the last stage
   if (pipe > 1) {
     const double streams = sl.encoder_layers > 0 ? 2 : 1;
-    if (!p.last_stage) p.sent_pipe += double(MB) * streams * act_bytes;
-    if (!p.first_stage) p.sent_pipe += double(MB) * streams * act_bytes;
-    if (cfg.model.tied_embeddings && (p.first_stage || p.last_stage)) p.sent_pipe += double(V * M) * kF;
+    if (!p.last_stage) p.sent_pipe_next = double(MB) * streams * act_bytes;
+    if (!p.first_stage) p.sent_pipe_prev = double(MB) * streams * act_bytes;
+    if (cfg.model.tied_embeddings && (p.first_stage || p.last_stage)) p.sent_pipe_tied = double(V * M) * kF;
+    p.sent_pipe = p.sent_pipe_next + p.sent_pipe_prev + p.sent_pipe_tied;
   }
   // total_bytes() sums these: the sum must fit too
   (void)(Checked(p.param_bytes) + Checked(p.grad_bytes) + Checked(p.optim_bytes) + Checked(p.activation_bytes) +

@@ -51,6 +51,12 @@ struct MemoryPlan {
   // bytes this rank sends per optimizer step on each axis (ring all-reduce: 2 (n-1)/n x the buffer;
   // all-to-all: (n-1)/n x the buffer)
   double sent_data = 0, sent_tensor = 0, sent_pipe = 0;
+  // their parts, by the group each goes to (the placement on nodes, run/node_placement.hpp):
+  // sent_data = all-reduce over the data axis + over the replica groups + all-to-all in the expert
+  // groups; sent_pipe = to the next stage + to the previous stage + the tied embedding's gradient
+  // (between the first and the last stage)
+  double sent_data_allreduce = 0, sent_data_replicas = 0, sent_data_all_to_all = 0;
+  double sent_pipe_next = 0, sent_pipe_prev = 0, sent_pipe_tied = 0;
 };
 
 // The whole model's counts, the same on every rank (the table of a one-rank mesh): parameters, those

@@ -14,6 +14,8 @@
 #   5. gshard-experiment.sbatch (GShard's experiment as one job) on a tiny corpus, stopped by USR1
 #      mid-training: both trainings checkpoint and resume after the requeue, both models are
 #      evaluated, the BLEU report and its figure are written.
+#   6. two nodes (a second Slurm of two slurmd in their own UTS namespaces): MPI sees 2 hosts x
+#      2 ranks under srun; submit.sh --nodes 2 trains; mesh and nodes that do not match: exit 2.
 # Everything it started is stopped at the end, by process id. Ends with "N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +28,7 @@ chmod 755 "$T"
 passed=0; failed=0
 ok() { passed=$((passed + 1)); echo "ok   $1"; }
 bad() { failed=$((failed + 1)); echo "FAIL $1"; }
-cleanup() { tests/slurm/cluster.sh stop "$T/cluster" >/dev/null 2>&1 || true; }
+cleanup() { for c in cluster cluster2; do "$ROOT/tests/slurm/cluster.sh" stop "$T/$c" >/dev/null 2>&1 || true; done; }
 trap cleanup EXIT
 
 conf=$(tests/slurm/cluster.sh start "$T/cluster") || { echo "could not start Slurm"; echo "0 passed, 1 failed"; exit 1; }
@@ -168,6 +170,47 @@ done
   { bad "gshard experiment: $n of 2 models trained and evaluated"; tail -5 "$T"/gshard-exp/*.log; }
 grep -q "^mean delta .* BLEU over 2 languages" "$out" && [ -s "$T/gshard-exp/figure6.png" ] &&
   ok "gshard experiment: BLEU report (figure 6) for de and fr" || { bad "gshard experiment: no report"; tail -12 "$out"; }
+
+# 6. Two nodes (cluster.sh start DIR 2: fakenode1 and fakenode2, a slurmd each in its own UTS
+# namespace): MPI under srun sees 2 hosts of 2 ranks (meshmoe plan's shared-memory split), and the
+# placement follows SLURM_NTASKS_PER_NODE; submit.sh --nodes 2 trains on 2 nodes x 2 ranks (up to
+# its checkpoint: see below); a mesh
+# the nodes cannot hold evenly is refused before submitting; a job whose ranks do not match the
+# mesh stops with exit 2 before srun starts anything.
+"$ROOT/tests/slurm/cluster.sh" stop "$T/cluster" >/dev/null 2>&1 || true
+if conf=$("$ROOT/tests/slurm/cluster.sh" start "$T/cluster2" 2); then
+  export SLURM_CONF=$conf
+  echo "two-node slurm up: $(sinfo -h -N -o '%N %T' | tr '\n' ' ')"
+  timeout 120 srun -N2 --ntasks-per-node=2 --mpi="${MESHMOE_SRUN_MPI:-pmix}" "$MESHMOE" plan deck.toml --set mesh.data=4 \
+    >"$T/plan-2nodes.out" 2>&1
+  grep -qx "nodes seen by MPI: 2 (fakenode1: ranks 0 1; fakenode2: ranks 2 3)" "$T/plan-2nodes.out" &&
+    grep -q "^placement (SLURM_NTASKS_PER_NODE 2): nodes: 2" "$T/plan-2nodes.out" &&
+    ok "srun on 2 nodes: MPI sees fakenode1 (ranks 0 1) and fakenode2 (ranks 2 3)" ||
+    { bad "srun on 2 nodes: MPI does not see 2 nodes x 2 ranks"; tail -20 "$T/plan-2nodes.out"; }
+  # The job's steps on 2 nodes x 2 ranks; it is then cancelled: on this two-slurmd Slurm (not
+  # under tools/fake-nodes.sh's mpirun on the same fake nodes) the ranks' first checkpoint write
+  # hangs inside parallel HDF5, the ranks in different HDF5 collectives (docs/cluster.md, open).
+  id=$("$ROOT/jobscripts/submit.sh" --nodes 2 deck.toml --set mesh.data=4 --set run.steps=10 \
+    --set run.out_dir="$T/nodes2" -- --parsable)
+  for _ in $(seq 600); do grep -q "^step *10/10" "$T/meshmoe-$id.out" 2>/dev/null && break; sleep 0.5; done
+  grep -q "^step *10/10" "$T/meshmoe-$id.out" && grep -q "on fakenode1: 4 ranks" "$T/meshmoe-$id.out" &&
+    ok "submit.sh --nodes 2: job $id trained its 10 steps on 2 nodes x 2 ranks" ||
+    { bad "submit.sh --nodes 2: job $id state $(job_state "$id")"; tail -20 "$T/meshmoe-$id.out"; }
+  scancel "$id"; wait_job "$id" >/dev/null
+  "$ROOT/jobscripts/submit.sh" --nodes 3 deck.toml --set mesh.data=4 -- --parsable >"$T/nodes3.out" 2>&1
+  rc=$?
+  [ "$rc" = 2 ] && grep -q "needs 4 ranks, which 3 nodes cannot hold evenly" "$T/nodes3.out" &&
+    ok "submit.sh --nodes 3 for 4 ranks: refused before submitting (exit 2)" || { bad "submit.sh --nodes 3: exit $rc"; cat "$T/nodes3.out"; }
+  id=$(sbatch --parsable --nodes=2 --ntasks-per-node=1 --export=ALL,MESHMOE="$MESHMOE" \
+    "$ROOT/jobscripts/train-cpu.sbatch" deck.toml --set mesh.data=4 --set run.out_dir="$T/nodes-bad")
+  wait_job "$id" >/dev/null
+  out="$T/meshmoe-$id.out"
+  [ "$(job_state "$id")" = FAILED ] && grep -q "needs 4 ranks but the job has 2 (2 nodes" "$out" && [ ! -e "$T/nodes-bad" ] &&
+    ok "2 nodes x 1 rank for a 4-rank mesh: job $id stops with exit 2 before srun" ||
+    { bad "2 nodes x 1 rank: job $id state $(job_state "$id")"; tail -5 "$out"; }
+else
+  bad "could not start a two-node Slurm"
+fi
 
 cd "$ROOT"
 echo "$passed passed, $failed failed"
