@@ -34,7 +34,8 @@ ifeq ($(CUDA),1)
   ALL_CXXFLAGS += -DMESHMOE_CUDA=1 -I$(CUDA_HOME)/include
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lnccl
 endif
-TEST_SRC ?= $(shell find tests -name '*.cpp' | sort)
+# The fuzz targets (tests/fuzz/, each its own LLVMFuzzerTestOneInput) are built by `make fuzz`.
+TEST_SRC ?= $(shell find tests -name '*.cpp' ! -path 'tests/fuzz/*' | sort)
 OBJ      := $(SRC:%.cpp=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
 # Test-only code (oracles) lives under tests/ and is included as "oracle/...".
@@ -140,10 +141,28 @@ $(BUILD)/deck_fuzz: $(FUZZ_SRC) $(wildcard src/deck/*.hpp src/deck/*.def src/cor
 	$(FUZZ_CXX) -std=c++20 -g -O1 -fsanitize=$(FUZZ_SAN) -fno-sanitize-recover=all \
 	  -DTOML_HEADER_ONLY=1 '-DTOML_ASSERT(expr)=static_cast<void>(0)' -DOMPI_SKIP_MPICXX -Isrc $(shell mpicxx --showme:compile 2>/dev/null) \
 	  $(FUZZ_SRC) -o $@ $(shell mpicxx --showme:link 2>/dev/null)
-fuzz: $(BUILD)/deck_fuzz
-	@mkdir -p $(BUILD)/fuzz/corpus
+# The readers of user-given HDF5 files (tests/fuzz/h5_readers_fuzz.cpp) for FUZZ_TIME seconds more:
+# the checkpoint and dataset readers and the HDF5 layer instrumented, the rest of the program
+# linked from $(BUILD)/lib.a; the valid files it mutates come from a 1-step run of a tiny deck.
+H5FUZZ_SRC := tests/fuzz/h5_readers_fuzz.cpp tests/support/h5_mutate.cpp src/checkpoint/checkpoint_read.cpp \
+  src/checkpoint/checkpoint_format.cpp $(sort $(wildcard src/io/h5*.cpp)) src/data/dataset.cpp src/data/dataset_io.cpp src/data/tokenizer.cpp
+$(BUILD)/h5_readers_fuzz: $(H5FUZZ_SRC) $(BUILD)/lib.a tests/support/h5_mutate.hpp
+	@tools/install-deps.sh --fuzz
+	$(FUZZ_CXX) -std=c++20 -g -O1 -fsanitize=$(FUZZ_SAN) -fno-sanitize-recover=all -DOMPI_SKIP_MPICXX -Isrc -Itests \
+	  $(PKG_CFLAGS) $(H5FUZZ_SRC) $(BUILD)/lib.a -o $@ $(LDLIBS) $(shell mpicxx --showme:link 2>/dev/null)
+$(BUILD)/fuzz/h5seed/run/ckpt/LATEST: $(BUILD)/meshmoe
+	@rm -rf $(BUILD)/fuzz/h5seed && mkdir -p $(BUILD)/fuzz/h5seed
+	$(BUILD)/meshmoe prep text -q --max-len 17 /usr/share/common-licenses/GPL-3 -o $(BUILD)/fuzz/h5seed/data.h5
+	printf '[run]\nsteps = 1\nout_dir = "%s"\n[model]\nseq_len = 16\nd_model = 16\nnum_layers = 2\nnum_heads = 2\nd_ff = 32\n[moe]\nnum_experts = 4\nevery = 2\ngroup_size = 16\n[optim]\nbatch_size = 4\nwarmup_steps = 1\n[data]\npath = "%s"\n[eval]\nevery = 0\n' \
+	  $(BUILD)/fuzz/h5seed/run $(BUILD)/fuzz/h5seed/data.h5 > $(BUILD)/fuzz/h5seed/deck.toml
+	mpirun -np 1 $(BUILD)/meshmoe train $(BUILD)/fuzz/h5seed/deck.toml > $(BUILD)/fuzz/h5seed/train.log
+fuzz: $(BUILD)/deck_fuzz $(BUILD)/h5_readers_fuzz $(BUILD)/fuzz/h5seed/run/ckpt/LATEST
+	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/h5corpus
 	$(BUILD)/deck_fuzz -max_total_time=$(FUZZ_TIME) -timeout=10 -artifact_prefix=$(BUILD)/fuzz/ -print_final_stats=1 \
 	  $(BUILD)/fuzz/corpus tests/decks/good tests/decks/bad
+	MESHMOE_FUZZ_CKPT=$(BUILD)/fuzz/h5seed/run/ckpt/$$(cat $(BUILD)/fuzz/h5seed/run/ckpt/LATEST) \
+	  MESHMOE_FUZZ_DATA=$(BUILD)/fuzz/h5seed/data.h5 $(BUILD)/h5_readers_fuzz -max_total_time=$(FUZZ_TIME) -timeout=10 \
+	  -artifact_prefix=$(BUILD)/fuzz/h5- -print_final_stats=1 $(BUILD)/fuzz/h5corpus
 
 clean:
 	rm -rf $(BUILD)

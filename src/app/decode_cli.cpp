@@ -1,31 +1,78 @@
 #include "app/decode_cli.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <iostream>
 
+#include "app/text_input.hpp"
 #include "core/error.hpp"
+#include "decode/decode_memory.hpp"
 #include "decode/decoder.hpp"
 #include "mesh/agree.hpp"
 
 namespace meshmoe {
 
+namespace {
+
+// "--top-p 5: must be in (0, 1]" (every rank parses the same options: every rank throws alike).
+void require(bool ok, const std::string& command, const std::string& option, double value, const std::string& range) {
+  if (ok) return;
+  char text[64];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  throw InputError(command + ": " + option + " " + text + ": must be " + range);
+}
+
+// The output bound past model.seq_len is no bound: nothing decodes beyond it (decode/sampling.hpp,
+// decode/beam_search.hpp). Says so on rank 0 when it caps a value other than the option's default.
+int capped_by_seq_len(int value, int seq_len, int default_value, const std::string& command, const std::string& option,
+                      int rank) {
+  if (value <= seq_len) return value;
+  if (rank == 0 && value != default_value)
+    std::fprintf(stderr, "meshmoe: %s: %s %d capped at model.seq_len = %d (no position lies beyond it)\n", command.c_str(),
+                 option.c_str(), value, seq_len);
+  return seq_len;
+}
+
+}  // namespace
+
+void check_sampling_options(const SamplingOptions& s) {
+  require(s.max_new >= 1, "generate", "--max-new", s.max_new, "an integer >= 1");
+  require(std::isfinite(s.temperature) && s.temperature >= 0, "generate", "--temperature", s.temperature,
+          "finite and >= 0 (0: greedy)");
+  require(s.top_k >= 0, "generate", "--top-k", s.top_k, "an integer >= 0 (0: all tokens)");
+  require(s.top_p > 0 && s.top_p <= 1, "generate", "--top-p", s.top_p, "in (0, 1]");
+}
+
+void check_beam_options(const std::string& command, const BeamOptions& b, int batch) {
+  require(b.beam >= 1, command, "--beam", b.beam, "an integer >= 1 (1: greedy)");
+  require(std::isfinite(b.alpha) && b.alpha >= 0, command, "--alpha", b.alpha, "finite and >= 0 (0: no length normalisation)");
+  require(b.max_len >= 1, command, "--max-len", b.max_len, "an integer >= 1");
+  require(batch >= 1, command, "--batch", batch, "an integer >= 1");
+}
+
 int generate_main(const Deck& deck, Mesh& mesh, const GenerateCliOptions& opt) {
   if (deck.cfg.model.arch == ModelArch::EncDec)
     throw InputError("generate continues a prompt with a decoder-only model; an encoder-decoder (model.arch = \"encdec\") "
                      "translates a source: use `meshmoe translate`");
+  check_sampling_options(opt.sampling);
   Decoder d = load_decoder(deck, mesh, opt.checkpoint);
   const int32_t tag = language_tag(d.tokenizer, opt.lang, deck.cfg.data.path);
+  const int seq_len = d.model->shape().seq_len;
   std::vector<std::vector<int32_t>> prompts;
+  size_t longest = 1;
   for (const std::string& p : opt.prompts) {
     std::vector<int32_t>& ids = prompts.emplace_back(1, tag);
     d.tokenizer.encode(p, ids);
-    if (int(ids.size()) > d.model->shape().seq_len)
+    if (int(ids.size()) > seq_len)
       throw InputError("a prompt of " + std::to_string(ids.size()) + " tokens is longer than model.seq_len = " +
-                       std::to_string(d.model->shape().seq_len));
+                       std::to_string(seq_len));
+    longest = std::max(longest, ids.size());
   }
-  const auto out = generate(*d.cached, prompts, Tokenizer::kEos, opt.sampling);
+  SamplingOptions sampling = opt.sampling;
+  sampling.max_new = capped_by_seq_len(sampling.max_new, seq_len, SamplingOptions{}.max_new, "generate", "--max-new", mesh.rank());
+  check_decode_memory(deck.cfg, d.model->shape().vocab, {int(prompts.size()), 1, sampling.max_new, int(longest)},
+                      "generate of " + std::to_string(prompts.size()) + " prompts", mesh);
+  const auto out = generate(*d.cached, prompts, Tokenizer::kEos, sampling);
   if (mesh.rank() == 0)
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%s\n", opt.prompts[i].c_str(), one_line(d.tokenizer, out[i]).c_str());
   std::fflush(stdout);
@@ -33,34 +80,22 @@ int generate_main(const Deck& deck, Mesh& mesh, const GenerateCliOptions& opt) {
 }
 
 int translate_main(const Deck& deck, Mesh& mesh, const TranslateCliOptions& opt) {
-  if (opt.beam.beam < 1 || opt.batch < 1 || opt.beam.max_len < 1)
-    throw InputError("translate: --beam, --batch and --max-len must be >= 1");
+  check_beam_options("translate", opt.beam, opt.batch);
   Decoder d = load_decoder(deck, mesh, opt.checkpoint);
   const int32_t tag = language_tag(d.tokenizer, opt.lang, deck.cfg.data.path);
+  const int seq_len = d.model->shape().seq_len;
+  BeamOptions beam = opt.beam;
+  beam.max_len = capped_by_seq_len(beam.max_len, seq_len, BeamOptions{}.max_len, "translate", "--max-len", mesh.rank());
+  check_decode_memory(deck.cfg, d.model->shape().vocab, {opt.batch, beam.beam, beam.max_len, seq_len},
+                      "translate --beam " + std::to_string(beam.beam) + " --batch " + std::to_string(opt.batch), mesh);
   // Rank 0 reads the sources, every rank holds them.
   std::string text;
   agree_on_input(mesh.world(), [&] {
     if (mesh.rank() != 0) return;
-    const bool stdin_input = opt.input.empty() || opt.input == "-";
-    std::ifstream file;
-    if (!stdin_input) {
-      file.open(opt.input, std::ios::binary);
-      if (!file) throw InputError("translate: cannot read --input " + opt.input);
-    }
-    std::istream& in = stdin_input ? std::cin : file;
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    text = read_text_input(opt.input.empty() ? "-" : opt.input, "translate --input");
   });
   text = mesh.world_comm().broadcast_string(std::move(text), 0);
-  std::vector<std::string> lines;
-  for (size_t at = 0; at < text.size();) {
-    size_t end = text.find('\n', at);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(at, end - at);
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    lines.push_back(std::move(line));
-    at = end + 1;
-  }
-  const int seq_len = d.model->shape().seq_len;
+  const std::vector<std::string> lines = split_lines(text);
   const bool encdec = d.model->encdec();
   // The batches split over the data ranks (docs/user-guide.md "The device mesh and parallelism"); rank 0 prints them in input order as
   // they arrive.
@@ -71,7 +106,7 @@ int translate_main(const Deck& deck, Mesh& mesh, const TranslateCliOptions& opt)
   };
   const std::vector<LineBatch> work = line_batches(tag, lines, opt.batch);
   const std::vector<BatchTranslation> out =
-      translate_batches(*d.cached, mesh.axis(Axis::Data), d.tokenizer, work, opt.beam, {}, print);
+      translate_batches(*d.cached, mesh.axis(Axis::Data), d.tokenizer, work, beam, {}, print);
   if (mesh.rank() != 0) return kExitOk;
   for (size_t b = 0; b < out.size(); ++b)
     for (size_t i = 0; i < out[b].too_long.size(); ++i) {

@@ -38,4 +38,11 @@ struct TranslateCliOptions {
 };
 int translate_main(const Deck& deck, Mesh& mesh, const TranslateCliOptions& opt);
 
+// The decoding options' ranges (docs/user-guide.md "Translation"): InputError naming the option, its
+// value and the range. The output bounds (--max-new, --max-len) above model.seq_len are capped
+// there later (with a note); --beam and --batch are bounded by the decoding memory check
+// (decode/decode_memory.hpp). `command` names the command in the message (translate, eval).
+void check_sampling_options(const SamplingOptions& sampling);
+void check_beam_options(const std::string& command, const BeamOptions& beam, int batch);
+
 }  // namespace meshmoe

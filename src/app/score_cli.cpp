@@ -3,10 +3,10 @@
 #include <mpi.h>
 
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "app/text_input.hpp"
 #include "core/error.hpp"
 #include "score/bleu.hpp"
 #include "score/chrf.hpp"
@@ -14,17 +14,6 @@
 namespace meshmoe {
 
 namespace {
-
-std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw InputError(path + ": cannot read");
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(f, line);) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    lines.push_back(std::move(line));
-  }
-  return lines;
-}
 
 template <size_t K>
 std::string json_array(const std::array<int64_t, K>& a) {
@@ -39,7 +28,8 @@ int score_main(const ScoreCliOptions& opt) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) return kExitOk;
-  const std::vector<std::string> hyp = read_lines(opt.hyp), ref = read_lines(opt.ref);
+  const std::vector<std::string> hyp = split_lines(read_text_input(opt.hyp, "score --hyp")),
+                                 ref = split_lines(read_text_input(opt.ref, "score --ref"));
   if (hyp.size() != ref.size())
     throw InputError(opt.hyp + " has " + std::to_string(hyp.size()) + " lines but " + opt.ref + " has " +
                      std::to_string(ref.size()) + ": one translation per reference line");

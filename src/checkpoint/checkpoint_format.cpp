@@ -186,6 +186,9 @@ CheckpointMeta read_meta_attrs(const h5::File& f) {
   m.version = f.attr<std::string>("version");
   auto ms = f.attr<std::vector<int64_t>>("mesh_shape");
   if (ms.size() != 3) throw InputError(f.file_name() + ": checkpoint attribute mesh_shape does not hold 3 extents");
+  for (const int64_t e : ms)
+    if (e < 1 || e > (int64_t(1) << 24))
+      throw InputError(f.file_name() + ": checkpoint attribute mesh_shape holds " + std::to_string(e) + ": expected extents in [1, 2^24]");
   m.mesh = MeshShape{int(ms[0]), int(ms[1]), int(ms[2])};
   m.world_size = f.attr<int64_t>("world_size");
   m.param_count = f.attr<int64_t>("param_count");
@@ -197,6 +200,23 @@ CheckpointMeta read_meta_attrs(const h5::File& f) {
   for (size_t i = 0; i < texts.size(); ++i)
     if (f.has_attr(kOptionalTexts[i])) *texts[i] = f.attr<std::string>(kOptionalTexts[i]);
   if (f.has_attr("lang_tokens")) m.lang_tokens = f.attr<std::vector<int64_t>>("lang_tokens");
+  // What a writer can have written (a resume trusts them: step + 1 is the next step, the optimizer's
+  // schedule counts from update_count + 1).
+  const auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) throw InputError(f.file_name() + ": checkpoint attribute " + what);
+  };
+  expect(m.step >= 0, "step = " + std::to_string(m.step) + ": expected an integer >= 0");
+  expect(m.update_count >= 0 && m.update_count <= m.step,
+         "update_count = " + std::to_string(m.update_count) + ": expected an integer in [0, step = " + std::to_string(m.step) + "]");
+  expect(int64_t(m.data_cursor.epoch) >= 0 && int64_t(m.data_cursor.position) >= 0,
+         "data_epoch / data_position = " + std::to_string(int64_t(m.data_cursor.epoch)) + " / " +
+             std::to_string(int64_t(m.data_cursor.position)) + ": expected integers >= 0");
+  expect(ms[0] >= 1 && ms[1] >= 1 && ms[2] >= 1 && ms[0] * ms[1] * ms[2] == m.world_size,
+         "mesh_shape = [" + std::to_string(ms[0]) + ", " + std::to_string(ms[1]) + ", " + std::to_string(ms[2]) +
+             "] with world_size = " + std::to_string(m.world_size) + ": expected extents >= 1 whose product is world_size");
+  expect(m.param_count >= 0, "param_count = " + std::to_string(m.param_count) + ": expected an integer >= 0");
+  for (const int64_t t : m.lang_tokens) expect(t >= 0, "lang_tokens: expected counts >= 0, holds " + std::to_string(t));
+  for (const auto& [k, v] : m.counters) expect(v >= 0, "counters/" + k + " = " + std::to_string(v) + ": expected >= 0");
   return m;
 }
 

@@ -22,8 +22,9 @@ namespace {
 // Every value must be finite, and >= 0 when `nonnegative`; else throws Error naming the first bad one.
 void read_fully(const h5::Dataset& d, const std::string& name, bool nonnegative) {
   const auto shape = d.shape();
-  if (product(shape) == 0) return;
+  if (shape.empty()) throw Error(d.path() + ": a scalar (0-d) dataset; a checkpoint tensor has rank >= 1");
   if (d.type_class() != H5T_FLOAT) throw Error(d.path() + ": not a floating-point dataset");
+  if (product(shape) == 0) return;
   const int64_t row = product(shape) / shape[0];
   const int64_t rows = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(row, 1));
   std::vector<float> buf;
@@ -78,7 +79,12 @@ CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store
         bad.push_back(std::string(what) + " '" + name + "' " + shape_str(logical) + " is not in the checkpoint");
         return false;
       }
-      auto shape = f.dataset(dpath).shape();
+      const h5::Dataset d = f.dataset(dpath);
+      if (d.type_class() != H5T_FLOAT) {
+        bad.push_back(std::string(what) + " '" + name + "' is not a floating-point dataset in the checkpoint");
+        return false;
+      }
+      auto shape = d.shape();
       if (shape != logical) {
         bad.push_back(std::string(what) + " '" + name + "' is " + shape_str(shape) + " in the checkpoint, " +
                       shape_str(logical) + " in this model");

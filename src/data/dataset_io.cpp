@@ -103,6 +103,13 @@ DatasetInfo read_dataset_info(h5::File& f) {
   if (f.has_attr("direction")) info.direction = f.attr<std::string>("direction");
   else if (info.created_by == "meshmoe prep gettext") info.direction = "xx-en";
   info.languages = f.read_strings("languages/name");
+  // The tokenizer's rule for a tag's name (data/tokenizer.cpp), checked here to name the file.
+  for (size_t i = 0; i < info.languages.size(); ++i) {
+    const std::string& l = info.languages[i];
+    if (l.empty() || l.find_first_of("<> \t\n") != std::string::npos)
+      throw InputError("dataset " + f.file_name() + ": /languages/name[" + std::to_string(i) + "] = '" + l +
+                       "' is not a language name (non-empty, without '<', '>' or spaces)" + kNotPrepHint);
+  }
   if (f.is_dataset("languages/train_pairs")) info.train_pairs = f.read<int64_t>("languages/train_pairs");
   if (f.is_dataset("languages/valid_pairs")) info.valid_pairs = f.read<int64_t>("languages/valid_pairs");
   if (f.is_dataset("sources")) info.sources = f.read_strings("sources");

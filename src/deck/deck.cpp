@@ -22,6 +22,11 @@
 namespace meshmoe {
 namespace {
 
+// The shortest run.max_walltime (docs/user-guide.md "Faults"): below it not even a tiny model's
+// start, step and checkpoint fit; a longer one that a large model cannot use ends in exit 1 before
+// its first step (run/run_checkpoints.hpp), not in a requeue loop.
+constexpr double kMinWalltimeSeconds = 1.0;
+
 using deck::KeySpec;
 using deck::KeyType;
 using deck::Value;
@@ -348,6 +353,12 @@ void Parser::cross_checks() {
     rule({"mesh.pipe", "optim.micro_batches"}, o.micro_batches >= mesh.pipe,
          kv("mesh.pipe", mesh.pipe) + " needs optim.micro_batches >= " + std::to_string(mesh.pipe) + ", got " +
              kv("optim.micro_batches", o.micro_batches) + " (the 1F1B schedule keeps every stage busy)");
+  rule({"run.max_walltime"}, cfg.run.max_walltime == 0 || cfg.run.max_walltime >= kMinWalltimeSeconds,
+       "run.max_walltime = " + deck::toml_value(cfg.run.max_walltime) + " s leaves no time for a step and a checkpoint: "
+           "either 0 (no limit) or at least " + std::to_string(int(kMinWalltimeSeconds)) + " s");
+  rule({"run.grad_bucket_mb"}, cfg.run.grad_bucket_mb == 0 || cfg.run.grad_bucket_mb >= 1e-4,
+       "run.grad_bucket_mb = " + deck::toml_value(cfg.run.grad_bucket_mb) +
+           " is too small: either 0 (no overlap) or in [0.0001, 65536] MiB");
   rule({"optim.shard_state", "run.grad_bucket_mb"}, !(o.shard_state && cfg.run.grad_bucket_mb > 0),
        "optim.shard_state = true does not combine with run.grad_bucket_mb = " + deck::toml_value(cfg.run.grad_bucket_mb) +
            " (the buckets all-reduce the gradients that sharded state reduce-scatters): set run.grad_bucket_mb = 0");

@@ -58,7 +58,8 @@ std::vector<Hypothesis> beam_search(CachedModel<T>& model, const std::vector<std
     max_len[size_t(b)] = std::min(opt.max_len, model.max_positions() - P + 1);
     longest = std::max(longest, P);
   }
-  const int capacity = longest + K * std::max(opt.max_len, 1);
+  // No output passes model.seq_len: a --max-len beyond it asks for no room beyond it.
+  const int capacity = longest + K * std::clamp(opt.max_len, 1, model.max_positions());
   model.reset(B, capacity);
   const Buffer<T>* logits = &model.prefill(prompts, row);
   std::vector<std::vector<Live>> live(prompts.size());

@@ -1,7 +1,12 @@
 #include "decode/decoder.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+
+#include <unistd.h>
 
 #include "core/error.hpp"
 #include "core/timers.hpp"
@@ -39,20 +44,57 @@ std::unique_ptr<CachedModel<float>> data_group_cached_model(Transformer<float>& 
   return cached;
 }
 
+namespace {
+
+// Attempts at reading the checkpoint that a directory's LATEST names, when it vanishes under us.
+constexpr int kLatestAttempts = 4;
+
+// Tests only (tests/scripts/decode_bounds.sh): with MESHMOE_TEST_PAUSE_AFTER_LATEST=F, the first
+// call creates F.ready and waits (30 s at most) until F.go exists: the test replaces the checkpoint
+// in that gap, deterministically.
+void pause_after_latest() {
+  static bool paused = false;
+  const char* f = std::getenv("MESHMOE_TEST_PAUSE_AFTER_LATEST");
+  if (!f || paused) return;
+  paused = true;
+  std::fclose(std::fopen((std::string(f) + ".ready").c_str(), "w"));
+  for (int i = 0; i < 3000 && !std::filesystem::exists(std::string(f) + ".go"); ++i) usleep(10000);
+}
+
+}  // namespace
+
 Decoder load_decoder(const Deck& deck, Mesh& mesh, const std::string& checkpoint) {
   const Config& cfg = deck.cfg;
   check_decodable(cfg);
   Decoder d;
   d.valid = open_split(cfg.data.path, "valid", mesh.world());
   d.tokenizer = d.valid.info().tokenizer_object();
-  d.checkpoint = resolve_named_checkpoint(checkpoint, "--checkpoint", mesh.world());
   set_gemm_precision(cfg.model.precision);  // decode in the arithmetic the model was trained in
   // The model's start-up (run/startup.hpp): decoding needs no memory plan, nor the training batch's rules.
   const Startup start = Startup::forward_only(cfg, model_vocab(cfg, d.valid), mesh, false);
   d.model = std::make_unique<Transformer<float>>(cfg, start.table(), start.placement_on(mesh));
   // No optimizer state; the routers' selection biases (moe.balance = bias) route as in training.
   std::vector<StateTensor> model_state = selection_bias_state(*d.model);
-  d.meta = read_checkpoint(d.checkpoint, d.model->params(), model_state, mesh.world());
+  // A directory names its newest checkpoint in LATEST, which a training run beside this one replaces,
+  // pruning the file it named (checkpoint.keep_last), maybe between our reading LATEST and opening
+  // the file: while LATEST then names another file, that one is read (a few times at most).
+  d.checkpoint = resolve_named_checkpoint(checkpoint, "--checkpoint", mesh.world());
+  pause_after_latest();
+  for (int attempt = 1;; ++attempt) {
+    try {
+      d.meta = read_checkpoint(d.checkpoint, d.model->params(), model_state, mesh.world());
+      break;
+    } catch (const InputError&) {
+      // Every rank is here (read_checkpoint's errors are agreed); d.checkpoint is rank 0's on all.
+      if (attempt == kLatestAttempts || d.checkpoint == checkpoint) throw;
+      const std::string newer = resolve_named_checkpoint(checkpoint, "--checkpoint", mesh.world());
+      if (newer == d.checkpoint) throw;
+      if (mesh.rank() == 0)
+        std::fprintf(stderr, "meshmoe: note: %s was replaced while it was read (a training run pruning its checkpoints?); "
+                     "reading %s, which LATEST names now\n", d.checkpoint.c_str(), newer.c_str());
+      d.checkpoint = newer;
+    }
+  }
   d.cached = data_group_cached_model(*d.model, mesh);
   return d;
 }

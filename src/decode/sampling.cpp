@@ -48,7 +48,7 @@ std::vector<std::vector<int32_t>> generate(CachedModel<T>& model, const std::vec
     room[size_t(b)] = std::min(opt.max_new, model.max_positions() - int(prompts[size_t(b)].size()) + 1);
     longest = std::max(longest, int(prompts[size_t(b)].size()));
   }
-  model.reset(B, longest + std::max(opt.max_new, 0));
+  model.reset(B, longest + std::clamp(opt.max_new, 0, model.max_positions()));
   const Buffer<T>* logits = &model.prefill(prompts, row);
   const Rng rng{opt.seed, 0, 0, RngPurpose::Sampling};
   std::vector<bool> active(size_t(B), true);

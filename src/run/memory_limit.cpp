@@ -1,6 +1,7 @@
 #include "run/memory_limit.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -57,6 +58,27 @@ std::optional<double> meminfo(const std::string& key) {
   return std::nullopt;
 }
 
+// Tests only (tests/scripts/memory_limits.sh): MESHMOE_TEST_MEMAVAILABLE="a,b,..." stands in for
+// MemAvailable, in bytes, the n-th read of this process taking the n-th figure (the last repeats),
+// as a node whose free memory changes between two reads.
+std::optional<double> memavailable_read() {
+  const char* env = std::getenv("MESHMOE_TEST_MEMAVAILABLE");
+  if (!env || !*env) return meminfo("MemAvailable");
+  static int reads = 0;
+  std::stringstream list(env);
+  std::string item, last;
+  for (int i = 0; i <= reads && std::getline(list, item, ','); ++i) last = item;
+  ++reads;
+  return std::strtod(last.c_str(), nullptr);
+}
+
+// MemAvailable falls as this process and its neighbours allocate: it is read once per process, so
+// that the memory check (before the model is built) and the report (after) judge the same figure.
+std::optional<double> memavailable_once() {
+  static const std::optional<double> v = memavailable_read();
+  return v;
+}
+
 }  // namespace
 
 std::optional<double> cgroup_memory_limit(const std::string& proc_cgroup, const std::string& cgroup_root,
@@ -98,7 +120,7 @@ MemoryLimit available_memory(const std::string& max_memory, const std::string& k
     m.source = key + " = \"" + max_memory + "\"";
     return m;
   }
-  if (auto v = meminfo("MemAvailable")) m.bytes = *v, m.source = "MemAvailable of /proc/meminfo";
+  if (auto v = memavailable_once()) m.bytes = *v, m.source = "MemAvailable of /proc/meminfo";
   else if (auto t = meminfo("MemTotal")) m.bytes = *t, m.source = "MemTotal of /proc/meminfo";
   std::ifstream f("/proc/self/cgroup");
   std::stringstream text;

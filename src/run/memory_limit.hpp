@@ -4,7 +4,8 @@
 // Available memory of this process: the smallest of its cgroup's memory limit (cgroup v2 memory.max,
 // cgroup v1 memory.limit_in_bytes, the process's own cgroup and every ancestor, from
 // /proc/self/cgroup; "max" and the near-2^63 "unlimited" values count as none) and /proc/meminfo's
-// MemAvailable (MemTotal when the kernel has no MemAvailable). run.max_memory (or bench-comm's
+// MemAvailable (MemTotal when the kernel has no MemAvailable), read once per process (the check
+// before allocating and the report after it judge the same figure). run.max_memory (or bench-comm's
 // --max-memory) replaces that figure.
 //
 // The ranks of one node (MPI_COMM_TYPE_SHARED) share its memory: the check sums their planned

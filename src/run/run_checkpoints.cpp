@@ -237,6 +237,25 @@ bool RunCheckpoints::save(int64_t step, const DataCursor* cursor) {
 }
 
 int RunCheckpoints::stop(int64_t last_step, int why) {
+  const bool nothing_new = last_step <= 0 || last_step == last_checkpoint_;
+  // run.max_walltime before the first step of this start: a requeued job would start, stop and
+  // requeue forever without a step. Not 75 (docs/user-guide.md "Exit codes").
+  if (why == 2 && last_step == progress_.start_step) {
+    if (mesh_.rank() == 0)
+      std::fprintf(stderr, "meshmoe: error: run.max_walltime = %g s reached before the first step of this start (step %lld): "
+                   "no progress; exiting with code %d, not %d, so that a requeued job does not loop: raise "
+                   "run.max_walltime\n", cfg_.run.max_walltime, (long long)last_step, int(kExitFailure), int(kExitCheckpointed));
+    if (!nothing_new) save(last_step);
+    return kExitFailure;
+  }
+  if (nothing_new) {
+    if (mesh_.rank() == 0)
+      std::fprintf(stderr, "meshmoe: %s before the first step of this start (step %lld): nothing to checkpoint%s; "
+                   "exiting with code %d (resume to continue)\n", why == 1 ? "stop signal received" : "run.max_walltime reached",
+                   (long long)last_step, last_step > 0 ? " (the checkpoint of that step is where a resume starts)" : "",
+                   int(kExitCheckpointed));
+    return kExitCheckpointed;
+  }
   if (mesh_.rank() == 0)
     std::fprintf(stderr, "meshmoe: %s after step %lld: writing a checkpoint and exiting with code %d (resume to continue)\n",
                  why == 1 ? "stop signal received" : "run.max_walltime reached", (long long)last_step, int(kExitCheckpointed));

@@ -79,6 +79,9 @@ class RunCheckpoints {
 
   // A stop request (stop_requested's reason `why`: 1 signal, 2 run.max_walltime) after step
   // `last_step`: the checkpoint, then kExitCheckpointed (kExitFailure when none could be written).
+  // Nothing done since the last checkpoint (or since a fresh start): no checkpoint, kExitCheckpointed
+  // with a line saying so; run.max_walltime before the first step of this start: kExitFailure (a
+  // requeued job would loop without progress).
   int stop(int64_t last_step, int why);
 
   // A failure that every rank reached together after some steps (it was agreed): the steps done

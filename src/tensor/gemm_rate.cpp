@@ -1,6 +1,7 @@
 #include "tensor/gemm_rate.hpp"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -63,6 +64,12 @@ std::vector<int> parse_gemm_sizes(const std::string& text) {
 int bench_gemm_main(const BenchGemmOptions& opt) {
   const std::vector<int> sizes = parse_gemm_sizes(opt.sizes);
   if (!(opt.seconds > 0)) throw InputError("bench-gemm: --seconds must be > 0");
+  // More threads than cores only measure the threads' contention, and OpenBLAS stops at its
+  // build's NUM_THREADS: refused, naming the range.
+  const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  if (opt.threads < 0 || opt.threads > cores)
+    throw InputError("bench-gemm: --threads " + std::to_string(opt.threads) + ": must be in [0, " + std::to_string(cores) +
+                     "] (0: OPENBLAS_NUM_THREADS, or 1; at most the " + std::to_string(cores) + " cores of this node)");
   const int threads = apply_run_threads(opt.threads);
   int rank = 0, ranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

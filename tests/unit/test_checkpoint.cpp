@@ -16,6 +16,7 @@
 
 #include "../test_util.hpp"
 #include "../support/h5_support.hpp"
+#include "support/h5_mutate.hpp"
 #include "../support/mesh_support.hpp"
 #include "core/error.hpp"
 #include "checkpoint/checkpoint.hpp"
@@ -586,6 +587,70 @@ TEST_CASE("checkpoint: a non-finite state is never written, verify and resume re
 }
 
 // Written for tests/scripts/ckpt_cli.sh: $MESHMOE_TEST_TMPDIR/ckpt_cli/run/ckpt/step_00000007.h5.
+// Every reader of a checkpoint the user hands in (verify, the attributes, a resume's read) answers
+// each structural change of a valid file (tests/support/h5_mutate.hpp: every dataset, group and
+// attribute removed, made 0-d, reshaped, retyped, set negative, huge or NaN) with its result or a
+// clean error: never a crash, never another exception (docs/ARCHITECTURE.md "Principles" item 6).
+// The fixed set of mutations of the fuzz target tests/fuzz/h5_readers_fuzz.cpp.
+TEST_CASE("checkpoint: every structural mutation of a valid file is read or refused cleanly", "[checkpoint]") {
+  if (test::world_rank() != 0) return;
+  Mesh mesh(MPI_COMM_SELF, 1, 1, 1);
+  const MeshShape one{1, 1, 1};
+  Model src;
+  build(src, one, 0, false, true, false);
+  const std::string dir = test::scratch_dir() + "/meshmoe_ckpt_mutations";
+  fs::remove_all(dir);
+  CheckpointMeta meta = sample_meta(3);
+  meta.lang_tokens = {5, 7};
+  const std::string good = write_checkpoint(dir + "/ckpt", src.store, src.state, meta, mesh);
+  REQUIRE(verify_checkpoint(good).ok);
+  const std::string path = dir + "/mutated.h5";
+  int mutated = 0, refused = 0;
+  for (const test::H5Site& site : test::h5_sites(good)) {
+    // Blocks 1 to 3 hold what block 0 holds: their mutations would only repeat its.
+    if (site.object.find("blocks.") != std::string::npos && site.object.find("blocks.0") == std::string::npos) continue;
+    for (int k = 0; k < int(test::H5Mutation::kCount); ++k) {
+      const auto m = test::H5Mutation(k);
+      fs::copy_file(good, path, fs::copy_options::overwrite_existing);
+      INFO(site.object << (site.attribute.empty() ? "" : " attribute " + site.attribute) << ": " << test::h5_mutation_name(m));
+      if (!test::h5_mutate(path, site, m)) continue;
+      ++mutated;
+      const VerifyResult v = verify_checkpoint(path);
+      CHECK((v.ok || !v.message.empty()));
+      try {
+        read_checkpoint_meta(path);
+      } catch (const InputError& e) {
+        CHECK_THAT(std::string(e.what()), Catch::Contains(path));
+      }
+      Model dst;
+      build(dst, one, 0, false, false, false);
+      std::string refusal;
+      try {
+        read_checkpoint(path, dst.store, dst.state, MPI_COMM_SELF);
+      } catch (const InputError& e) {
+        refusal = e.what();
+        ++refused;
+        CHECK_THAT(refusal, Catch::Contains(path));
+      }
+      // What verify finds good, a resume reads unless it is another model's (verify reads the file
+      // alone; it also checks the tensor counts, which a resume does not need).
+      if (v.ok && !refusal.empty()) CHECK_THAT(refusal, Catch::StartsWith(kIncompatibleModel));
+    }
+  }
+  CHECK(mutated > 300);
+  CHECK(refused > mutated / 3);
+  // The two of docs/user-guide.md "Faults": a 0-d parameter, a negative step.
+  fs::copy_file(good, path, fs::copy_options::overwrite_existing);
+  REQUIRE(test::h5_mutate(path, {test::H5Site::Dataset, "/params/final.ln.g", ""}, test::H5Mutation::Scalar));
+  CHECK_FALSE(verify_checkpoint(path).ok);
+  fs::copy_file(good, path, fs::copy_options::overwrite_existing);
+  REQUIRE(test::h5_mutate(path, {test::H5Site::Attribute, "/", "step"}, test::H5Mutation::Negative));
+  const VerifyResult negative = verify_checkpoint(path);
+  CHECK_FALSE(negative.ok);
+  CHECK_THAT(negative.message, Catch::Contains("step = -5: expected an integer >= 0"));
+  CHECK_THROWS_AS(read_checkpoint_meta(path), InputError);
+}
+
 TEST_CASE("checkpoint: export one for the command-line test", "[.ckpt-export]") {
   const int world = test::world_size(), rank = test::world_rank();
   const MeshShape sh = test::all_mesh_shapes(world).back();

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -24,6 +25,7 @@
 #include "io/h5.hpp"
 #include "../test_util.hpp"
 #include "../support/h5_support.hpp"
+#include "support/h5_mutate.hpp"
 
 using namespace meshmoe;
 namespace fs = std::filesystem;
@@ -851,6 +853,48 @@ TEST_CASE("batcher: language-balanced sampling over a skewed dataset (data.tempe
     CHECK_THROWS_WITH(Batcher(ds, 8, 7, false, 5.0), Catch::Contains("shuffled order"));
     CHECK_THROWS_AS(Batcher(ds, 8, 7, true, 0.0), InputError);
   }
+}
+
+// Every reader of a dataset file (its attributes, each split, the tokenizer it names) answers each
+// structural change of a valid file (tests/support/h5_mutate.hpp) with its result or a clean
+// InputError naming the file: never a crash, never another exception (docs/ARCHITECTURE.md
+// "Principles" item 6). The fixed set of mutations of tests/fuzz/h5_readers_fuzz.cpp.
+TEST_CASE("dataset file: every structural mutation of a valid file is read or refused cleanly", "[data]") {
+  const std::string dir = fresh_dir("mutations");
+  write_text(dir + "/a.txt", "first line\nsecond line\nthird line\nfourth line\n");
+  PrepTextOptions opt;
+  opt.files = {dir + "/a.txt"};
+  opt.valid_percent = 50;
+  opt.quiet = true;
+  std::ostringstream log;
+  const PreparedDataset d = prepare_text(opt, log);
+  const std::string good = dir + "/good.h5", path = dir + "/mutated.h5";
+  write_dataset(good, d.info, d.train, d.valid);
+  REQUIRE(Dataset::open(good, "train").num_examples() > 0);
+  int mutated = 0, refused = 0;
+  for (const test::H5Site& site : test::h5_sites(good))
+    for (int k = 0; k < int(test::H5Mutation::kCount); ++k) {
+      const auto m = test::H5Mutation(k);
+      std::filesystem::copy_file(good, path, std::filesystem::copy_options::overwrite_existing);
+      INFO(site.object << (site.attribute.empty() ? "" : " attribute " + site.attribute) << ": " << test::h5_mutation_name(m));
+      if (!test::h5_mutate(path, site, m)) continue;
+      ++mutated;
+      bool refused_here = false;
+      const auto read = [&](const std::function<void()>& f) {
+        try {
+          f();
+        } catch (const InputError& e) {
+          refused_here = true;
+          CHECK_THAT(std::string(e.what()), Catch::Contains(path));
+        }
+      };
+      read([&] { Dataset::read_info(path).tokenizer_object(); });
+      read([&] { Dataset::open(path, "train"); });
+      read([&] { Dataset::open(path, "valid").info().tokenizer_object(); });
+      refused += refused_here;
+    }
+  CHECK(mutated > 200);
+  CHECK(refused > mutated / 3);
 }
 
 TEST_CASE("dataset file: a vocabulary over 65535 stores uint32 tokens", "[data]") {
