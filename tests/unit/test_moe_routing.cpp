@@ -670,7 +670,7 @@ TEST_CASE("moe gates: softmax_topk, sigmoid and the routed scale against their f
         o.second_expert = SecondExpertPolicy::Always;
         o.gate = gate, o.routed_scale = scale;
         RouterHarness h(o, 5);
-        h.router.forward(ctx, x.data(), N);
+        test::route_and_read_totals(h.router, ctx, x.data(), N);
         const Routing<double>& r = h.router.routing();
         const int k = o.k();
         for (int n = 0; n < N; ++n) {
@@ -713,8 +713,8 @@ TEST_CASE("moe gates: softmax_topk routes top-2 and top-k bitwise as softmax", "
     RouterHarness a(o, 2);
     o.gate = MoeGate::SoftmaxTopk;
     RouterHarness b(o, 2);
-    a.router.forward(ctx, x.data(), N);
-    b.router.forward(ctx, x.data(), N);
+    test::route_and_read_totals(a.router, ctx, x.data(), N);
+    test::route_and_read_totals(b.router, ctx, x.data(), N);
     const Routing<double>&ra = a.router.routing(), &rb = b.router.routing();
     CHECK(ra.dropped > 0);
     for (size_t c = 0; c < size_t(N) * ra.k; ++c) {
