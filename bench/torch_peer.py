@@ -48,7 +48,7 @@ def deck_config(path):
                 k=1 if moe.get("router", "top2") == "top1" else 2,
                 expert_d_ff=moe.get("expert_d_ff", 0) or model.get("d_ff", 512),
                 group=moe.get("group_size", 256), cf=moe.get("capacity_factor_train", 1.25),
-                B=optim.get("batch_size", 16))
+                B=optim.get("batch_size", 16), micro_batches=optim.get("micro_batches", 1))
 
 
 class Attention(nn.Module):
@@ -127,15 +127,18 @@ class Moe(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, c):
+    """attention and moe: the classes of the attention and MoE layers (bench/torch_peer_best.py passes
+    its fused-attention and sorted-token ones)."""
+
+    def __init__(self, c, attention=Attention, moe=Moe):
         super().__init__()
         M = c["M"]
         self.wte, self.wpe = nn.Embedding(c["vocab"], M), nn.Embedding(c["T"], M)
         self.blocks = nn.ModuleList()
         for i in range(c["layers"]):
-            moe = c["moe_every"] > 0 and (i + 1) % c["moe_every"] == 0
-            self.blocks.append(nn.ModuleList([nn.LayerNorm(M), Attention(M, c["heads"]), nn.LayerNorm(M),
-                                              Moe(c) if moe else Dense(M, c["d_ff"], c["act"])]))
+            is_moe = c["moe_every"] > 0 and (i + 1) % c["moe_every"] == 0
+            self.blocks.append(nn.ModuleList([nn.LayerNorm(M), attention(M, c["heads"]), nn.LayerNorm(M),
+                                              moe(c) if is_moe else Dense(M, c["d_ff"], c["act"])]))
         self.lnf = nn.LayerNorm(M)
         for emb in (self.wte, self.wpe):
             nn.init.normal_(emb.weight, std=M ** -0.5)
