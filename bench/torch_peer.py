@@ -61,10 +61,15 @@ class Attention(nn.Module):
     def forward(self, x):
         B, T, M = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.H, M // self.H).permute(2, 0, 3, 1, 4)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(M // self.H)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        p = s.masked_fill(mask, float("-inf")).softmax(-1)
-        return self.o((p @ v).transpose(1, 2).reshape(B, T, M))
+        return self.o(self.causal(q, k, v).transpose(1, 2).reshape(B, T, M))
+
+    @staticmethod
+    def causal(q, k, v):
+        """softmax(q k^T / sqrt(D) + causal mask) v over [B, H, T, D]: the T x T matrix materialised."""
+        T = q.shape[-2]
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        return s.masked_fill(mask, float("-inf")).softmax(-1) @ v
 
 
 class Dense(nn.Module):

@@ -48,18 +48,10 @@ def has_sdpa():
     return hasattr(F, "scaled_dot_product_attention")
 
 
-class SdpaAttention(nn.Module):
-    def __init__(self, M, H):
-        super().__init__()
-        self.H = H
-        self.qkv = nn.Linear(M, 3 * M, bias=False)
-        self.o = nn.Linear(M, M, bias=False)
-
-    def forward(self, x):
-        B, T, M = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.H, M // self.H).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o(y.transpose(1, 2).reshape(B, T, M))
+class SdpaAttention(torch_peer.Attention):
+    @staticmethod
+    def causal(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 def capacity(k, S, E, factor):
