@@ -184,7 +184,7 @@ if [ "$PROFILE" = 1 ]; then
     MESHMOE_DEVICE_PROFILE=1 timed_run "$name-profile" mpirun -np 1 -x MESHMOE_DEVICE_PROFILE $M train "$deck" \
       --set run.device=$device --set model.precision=bf16 --set run.steps="$PROFILE_STEPS" --set run.log_every=1 \
       --set run.resume=never --set checkpoint.every=0 $END_CKPT --set run.out_dir="$O/$name-profile"
-    grep -v -i pmix "$O/$name-profile.log" | sed -n '/^step/,$p' | head -30
+    grep -v -i pmix "$O/$name-profile.log" | sed -n '/^step  *[0-9]/,$p' | head -40
   done
 fi
 if [ "$RESULTS_JSON" != none ]; then

@@ -10,6 +10,8 @@
 # --version`; meshmoe's tokens/s the median of metrics.h5's tokens_per_s after the first three steps,
 # its FLOPs per token the file's, its dropped fraction the mean of the MoE layers' last row; each
 # peer's tokens/s its output line's; the speed-ups their ratios; peak memory sampled (> 0).
+# Then tools/gpu-session.sh's dry run (HOST=1) on the Switch deck: every stage passes and its OUT
+# holds session.log, logs.tar.xz and a gpu.json of one record.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -58,6 +60,21 @@ run() {  # run OUT DECKS PRECISIONS PEERS
 run "$T/one" "$T/tiny-switch.toml" bf16 "eager compile"
 run "$T/two" "$T/tiny-dense.toml $T/tiny-bad.toml" fp32 legacy
 commit=$("$M" --version | awk '{print $2}')
+
+# tools/gpu-session.sh's dry run on the CPU: every stage runs (the [cuda] cases and gpu_train.sh
+# skip without a GPU), its bench stage through bench/gpu.sh --host, and what a device call brings
+# back is written to OUT.
+HOST=1 BUILD=$(dirname "$M") OUT=$T/session LOGS=$T/session-logs RESULTS_JSON=$T/session.json PEERS=eager \
+  STEPS=6 TORCH_STEPS=3 SESSION_SECONDS=400 timeout 420 tools/gpu-session.sh "$T/tiny-switch.toml" >"$T/session.txt" 2>&1
+rc=$?
+cat "$T/session.txt"
+[ $rc = 0 ] || fail "tools/gpu-session.sh (HOST=1) exit $rc"
+for stage in catch bench train; do
+  grep -q "^-- $stage: exit 0" "$T/session/session.log" || fail "gpu-session: stage $stage did not pass"
+done
+[ -s "$T/session/logs.tar.xz" ] || fail "gpu-session: no logs.tar.xz"
+"$PYTHON" -c 'import json, sys; r = json.load(open(sys.argv[1])); sys.exit(0 if len(r) == 1 and r[0]["deck"] == "tiny-switch" and r[0]["meshmoe"]["status"] == "ok" and r[0]["peers"]["eager"]["status"] == "ok" else 1)' \
+  "$T/session/gpu.json" || fail "gpu-session: its gpu.json is not the one record of the tiny deck"
 
 "$PYTHON" - "$json" "$T" "$commit" <<'PY' || fail "the records do not match the runs' outputs"
 import json, math, re, statistics, sys
