@@ -13,3 +13,13 @@ def step_tokens(f: h5py.File) -> int:
     """Tokens of one optimizer step: optim.batch_size x model.seq_len of the run's deck."""
     deck = run_deck(f)
     return int(deck["optim"]["batch_size"]) * int(deck["model"]["seq_len"])
+
+
+# Dense bf16 tensor-core peak of the GPUs measured so far, TFLOP/s (NVIDIA's SXM datasheets, without
+# sparsity): the "spec peak" MFU is counted against.
+SPEC_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}
+
+
+def spec_bf16_tflops(gpu_name: str):
+    """The datasheet's dense bf16 peak of a GPU named gpu_name, None when not listed."""
+    return next((v for k, v in SPEC_BF16_TFLOPS.items() if k in gpu_name), None)

@@ -48,7 +48,7 @@ def deck_config(path):
                 k=1 if moe.get("router", "top2") == "top1" else 2,
                 expert_d_ff=moe.get("expert_d_ff", 0) or model.get("d_ff", 512),
                 group=moe.get("group_size", 256), cf=moe.get("capacity_factor_train", 1.25),
-                B=optim.get("batch_size", 16))
+                B=optim.get("batch_size", 16), micro_batches=optim.get("micro_batches", 1))
 
 
 class Attention(nn.Module):
@@ -61,10 +61,15 @@ class Attention(nn.Module):
     def forward(self, x):
         B, T, M = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.H, M // self.H).permute(2, 0, 3, 1, 4)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(M // self.H)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        p = s.masked_fill(mask, float("-inf")).softmax(-1)
-        return self.o((p @ v).transpose(1, 2).reshape(B, T, M))
+        return self.o(self.causal(q, k, v).transpose(1, 2).reshape(B, T, M))
+
+    @staticmethod
+    def causal(q, k, v):
+        """softmax(q k^T / sqrt(D) + causal mask) v over [B, H, T, D]: the T x T matrix materialised."""
+        T = q.shape[-2]
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        return s.masked_fill(mask, float("-inf")).softmax(-1) @ v
 
 
 class Dense(nn.Module):
@@ -127,15 +132,18 @@ class Moe(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, c):
+    """attention and moe: the classes of the attention and MoE layers (bench/torch_peer_best.py passes
+    its fused-attention and sorted-token ones)."""
+
+    def __init__(self, c, attention=Attention, moe=Moe):
         super().__init__()
         M = c["M"]
         self.wte, self.wpe = nn.Embedding(c["vocab"], M), nn.Embedding(c["T"], M)
         self.blocks = nn.ModuleList()
         for i in range(c["layers"]):
-            moe = c["moe_every"] > 0 and (i + 1) % c["moe_every"] == 0
-            self.blocks.append(nn.ModuleList([nn.LayerNorm(M), Attention(M, c["heads"]), nn.LayerNorm(M),
-                                              Moe(c) if moe else Dense(M, c["d_ff"], c["act"])]))
+            is_moe = c["moe_every"] > 0 and (i + 1) % c["moe_every"] == 0
+            self.blocks.append(nn.ModuleList([nn.LayerNorm(M), attention(M, c["heads"]), nn.LayerNorm(M),
+                                              moe(c) if is_moe else Dense(M, c["d_ff"], c["act"])]))
         self.lnf = nn.LayerNorm(M)
         for emb in (self.wte, self.wpe):
             nn.init.normal_(emb.weight, std=M ** -0.5)
