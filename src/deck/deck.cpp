@@ -319,6 +319,17 @@ void Parser::cross_checks() {
   rule({"moe.every", "model.num_layers"}, e.every <= m.num_layers,
        kv("moe.every", e.every) + " is greater than " + kv("model.num_layers", m.num_layers) +
            ": no layer would be an MoE layer (moe.every = 0 makes a dense model)");
+  if (moe_layers && e.every <= m.num_layers)
+    rule({"moe.first_dense", "moe.every", "model.num_layers"}, (m.num_layers / e.every) * e.every > e.first_dense,
+         kv("moe.first_dense", e.first_dense) + " leaves no MoE layer: with " + kv("moe.every", e.every) + " and " +
+             kv("model.num_layers", m.num_layers) + " the last MoE block is block " +
+             std::to_string((m.num_layers / e.every) * e.every - 1) + " (set moe.first_dense below " +
+             std::to_string((m.num_layers / e.every) * e.every) + ", or moe.every = 0 for a dense model)");
+  if (m.position == PositionKind::Rope && m.num_heads > 0 && m.d_model % m.num_heads == 0)
+    rule({"model.position", "model.d_model", "model.num_heads"}, (m.d_model / m.num_heads) % 2 == 0,
+         "model.position = \"rope\" rotates pairs of a head's dimensions: the head width " + kv("model.d_model", m.d_model) +
+             " / " + kv("model.num_heads", m.num_heads) + " = " + std::to_string(m.d_model / m.num_heads) +
+             " must be even");
   if (moe_layers && e.router == RouterKind::TopK)
     rule({"moe.top_k", "moe.num_experts", "moe.router"}, e.top_k <= e.num_experts,
          kv("moe.top_k", e.top_k) + " is greater than " + kv("moe.num_experts", e.num_experts) +

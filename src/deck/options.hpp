@@ -16,7 +16,9 @@
 namespace meshmoe {
 
 enum class ModelArch { Decoder, EncDec };                   // model.arch (model/transformer.hpp)
-enum class Activation { Relu, Gelu, Geglu };                // model.activation (model/activation.hpp)
+enum class Activation { Relu, Gelu, Geglu, Swiglu };        // model.activation (model/activation.hpp)
+enum class NormKind { LayerNorm, RmsNorm };                 // model.norm (model/layernorm.hpp)
+enum class PositionKind { Learned, Rope };                  // model.position (model/embedding.hpp, model/rope.hpp)
 enum class Recompute {                                      // model.recompute
   None,   // every in-flight micro-batch's saved activations (parked in an ActivationStash)
   Block,  // only its stage input; the forward runs again before the backward
@@ -42,7 +44,10 @@ struct OptionNames;  // table: {value, name} for every value, in the order deck-
   };
 MESHMOE_OPTION_NAMES(Device, {Device::Cpu, "cpu"}, {Device::Cuda, "cuda"})
 MESHMOE_OPTION_NAMES(ModelArch, {ModelArch::Decoder, "decoder"}, {ModelArch::EncDec, "encdec"})
-MESHMOE_OPTION_NAMES(Activation, {Activation::Relu, "relu"}, {Activation::Gelu, "gelu"}, {Activation::Geglu, "geglu"})
+MESHMOE_OPTION_NAMES(Activation, {Activation::Relu, "relu"}, {Activation::Gelu, "gelu"}, {Activation::Geglu, "geglu"},
+                     {Activation::Swiglu, "swiglu"})
+MESHMOE_OPTION_NAMES(NormKind, {NormKind::LayerNorm, "layernorm"}, {NormKind::RmsNorm, "rmsnorm"})
+MESHMOE_OPTION_NAMES(PositionKind, {PositionKind::Learned, "learned"}, {PositionKind::Rope, "rope"})
 MESHMOE_OPTION_NAMES(Precision, {Precision::Fp32, "fp32"}, {Precision::Bf16, "bf16"})
 MESHMOE_OPTION_NAMES(Recompute, {Recompute::None, "none"}, {Recompute::Block, "block"})
 MESHMOE_OPTION_NAMES(RouterKind, {RouterKind::Top1, "top1"}, {RouterKind::Top2, "top2"}, {RouterKind::TopK, "topk"},

@@ -135,9 +135,11 @@ const Buffer<T>& CachedModel<T>::step(const int32_t* tokens, const CachedTokens&
   h_.resize(nM);
   f_.resize(nM);
   if (model_.first_stage()) {
-    // x [n, M] = wte[token] + wpe[position] (the embedding's forward, at the tokens' own positions)
+    // x [n, M] = wte[token] + wpe[position] (the embedding's forward, at the tokens' own positions;
+    // with rotary positions the token row alone: the cache rotates the queries and keys)
     const Embedding<T>& emb = model_.embedding();
-    for_each_index_2d(n, M, EmbeddingForwardElement<T>{emb.wte.w, emb.wpe.w, tokens_.data(), positions_.data(), x_.data(), M});
+    const T* wpe = emb.learned_positions() ? emb.wpe.w : nullptr;
+    for_each_index_2d(n, M, EmbeddingForwardElement<T>{emb.wte.w, wpe, tokens_.data(), positions_.data(), x_.data(), M});
   }
   for (size_t b = 0; b < caches_.size(); ++b) {
     auto& block = model_.blocks()[first_decoder_block_ + b];

@@ -21,7 +21,20 @@ MESHMOE_HD inline T gelu_grad(T x) {
   return cdf + x * pdf;
 }
 
-// h[n, j] = relu(pre[n, j]), gelu(pre[n, j]), or gelu(pre[n, j]) * pre[n, H + j] (geglu).
+// silu(x) = x sigmoid(x) (swish with beta 1: torch.nn.functional.silu).
+template <typename T>
+MESHMOE_HD inline T silu(T x) {
+  return x / (T(1) + std::exp(-x));
+}
+// d silu / dx = s (1 + x (1 - s)), s = sigmoid(x)
+template <typename T>
+MESHMOE_HD inline T silu_grad(T x) {
+  const T s = T(1) / (T(1) + std::exp(-x));
+  return s * (T(1) + x * (T(1) - s));
+}
+
+// h[n, j] = relu(pre[n, j]), gelu(pre[n, j]), gelu(pre[n, j]) * pre[n, H + j] (geglu) or
+// silu(pre[n, j]) * pre[n, H + j] (swiglu).
 template <typename T, Activation A>
 struct ActivationForward {
   const T* pre;
@@ -34,13 +47,15 @@ struct ActivationForward {
       out = p[j] > T(0) ? p[j] : T(0);
     else if constexpr (A == Activation::Gelu)
       out = gelu(p[j]);
-    else
+    else if constexpr (A == Activation::Geglu)
       out = gelu(p[j]) * p[H + j];
+    else
+      out = silu(p[j]) * p[H + j];
     h[n * ld_h + j] = out;
   }
 };
 
-// dpre[n, j] = act'(pre[n, j]) dh[n, j]; geglu also writes the linear gate's half dpre[n, H + j],
+// dpre[n, j] = act'(pre[n, j]) dh[n, j]; geglu and swiglu also write the linear gate's half dpre[n, H + j],
 // so index (n, j) owns both halves that hidden unit j reads.
 template <typename T, Activation A>
 struct ActivationBackward {
@@ -55,9 +70,12 @@ struct ActivationBackward {
       o[j] = p[j] > T(0) ? d : T(0);
     } else if constexpr (A == Activation::Gelu) {
       o[j] = d * gelu_grad(p[j]);
-    } else {
+    } else if constexpr (A == Activation::Geglu) {
       o[j] = d * gelu_grad(p[j]) * p[H + j];
       o[H + j] = d * gelu(p[j]);
+    } else {
+      o[j] = d * silu_grad(p[j]) * p[H + j];
+      o[H + j] = d * silu(p[j]);
     }
   }
 };

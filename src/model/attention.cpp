@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "model/attention_bodies.hpp"
 #include "model/attention_core.hpp"
+#include "model/rope.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/elementwise.hpp"
 #include "tensor/launch_rows.hpp"
@@ -36,9 +37,13 @@ CausalSelfAttention<T>::CausalSelfAttention(int d_model, int num_heads, double d
                           dropout, layer_id, causal) {}
 
 template <typename T>
-CausalSelfAttention<T>::CausalSelfAttention(const AttentionShape& s, double dropout, uint32_t layer_id, bool causal)
+CausalSelfAttention<T>::CausalSelfAttention(const AttentionShape& s, double dropout, uint32_t layer_id, bool causal,
+                                            double rope_base)
     : M_(s.M), heads_(s.heads), D_(s.D), h0_(s.head0), heads_l_(s.heads_l), A_l_(s.A_l), causal_(causal),
-      dropout_(dropout, layer_id) {}
+      rope_base_(rope_base), dropout_(dropout, layer_id) {
+  if (rope_base_ > 0 && D_ % 2 != 0)
+    throw InputError("model.position = \"rope\" needs an even head width d_model / num_heads, got " + std::to_string(D_));
+}
 
 template <typename T>
 void CausalSelfAttention<T>::declare(ParamStore<T>& store, const std::string& prefix) {
@@ -67,6 +72,12 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   matmul(false, false, N, A_l, M_, x, wq.w, q, false, x16);
   matmul(false, false, N, A_l, M_, x, wk.w, k, false, x16);
   matmul(false, false, N, A_l, M_, x, wv.w, v, false, x16);
+  if (rope_base_ > 0) {  // rotary positions on q and k (rope.hpp)
+    ensure(rope_position_, size_t(N));
+    rope_positions(ctx.position, rope_position_.data(), N, Tq);
+    rope_rotate(q, N, heads_l_, D, A_l, rope_position_.data(), Tq, rope_base_, false);
+    rope_rotate(k, N, heads_l_, D, A_l, rope_position_.data(), Tq, rope_base_, false);
+  }
   if (!causal_) {
     const AttentionPairs a{.B = B, .heads_l = heads_l_, .D = D, .Tq = Tq, .Tk = Tq,
                            .query_segment = ctx.segment, .key_segment = ctx.segment};
@@ -143,6 +154,10 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
     masked_attention_backward(a, q, k, v, p_.data(), datt_.data(), dp_.data(), dq, dk, dv);
   } else {
     causal_attention_backward(q, k, v, dq, dk, dv, B, Tq);
+  }
+  if (rope_base_ > 0) {  // back through the rotation: the gradients of the projections' outputs
+    rope_rotate(dq, N, heads_l_, D, A_l, rope_position_.data(), Tq, rope_base_, true);
+    rope_rotate(dk, N, heads_l_, D, A_l, rope_position_.data(), Tq, rope_base_, true);
   }
   accumulate_input_grads(dx, N, room);
 }

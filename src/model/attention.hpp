@@ -29,8 +29,10 @@ class CausalSelfAttention {
   // local_heads < 0 means all heads. layer_id keys the dropout stream (unique per dropout site).
   CausalSelfAttention(int d_model, int num_heads, double dropout, uint32_t layer_id, int head_offset = 0,
                       int local_heads = -1, bool causal = true);
-  // The heads of `shape` (layer_shapes.hpp).
-  CausalSelfAttention(const AttentionShape& shape, double dropout, uint32_t layer_id, bool causal = true);
+  // The heads of `shape` (layer_shapes.hpp). rope_base > 0: rotary positions on the queries and keys
+  // (model.position = rope, rope.hpp), at ctx.position (n % T_seq when null).
+  CausalSelfAttention(const AttentionShape& shape, double dropout, uint32_t layer_id, bool causal = true,
+                      double rope_base = 0);
 
   // prefix.wq, .wk, .wv, .wo (attention_params, layer_shapes.hpp).
   void declare(ParamStore<T>& store, const std::string& prefix);
@@ -51,6 +53,7 @@ class CausalSelfAttention {
     f(p_);
     f(p16_);
     f(att_);
+    f(rope_position_);
     dropout_.saved_state(f);
   }
 
@@ -62,6 +65,7 @@ class CausalSelfAttention {
   bool sharded() const { return heads_l_ != heads_; }
   // Tests only: whether it attends causally (the decoder's) or within the packed example.
   bool causal() const { return causal_; }
+  double rope_base() const { return rope_base_; }  // 0: no rotary positions
 
  private:
   void causal_attention_forward(const StepContext& ctx, const T* q, const T* k, const T* v, int B, int Tq);
@@ -73,6 +77,7 @@ class CausalSelfAttention {
   int M_, heads_, D_, h0_, heads_l_, A_l_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
   int seq_len_ = 0;
   bool causal_ = true;
+  double rope_base_ = 0;
   Dropout<T> dropout_;
   // saved by forward
   Buffer<T> x_;    // [N, M]
@@ -83,6 +88,7 @@ class CausalSelfAttention {
   Buffer<uint16_t> p16_;  // [B, heads_l, T, T]
   Buffer<uint16_t> ds16_;  // [B, heads_l, T, T], backward scratch
   Buffer<T> att_;  // attention output before wo [N, A_l]
+  Buffer<int32_t> rope_position_;  // rope: the tokens' positions [N], for the backward's rotation
   // backward scratch
   Buffer<T> dy_, datt_, dqkv_, dxs_;
   Buffer<T> dp_;  // dP, then dS, of every (b, h) pair [B, heads_l, T, T]

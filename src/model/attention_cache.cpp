@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "model/rope.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/elementwise.hpp"
 #include "tensor/launch.hpp"
@@ -36,6 +37,12 @@ void AttentionCache<T>::forward(CausalSelfAttention<T>& attn, const CachedTokens
   matmul(false, false, n, A_l, M_, x, attn.wq.w, q_.data());
   matmul(false, false, n, A_l, M_, x, attn.wk.w, kn_.data());
   matmul(false, false, n, A_l, M_, x, attn.wv.w, vn_.data());
+  // Rotary positions (rope.hpp): the new tokens' queries and keys at their own positions; the cached
+  // keys were rotated when they were appended.
+  if (attn.rope_base() > 0) {
+    rope_rotate(q_.data(), n, heads_l, D, A_l, tok.position, 1, attn.rope_base(), false);
+    rope_rotate(kn_.data(), n, heads_l, D, A_l, tok.position, 1, attn.rope_base(), false);
+  }
   where_.resize(size_t(n));
   for (int i = 0; i < n; ++i) {
     const int s = tok.stream[i];

@@ -9,7 +9,8 @@
 //
 // Uses CausalSelfAttention's weights (wq, wk, wv, wo) as they are: with heads split over tensor
 // (Megatron) the cache holds this rank's heads [N_cached, A_l] and the output projection is
-// all-reduced over tensor like the full forward's. No dropout: decoding is evaluation.
+// all-reduced over tensor like the full forward's. No dropout: decoding is evaluation. With rotary
+// positions (model.position = rope) the cache holds the rotated keys, each at its token's position.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -13,7 +13,10 @@ namespace meshmoe {
 
 template <typename T>
 void Embedding<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  declare_params(store, embedding_params(prefix, V_, Tmax_, M_), {&wte, &wpe});
+  if (learned_positions_)
+    declare_params(store, embedding_params(prefix, V_, Tmax_, M_), {&wte, &wpe});
+  else
+    declare_params(store, embedding_params(prefix, V_, Tmax_, M_, false), {&wte});
 }
 
 // tokens [N] -> x [N, M]
@@ -39,10 +42,10 @@ void Embedding<T>::forward(const StepContext& ctx, const int32_t* tokens, T* x, 
   upload(tokens_, tokens, size_t(N));
   upload(positions_, host_positions_.data(), size_t(N));
   by_token_.build(tokens, N, V_);
-  by_position_.build(host_positions_.data(), N, Tmax_);
+  if (learned_positions_) by_position_.build(host_positions_.data(), N, Tmax_);
   for_each_index_2d(N, M_,
                     EmbeddingForwardElement<T>{.wte = wte.w,
-                                               .wpe = wpe.w,
+                                               .wpe = learned_positions_ ? wpe.w : nullptr,
                                                .tokens = tokens_.data(),
                                                .position = positions_.data(),
                                                .x = x,
@@ -74,7 +77,8 @@ template <typename T>
 void Embedding<T>::backward(const StepContext& ctx, const T* dx, int N) {
   // The tokens grouped by the row they read (forward built the grouping), so that one body owns
   // each used row of a gradient table: no two tokens of one row add into it concurrently.
-  for (RowGrouping* g : {&by_token_, &by_position_})
+  for (RowGrouping* g : {&by_token_, &by_position_}) {
+    if (g == &by_position_ && !learned_positions_) continue;
     for_each_index_2d(g->rows.size(), M_,
                       EmbeddingRowGradElement<T>{.dx = dx,
                                                  .rows = g->rows.data(),
@@ -82,6 +86,7 @@ void Embedding<T>::backward(const StepContext& ctx, const T* dx, int N) {
                                                  .order = g->order.data(),
                                                  .g_table = g == &by_token_ ? wte.g : wpe.g,
                                                  .M = M_});
+  }
 }
 
 template <typename T>

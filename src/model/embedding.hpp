@@ -1,5 +1,6 @@
-// Token + learned position embedding, and the output projection (tied to the token embedding or
-// its own matrix).
+// Token + learned position embedding (or the token embedding alone with model.position = rope: the
+// positions then rotate the attention's queries and keys, rope.hpp), and the output projection
+// (tied to the token embedding or its own matrix).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -14,10 +15,11 @@ namespace meshmoe {
 template <typename T>
 class Embedding {
  public:
-  // vocab V, max_seq_len T (rows of wpe), width M.
-  Embedding(int vocab, int max_seq_len, int d_model) : V_(vocab), Tmax_(max_seq_len), M_(d_model) {}
+  // vocab V, max_seq_len T (rows of wpe), width M; learned_positions false: no wpe.
+  Embedding(int vocab, int max_seq_len, int d_model, bool learned_positions = true)
+      : V_(vocab), Tmax_(max_seq_len), M_(d_model), learned_positions_(learned_positions) {}
 
-  // prefix.wte [V, M], prefix.wpe [T, M]; both truncated normal with fan_in M.
+  // prefix.wte [V, M], prefix.wpe [T, M] (learned positions); truncated normal with fan_in M.
   void declare(ParamStore<T>& store, const std::string& prefix);
 
   // tokens [N] (B sequences of T tokens, contiguous) -> x [N, M] = wte[token] + wpe[position], the
@@ -39,9 +41,11 @@ class Embedding {
   }
 
   ParamView<T> wte, wpe;
+  bool learned_positions() const { return learned_positions_; }
 
  private:
   int V_, Tmax_, M_;
+  bool learned_positions_ = true;
   int seq_len_ = 0;
   Buffer<int32_t> tokens_, positions_;  // [N]
   std::vector<int32_t> host_positions_;  // [N]: the host's copy, for the grouping

@@ -7,7 +7,7 @@
 namespace meshmoe {
 
 // Element i = n * M + m: x[n, m] = wte[token[n], m] + wpe[position[n], m], position[n] the token's
-// place in its packed example.
+// place in its packed example; wpe null (model.position = rope): x[n, m] = wte[token[n], m].
 template <typename T>
 struct EmbeddingForwardElement {
   const T *wte, *wpe;
@@ -15,7 +15,8 @@ struct EmbeddingForwardElement {
   T* x;
   int M;
   MESHMOE_HD void operator()(int64_t n, int64_t m) const {
-    x[n * M + m] = wte[int64_t(tokens[n]) * M + m] + wpe[int64_t(position[n]) * M + m];
+    const T token = wte[int64_t(tokens[n]) * M + m];
+    x[n * M + m] = wpe ? token + wpe[int64_t(position[n]) * M + m] : token;
   }
 };
 

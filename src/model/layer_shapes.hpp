@@ -49,7 +49,7 @@ inline AttentionShape attention_shape(int M, int heads, Split h) {
 }
 
 // Feed-forward (dense mlp.hpp, or one expert of experts.hpp): hidden units [h0, h0 + H_l) of H;
-// W_l = the width of its input projection's output (H_l, or 2 H_l for geglu).
+// W_l = the width of its input projection's output (H_l, or 2 H_l for geglu and swiglu).
 struct FfnShape {
   int M = 0, H = 0, h0 = 0, H_l = 0, W_l = 0;
   Activation act = Activation::Relu;
@@ -76,10 +76,13 @@ inline ParamInfo param_entry(std::string name, std::vector<int64_t> shape, InitK
   return param_entry(std::move(name), shape, shape, zeros, init, fan_in);
 }
 
-// prefix.wte [V, M], prefix.wpe [T, M] (truncated normal, fan_in M).
-inline std::vector<ParamInfo> embedding_params(const std::string& prefix, int64_t V, int64_t T, int64_t M) {
-  return {param_entry(prefix + ".wte", {V, M}, InitKind::TruncNormal, double(M)),
-          param_entry(prefix + ".wpe", {T, M}, InitKind::TruncNormal, double(M))};
+// prefix.wte [V, M], and with learned positions prefix.wpe [T, M] (truncated normal, fan_in M);
+// model.position = rope has no position table (rope.hpp).
+inline std::vector<ParamInfo> embedding_params(const std::string& prefix, int64_t V, int64_t T, int64_t M,
+                                               bool learned_positions = true) {
+  std::vector<ParamInfo> out = {param_entry(prefix + ".wte", {V, M}, InitKind::TruncNormal, double(M))};
+  if (learned_positions) out.push_back(param_entry(prefix + ".wpe", {T, M}, InitKind::TruncNormal, double(M)));
+  return out;
 }
 
 // The untied output projection prefix.wout [V, M] (fan_in M).
@@ -87,10 +90,11 @@ inline std::vector<ParamInfo> head_params(const std::string& prefix, int64_t V, 
   return {param_entry(prefix + ".wout", {V, M}, InitKind::TruncNormal, double(M))};
 }
 
-// prefix.gain [M] (ones), prefix.bias [M] (zeros); neither gets weight decay.
-inline std::vector<ParamInfo> layernorm_params(const std::string& prefix, int64_t M) {
-  std::vector<ParamInfo> out = {param_entry(prefix + ".gain", {M}, InitKind::Ones, 1),
-                                param_entry(prefix + ".bias", {M}, InitKind::Zeros, 1)};
+// prefix.gain [M] (ones), and for layernorm prefix.bias [M] (zeros; rmsnorm has none); neither gets
+// weight decay.
+inline std::vector<ParamInfo> norm_params(const std::string& prefix, int64_t M, NormKind kind) {
+  std::vector<ParamInfo> out = {param_entry(prefix + ".gain", {M}, InitKind::Ones, 1)};
+  if (kind == NormKind::LayerNorm) out.push_back(param_entry(prefix + ".bias", {M}, InitKind::Zeros, 1));
   for (ParamInfo& p : out) p.no_weight_decay = true;
   return out;
 }
@@ -108,14 +112,14 @@ inline std::vector<ParamInfo> attention_params(const std::string& prefix, const 
 }
 
 // E experts of the feed-forward s stacked in front (E = 0: one dense feed-forward, no leading
-// dimension): prefix.w_in [E, M, H] or, geglu, [E, M, 2, H] (the bytes of [E, M, 2H]: mlp.hpp), fan_in
+// dimension): prefix.w_in [E, M, H] or, geglu and swiglu, [E, M, 2, H] (the bytes of [E, M, 2H]: mlp.hpp), fan_in
 // M; prefix.w_out [E, H, M], fan_in H; this rank's block is experts [e0, e0 + E_l), hidden units
 // [h0, h0 + H_l).
 inline std::vector<ParamInfo> ffn_params(const std::string& prefix, const FfnShape& s, int E, int e0, int E_l,
                                          uint8_t sharded_over) {
   const int64_t M = s.M, H = s.H, H_l = s.H_l, h0 = s.h0;
   std::vector<int64_t> in_logical = {M, H}, in_local = {M, H_l}, in_offset = {0, h0};
-  if (s.act == Activation::Geglu) in_logical = {M, 2, H}, in_local = {M, 2, H_l}, in_offset = {0, 0, h0};
+  if (activation_gated(s.act)) in_logical = {M, 2, H}, in_local = {M, 2, H_l}, in_offset = {0, 0, h0};
   std::vector<int64_t> out_logical = {H, M}, out_local = {H_l, M}, out_offset = {h0, 0};
   if (E > 0) {
     for (auto* v : {&in_logical, &out_logical}) v->insert(v->begin(), E);

@@ -9,7 +9,10 @@ namespace meshmoe {
 
 template <typename T>
 void LayerNorm<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  declare_params(store, layernorm_params(prefix, M_), {&gain, &bias});
+  if (kind_ == NormKind::LayerNorm)
+    declare_params(store, norm_params(prefix, M_, kind_), {&gain, &bias});
+  else
+    declare_params(store, norm_params(prefix, M_, kind_), {&gain});
 }
 
 // x [N, M] -> y [N, M]
@@ -17,6 +20,13 @@ template <typename T>
 void LayerNorm<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
   if (xhat_.size() < size_t(N) * M_) xhat_.resize(size_t(N) * M_);
   if (rstd_.size() < size_t(N)) rstd_.resize(N);
+  if (kind_ == NormKind::RmsNorm) {
+    for_each_row(N,
+                 RmsNormForwardRow<T>{
+                     .x = x, .gain = gain.w, .xhat = xhat_.data(), .rstd = rstd_.data(), .y = y, .M = M_, .eps = T(eps_)},
+                 M_);
+    return;
+  }
   for_each_row(N,
                LayerNormForwardRow<T>{.x = x,
                                       .gain = gain.w,
@@ -32,14 +42,22 @@ void LayerNorm<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
 // dy [N, M] -> dx [N, M] (+=), gain.g and bias.g (+=)
 template <typename T>
 void LayerNorm<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
-  for_each_row(N,
-               LayerNormBackwardRow<T>{
-                   .dy = dy, .xhat = xhat_.data(), .rstd = rstd_.data(), .gain = gain.w, .dx = dx, .M = M_},
-               M_);
+  const bool rms = kind_ == NormKind::RmsNorm;
+  if (rms)
+    for_each_row(N,
+                 RmsNormBackwardRow<T>{
+                     .dy = dy, .xhat = xhat_.data(), .rstd = rstd_.data(), .gain = gain.w, .dx = dx, .M = M_},
+                 M_);
+  else
+    for_each_row(N,
+                 LayerNormBackwardRow<T>{
+                     .dy = dy, .xhat = xhat_.data(), .rstd = rstd_.data(), .gain = gain.w, .dx = dx, .M = M_},
+                 M_);
   const int chunks = (N + LayerNormParamGradPartials<T>::kRows - 1) / LayerNormParamGradPartials<T>::kRows;
-  if (partials_.size() < 2 * size_t(chunks) * M_) partials_.resize(2 * size_t(chunks) * M_);
+  const size_t tables = rms ? 1 : 2;  // gain's partials, and bias's (layernorm)
+  if (partials_.size() < tables * size_t(chunks) * M_) partials_.resize(tables * size_t(chunks) * M_);
   T* partial_gain = partials_.data();
-  T* partial_bias = partial_gain + size_t(chunks) * M_;
+  T* partial_bias = rms ? nullptr : partial_gain + size_t(chunks) * M_;
   for_each_index_2d(chunks, M_,
                     LayerNormParamGradPartials<T>{.dy = dy,
                                                   .xhat = xhat_.data(),
@@ -51,7 +69,7 @@ void LayerNorm<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
                  LayerNormParamGradSum<T>{.partial_gain = partial_gain,
                                           .partial_bias = partial_bias,
                                           .dgain = gain.g,
-                                          .dbias = bias.g,
+                                          .dbias = rms ? nullptr : bias.g,
                                           .chunks = chunks,
                                           .M = M_},
                  chunks);

@@ -59,10 +59,53 @@ struct LayerNormBackwardRow {
   }
 };
 
+// RMSNorm (Zhang and Sennrich 2019; model.norm = rmsnorm) row n: rstd = 1 / sqrt(mean(x^2) + eps),
+// xhat = x rstd, y = xhat gain (no bias).
+template <typename T>
+struct RmsNormForwardRow {
+  const T *x, *gain;
+  T *xhat, *rstd, *y;
+  int M;
+  T eps;
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t n, const Lanes& lanes) const {
+    const T* xr = x + n * M;
+    T ms = 0;
+    for (int m = lanes.first; m < M; m += lanes.step) ms += xr[m] * xr[m];
+    ms = lanes.sum(ms) / T(M);
+    const T r = T(1) / std::sqrt(ms + eps);
+    if (lanes.leader()) rstd[n] = r;
+    T* xh = xhat + n * M;
+    T* yr = y + n * M;
+    for (int m = lanes.first; m < M; m += lanes.step) {
+      xh[m] = xr[m] * r;
+      yr[m] = xh[m] * gain[m];
+    }
+  }
+};
+
+// RMSNorm row n of dx (+=); with g = dy * gain: dx = rstd * (g - xhat * mean(g * xhat)).
+template <typename T>
+struct RmsNormBackwardRow {
+  const T *dy, *xhat, *rstd, *gain;
+  T* dx;
+  int M;
+  template <class Lanes>
+  MESHMOE_HD void operator()(int64_t n, const Lanes& lanes) const {
+    const T* d = dy + n * M;
+    const T* xh = xhat + n * M;
+    T* o = dx + n * M;
+    T mean_gx = 0;
+    for (int m = lanes.first; m < M; m += lanes.step) mean_gx += d[m] * gain[m] * xh[m];
+    mean_gx = lanes.sum(mean_gx) / T(M);
+    for (int m = lanes.first; m < M; m += lanes.step) o[m] += rstd[n] * (d[m] * gain[m] - xh[m] * mean_gx);
+  }
+};
+
 // The parameter gradients in two passes with a fixed summation order (no atomics): first the
 // partial sums of column m over the rows of chunk c (kRows rows each), one index per (c, m), so
 // that adjacent GPU threads read adjacent columns of a row; then each column's partials added in
-// chunk order into gain.g and bias.g.
+// chunk order into gain.g and bias.g. RMSNorm has no bias: partial_bias and dbias are null.
 template <typename T>
 struct LayerNormParamGradPartials {
   static constexpr int kRows = 64;
@@ -77,7 +120,7 @@ struct LayerNormParamGradPartials {
       b += dy[n * M + m];
     }
     partial_gain[c * M + m] = g;
-    partial_bias[c * M + m] = b;
+    if (partial_bias) partial_bias[c * M + m] = b;
   }
 };
 
@@ -87,12 +130,12 @@ struct LayerNormParamGradSum {
   T *dgain, *dbias;
   int chunks, M;
   MESHMOE_HD void operator()(int64_t m) const {
-    T g = dgain[m], b = dbias[m];
-    for (int c = 0; c < chunks; ++c) {
-      g += partial_gain[int64_t(c) * M + m];
-      b += partial_bias[int64_t(c) * M + m];
-    }
+    T g = dgain[m];
+    for (int c = 0; c < chunks; ++c) g += partial_gain[int64_t(c) * M + m];
     dgain[m] = g;
+    if (!dbias) return;
+    T b = dbias[m];
+    for (int c = 0; c < chunks; ++c) b += partial_bias[int64_t(c) * M + m];
     dbias[m] = b;
   }
 };

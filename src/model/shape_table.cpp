@@ -38,6 +38,7 @@ ModelShape model_shape(const Config& cfg, int vocab) {
   s.num_heads = int(cfg.model.num_heads);
   s.d_ff = int(cfg.model.d_ff);
   s.moe_every = int(cfg.moe.every);
+  s.moe_first_dense = int(std::min<int64_t>(cfg.moe.first_dense, cfg.model.num_layers));
   return s;
 }
 
@@ -90,20 +91,23 @@ ShapeTable::ShapeTable(const CheckedShapes& checked, const Placement& place)
     layers_.push_back(
         {.prefix = std::move(prefix), .kind = kind, .block = block, .params = std::move(params), .buffers = {}});
   };
+  const NormKind norm = cfg.model.norm;
+  const bool learned_positions = cfg.model.position == PositionKind::Learned;
   add("stage", LayerKind::Stage, -1, {});
-  if (s.first_stage) add("embed", LayerKind::Embedding, -1, embedding_params("embed", s.V, s.T, s.M));
+  if (s.first_stage)
+    add("embed", LayerKind::Embedding, -1, embedding_params("embed", s.V, s.T, s.M, learned_positions));
   // encdec: the encoder's pass through the same embedding (its own saved tokens and positions)
   if (s.encoder_layers > 0) add("embed.encoder", LayerKind::Embedding, -1, {});
   for (int i = s.first_block; i < s.first_block + s.num_blocks; ++i) {
     const std::string b = "blocks." + std::to_string(i);
-    if (s.encoder_layers > 0 && i == s.encoder_layers) add("ln_enc", LayerKind::LayerNorm, -1, layernorm_params("ln_enc", s.M));
-    add(b + ".ln1", LayerKind::LayerNorm, i, layernorm_params(b + ".ln1", s.M));
+    if (s.encoder_layers > 0 && i == s.encoder_layers) add("ln_enc", LayerKind::LayerNorm, -1, norm_params("ln_enc", s.M, norm));
+    add(b + ".ln1", LayerKind::LayerNorm, i, norm_params(b + ".ln1", s.M, norm));
     add(b + ".attn", LayerKind::Attention, i, attention_params(b + ".attn", s.attn));
     if (model_.has_cross_attention(i)) {
-      add(b + ".ln_cross", LayerKind::LayerNorm, i, layernorm_params(b + ".ln_cross", s.M));
+      add(b + ".ln_cross", LayerKind::LayerNorm, i, norm_params(b + ".ln_cross", s.M, norm));
       add(b + ".cross", LayerKind::CrossAttention, i, attention_params(b + ".cross", s.attn));
     }
-    add(b + ".ln2", LayerKind::LayerNorm, i, layernorm_params(b + ".ln2", s.M));
+    add(b + ".ln2", LayerKind::LayerNorm, i, norm_params(b + ".ln2", s.M, norm));
     if (is_moe_block(i)) {
       add(b + ".moe.router", LayerKind::Router, i, router_params(b + ".moe.router", s.M, s.experts.E));
       add(b + ".moe.dispatch", LayerKind::Dispatcher, i, {});
@@ -116,12 +120,12 @@ ShapeTable::ShapeTable(const CheckedShapes& checked, const Placement& place)
     }
   }
   if (s.last_stage) {
-    add("ln_f", LayerKind::LayerNorm, -1, layernorm_params("ln_f", s.M));
+    add("ln_f", LayerKind::LayerNorm, -1, norm_params("ln_f", s.M, norm));
     // Tied embeddings: the head reads embed.wte, on a later stage than the first its own copy of the
     // same logical parameter (the two gradients are summed).
     std::vector<ParamInfo> head;
     if (!cfg.model.tied_embeddings) head = head_params("head", s.V, s.M);
-    else if (!s.first_stage) head = {embedding_params("embed", s.V, s.T, s.M)[0]};
+    else if (!s.first_stage) head = {embedding_params("embed", s.V, s.T, s.M, learned_positions)[0]};
     add("head", LayerKind::Head, -1, std::move(head));
   }
   if (checked.with_batch()) add_buffers(cfg, mesh);
@@ -189,18 +193,20 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
       case LayerKind::Embedding:
         buf("tokens, positions", "2 x [N]", {2, N}, i32);
         break;
-      case LayerKind::LayerNorm:
+      case LayerKind::LayerNorm:  // rmsnorm: no bias, one table of partials
         buf("xhat", "[N, M]", {N, M}, f32);
         buf("rstd", "[N]", {N}, f32);
-        buf("parameter gradient partials", "2 x [N / 64, M]",
-            {2, (N + LayerNormParamGradPartials<float>::kRows - 1) / LayerNormParamGradPartials<float>::kRows, M}, f32,
-            K::Scratch);
+        buf("parameter gradient partials", cfg.model.norm == NormKind::RmsNorm ? "[N / 64, M]" : "2 x [N / 64, M]",
+            {cfg.model.norm == NormKind::RmsNorm ? 1 : 2,
+             (N + LayerNormParamGradPartials<float>::kRows - 1) / LayerNormParamGradPartials<float>::kRows, M},
+            f32, K::Scratch);
         break;
       case LayerKind::Attention:
         buf("x", "[N, M]", {N, M}, f32);
         buf("q, k, v", "3 x [N, A_l]", {3, N, A_l}, f32);
         buf("softmax probabilities", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32);
         buf("output before wo", "[N, A_l]", {N, A_l}, f32);
+        if (cfg.model.position == PositionKind::Rope) buf("rope positions", "[N]", {N}, i32);
         if (dropout) buf("dropout keep mask", "[N, M]", {N, M}, u8);
         buf("dy", "[N, M]", {N, M}, f32, K::Scratch);
         buf("datt", "[N, A_l]", {N, A_l}, f32, K::Scratch);

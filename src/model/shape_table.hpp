@@ -26,12 +26,14 @@ struct Placement;  // model/placement.hpp
 struct ModelShape {
   int vocab = 0, seq_len = 0, d_model = 0, num_layers = 0, num_heads = 0, d_ff = 0;  // num_layers: all blocks
   int encoder_layers = 0;  // 0: decoder-only
-  int moe_every = 0;  // block i of a stack has an MoE feed-forward when moe_every > 0 and (i + 1) % moe_every == 0
+  // Block i of a stack has an MoE feed-forward when moe_every > 0, (i + 1) % moe_every == 0 and
+  // i >= moe_first_dense (moe.first_dense: DeepSeekMoE's leading dense layers).
+  int moe_every = 0, moe_first_dense = 0;
   bool is_encoder_block(int i) const { return i < encoder_layers; }
   bool has_cross_attention(int i) const { return encoder_layers > 0 && i >= encoder_layers; }
   bool is_moe_block(int i) const {
     const int in_stack = i < encoder_layers ? i : i - encoder_layers;
-    return moe_every > 0 && (in_stack + 1) % moe_every == 0;
+    return moe_every > 0 && (in_stack + 1) % moe_every == 0 && in_stack >= moe_first_dense;
   }
   int num_moe_layers() const {
     int n = 0;

@@ -37,11 +37,12 @@ double train_flops_per_token(const Config& cfg, const ModelShape& s) {
 // The heads and hidden units of this tensor rank come from the shape table (shape_table.hpp).
 template <typename T>
 Transformer<T>::Block::Block(const Config& cfg, const ShapeTable& table, int i, const Placement& place)
-    : ln1(table.letters().M, cfg.model.layernorm_eps),
-      ln2(table.letters().M, cfg.model.layernorm_eps),
-      attn(table.letters().attn, cfg.model.dropout, uint32_t(16 * i + 1), !table.model().is_encoder_block(i)) {
+    : ln1(table.letters().M, cfg.model.layernorm_eps, cfg.model.norm),
+      ln2(table.letters().M, cfg.model.layernorm_eps, cfg.model.norm),
+      attn(table.letters().attn, cfg.model.dropout, uint32_t(16 * i + 1), !table.model().is_encoder_block(i),
+           cfg.model.position == PositionKind::Rope ? cfg.model.rope_base : 0.0) {
   if (table.model().has_cross_attention(i)) {
-    ln_cross = std::make_unique<LayerNorm<T>>(table.letters().M, cfg.model.layernorm_eps);
+    ln_cross = std::make_unique<LayerNorm<T>>(table.letters().M, cfg.model.layernorm_eps, cfg.model.norm);
     cross = std::make_unique<CrossAttention<T>>(table.letters().attn, cfg.model.dropout, uint32_t(16 * i + 4));
   }
   if (table.is_moe_block(i)) {
@@ -66,10 +67,12 @@ template <typename T>
 Transformer<T>::Transformer(const Config& cfg, const ShapeTable& table, const Placement& placement)
     : cfg_(cfg),
       shape_(table.model()),
-      emb_(table.letters().V, int(cfg.model.seq_len), int(cfg.model.d_model)),
-      emb_enc_(table.letters().V, int(cfg.model.seq_len), int(cfg.model.d_model)),
-      lne_(int(cfg.model.d_model), cfg.model.layernorm_eps),
-      lnf_(int(cfg.model.d_model), cfg.model.layernorm_eps),
+      emb_(table.letters().V, int(cfg.model.seq_len), int(cfg.model.d_model),
+           cfg.model.position == PositionKind::Learned),
+      emb_enc_(table.letters().V, int(cfg.model.seq_len), int(cfg.model.d_model),
+               cfg.model.position == PositionKind::Learned),
+      lne_(int(cfg.model.d_model), cfg.model.layernorm_eps, cfg.model.norm),
+      lnf_(int(cfg.model.d_model), cfg.model.layernorm_eps, cfg.model.norm),
       head_(table.letters().V, int(cfg.model.d_model)),
       placement_(placement) {
   if (placement_.tensor_size > 1 && !placement_.tensor) throw std::logic_error("Transformer: tensor_size > 1 without a Comm");
@@ -120,7 +123,9 @@ Transformer<T>::Transformer(const Config& cfg, const ShapeTable& table, const Pl
     if (cfg.model.tied_embeddings && first_stage()) tied = &emb_.wte;
     if (cfg.model.tied_embeddings && !first_stage()) {
       // The same logical parameter (and so the same initial values) as the first stage's.
-      params_.add(embedding_params("embed", shape_.vocab, shape_.seq_len, shape_.d_model)[0], &wte_copy_);
+      params_.add(embedding_params("embed", shape_.vocab, shape_.seq_len, shape_.d_model,
+                                   cfg.model.position == PositionKind::Learned)[0],
+                  &wte_copy_);
       tied = &wte_copy_;
     }
     head_.declare(params_, "head", tied);

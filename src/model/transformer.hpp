@@ -1,6 +1,9 @@
 // The decoder-only MoE Transformer: token + position embedding, pre-LayerNorm blocks of causal
 // self-attention and a feed-forward that is dense or MoE (every moe.every-th block, as GShard and
-// Switch), final LayerNorm, output projection (tied or untied) and the masked cross-entropy.
+// Switch, after the first moe.first_dense blocks), final LayerNorm, output projection (tied or
+// untied) and the masked cross-entropy. model.norm = rmsnorm makes every norm an RMSNorm;
+// model.position = rope drops the position table and rotates the self-attentions' queries and keys
+// (docs/ARCHITECTURE.md "Blocks").
 //   block:  x += attn(ln1(x));  x += ffn(ln2(x))
 // model.arch = "encdec" (docs/ARCHITECTURE.md "Encoder-decoder"): blocks [0, L) are the encoder's
 // (bidirectional self-attention), then ln_enc gives the encoder output; blocks [L, 2L) are the

@@ -20,6 +20,12 @@ math, not from the C++ loops:
     the chosen gates always renormalised) and sigmoid (DeepSeek-V3 section 2.1.2: torch.sigmoid
     scores, gates normalised over the chosen k, aux loss over s / sum(s), no z-loss), the routed
     scale multiplying the combine weights;
+  - the blocks of today's MoE models (docs/ARCHITECTURE.md "Blocks"): norm "rmsnorm" (Zhang and
+    Sennrich 2019: x / sqrt(mean(x^2) + eps) * gain, no bias) for every norm; position "rope": no
+    position table, the queries and keys of every self-attention (not the cross-attention's)
+    rotated as the Hugging Face Llama code does (q * cos + rotate_half(q) * sin, rotate_half(q) =
+    cat(-q[D/2:], q[:D/2]), angles position * rope_base^(-2i/D), positions restarting with each
+    packed example); activation "swiglu" (silu(x W1) * (x W3)); moe_first_dense leading dense blocks;
   - jitter, random routing, dropout and expert dropout from Philox 4x32-10 reimplemented in numpy
     (philox.py) with the index formulas stated in dropout.hpp, router.cpp and experts.cpp;
   - optimizers: torch.optim.AdamW and the paper Adafactor of optim_reference.py (imported), with
@@ -90,7 +96,8 @@ from philox import DROPOUT, EXPERT_DROPOUT, JITTER, SECOND_EXPERT, Rng  # noqa: 
 CASES = ["dense_relu", "switch_top1", "gshard_top2", "geglu_untied", "encdec_top2", "top2_ntlb", "shared_experts",
          "bias_ntlb", "gshard_line22", "expert_choice", "encdec_expert_choice", "softmax_topk_top1", "sigmoid_bias",
          "sigmoid_aux", "deepseekmoe_gates",
-         "dense_relu_bf16", "gshard_top2_bf16", "switch_top1_bf16", "encdec_top2_bf16"]
+         "dense_relu_bf16", "gshard_top2_bf16", "switch_top1_bf16", "encdec_top2_bf16",
+         "blocks_top2", "blocks_encdec", "blocks_top2_bf16"]
 CLIP_COUNTS = []  # fraction of clipped steps of every training run
 TOL_LOGITS, TOL_SCALAR, TOL_GRAD_REL, TOL_GRAD_ABS, TOL_CURVE, TOL_LR = 1e-5, 1e-5, 1e-4, 1e-7, 1e-4, 1e-12
 # bf16: the search for the roundings the C++ side took the other way (module docstring, "Precision bf16")
@@ -101,6 +108,9 @@ SEARCH_LEFT = [120.0]  # CPU seconds of searching left to the whole script: a br
 
 
 class Cfg:
+    # Attributes of the blocks (docs/ARCHITECTURE.md "Blocks") with the meaning of a file that lacks them.
+    norm, position, rope_base, moe_first_dense = "layernorm", "learned", 10000.0, 0
+
     def __init__(self, attrs):
         for k, v in attrs.items():
             if isinstance(v, bytes):
@@ -132,7 +142,7 @@ class Cfg:
     def is_moe(self, i):
         """Block i (global index); the rule counts within each stack."""
         j = i - self.encoder_layers() if i >= self.encoder_layers() else i
-        return self.moe_every > 0 and (j + 1) % self.moe_every == 0
+        return self.moe_every > 0 and (j + 1) % self.moe_every == 0 and j >= self.moe_first_dense
 
     def capacity(self):
         """C = ceil(k S cf / E) forgiving 1e-9 relative rounding, in [1, S]; dropless: S (GShard section 2.2, Switch eq. 3)."""
@@ -276,7 +286,22 @@ def activation(name, pre, H):
         return torch.relu(pre)
     if name == "gelu":
         return F.gelu(pre)
+    if name == "swiglu":
+        return F.silu(pre[..., :H]) * pre[..., H:]  # silu(x W1) * (x W3)
     return F.gelu(pre[..., :H]) * pre[..., H:]  # geglu: gelu(first H) * linear gate (last H)
+
+
+def rope(t, positions, base):
+    """Rotary embedding of t [B, heads, T, D] at positions [B, T], the Hugging Face Llama way:
+    t * cos + rotate_half(t) * sin, rotate_half(t) = cat(-t[..., D/2:], t[..., :D/2]), the angles
+    position * base^(-2i/D) (i < D/2) repeated over both halves; angles, cos and sin in float64."""
+    D = t.shape[-1]
+    inv_freq = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    angle = torch.from_numpy(positions.astype(np.float64))[:, None, :, None] * inv_freq  # [B, 1, T, D/2]
+    angle = torch.cat([angle, angle], dim=-1)
+    cos, sin = angle.cos().to(t.dtype), angle.sin().to(t.dtype)
+    half = torch.cat([-t[..., D // 2:], t[..., :D // 2]], dim=-1)
+    return t * cos + half * sin
 
 
 def attention(x, P, pre, cfg, B, T, segment, causal=True, kv=None, kv_segment=None):
@@ -293,6 +318,9 @@ def attention(x, P, pre, cfg, B, T, segment, causal=True, kv=None, kv_segment=No
         return gemm(src, P[pre + w], cfg).view(B, n, Hh, D).transpose(1, 2)  # [B, H, n, D]
 
     q, k, v = heads(x, ".wq", T), heads(kv, ".wk", Tk), heads(kv, ".wv", Tk)
+    if cfg.position == "rope" and kv is x:  # self-attention only: the cross-attention is not rotated
+        pos = example_positions(segment)
+        q, k = rope(q, pos, cfg.rope_base), rope(k, pos, cfg.rope_base)
     s = gemm(q, k.transpose(-1, -2), cfg, 1.0 / math.sqrt(D))
     seg = torch.from_numpy(segment.astype(np.int64))
     kseg = torch.from_numpy(kv_segment.astype(np.int64))
@@ -479,10 +507,15 @@ def forward(P, cfg, inputs, targets, mask, segment, ctx, enc_inputs=None, enc_se
     aux = torch.zeros((), dtype=torch.float64)
     z = torch.zeros((), dtype=torch.float64)
     routing = []
-    ln = lambda v, p: F.layer_norm(v, (M,), P[p + ".gain"], P[p + ".bias"], cfg.layernorm_eps)  # noqa: E731
+    def ln(v, p):
+        if cfg.norm == "rmsnorm":
+            return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + cfg.layernorm_eps) * P[p + ".gain"]
+        return F.layer_norm(v, (M,), P[p + ".gain"], P[p + ".bias"], cfg.layernorm_eps)
 
     def embed(tokens, seg):
         tok = torch.from_numpy(tokens.reshape(-1).astype(np.int64))
+        if cfg.position == "rope":
+            return P["embed.wte"][tok]
         return P["embed.wte"][tok] + P["embed.wpe"][torch.from_numpy(example_positions(seg).reshape(-1))]
 
     def block(x, i, seg, causal, enc=None):

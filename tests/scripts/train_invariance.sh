@@ -128,6 +128,20 @@ pairs+="gshard-1:gshard-p2-m4 "
 export BITWISE="gshard-p2:gshard-p2-block dense-p2:dense-p2-block gshard-p2-m4:gshard-p2-m4-block encdec-p2:encdec-p2-block"
 pairs+="ref:micro2 ref:data2-micro2 untied:untied-pipe2 ref-h4:switch55-t4 ntlb:ntlb-d2t2 "
 pairs+="geglu-adafactor:geglu-adafactor-d2t2 auxg:auxg-d2t2 "
+# The blocks of today's MoE models (docs/ARCHITECTURE.md "Blocks"): RMSNorm, rotary positions,
+# SwiGLU (dense, experts and shared experts), the first block dense then MoE in every block; rope
+# with pipe = 2, swiglu experts over data (data = 2) and over tensor (rope's heads split too).
+blocks="--set model.norm=rmsnorm --set model.position=rope --set model.rope_base=100 --set model.activation=swiglu --set moe.every=1 --set moe.first_dense=1 --set moe.shared_experts=1 --set optim.micro_batches=2"
+for k in 1 p2 d2; do
+  # shellcheck disable=SC2086
+  train_or_fail "blocks-$k" ${mesh[$k]} $blocks
+  [ "$k" = 1 ] || pairs+="blocks-1:blocks-$k "
+done
+# shellcheck disable=SC2086
+train_or_fail blocks-pmoe-1 1 $blocks ${model[pmoe]}
+# shellcheck disable=SC2086
+train_or_fail blocks-pmoe-t2 2 $blocks ${model[pmoe]} --set mesh.tensor=2
+pairs+="blocks-pmoe-1:blocks-pmoe-t2 "
 # The data-parallel gradient all-reduce overlapped with the backward in tiny buckets (26 floats,
 # parallel/gradient_sync.hpp) gives bitwise the blocking all-reduce's training (tied embedding
 # over pipe and experts over data included).

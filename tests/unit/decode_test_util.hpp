@@ -12,7 +12,11 @@ namespace meshmoe::test {
 // Two blocks, the second one's feed-forward `ffn`: "dense", or MoE with router "top1" (Switch) or
 // "top2" (GShard). capacity_factor_eval = E: no choice is ever dropped in evaluation. Dropout and
 // router jitter are set, to show that decoding leaves them off.
-inline Config decode_config(const std::string& ffn) {
+// ffn: dense, top1, top2, ...; a "+blocks" suffix adds the blocks of today's MoE models
+// (docs/ARCHITECTURE.md "Blocks"): RMSNorm, rotary positions, SwiGLU, the first block dense.
+inline Config decode_config(const std::string& ffn_and_blocks) {
+  const size_t plus = ffn_and_blocks.find("+blocks");
+  const std::string ffn = ffn_and_blocks.substr(0, plus);
   Config c;
   c.model.seq_len = 16;
   c.model.d_model = 16;
@@ -27,6 +31,14 @@ inline Config decode_config(const std::string& ffn) {
   c.moe.group_size = 1;  // any sequence length is whole groups (the references run odd ones)
   c.moe.capacity_factor_eval = 4;
   c.moe.jitter_eps = 0.01;
+  if (plus != std::string::npos) {
+    c.model.norm = NormKind::RmsNorm;
+    c.model.position = PositionKind::Rope;
+    c.model.rope_base = 100;  // angles that turn visibly over 16 positions
+    c.model.activation = Activation::Swiglu;
+    c.moe.every = ffn == "dense" ? 0 : 1;
+    c.moe.first_dense = 1;
+  }
   return c;
 }
 

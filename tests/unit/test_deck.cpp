@@ -269,7 +269,7 @@ TEST_CASE("deck: option keys hold their enum; the deck, --set and the effective 
     CHECK_THAT(deck_errors("[" + k.section + "]\n" + k.key + " = \"no-such-name\"\n"),
                Catch::Contains(k.name() + ": must be one of " + k.constraint.describe(false)));
   }
-  CHECK(option_keys == 15);
+  CHECK(option_keys == 17);  // moe.gate, model.norm and model.position among them
   // The enums themselves, and the names that used to be checked where each was used.
   const Deck d = parse_deck(R"(
 [run]
@@ -301,7 +301,7 @@ tokenizer = "spm"
   CHECK(d.cfg.data.tokenizer == TokenizerKind::Spm);
   CHECK_THAT(deck_errors("[model]\nrecompute = \"all\""), Catch::Contains("model.recompute: must be one of none, block"));
   CHECK_THAT(deck_errors("[model]\nprecision = \"fp16\""), Catch::Contains("model.precision: must be one of fp32, bf16"));
-  CHECK_THAT(deck_errors("[model]\nactivation = \"swish\""), Catch::Contains("model.activation: must be one of relu, gelu, geglu"));
+  CHECK_THAT(deck_errors("[model]\nactivation = \"swish\""), Catch::Contains("model.activation: must be one of relu, gelu, geglu, swiglu"));
   CHECK_THAT(deck_errors("[moe]\nexpert_axis = \"pipe\""), Catch::Contains("moe.expert_axis: must be one of data, tensor"));
   CHECK_THAT(deck_errors("[optim]\nname = \"sgd\""), Catch::Contains("optim.name: must be one of adamw, adafactor"));
   CHECK_THAT(deck_errors("[optim]\nschedule = \"linear\""), Catch::Contains("optim.schedule: must be one of constant, rsqrt, cosine"));
@@ -596,7 +596,7 @@ TEST_CASE("deck: the markdown reference has one table per section and a row per 
     CHECK(bars == 6);
   }
   CHECK(rows == deck::schema().size());
-  CHECK_THAT(md, Catch::Contains("| `activation` | string | `\"relu\"` | `relu`, `gelu`, `geglu` |"));
+  CHECK_THAT(md, Catch::Contains("| `activation` | string | `\"relu\"` | `relu`, `gelu`, `geglu`, `swiglu` |"));
   CHECK_THAT(md, Catch::Contains("| `dropout` | float | `0.0` | [0, 1) |"));
   CHECK_THAT(md, Catch::Contains("| `layernorm_eps` | float | `1e-5` | > 0 |"));
   // Markdown specials in the docs are escaped: runs/<name> must not read as an HTML tag.
@@ -631,4 +631,31 @@ TEST_CASE("deck: the changes of a resumed deck, and which of them change the tra
   CHECK(lines.find("\n  optim.lr: 0.01 -> 0.005") != std::string::npos);
   CHECK(lines.find("\n  moe.router: \"top2\" -> \"top1\"") != std::string::npos);
   CHECK(lines.find("run.steps") == std::string::npos);
+}
+
+// The blocks of today's MoE models (docs/ARCHITECTURE.md "Blocks"): their keys and errors.
+TEST_CASE("deck: model.norm, model.position, model.rope_base, swiglu and moe.first_dense", "[deck][blocks]") {
+  const Deck d = parse_deck("[model]\nnorm = \"rmsnorm\"\nposition = \"rope\"\nrope_base = 1e6\nactivation = \"swiglu\"\n"
+                            "[moe]\nfirst_dense = 1\n",
+                            "blocks.toml");
+  CHECK(d.cfg.model.norm == NormKind::RmsNorm);
+  CHECK(d.cfg.model.position == PositionKind::Rope);
+  CHECK(d.cfg.model.rope_base == 1e6);
+  CHECK(d.cfg.model.activation == Activation::Swiglu);
+  CHECK(d.cfg.moe.first_dense == 1);
+  const Deck defaults = parse_deck("", "empty.toml");
+  CHECK(defaults.cfg.model.norm == NormKind::LayerNorm);
+  CHECK(defaults.cfg.model.position == PositionKind::Learned);
+  CHECK(defaults.cfg.model.rope_base == 10000.0);
+  CHECK(defaults.cfg.moe.first_dense == 0);
+  CHECK_THAT(deck_errors("[model]\nnorm = \"batchnorm\""), Catch::Contains("model.norm: must be one of layernorm, rmsnorm"));
+  CHECK_THAT(deck_errors("[model]\nposition = \"alibi\""), Catch::Contains("model.position: must be one of learned, rope"));
+  CHECK_THAT(deck_errors("[model]\nrope_base = 0"), Catch::Contains("model.rope_base"));
+  CHECK_THAT(deck_errors("[model]\nposition = \"rope\"\nd_model = 12\nnum_heads = 4"),
+             Catch::Contains("the head width model.d_model = 12 / model.num_heads = 4 = 3 must be even"));
+  CHECK(deck_errors("[model]\nposition = \"rope\"\nd_model = 16\nnum_heads = 4").empty());
+  CHECK_THAT(deck_errors("[model]\nnum_layers = 4\n[moe]\nevery = 2\nfirst_dense = 4"),
+             Catch::Contains("moe.first_dense = 4 leaves no MoE layer"));
+  CHECK(deck_errors("[model]\nnum_layers = 4\n[moe]\nevery = 2\nfirst_dense = 3").empty());
+  CHECK(deck_errors("[model]\nnum_layers = 4\n[moe]\nevery = 0\nfirst_dense = 9").empty());  // dense: nothing to leave
 }

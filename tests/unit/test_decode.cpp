@@ -4,7 +4,8 @@
 // the cached one each step's tokens as one group: capacity_factor_eval = E makes the capacity the
 // whole group, so no choice is dropped in either and the two must agree.
 // Tolerance (stated): |cached - full| <= tol * max(1, |full|), tol = 2e-5 (float), 1e-12 (double).
-// The [mpi] case: the cached decoding of a model sharded over pipe, data and tensor (experts over
+// "+blocks": the same with RMSNorm, rotary positions, SwiGLU and a leading dense block
+// (decode_test_util.hpp). The [mpi] case: the cached decoding of a model sharded over pipe, data and tensor (experts over
 // data or over tensor; encdec stages of encoder blocks only and of decoder blocks only) against the
 // one-rank model's, within the same tolerance; and data ranks stepping their own streams together,
 // those out of tokens with none (the inputs split over the data axis).
@@ -162,7 +163,7 @@ void check_flat_stream_equals_full(const std::string& ffn, bool encdec) {
 
 TEMPLATE_TEST_CASE("decode: KV-cache decoding equals the full forward (dense, Switch, GShard top-2)", "[decode]", float,
                    double) {
-  for (const char* ffn : {"dense", "top1", "top2"}) {
+  for (const char* ffn : {"dense", "top1", "top2", "dense+blocks", "top2+blocks"}) {
     SECTION(ffn) {
       check_cached_equals_full<TestType>(ffn, false);
       check_flat_stream_equals_full<TestType>(ffn, false);
@@ -172,7 +173,7 @@ TEMPLATE_TEST_CASE("decode: KV-cache decoding equals the full forward (dense, Sw
 
 TEMPLATE_TEST_CASE("decode: encdec decoding (encoder once, cross-attention cache) equals the full encdec forward",
                    "[decode]", float, double) {
-  for (const char* ffn : {"dense", "top1", "top2"}) {
+  for (const char* ffn : {"dense", "top1", "top2", "top2+blocks"}) {
     SECTION(ffn) {
       check_cached_equals_full<TestType>(ffn, true);
       check_flat_stream_equals_full<TestType>(ffn, true);
@@ -262,14 +263,14 @@ TEST_CASE("decode: cached decoding on a pipe x data x tensor mesh equals the one
               {4, 1, 1, "data"}};
   if (shapes.empty()) SUCCEED("needs 2 or 4 ranks");
   for (const Shape& sh : shapes) {
-    for (bool encdec : {false, true}) {
-      Config cfg = arch_config("top2", encdec);
+    for (const auto& [encdec, ffn] : {std::pair{false, "top2"}, {true, "top2"}, {false, "top2+blocks"}}) {
+      Config cfg = arch_config(ffn, encdec);
       // pipe = 4 puts one of the encdec model's 2 + 2 blocks on each stage; the decoder's 2 blocks do not split in 4
       const int blocks = encdec ? 2 * cfg.model.num_layers : cfg.model.num_layers;
       if (blocks % sh.pipe != 0) continue;
       Mesh mesh(MPI_COMM_WORLD, sh.pipe, sh.data, sh.tensor);
       INFO("mesh pipe=" << sh.pipe << " data=" << sh.data << " tensor=" << sh.tensor << " experts over "
-                        << sh.expert_axis << (encdec ? " encdec" : " decoder"));
+                        << sh.expert_axis << (encdec ? " encdec " : " decoder ") << ffn);
       cfg.mesh.pipe = sh.pipe;
       cfg.moe.expert_axis = test::option<ExpertAxis>(sh.expert_axis);
       const int V = 17, B = 3, T_seq = 7;

@@ -42,8 +42,12 @@ using namespace meshmoe;
 namespace {
 
 // router: dense, top1, top2, or the gates "sigmoid" (top-3 by score + selection bias, routed scale
-// 2.5, a shared expert: DeepSeek-V3's layer) and "softmax_topk" (top-1 with a gate of 1, scale 1.5).
-Config device_test_config(const std::string& router) {
+// 2.5, a shared expert: DeepSeek-V3's layer) and "softmax_topk" (top-1 with a gate of 1, scale 1.5);
+// "top2+blocks": top-2 with the blocks of today's MoE models (docs/ARCHITECTURE.md "Blocks":
+// RMSNorm, rotary positions, SwiGLU, the first block dense).
+Config device_test_config(const std::string& router_and_blocks) {
+  const bool blocks = router_and_blocks.ends_with("+blocks");
+  const std::string router = router_and_blocks.substr(0, router_and_blocks.find('+'));
   if (router == "sigmoid" || router == "softmax_topk") {
     Config c = device_test_config(router == "sigmoid" ? "top2" : "top1");
     c.moe.gate = test::option<MoeGate>(router);
@@ -72,6 +76,13 @@ Config device_test_config(const std::string& router) {
   c.moe.z_loss_coef = 1e-3;
   c.moe.aux_loss_coef = 1e-2;
   c.moe.no_token_left_behind = router == "top2";
+  if (blocks) {
+    c.model.norm = NormKind::RmsNorm;
+    c.model.position = PositionKind::Rope;
+    c.model.activation = Activation::Swiglu;
+    c.moe.every = 1;
+    c.moe.first_dense = 1;
+  }
   return c;
 }
 
@@ -157,7 +168,7 @@ TEST_CASE("device: the model reaches device Buffers only through the transfer co
   // copy_to_host / copy_from_host: a layer, or this test's run_step, that touches a device Buffer
   // otherwise stops here with SIGSEGV (or, reading a value not yet computed, differs). The [cuda]
   // cases below run the same run_step on a GPU.
-  for (const std::string router : {"dense", "top1", "top2", "sigmoid", "softmax_topk"}) {
+  for (const std::string router : {"dense", "top1", "top2", "sigmoid", "softmax_topk", "top2+blocks"}) {
     INFO("router " << router);
     const Config cfg = device_test_config(router);
     const StepResult<float> now = run_step<float>(cfg, 13);
@@ -524,7 +535,7 @@ TEST_CASE("device: the whole model on the GPU matches the host model", "[device]
     WARN("skipped: no GPU");
     return;
   }
-  for (const std::string router : {"dense", "top1", "top2", "sigmoid", "softmax_topk"}) {
+  for (const std::string router : {"dense", "top1", "top2", "sigmoid", "softmax_topk", "top2+blocks"}) {
     INFO("router " << router);
     const Config cfg = device_test_config(router);
     const StepResult<double> host64 = run_step<double>(cfg, 13);
@@ -691,7 +702,7 @@ TEST_CASE("device: the whole model in bf16 on the GPU matches the host bf16 mode
   // tests/reference/model_reference.py), unless a value next to a bf16 rounding boundary rounds
   // the other way on one side; the gradients' 1e-4 norm-wise bound leaves room for a few such.
   const test::GemmPrecisionScope bf16(Precision::Bf16);
-  for (const std::string router : {"dense", "top1", "top2"}) {
+  for (const std::string router : {"dense", "top1", "top2", "top2+blocks"}) {
     INFO("router " << router);
     const Config cfg = device_test_config(router);
     const StepResult<float> host = run_step<float>(cfg, 13);

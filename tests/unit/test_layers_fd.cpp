@@ -159,7 +159,7 @@ TEST_CASE("gelu matches the erf form and its derivative", "[layers]") {
 TEST_CASE("activation backward matches finite differences", "[layers]") {
   std::mt19937 gen(1);
   const int N = 5, H = 7;
-  for (Activation a : {Activation::Relu, Activation::Gelu, Activation::Geglu}) {
+  for (Activation a : {Activation::Relu, Activation::Gelu, Activation::Geglu, Activation::Swiglu}) {
     INFO(option_name(a));
     const int W = activation_in_width(a, H);
     auto pre = random_vec(size_t(N) * W, gen, -2, 2);
@@ -656,10 +656,10 @@ TEST_CASE("cross attention: head blocks sum to the full layer; float vs double",
 }
 
 // ---------------------------------------------------------------------------------------------
-TEST_CASE("mlp: forward oracle and finite differences for relu, gelu, geglu with dropout", "[layers]") {
+TEST_CASE("mlp: forward oracle and finite differences for relu, gelu, geglu, swiglu with dropout", "[layers]") {
   std::mt19937 gen(8);
   const int M = 8, Hd = 10, N = 7;
-  for (Activation act : {Activation::Relu, Activation::Gelu, Activation::Geglu})
+  for (Activation act : {Activation::Relu, Activation::Gelu, Activation::Geglu, Activation::Swiglu})
     for (double rate : {0.0, 0.25}) {
       INFO(option_name(act) << " dropout " << rate);
       MLP<double> mlp(M, Hd, act, rate, 9);
@@ -669,7 +669,7 @@ TEST_CASE("mlp: forward oracle and finite differences for relu, gelu, geglu with
       store.init(5, 1.0);
       perturb(store, gen);
       CHECK(store.infos()[0].logical_shape ==
-            (act == Activation::Geglu ? std::vector<int64_t>{M, 2, Hd} : std::vector<int64_t>{M, Hd}));
+            (activation_gated(act) ? std::vector<int64_t>{M, 2, Hd} : std::vector<int64_t>{M, Hd}));
       auto x = random_vec(size_t(N) * M, gen);
       auto r = random_vec(size_t(N) * M, gen);
       std::vector<double> y(x.size()), dx(x.size(), 0.0);
@@ -683,7 +683,11 @@ TEST_CASE("mlp: forward oracle and finite differences for relu, gelu, geglu with
             for (int m = 0; m < M; ++m) pre[j] += x[n * M + m] * mlp.w_in.w[m * W + j];
           for (int j = 0; j < Hd; ++j) {
             const double g = 0.5 * pre[j] * (1 + std::erf(pre[j] / std::sqrt(2.0)));
-            h[j] = act == Activation::Relu ? std::max(0.0, pre[j]) : act == Activation::Gelu ? g : g * pre[Hd + j];
+            const double silu = pre[j] / (1 + std::exp(-pre[j]));  // x sigmoid(x)
+            h[j] = act == Activation::Relu   ? std::max(0.0, pre[j])
+                   : act == Activation::Gelu ? g
+                   : act == Activation::Geglu ? g * pre[Hd + j]
+                                              : silu * pre[Hd + j];
           }
           for (int c = 0; c < M; ++c) {
             double s = 0;
@@ -706,7 +710,7 @@ TEST_CASE("mlp: hidden blocks sum to the full layer (tensor-parallel layout)", "
   auto x = random_vec(size_t(N) * M, gen);
   auto r = random_vec(size_t(N) * M, gen);
   StepContext ctx = train_ctx();
-  for (Activation act : {Activation::Relu, Activation::Geglu}) {
+  for (Activation act : {Activation::Relu, Activation::Geglu, Activation::Swiglu}) {
     INFO(option_name(act));
     std::vector<std::vector<double>> ys, dxs;
     for (auto [h0, lh] : {std::pair{0, -1}, {0, 3}, {3, 5}}) {
@@ -731,7 +735,7 @@ TEST_CASE("mlp: hidden blocks sum to the full layer (tensor-parallel layout)", "
 TEST_CASE("mlp: float vs double", "[layers]") {
   std::mt19937 gen(10);
   const int M = 32, Hd = 64, N = 24;
-  for (Activation act : {Activation::Relu, Activation::Gelu, Activation::Geglu}) {
+  for (Activation act : {Activation::Relu, Activation::Gelu, Activation::Geglu, Activation::Swiglu}) {
     INFO(option_name(act));
     auto [mf, md, sf, sd] =
         twin([&](auto t) { return std::make_unique<MLP<decltype(t)>>(M, Hd, act, 0.1, 4); }, gen);

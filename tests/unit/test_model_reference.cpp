@@ -310,6 +310,46 @@ std::vector<RefCase> ref_cases() {
     b.cfg.model.precision = Precision::Bf16;
     v.push_back(b);
   }
+  // Appended after the others: a case's batches are seeded by its index.
+  {
+    // The blocks of today's MoE models (docs/ARCHITECTURE.md "Blocks"): RMSNorm, rotary positions
+    // (base 100: the angles turn visibly over 8 positions), SwiGLU experts and dense feed-forward,
+    // the first block dense, then top-2 in every block.
+    RefCase r{"blocks_top2", base_config(5000000012ull)};
+    Config& c = r.cfg;
+    c.model.num_layers = 3;
+    c.model.norm = NormKind::RmsNorm;
+    c.model.position = PositionKind::Rope;
+    c.model.rope_base = 100;
+    c.model.activation = Activation::Swiglu;
+    c.moe.every = 1;
+    c.moe.first_dense = 1;
+    c.moe.router = RouterKind::Top2;
+    c.moe.second_expert = SecondExpertPolicy::Always;
+    c.moe.expert_d_ff = 24;
+    v.push_back(r);
+  }
+  {
+    // The same blocks in an encoder-decoder: rope on both self-attentions, not on the cross-attention.
+    RefCase r{"blocks_encdec", base_config(5000000013ull)};
+    Config& c = r.cfg;
+    c.model.arch = ModelArch::EncDec;
+    c.model.norm = NormKind::RmsNorm;
+    c.model.position = PositionKind::Rope;
+    c.model.rope_base = 100;
+    c.model.activation = Activation::Swiglu;
+    c.moe.every = 1;
+    c.moe.first_dense = 1;
+    c.moe.router = RouterKind::Top2;
+    c.moe.second_expert = SecondExpertPolicy::Always;
+    v.push_back(r);
+  }
+  {
+    RefCase b = v[v.size() - 2];  // blocks_top2 in bf16
+    b.name += "_bf16";
+    b.cfg.model.precision = Precision::Bf16;
+    v.push_back(b);
+  }
   return v;
 }
 
@@ -404,6 +444,10 @@ void write_config(h5::File& f, const Config& c, int vocab) {
   f64("dropout", c.model.dropout);
   f64("layernorm_eps", c.model.layernorm_eps);
   i64("moe_every", c.moe.every);
+  i64("moe_first_dense", c.moe.first_dense);
+  str("norm", std::string(option_name(c.model.norm)));
+  str("position", std::string(option_name(c.model.position)));
+  f64("rope_base", c.model.rope_base);
   i64("num_experts", c.moe.num_experts);
   str("router", std::string(option_name(c.moe.router)));
   i64("top_k", c.moe.top_k);
