@@ -1,5 +1,5 @@
 // meshmoe: command line and wiring. Subcommands: train, distill, plan, prep, deck-doc, bench-comm, bench-gemm,
-// ckpt, score, generate, translate, eval; --version.
+// ckpt, export, score, generate, translate, eval; --version.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +23,7 @@
 #include "tensor/device.hpp"
 #include "tensor/host_threads.hpp"
 #include "app/checkpoint_cli.hpp"
+#include "app/export_cli.hpp"
 #include "train/distill.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "run/run_checkpoints.hpp"
@@ -165,9 +166,23 @@ int run(int argc, char** argv) {
   train->add_option("deck", deck_path, "Input deck (TOML)")->required();
   train->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
   TrainOptions train_opt;
-  train->add_option("--init-from", train_opt.init_from,
+  auto* init_from_opt = train->add_option("--init-from", train_opt.init_from,
                     "Fresh start only: copy every parameter whose name and shape match from this checkpoint (file, or a "
-                    "ckpt / run directory: its LATEST; of any model, any mesh); the others keep their initialisation");
+                    "ckpt / run directory: its LATEST; of any model, any mesh) or safetensors file (meshmoe export); the "
+                    "others keep their initialisation. Refused (exit 2) when a tensor has another shape or nothing matches");
+  train->add_flag("--init-partial", train_opt.init.partial,
+                  "With --init-from: copy what matches even when some tensors have another shape or none matches, and "
+                  "list what stays at its initialisation")
+      ->needs(init_from_opt);
+  auto* upcycle_flag = train->add_flag("--upcycle", train_opt.init.upcycle,
+                  "With --init-from a dense model: sparse upcycling (Komatsuzaki et al. 2023): each expert of MoE block i "
+                  "starts as the dense feed-forward of block i, the router freshly initialised")
+                          ->needs(init_from_opt);
+  train->add_option("--upcycle-noise", train_opt.init.upcycle_noise,
+                    "With --upcycle: multiply each expert weight by 1 + eps (2u - 1), u uniform in [0, 1) from Philox "
+                    "(run.seed, block, element): the same on every mesh (default 0: exact copies)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->needs(upcycle_flag);
   DistillOptions distill_opt;
   auto* distill = app.add_subcommand("distill", "Train the deck's model with a trained teacher (Switch 4.2): init from its "
                                                 "non-expert weights, loss mixing its probabilities (distill.alpha)");
@@ -244,6 +259,13 @@ int run(int argc, char** argv) {
       ->capture_default_str();
 
   CkptCliOptions ckpt_opt;
+  ExportCliOptions export_opt;
+  auto* export_cmd = app.add_subcommand("export", "Write a checkpoint's parameters in logical shapes as a safetensors file, "
+                                           "with its deck and tokenizer (docs/export.md)");
+  export_cmd->add_option("checkpoint", export_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
+  export_cmd->add_option("-o,--output", export_opt.output, "The safetensors file to write (through OUTPUT.tmp and a rename)")->required();
+  export_cmd->add_option("--data", export_opt.data,
+                  "Dataset whose tokenizer goes into the metadata (default: the data.path the checkpoint was trained on)");
   BenchGemmOptions gemm_opt;
   auto* bench_gemm = app.add_subcommand("bench-gemm", "Measure the fp32 sgemm ceiling (GFLOP/s) that MFU and make bench compare against");
   bench_gemm->add_option("--threads", gemm_opt.threads, "BLAS threads per rank (default 0: OPENBLAS_NUM_THREADS, or 1)");
@@ -352,6 +374,7 @@ int run(int argc, char** argv) {
   if (*bench) return bench_comm_main(bench_opt);
   if (*bench_gemm) return bench_gemm_main(gemm_opt);
   if (*ckpt) return ckpt_main(ckpt_opt);
+  if (*export_cmd) return export_main(export_opt, MESHMOE_VERSION);
   if (*score) return score_main(score_opt);
   if (*prep_gettext) return prep_gettext_main(gettext_opt);
   if (*prep_text) return prep_text_main(text_opt);

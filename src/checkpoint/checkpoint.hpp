@@ -111,17 +111,44 @@ inline constexpr const char* kIncompatibleModel = "checkpoint from an incompatib
 CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store, std::vector<StateTensor>& state,
                                MPI_Comm comm);
 
-// `train --init-from` (docs/user-guide.md "Distillation"): collective over `comm`. Every parameter of `store`
-// whose name and logical shape the checkpoint's /params holds gets its block from the file; the
-// others keep their values. The checkpoint may come from another model (a Switch teacher for a
-// dense student: the non-expert weights match, Switch section 4.2) and any mesh. Returns, on every
-// rank, the logical parameters of all ranks (each once, sorted) copied and kept. Throws
-// InputError on every rank alike when the file is missing, unreadable or holds a non-finite
-// value in a block it copies.
-struct InitFromResult {
-  std::vector<std::string> copied, kept;
+// `train --init-from` (docs/export.md "Starting from a file"; distill's student, Switch section
+// 4.2): collective over `comm`. The file is a meshmoe checkpoint (its /params, from any mesh) or a
+// safetensors export (`meshmoe export`, or any F32 safetensors file under meshmoe's names). Every
+// parameter of `store` whose name and logical shape the file holds gets its block from it; with
+// `upcycle` (sparse upcycling, Komatsuzaki et al. 2023 section 3) every expert of
+// blocks.<i>.moe.experts.w_in / w_out gets the dense blocks.<i>.mlp.w_in / w_out of the file,
+// each element times (1 + upcycle_noise (2u - 1)), u uniform in [0, 1) from Philox keyed by
+// (seed, block i, the element's logical index), so the same on every mesh; the others keep
+// their values (the router: its fresh initialisation). Returns, on every rank, the logical
+// parameters of all ranks (each once, sorted) by what happened to them.
+// Throws InputError on every rank alike when the file is missing, unreadable or holds a non-finite
+// value in a block it copies; and, unless `partial`, when a tensor of the file has a parameter's
+// name but another shape (`mismatched` names both shapes) or nothing would be copied; with
+// `upcycle`, when no expert tensor could be upcycled or an expert's dense source has another
+// shape than one expert (the message says why).
+struct InitFromOptions {
+  bool partial = false;       // copy what matches, leave the rest at initialisation (--init-partial)
+  bool upcycle = false;       // --upcycle
+  double upcycle_noise = 0;   // --upcycle-noise
+  uint64_t seed = 0;          // run.seed: keys the noise
 };
-InitFromResult init_from_checkpoint(const std::string& path, ParamStore<float>& store, MPI_Comm comm);
+struct InitFromResult {
+  std::vector<std::string> copied, upcycled, kept;
+  std::vector<std::string> mismatched;  // "name: [a, b] in the file, [c, d] in this model"
+};
+InitFromResult init_from_checkpoint(const std::string& path, ParamStore<float>& store, MPI_Comm comm,
+                                    const InitFromOptions& opt = {});
+
+// The logical tensors of a checkpoint file, read by this process alone (`meshmoe export`): every
+// parameter under its name, then the MoE routers' selection biases (moe.balance = bias) under
+// "blocks.<i>.moe.router/selection_bias"; sorted by name, block indices as numbers. Throws
+// InputError when the file is not a readable checkpoint or holds a non-finite value.
+struct LogicalTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+std::vector<LogicalTensor> read_logical_tensors(const std::string& path);
 
 // Reads only the attributes (serial, this process). Throws InputError when unreadable.
 CheckpointMeta read_checkpoint_meta(const std::string& path);

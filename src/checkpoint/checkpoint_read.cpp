@@ -1,5 +1,5 @@
-// Reading checkpoints (checkpoint.hpp): the attributes, a resume's read on any mesh, `train
-// --init-from`, and `ckpt verify`.
+// Reading checkpoints (checkpoint.hpp): the attributes, a resume's read on any mesh, and `ckpt
+// verify` (`train --init-from` and the export's read: checkpoint_init.cpp).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -143,47 +143,6 @@ CheckpointMeta read_checkpoint(const std::string& path, ParamStore<float>& store
   if (auto e = first_error(err, comm); !e.empty()) throw InputError(e);
   store.publish_weights();  // one copy per node: its first rank's writes, to every rank
   return meta;
-}
-
-InitFromResult init_from_checkpoint(const std::string& path, ParamStore<float>& store, MPI_Comm comm) {
-  Out mine;  // per parameter of this rank: copied (1) or kept (0), then its name
-  std::string err;
-  try {
-    if (!fs::is_regular_file(path)) throw InputError("--init-from " + path + " does not exist or is not a file");
-    h5::File f = h5::File::open(path);
-    read_meta_attrs(f);  // a meshmoe checkpoint, not any HDF5 file
-    std::optional<HostCopy<float>> weights;  // read on the host, then uploaded (one copy: its first rank's)
-    if (store.writes_all_weights()) weights.emplace(store.weights(), store.size());
-    for (const auto& p : store.infos()) {
-      const std::string dpath = "/params/" + p.name;
-      const bool match = f.is_dataset(dpath) && f.dataset(dpath).shape() == p.logical_shape;
-      if (match && weights) {
-        float* block = weights->data() + p.flat_offset;
-        f.dataset(dpath).read_block(p.offset, p.local_shape, block);
-        if (const int64_t i = first_bad_value(block, product(p.local_shape), false); i >= 0)
-          throw InputError("--init-from " + path + " is bad: non-finite value: " +
-                           bad_value_str(dpath, p.offset, p.local_shape, i, block[size_t(i)]));
-      }
-      mine.i64(match ? 1 : 0);
-      mine.str(p.name);
-    }
-    if (weights) weights->upload();
-  } catch (const InputError& e) {
-    err = e.what();
-  } catch (const std::exception& e) {
-    err = "cannot read --init-from checkpoint " + path + " (corrupt or truncated?): " + e.what();
-  }
-  if (auto e = first_error(err, comm); !e.empty()) throw InputError(e);
-  store.publish_weights();  // one copy per node: its first rank's writes, to every rank
-  std::set<std::string> copied, kept;
-  for (const auto& s : allgather_strings(mine.buf, comm)) {
-    In in(s);
-    while (!in.done()) {
-      const bool c = in.i64() != 0;
-      (c ? copied : kept).insert(in.str());
-    }
-  }
-  return {{copied.begin(), copied.end()}, {kept.begin(), kept.end()}};
 }
 
 VerifyResult verify_checkpoint(const std::string& path) {

@@ -19,6 +19,7 @@ enum class RngPurpose : uint32_t {
   DataShuffle = 6,
   LanguageSample = 7,
   Sampling = 8,  // decoding's sampled tokens (src/decode/sampling.cpp)
+  UpcycleNoise = 9,  // `train --upcycle-noise` (src/checkpoint/checkpoint_init.cpp)
   Test = 255
 };
 

@@ -271,3 +271,22 @@ void RunCheckpoints::save_before_failure(int64_t done) {
 }
 
 }  // namespace meshmoe
+
+namespace meshmoe {
+
+void init_from(const std::string& given, const InitFromOptions& opt, ParamStore<float>& params, Mesh& mesh) {
+  const std::string path = resolve_named_checkpoint(given, "--init-from", mesh.world());
+  const InitFromResult r = init_from_checkpoint(path, params, mesh.world(), opt);
+  if (mesh.rank() != 0) return;
+  std::printf("init from %s: %zu parameters copied", path.c_str(), r.copied.size());
+  if (opt.upcycle) std::printf(", %zu upcycled (each expert the dense feed-forward)", r.upcycled.size());
+  const size_t left = r.kept.size() + r.mismatched.size();
+  std::printf(", %zu kept at their initialisation", left);
+  for (size_t i = 0; i < r.kept.size(); ++i) std::printf("%s%s", i == 0 ? " (" : ", ", r.kept[i].c_str());
+  std::printf("%s\n", r.kept.empty() ? "" : ")");
+  // --init-partial: the tensors of another shape, with both shapes.
+  for (const std::string& m : r.mismatched) std::printf("  left at initialisation: %s\n", m.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace meshmoe

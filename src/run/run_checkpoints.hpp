@@ -50,6 +50,12 @@ struct TrainProgress {
 void check_checkpoint_data(const std::string& option, const std::string& path, const std::string& data_path,
                            bool allow_other, MPI_Comm world);
 
+// `train --init-from FILE` on a fresh start (collective): the checkpoint or safetensors file that
+// `given` names (resolve_named_checkpoint) initialises `params` (init_from_checkpoint's rules and
+// refusals, src/checkpoint/checkpoint.hpp); rank 0 prints what was copied, upcycled, and left at
+// its initialisation.
+void init_from(const std::string& given, const InitFromOptions& opt, ParamStore<float>& params, Mesh& mesh);
+
 class RunCheckpoints {
  public:
   // Writes and reads <run_dir>/ckpt. `params`, `optimizer`, `batcher` and `progress` are the

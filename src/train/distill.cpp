@@ -176,6 +176,7 @@ int distill_main(const Deck& deck, Mesh& mesh, const Startup& start, const std::
   Distiller distiller(cfg, start.vocab(), mesh, opt);
   TrainOptions topt;
   topt.init_from = distiller.teacher_path();  // Switch 4.2: the student starts from the teacher's non-expert weights
+  topt.init.partial = true;  // a student of another width keeps what does not fit at its initialisation
   topt.hooks = &distiller;
   return train_main(deck, mesh, start, version, topt);
 }

@@ -143,7 +143,11 @@ class Trainer {
     const std::string memory = start.memory_report(mesh.world());
     if (mesh.rank() == 0) std::fputs(memory.c_str(), stdout);
     checkpoints_->resume();
-    if (!opt.init_from.empty() && progress_.start_step == 0) init_from(opt.init_from);
+    if (!opt.init_from.empty() && progress_.start_step == 0) {
+      InitFromOptions init = opt.init;
+      init.seed = uint64_t(cfg_.run.seed);
+      init_from(opt.init_from, init, model_->params(), mesh_);
+    }
     write_deck_file(deck, dir_, mesh.world());
     log_ = std::make_unique<StepLog>(deck, dir_, mesh, model_->shape(), timers_, *pipeline_, flops_per_token_, peak_);
     agree_on_input(mesh.world(), [&] {  // metrics.h5 that cannot be continued stops every rank (StepLog::open)
@@ -220,19 +224,6 @@ class Trainer {
   }
 
  private:
-  // `train --init-from` on a fresh start (TrainOptions::init_from): the checkpoint's parameters of
-  // the same name and shape replace the initialisation.
-  void init_from(const std::string& given) {
-    const std::string path = resolve_named_checkpoint(given, "--init-from", mesh_.world());
-    const InitFromResult r = init_from_checkpoint(path, model_->params(), mesh_.world());
-    if (mesh_.rank() != 0) return;
-    std::printf("init from %s: %zu parameters copied, %zu kept at their initialisation", path.c_str(), r.copied.size(),
-                r.kept.size());
-    for (size_t i = 0; i < r.kept.size(); ++i) std::printf("%s%s", i == 0 ? " (" : ", ", r.kept[i].c_str());
-    std::printf("%s\n", r.kept.empty() ? "" : ")");
-    std::fflush(stdout);
-  }
-
   // At a step boundary all ranks agree whether to stop: a signal on any rank (1) or the wall-time
   // limit run.max_walltime (2).
   int stop_requested() {

@@ -11,6 +11,7 @@
 #include "core/timers.hpp"
 #include "deck/deck.hpp"
 #include "mesh/mesh.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "parallel/pipeline_executor.hpp"
 #include "run/startup.hpp"
 #include "train/evaluate.hpp"
@@ -33,9 +34,11 @@ class TrainHooks {
 };
 
 struct TrainOptions {
-  // `train --init-from CKPT`: a fresh run's parameters whose name and logical shape match one of
-  // the checkpoint's are copied from it, the others keep their initialisation.
+  // `train --init-from FILE` (a checkpoint or a safetensors export): a fresh run's parameters are
+  // copied from it by name and logical shape (src/run/run_checkpoints.hpp, init_from), with
+  // `init.upcycle` each dense feed-forward into the experts of the MoE block that replaces it.
   std::string init_from;
+  InitFromOptions init;  // its seed is the deck's run.seed
   TrainHooks* hooks = nullptr;
 };
 

@@ -1,0 +1,19 @@
+// `meshmoe export CKPT -o model.safetensors [--data DATA]` (docs/export.md): a checkpoint written on
+// any mesh, read by one process in its logical (unsharded) tensors, written as a safetensors file
+// (src/io/safetensors.hpp) whose metadata holds the effective deck and the tokenizer of the
+// dataset it was trained on, so that postprocess/meshmoe_torch.py and `train --init-from` need
+// nothing else. Rank 0 works, every rank returns its exit code: 0 written, 2 bad input (a
+// checkpoint or dataset that cannot be read, an output that is the input), 1 a failure to write.
+#pragma once
+#include <string>
+
+namespace meshmoe {
+
+struct ExportCliOptions {
+  std::string checkpoint;  // a file, or a ckpt / run directory (its LATEST)
+  std::string output;
+  std::string data;  // the dataset whose tokenizer goes into the metadata; empty: the checkpoint's data_path
+};
+int export_main(const ExportCliOptions& opt, const std::string& version);
+
+}  // namespace meshmoe
