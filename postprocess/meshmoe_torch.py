@@ -260,12 +260,33 @@ class MeshmoeModel(torch.nn.Module):
         return self.ln(x, "ln_f") @ W.t()
 
 
+# Deck choices this module computes, and the values it computes them for: a model trained with
+# another (the gates and blocks of docs/user-guide.md "Routing options" and docs/ARCHITECTURE.md
+# "Blocks") is refused rather than given a loss that is not meshmoe's.
+WRITTEN_FOR = {("model", "norm"): "layernorm", ("model", "position"): "learned", ("moe", "gate"): "softmax",
+               ("moe", "routed_scale"): 1.0, ("moe", "first_dense"): 0}
+ACTIVATIONS = ("relu", "gelu", "geglu")
+
+
+def check_written(cfg, path):
+    for (section, key), value in WRITTEN_FOR.items():
+        got = getattr(getattr(cfg, section, None), key, value)
+        if got != value:
+            raise ValueError(f"{path}: {section}.{key} = {got!r}: this module computes {section}.{key} = "
+                             f"{value!r} only")
+    if cfg.model.activation not in ACTIVATIONS:
+        raise ValueError(f"{path}: model.activation = {cfg.model.activation!r}: this module computes "
+                         f"{', '.join(ACTIVATIONS)} only")
+
+
 def load(path):
     """The model of a `meshmoe export` file, and its metadata (deck, tokenizer: docs/export.md)."""
     tensors, meta = read_safetensors(path)
     if meta.get("format") != "meshmoe":
         raise ValueError(f"{path}: not a meshmoe export (metadata format = {meta.get('format')!r})")
-    model = MeshmoeModel(Config(meta["deck"]), tensors)
+    cfg = Config(meta["deck"])
+    check_written(cfg, path)
+    model = MeshmoeModel(cfg, tensors)
     model.metadata = meta
     return model
 
@@ -480,7 +501,11 @@ def main():
     ap.add_argument("model", help="a safetensors file written by `meshmoe export`")
     ap.add_argument("--data", required=True, help="the dataset (HDF5, `meshmoe prep`) whose valid split is scored")
     args = ap.parse_args()
-    model = load(args.model)
+    try:
+        model = load(args.model)
+    except ValueError as e:
+        print(f"meshmoe_torch.py: {e}", file=sys.stderr)
+        return 2
     loss, tokens = validation_loss(model, args.data)
     print(f"validation loss {loss:.9g} over {tokens:.0f} tokens")
     return 0

@@ -87,4 +87,12 @@ rc=$?
 rc=$?
 [ $rc = 2 ] && grep -q "does not exist" "$T/nodir.log" || { cat "$T/nodir.log"; fail "export into a missing directory: exit $rc"; }
 echo "ok   export refuses its input as output and a missing directory (exit 2)"
+# The PyTorch module refuses a model of a deck choice it does not compute (here RMSNorm).
+train_or_fail rms 1 --set run.steps=1 --set model.norm=rmsnorm
+"$M" export "$T/rms" -o "$T/rms.safetensors" >/dev/null || fail "export of the rmsnorm run"
+/usr/bin/python3 postprocess/meshmoe_torch.py "$T/rms.safetensors" --data "$T/data.h5" >"$T/rms.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "model.norm = 'rmsnorm': this module computes model.norm = 'layernorm' only" "$T/rms.log" ||
+  { cat "$T/rms.log"; fail "meshmoe_torch.py on an rmsnorm model: exit $rc"; }
+echo "ok   meshmoe_torch.py refuses a deck choice it does not compute (exit 2)"
 echo "PASS export_torch"
