@@ -115,6 +115,10 @@ double test_pause_seconds() {
   return s;
 }
 
+// Bytes a resume may add to metrics.h5 in place (the rows cut back, the deck and attributes
+// rewritten), beyond the copy made before it.
+constexpr std::uintmax_t kResumeSlack = 64 << 10;
+
 }  // namespace
 
 MetricsFile::MetricsFile(const std::string& path, const std::string& deck_text,
@@ -130,6 +134,14 @@ MetricsFile::MetricsFile(const std::string& path, const std::string& deck_text,
     real = std::filesystem::canonical(path, ec).string();
     if (ec) throw Error("cannot resolve " + path + ": " + ec.message());
     copy = real + ".tmp-" + std::to_string(::getpid());
+    // Room for the copy and the rewrite, or no HDF5 write at all: a write that fails on a full disk
+    // leaves HDF5 objects that cannot be closed, and those crash its shutdown in MPI_Finalize.
+    const auto size = std::filesystem::file_size(real, ec);
+    const auto room = std::filesystem::space(std::filesystem::path(real).parent_path(), ec);
+    if (!ec && room.available < size + kResumeSlack)
+      throw Error("no room to continue " + path + ": " + std::to_string(room.available) +
+                  " bytes free on its file system, and it needs " + std::to_string(size + kResumeSlack) +
+                  " (a copy of it and " + std::to_string(kResumeSlack) + " for the rewrite)");
     if (!std::filesystem::copy_file(real, copy, std::filesystem::copy_options::overwrite_existing, ec) || ec) {
       std::remove(copy.c_str());
       throw Error("cannot copy " + path + " before continuing it: " + ec.message());
