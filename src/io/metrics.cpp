@@ -137,6 +137,7 @@ MetricsFile::MetricsFile(const std::string& path, const std::string& deck_text,
     // Room for the copy and the rewrite, or no HDF5 write at all: a write that fails on a full disk
     // leaves HDF5 objects that cannot be closed, and those crash its shutdown in MPI_Finalize.
     const auto size = std::filesystem::file_size(real, ec);
+    if (ec) throw Error("cannot read the size of " + path + ": " + ec.message());
     const auto room = std::filesystem::space(std::filesystem::path(real).parent_path(), ec);
     if (!ec && room.available < size + kResumeSlack)
       throw Error("no room to continue " + path + ": " + std::to_string(room.available) +
