@@ -383,6 +383,8 @@ std::string memory_report(const Config& cfg, const MeshShape& mesh, const std::v
   row("data", [&](const MemoryPlan& p) { return num((long long)std::llround(p.sent_data)); });
   row("tensor", [&](const MemoryPlan& p) { return num((long long)std::llround(p.sent_tensor)); });
   row("pipe", [&](const MemoryPlan& p) { return num((long long)std::llround(p.sent_pipe)); });
+  if (cfg.moe.every > 0 && cfg.moe.expert_axis == ExpertAxis::Data)
+    row("  of data: MoE all-to-all", [&](const MemoryPlan& p) { return num((long long)std::llround(p.sent_data_all_to_all)); });
   for (int s = 0; sharded && s < mesh.pipe; ++s) {
     const auto& b = state_per_data_rank[size_t(s)];
     const double mean = double(std::accumulate(b.begin(), b.end(), size_t(0))) / double(b.size());

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -301,6 +302,13 @@ TEST_CASE("memory plan: bytes sent per step follow the ring and all-to-all formu
   const double G = 2 * 16 / 16, C = std::ceil(2 * 16 * 1.25 / 4);  // 2 x 16 tokens per rank, top-2, factor 1.25
   const double a2a = 2 * (2 + 2) * (1.0 / 2) * (4 * G * C * 32 * 4);
   CHECK(r.sent_data == Approx(2.0 * 3 / 4 * dense + 2.0 * 1 / 2 * expert_floats * 4 + a2a).epsilon(1e-12));
+  // The plan prints the all-to-all's share of the data axis on a row of its own (docs/user-guide.md
+  // "The papers' models at their scale"); a dense model has no such row.
+  CHECK(r.sent_data_all_to_all == Approx(a2a).epsilon(1e-12));
+  char row[128];
+  std::snprintf(row, sizeof row, "\n  %-26s  %16lld\n", "  of data: MoE all-to-all", std::llround(a2a));
+  CHECK_THAT(memory_report(m, MeshShape{1, 4, 1}, {{r}}, 0), Catch::Contains(row));
+  CHECK_THAT(memory_report(c, MeshShape{1, 2, 1}, {{d2}}, 0), !Catch::Contains("MoE all-to-all"));
 }
 
 TEST_CASE("memory plan: GShard section 5.1, memory per rank stays flat as experts grow with ranks", "[memory]") {
