@@ -130,15 +130,21 @@ class MeshmoeModel(torch.nn.Module):
 
     def attention(self, x, pre, B, T, segment, causal, kv=None, kv_segment=None):
         """Heads of width D = M / heads, no biases; a query sees the keys of its own example (and
-        only earlier ones when causal); a query with no key gets zeros."""
+        only earlier ones when causal); a query with no key gets zeros. Grouped-query attention
+        (model.kv_heads, self-attention): k and v have kv_heads heads, each repeated for its
+        heads / kv_heads query heads (the Hugging Face Llama/Mixtral repeat_kv)."""
         M, heads = self.cfg.model.d_model, self.cfg.model.num_heads
         D = M // heads
+        kv_heads = heads
         if kv is None:
             kv, kv_segment = x, segment
+            kv_heads = getattr(self.cfg.model, "kv_heads", 0) or heads
         Tk = kv_segment.shape[1]
         q = (x @ self.p(pre + ".wq")).view(B, T, heads, D).transpose(1, 2)
-        k = (kv @ self.p(pre + ".wk")).view(B, Tk, heads, D).transpose(1, 2)
-        v = (kv @ self.p(pre + ".wv")).view(B, Tk, heads, D).transpose(1, 2)
+        k = (kv @ self.p(pre + ".wk")).view(B, Tk, kv_heads, D).transpose(1, 2)
+        v = (kv @ self.p(pre + ".wv")).view(B, Tk, kv_heads, D).transpose(1, 2)
+        k = k.repeat_interleave(heads // kv_heads, dim=1)  # query head h reads key/value head h // group
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
         s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(D))
         seen = segment[:, :, None] == kv_segment[:, None, :]
         if causal:

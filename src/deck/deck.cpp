@@ -330,6 +330,11 @@ void Parser::cross_checks() {
          "model.position = \"rope\" rotates pairs of a head's dimensions: the head width " + kv("model.d_model", m.d_model) +
              " / " + kv("model.num_heads", m.num_heads) + " = " + std::to_string(m.d_model / m.num_heads) +
              " must be even");
+  if (m.kv_heads > 0 && m.arch == ModelArch::EncDec)
+    rule({"model.kv_heads", "model.arch"}, m.kv_heads == m.num_heads,
+         kv("model.kv_heads", m.kv_heads) + " with model.arch = \"encdec\": grouped-query attention is built for the "
+         "decoder-only model (the cross-attention has num_heads key/value heads); remove model.kv_heads or set it to " +
+             kv("model.num_heads", m.num_heads));
   if (moe_layers && e.router == RouterKind::TopK)
     rule({"moe.top_k", "moe.num_experts", "moe.router"}, e.top_k <= e.num_experts,
          kv("moe.top_k", e.top_k) + " is greater than " + kv("moe.num_experts", e.num_experts) +

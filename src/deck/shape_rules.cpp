@@ -22,6 +22,12 @@ std::vector<ShapeRule> shape_rules(const Config& cfg, int64_t pipe, int64_t data
   r.push_back({{"model.num_heads", "mesh.tensor"}, m.num_heads % tensor == 0,
                kv("model.num_heads", m.num_heads) + " is not divisible by " + kv("mesh.tensor", tensor) +
                    " (attention heads are split over the tensor axis)"});
+  // Grouped-query attention: each key/value head serves num_heads / kv_heads query heads. No rule over
+  // tensor: kv heads that tensor does not divide are replicated on every tensor rank (layer_shapes.hpp).
+  if (m.kv_heads > 0)
+    r.push_back({{"model.kv_heads", "model.num_heads"}, m.kv_heads <= m.num_heads && m.num_heads % m.kv_heads == 0,
+                 kv("model.kv_heads", m.kv_heads) + " does not divide " + kv("model.num_heads", m.num_heads) +
+                     " (each key/value head serves num_heads / kv_heads query heads; 0 means num_heads)"});
   r.push_back({{"model.d_ff", "mesh.tensor"}, m.d_ff % tensor == 0,
                kv("model.d_ff", m.d_ff) + " is not divisible by " + kv("mesh.tensor", tensor) +
                    " (feed-forward hidden units are split over the tensor axis)"});
@@ -91,6 +97,8 @@ int64_t expert_parallel(const Config& cfg, int64_t data) {
   if (cfg.mesh.expert_parallel > 0) return cfg.mesh.expert_parallel;
   return std::gcd(cfg.moe.num_experts, data);
 }
+
+int64_t kv_heads_of(const Config& cfg) { return cfg.model.kv_heads > 0 ? cfg.model.kv_heads : cfg.model.num_heads; }
 
 void require_rules(const std::vector<ShapeRule>& rules, bool with_batch) {
   for (const ShapeRule& r : rules)

@@ -32,6 +32,10 @@ std::vector<ShapeRule> shape_rules(const Config& cfg, int64_t pipe, int64_t data
 // data (moe.expert_axis = tensor, or no MoE layer).
 int64_t expert_parallel(const Config& cfg, int64_t data);
 
+// The key/value heads of the self-attention (model.kv_heads; its default 0 is model.num_heads): the
+// one reading of the key, for the layers, the shape table, the checkpoint and the export.
+int64_t kv_heads_of(const Config& cfg);
+
 // Throws InputError with the message of the first failing rule of `rules` (with_batch: the batch's
 // rules too).
 void require_rules(const std::vector<ShapeRule>& rules, bool with_batch);

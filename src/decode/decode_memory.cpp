@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "deck/shape_rules.hpp"
 #include "run/memory_limit.hpp"
 
 namespace meshmoe {
@@ -12,7 +13,9 @@ double decode_memory_bytes(const Config& cfg, int vocab, const DecodeShape& s) {
   // Room per stream: the prompt and every hypothesis's tokens (the flat beam's interleaved stream,
   // decode/beam_search.hpp).
   const double capacity = double(std::max(s.prompt, 1)) + hyps * double(std::max(s.max_new, 1));
-  const double kv_cache = L * 2 * streams * capacity * M * sizeof(float);
+  // Keys and values of kv_heads heads (grouped-query attention: M kv_heads / num_heads wide).
+  const double KV = M / double(cfg.model.num_heads) * double(kv_heads_of(cfg));
+  const double kv_cache = L * 2 * streams * capacity * KV * sizeof(float);
   // Each live hypothesis keeps a 0/1 mask over its stream; the step's masks and the next beam's copies.
   const double masks = 3 * streams * hyps * capacity;
   // The widest step: the prefill of every prompt's tokens or one token per hypothesis.

@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "model/attention_bodies.hpp"
 #include "model/attention_core.hpp"
+#include "model/kv_heads.hpp"
 #include "model/rope.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/elementwise.hpp"
@@ -39,7 +40,7 @@ CausalSelfAttention<T>::CausalSelfAttention(int d_model, int num_heads, double d
 template <typename T>
 CausalSelfAttention<T>::CausalSelfAttention(const AttentionShape& s, double dropout, uint32_t layer_id, bool causal,
                                             double rope_base)
-    : M_(s.M), heads_(s.heads), D_(s.D), h0_(s.head0), heads_l_(s.heads_l), A_l_(s.A_l), causal_(causal),
+    : shape_(s), M_(s.M), heads_(s.heads), D_(s.D), h0_(s.head0), heads_l_(s.heads_l), A_l_(s.A_l), causal_(causal),
       rope_base_(rope_base), dropout_(dropout, layer_id) {
   if (rope_base_ > 0 && D_ % 2 != 0)
     throw InputError("model.position = \"rope\" needs an even head width d_model / num_heads, got " + std::to_string(D_));
@@ -47,7 +48,7 @@ CausalSelfAttention<T>::CausalSelfAttention(const AttentionShape& s, double drop
 
 template <typename T>
 void CausalSelfAttention<T>::declare(ParamStore<T>& store, const std::string& prefix) {
-  declare_params(store, attention_params(prefix, attention_shape(M_, heads_, {h0_, heads_l_})), {&wq, &wk, &wv, &wo});
+  declare_params(store, attention_params(prefix, shape_), {&wq, &wk, &wv, &wo});
 }
 
 // x [N, M] -> y [N, M]
@@ -70,8 +71,18 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   // q, k, v [N, A_l] = x [N, M] W [M, A_l]
   const uint16_t* x16 = rounded_once(x, size_t(N) * M_, bf16_copy_room<T>(bf16_, copies_size(N)));
   matmul(false, false, N, A_l, M_, x, wq.w, q, false, x16);
-  matmul(false, false, N, A_l, M_, x, wk.w, k, false, x16);
-  matmul(false, false, N, A_l, M_, x, wv.w, v, false, x16);
+  if (!shape_.grouped()) {
+    matmul(false, false, N, A_l, M_, x, wk.w, k, false, x16);
+    matmul(false, false, N, A_l, M_, x, wv.w, v, false, x16);
+  } else {  // k, v [N, KV_l] = x W [M, KV_l], then repeated for the query heads (repeat_kv)
+    const int KV_l = shape_.KV_l;
+    const size_t N_KV = size_t(N) * KV_l;
+    ensure(kv_, 2 * N_KV);
+    matmul(false, false, N, KV_l, M_, x, wk.w, kv_.data(), false, x16);
+    matmul(false, false, N, KV_l, M_, x, wv.w, kv_.data() + N_KV, false, x16);
+    repeat_kv_heads(shape_, kv_.data(), k, N);
+    repeat_kv_heads(shape_, kv_.data() + N_KV, v, N);
+  }
   if (rope_base_ > 0) {  // rotary positions on q and k (rope.hpp)
     ensure(rope_position_, size_t(N));
     rope_positions(ctx.position, rope_position_.data(), N, Tq);
@@ -159,6 +170,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
     rope_rotate(dq, N, heads_l_, D, A_l, rope_position_.data(), Tq, rope_base_, true);
     rope_rotate(dk, N, heads_l_, D, A_l, rope_position_.data(), Tq, rope_base_, true);
   }
+  if (shape_.grouped()) sum_kv_grads(N);
   accumulate_input_grads(dx, N, room);
 }
 
@@ -203,11 +215,49 @@ void CausalSelfAttention<T>::causal_attention_backward(const T* q, const T* k, c
   }
 }
 
-// From dq, dk, dv in dqkv_; room: the backward's bf16_copy_room (dy's copy is done with).
+template <typename T>
+void CausalSelfAttention<T>::sum_kv_grads(int N) {
+  const size_t N_A = size_t(N) * A_l_, N_KV = size_t(N) * shape_.KV_l;
+  ensure(dkv_, 2 * N_KV);
+  const T* dk = dqkv_.data() + N_A;
+  sum_kv_head_groups(shape_, dk, dkv_.data(), N);
+  sum_kv_head_groups(shape_, dk + N_A, dkv_.data() + N_KV, N);
+  // Replicated key/value heads: each tensor rank summed only its own query heads; the weights'
+  // gradient needs every rank's (the input gradient's partial sum is reduced with the others').
+  if (shape_.kv_replicated() && tensor_allreduce) {
+    ensure(dkv_sum_, 2 * N_KV);
+    copy_from(dkv_sum_.data(), dkv_.data(), 2 * N_KV);
+    tensor_allreduce(dkv_sum_.data(), 2 * N_KV);
+  }
+}
+
+// From dq, dk, dv in dqkv_ (grouped: dk, dv in dkv_); room: the backward's bf16_copy_room (dy's copy
+// is done with).
 template <typename T>
 void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N, uint16_t* room) {
   const int A_l = A_l_;
   const size_t N_M = size_t(N) * M_, N_A = size_t(N) * A_l;
+  if (shape_.grouped()) {
+    const int KV_l = shape_.KV_l;
+    const size_t N_KV = size_t(N) * KV_l;
+    const T* dq = dqkv_.data();
+    const T* dk = dkv_.data();
+    const T* dv = dk + N_KV;
+    const uint16_t* x16 = rounded_once(x_.data(), N_M, room);
+    const uint16_t* dq16 = rounded_once(dq, N_A, room ? room + N_M : nullptr);
+    const uint16_t* dk16 = rounded_once(dk, 2 * N_KV, room ? room + N_M + N_A : nullptr);
+    const uint16_t* dv16 = dk16 ? dk16 + N_KV : nullptr;
+    // The weights' gradients read the sum over tensor of replicated heads (its bf16 rounding done by the GEMM).
+    const bool summed = !dkv_sum_.empty() && shape_.kv_replicated() && tensor_allreduce;
+    const T* dk_w = summed ? dkv_sum_.data() : dk;
+    const T* dv_w = summed ? dkv_sum_.data() + N_KV : dv;
+    matmul(true, false, M_, A_l, N, x_.data(), dq, wq.g, true, x16, dq16);
+    matmul(true, false, M_, KV_l, N, x_.data(), dk_w, wk.g, true, x16, summed ? nullptr : dk16);
+    matmul(true, false, M_, KV_l, N, x_.data(), dv_w, wv.g, true, x16, summed ? nullptr : dv16);
+    add_projection_input_grads<T>({{dq, wq.w, dq16, A_l}, {dk, wk.w, dk16, KV_l}, {dv, wv.w, dv16, KV_l}}, dx, N,
+                                  M_, A_l, tensor_allreduce, sharded(), dxs_);
+    return;
+  }
   const T* dq = dqkv_.data();
   const T* dk = dq + N_A;
   const T* dv = dk + N_A;
@@ -224,9 +274,10 @@ void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N, uint16_t* room
                                 tensor_allreduce, sharded(), dxs_);
 }
 
-// The copies' room: x (forward); dy, then x and dq, dk, dv (backward).
+// The copies' room: x (forward); dy, then x and dq, dk, dv (backward; grouped: dk, dv [N, KV_l]).
 template <typename T>
 size_t CausalSelfAttention<T>::copies_size(int N) const {
+  if (shape_.grouped()) return size_t(N) * (size_t(M_) + size_t(A_l_) + 2 * size_t(shape_.KV_l));
   return size_t(N) * (size_t(M_) + 3 * size_t(A_l_));
 }
 

@@ -9,6 +9,12 @@
 // sum over heads, and the input gradient a partial sum too; both go through `tensor_allreduce`
 // (set by the parallel code to the tensor axis' all-reduce) before dropout / before being added
 // to dx. With all heads local the hook is never called.
+//
+// Grouped-query attention (model.kv_heads < num_heads, kv_heads.hpp): wk, wv [M, kv_heads*D], this
+// rank's block [M, KV_l]; the projected keys and values are repeated for the query heads
+// (repeat_kv), and dk, dv summed back over each group. Key/value heads replicated over tensor
+// (layer_shapes.hpp) get the sum over tensor of their dk, dv (through `tensor_allreduce`) before
+// their weight gradients, so every tensor rank adds the same gradient to its copy.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -61,6 +67,7 @@ class CausalSelfAttention {
   std::function<void(T*, size_t)> tensor_allreduce;  // sum over the tensor axis, in place
 
   int num_heads() const { return heads_; }
+  const AttentionShape& shape() const { return shape_; }
   int local_heads() const { return heads_l_; }
   bool sharded() const { return heads_l_ != heads_; }
   // Tests only: whether it attends causally (the decoder's) or within the packed example.
@@ -72,8 +79,12 @@ class CausalSelfAttention {
   void causal_attention_backward(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv, int B, int Tq);
   // x^T d into wq/wk/wv .g, and dx += the input gradient (add_projection_input_grads)
   void accumulate_input_grads(T* dx, int N, uint16_t* room);
+  // grouped: dk, dv [N, A_l] of the repeated heads -> dkv_ [N, KV_l] each (+ their sum over tensor
+  // when replicated, in dkv_sum_)
+  void sum_kv_grads(int N);
   size_t copies_size(int N) const;  // bf16_'s room
 
+  AttentionShape shape_;
   int M_, heads_, D_, h0_, heads_l_, A_l_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
   int seq_len_ = 0;
   bool causal_ = true;
@@ -81,7 +92,8 @@ class CausalSelfAttention {
   Dropout<T> dropout_;
   // saved by forward
   Buffer<T> x_;    // [N, M]
-  Buffer<T> qkv_;  // q, k, v each [N, A_l]
+  Buffer<T> qkv_;  // q, k, v each [N, A_l] (grouped: k, v repeated for the query heads)
+  Buffer<T> kv_;   // grouped: the k, v projections [N, KV_l] each, forward only
   Buffer<T> p_;    // softmax probabilities [B, heads_l, T, T] (zero above the diagonal when causal, zero across examples)
   // P and dS rounded to bf16 by their softmax rows, for the bf16 GEMMs on a device (causal mode;
   // empty otherwise: tensor/blas.hpp bf16_operand_copies)
@@ -91,6 +103,7 @@ class CausalSelfAttention {
   Buffer<int32_t> rope_position_;  // rope: the tokens' positions [N], for the backward's rotation
   // backward scratch
   Buffer<T> dy_, datt_, dqkv_, dxs_;
+  Buffer<T> dkv_, dkv_sum_;  // grouped: dk, dv [N, KV_l] each; replicated over tensor: their sum over tensor
   Buffer<T> dp_;  // dP, then dS, of every (b, h) pair [B, heads_l, T, T]
   // bf16 copies of the operands that several GEMMs read (tensor/blas.hpp bf16_operand_copies), in
   // one pass at a time [copies_size(N)]

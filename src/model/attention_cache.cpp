@@ -18,8 +18,9 @@ void AttentionCache<T>::reset(int streams, int capacity, int d_model, const Caus
   M_ = d_model;
   D_ = d_model / attn.num_heads();
   A_l_ = attn.local_heads() * D_;
+  KV_l_ = attn.shape().KV_l;
   length_.assign(size_t(streams), 0);
-  const size_t n = size_t(streams) * size_t(capacity) * size_t(A_l_);
+  const size_t n = size_t(streams) * size_t(capacity) * size_t(KV_l_);
   k_.resize(n);
   v_.resize(n);
 }
@@ -27,21 +28,22 @@ void AttentionCache<T>::reset(int streams, int capacity, int d_model, const Caus
 // x [n, M] -> y [n, M]
 template <typename T>
 void AttentionCache<T>::forward(CausalSelfAttention<T>& attn, const CachedTokens& tok, const T* x, T* y) {
-  const int n = tok.n, A_l = A_l_, D = D_, heads_l = attn.local_heads(), cap = capacity_;
-  const size_t n_A = size_t(n) * A_l;
+  const int n = tok.n, A_l = A_l_, KV_l = KV_l_, D = D_, heads_l = attn.local_heads(), cap = capacity_;
+  const AttentionShape& shape = attn.shape();
+  const size_t n_A = size_t(n) * A_l, n_KV = size_t(n) * KV_l;
   q_.resize(n_A);
-  kn_.resize(n_A);
-  vn_.resize(n_A);
+  kn_.resize(n_KV);
+  vn_.resize(n_KV);
   att_.resize(n_A);
-  // q, k, v [n, A_l] = x [n, M] W [M, A_l], as the full forward's projections
+  // q [n, A_l], k, v [n, KV_l] = x [n, M] W, as the full forward's projections
   matmul(false, false, n, A_l, M_, x, attn.wq.w, q_.data());
-  matmul(false, false, n, A_l, M_, x, attn.wk.w, kn_.data());
-  matmul(false, false, n, A_l, M_, x, attn.wv.w, vn_.data());
+  matmul(false, false, n, KV_l, M_, x, attn.wk.w, kn_.data());
+  matmul(false, false, n, KV_l, M_, x, attn.wv.w, vn_.data());
   // Rotary positions (rope.hpp): the new tokens' queries and keys at their own positions; the cached
   // keys were rotated when they were appended.
   if (attn.rope_base() > 0) {
     rope_rotate(q_.data(), n, heads_l, D, A_l, tok.position, 1, attn.rope_base(), false);
-    rope_rotate(kn_.data(), n, heads_l, D, A_l, tok.position, 1, attn.rope_base(), false);
+    rope_rotate(kn_.data(), n, shape.kv_heads_l, D, KV_l, tok.position, 1, attn.rope_base(), false);
   }
   where_.resize(size_t(n));
   for (int i = 0; i < n; ++i) {
@@ -52,16 +54,18 @@ void AttentionCache<T>::forward(CausalSelfAttention<T>& attn, const CachedTokens
                   " tokens already (the cache's capacity)");
     const int j = length_[size_t(s)]++;
     where_[size_t(i)] = j;
-    const size_t at = (size_t(s) * cap + size_t(j)) * A_l;
-    copy_from(k_.data() + at, kn_.data() + size_t(i) * A_l, size_t(A_l));
-    copy_from(v_.data() + at, vn_.data() + size_t(i) * A_l, size_t(A_l));
+    const size_t at = (size_t(s) * cap + size_t(j)) * KV_l;
+    copy_from(k_.data() + at, kn_.data() + size_t(i) * KV_l, size_t(KV_l));
+    copy_from(v_.data() + at, vn_.data() + size_t(i) * KV_l, size_t(KV_l));
   }
   // Per (token, local head): the scaled scores over the keys it sees, the softmax in the full
   // forward's order (max, exp, sum, times 1/sum; attention_bodies.hpp), then the weighted values.
+  // Grouped-query attention: query head h reads its group's key/value head (kv_heads.hpp).
   const T scale = T(1) / std::sqrt(T(D));
   for_each_task(int64_t(n) * heads_l, [&](int64_t ih) {
     const int i = int(ih / heads_l), h = int(ih % heads_l), self = where_[size_t(i)];
-    const size_t stream_base = size_t(tok.stream[i]) * cap * A_l + size_t(h) * D;
+    const int kv = (shape.head0 + h) / shape.group() - shape.kv0;
+    const size_t stream_base = size_t(tok.stream[i]) * cap * KV_l + size_t(kv) * D;
     const uint8_t* vis = tok.visible ? tok.visible + size_t(i) * cap : nullptr;
     auto sees = [&](int j) { return j == self || !vis || vis[j] != 0; };
     const T* q = q_.data() + size_t(i) * A_l + size_t(h) * D;
@@ -70,7 +74,7 @@ void AttentionCache<T>::forward(CausalSelfAttention<T>& attn, const CachedTokens
     bool any = false;
     for (int j = 0; j <= self; ++j) {
       if (!sees(j)) continue;
-      const T* k = k_.data() + stream_base + size_t(j) * A_l;
+      const T* k = k_.data() + stream_base + size_t(j) * KV_l;
       T dot = 0;
       for (int d = 0; d < D; ++d) dot += q[d] * k[d];
       p[size_t(j)] = scale * dot;
@@ -88,7 +92,7 @@ void AttentionCache<T>::forward(CausalSelfAttention<T>& attn, const CachedTokens
     for (int j = 0; j <= self; ++j) {
       if (!sees(j)) continue;
       const T w = p[size_t(j)] * inv;
-      const T* v = v_.data() + stream_base + size_t(j) * A_l;
+      const T* v = v_.data() + stream_base + size_t(j) * KV_l;
       for (int d = 0; d < D; ++d) o[d] += w * v[d];
     }
   });

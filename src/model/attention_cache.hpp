@@ -8,9 +8,11 @@
 // ancestors): pruning hypotheses reorders those 0/1 masks, never the cached keys and values.
 //
 // Uses CausalSelfAttention's weights (wq, wk, wv, wo) as they are: with heads split over tensor
-// (Megatron) the cache holds this rank's heads [N_cached, A_l] and the output projection is
+// (Megatron) the cache holds this rank's heads [N_cached, KV_l] and the output projection is
 // all-reduced over tensor like the full forward's. No dropout: decoding is evaluation. With rotary
 // positions (model.position = rope) the cache holds the rotated keys, each at its token's position.
+// With grouped-query attention (model.kv_heads) it holds the key/value heads only, KV_l = A_l x
+// kv_heads / heads wide (or all kv_heads where the tensor axis replicates them).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -44,10 +46,11 @@ class AttentionCache {
   void forward(CausalSelfAttention<T>& attn, const CachedTokens& tok, const T* x, T* y);
 
  private:
-  int capacity_ = 0, M_ = 0, D_ = 0, A_l_ = 0;  // capacity, M, D, A_l
+  int capacity_ = 0, M_ = 0, D_ = 0, A_l_ = 0, KV_l_ = 0;  // capacity, M, D, A_l, KV_l
   std::vector<int> length_;   // [streams] tokens held
-  Buffer<T> k_, v_;           // [streams, capacity, A_l]
-  Buffer<T> q_, kn_, vn_, att_;  // of the new tokens [n, A_l]
+  Buffer<T> k_, v_;           // [streams, capacity, KV_l]
+  Buffer<T> q_, att_;         // of the new tokens [n, A_l]
+  Buffer<T> kn_, vn_;         // of the new tokens [n, KV_l]
   std::vector<int32_t> where_;   // [n] index of each new token in its stream
 };
 

@@ -49,9 +49,11 @@ struct ProjectionGrad {
   const T* d;
   const T* w;
   const uint16_t* d16 = nullptr;
+  int width = 0;  // d's and W's columns when not A_l (grouped-query k, v: KV_l)
 };
 
-// The input gradient of head-sharded projections: dx [N, M] += sum over (d, W) of d [N, A_l] W^T, W [M, A_l].
+// The input gradient of head-sharded projections: dx [N, M] += sum over (d, W) of d [N, A_l] W^T, W [M, A_l]
+// (or d [N, width] W [M, width]).
 // With the heads split over the tensor axis (tensor_allreduce set) the sum is partial: it is formed in
 // `scratch` and summed over the axis before it joins dx, which may already hold the residual's gradient.
 template <typename T>

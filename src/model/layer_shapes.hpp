@@ -32,19 +32,39 @@ inline Split split_evenly(int n, int rank, int ranks) {
 inline Split whole(int n) { return {0, n}; }
 
 // Causal self-attention (attention.hpp): heads [head0, head0 + heads_l) of `heads`, each D = M / heads
-// wide; A_l = heads_l x D columns of q, k, v.
+// wide; A_l = heads_l x D columns of q. Grouped-query attention (model.kv_heads): query head h reads
+// key/value head h / (heads / kv_heads); this rank's k and v projections hold key/value heads
+// [kv0, kv0 + kv_heads_l), KV_l = kv_heads_l x D columns: the key/value heads of its query heads when
+// the tensor axis splits them (kv_heads_l = heads_l / group), all kv_heads when it does not (fewer
+// key/value heads than tensor ranks: replicated, their gradients summed over tensor; Megatron-Core's
+// choice). With kv_heads = heads, k and v are q's shape.
 struct AttentionShape {
   int M = 0, heads = 0, D = 0, head0 = 0, heads_l = 0, A_l = 0;
+  int kv_heads = 0, kv0 = 0, kv_heads_l = 0, KV_l = 0;
   bool sharded() const { return heads_l != heads; }
+  bool grouped() const { return kv_heads != heads; }                // query heads share key/value heads
+  bool kv_sharded() const { return kv_heads_l != kv_heads; }        // key/value heads split over tensor
+  bool kv_replicated() const { return sharded() && !kv_sharded(); }  // the whole k, v on each tensor rank
+  int group() const { return heads / kv_heads; }                   // query heads per key/value head
 };
-inline AttentionShape attention_shape(int M, int heads, Split h) {
+// kv_heads 0: heads (multi-head attention).
+inline AttentionShape attention_shape(int M, int heads, Split h, int kv_heads = 0) {
   if (heads < 1 || M % heads != 0)
     throw InputError("model.d_model = " + std::to_string(M) + " must be divisible by model.num_heads = " +
+                     std::to_string(heads));
+  if (kv_heads == 0) kv_heads = heads;
+  if (kv_heads < 1 || kv_heads > heads || heads % kv_heads != 0)
+    throw InputError("model.kv_heads = " + std::to_string(kv_heads) + " must divide model.num_heads = " +
                      std::to_string(heads));
   if (h.offset < 0 || h.local < 1 || h.offset + h.local > heads)
     throw std::logic_error("CausalSelfAttention: head block out of range");
   AttentionShape s;
   s.M = M, s.heads = heads, s.D = M / heads, s.head0 = h.offset, s.heads_l = h.local, s.A_l = h.local * s.D;
+  s.kv_heads = kv_heads;
+  const int group = heads / kv_heads;
+  if (h.local % group == 0 && h.offset % group == 0) s.kv0 = h.offset / group, s.kv_heads_l = h.local / group;
+  else s.kv0 = 0, s.kv_heads_l = kv_heads;
+  s.KV_l = s.kv_heads_l * s.D;
   return s;
 }
 
@@ -99,14 +119,18 @@ inline std::vector<ParamInfo> norm_params(const std::string& prefix, int64_t M, 
   return out;
 }
 
-// prefix.wq, .wk, .wv [M, M] with block [M, A_l] at column head0 x D; prefix.wo [M, M] with block
-// [A_l, M] at that row (fan_in M).
+// prefix.wq [M, M] with block [M, A_l] at column head0 x D; prefix.wk, .wv [M, kv_heads x D] with
+// block [M, KV_l] at column kv0 x D (replicated when the tensor axis does not split the key/value
+// heads); prefix.wo [M, M] with block [A_l, M] at row head0 x D (fan_in M).
 inline std::vector<ParamInfo> attention_params(const std::string& prefix, const AttentionShape& s) {
   const int64_t M = s.M, A_l = s.A_l, off = int64_t(s.head0) * s.D;
+  const int64_t KV = int64_t(s.kv_heads) * s.D, KV_l = s.KV_l, kv_off = int64_t(s.kv0) * s.D;
   const uint8_t shard = s.sharded() ? kShardTensor : kShardNone;
+  const uint8_t kv_shard = s.kv_sharded() ? kShardTensor : kShardNone;
   std::vector<ParamInfo> out;
-  for (const char* name : {".wq", ".wk", ".wv"})
-    out.push_back(param_entry(prefix + name, {M, M}, {M, A_l}, {0, off}, InitKind::TruncNormal, double(M), shard));
+  out.push_back(param_entry(prefix + ".wq", {M, M}, {M, A_l}, {0, off}, InitKind::TruncNormal, double(M), shard));
+  for (const char* name : {".wk", ".wv"})
+    out.push_back(param_entry(prefix + name, {M, KV}, {M, KV_l}, {0, kv_off}, InitKind::TruncNormal, double(M), kv_shard));
   out.push_back(param_entry(prefix + ".wo", {M, M}, {A_l, M}, {off, 0}, InitKind::TruncNormal, double(M), shard));
   return out;
 }

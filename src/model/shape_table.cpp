@@ -36,6 +36,7 @@ ModelShape model_shape(const Config& cfg, int vocab) {
   s.encoder_layers = cfg.model.arch == ModelArch::EncDec ? int(cfg.model.num_layers) : 0;
   s.num_layers = int(cfg.model.num_layers) + s.encoder_layers;
   s.num_heads = int(cfg.model.num_heads);
+  s.kv_heads = int(kv_heads_of(cfg));
   s.d_ff = int(cfg.model.d_ff);
   s.moe_every = int(cfg.moe.every);
   s.moe_first_dense = int(std::min<int64_t>(cfg.moe.first_dense, cfg.model.num_layers));
@@ -72,7 +73,8 @@ ShapeTable::ShapeTable(const CheckedShapes& checked, const Placement& place)
   s.first_stage = at.pipe == 0, s.last_stage = at.pipe == mesh.pipe - 1;
   // Megatron (docs/ARCHITECTURE.md "The mesh"): tensor rank t holds heads [t heads / n, (t+1) heads / n) and
   // hidden units [t H / n, (t+1) H / n).
-  s.attn = attention_shape(s.M, s.heads, split_evenly(s.heads, at.tensor, mesh.tensor));
+  // Grouped-query attention: their key/value heads split alike, or replicated (layer_shapes.hpp).
+  s.attn = attention_shape(s.M, s.heads, split_evenly(s.heads, at.tensor, mesh.tensor), model_.kv_heads);
   s.ffn = ffn_shape(s.M, s.H, cfg.model.activation, split_evenly(s.H, at.tensor, mesh.tensor));
   s.moe = model_.num_moe_layers() > 0;
   if (s.moe) {
@@ -204,6 +206,7 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
       case LayerKind::Attention:
         buf("x", "[N, M]", {N, M}, f32);
         buf("q, k, v", "3 x [N, A_l]", {3, N, A_l}, f32);
+        if (s.attn.grouped()) buf("k, v projections", "2 x [N, KV_l]", {2, N, s.attn.KV_l}, f32, K::ForwardOnly);
         buf("softmax probabilities", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32);
         buf("output before wo", "[N, A_l]", {N, A_l}, f32);
         if (cfg.model.position == PositionKind::Rope) buf("rope positions", "[N]", {N}, i32);
@@ -211,9 +214,14 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         buf("dy", "[N, M]", {N, M}, f32, K::Scratch);
         buf("datt", "[N, A_l]", {N, A_l}, f32, K::Scratch);
         buf("dq, dk, dv", "3 x [N, A_l]", {3, N, A_l}, f32, K::Scratch);
+        if (s.attn.grouped()) buf("dk, dv of the key/value heads", "2 x [N, KV_l]", {2, N, s.attn.KV_l}, f32, K::Scratch);
+        if (s.attn.grouped() && s.attn.kv_replicated())
+          buf("dk, dv summed over tensor", "2 x [N, KV_l]", {2, N, s.attn.KV_l}, f32, K::Scratch);
         buf("dP", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32, K::Scratch);
         if (s.attn.sharded()) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
-        if (bf16_copies) buf("x, dq, dk, dv, bf16", "[N, M + 3 A_l]", {N, M + 3 * A_l}, u16, K::Scratch);
+        if (bf16_copies && s.attn.grouped())
+          buf("x, dq, dk, dv, bf16", "[N, M + A_l + 2 KV_l]", {N, M + A_l + 2 * s.attn.KV_l}, u16, K::Scratch);
+        else if (bf16_copies) buf("x, dq, dk, dv, bf16", "[N, M + 3 A_l]", {N, M + 3 * A_l}, u16, K::Scratch);
         if (bf16_copies && l.block >= s.encoder_layers) {  // causal: not the encoder's
           buf("softmax probabilities, bf16", "[B, heads_l, T, T]", {B, heads_l, T, T}, u16);
           buf("dS, bf16", "[B, heads_l, T, T]", {B, heads_l, T, T}, u16, K::Scratch);

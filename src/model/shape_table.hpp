@@ -26,6 +26,7 @@ struct Placement;  // model/placement.hpp
 struct ModelShape {
   int vocab = 0, seq_len = 0, d_model = 0, num_layers = 0, num_heads = 0, d_ff = 0;  // num_layers: all blocks
   int encoder_layers = 0;  // 0: decoder-only
+  int kv_heads = 0;        // the self-attention's key/value heads (kv_heads_of: num_heads unless grouped)
   // Block i of a stack has an MoE feed-forward when moe_every > 0, (i + 1) % moe_every == 0 and
   // i >= moe_first_dense (moe.first_dense: DeepSeekMoE's leading dense layers).
   int moe_every = 0, moe_first_dense = 0;

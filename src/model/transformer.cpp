@@ -20,7 +20,8 @@ double train_flops_per_token(const Config& cfg, const ModelShape& s) {
   auto ffn = [&](double H) { return 2.0 * M * activation_in_width(act, int(H)) + 2.0 * H * M; };
   double fwd = 2.0 * M * V;  // output projection
   for (int i = 0; i < s.num_layers; ++i) {
-    fwd += 8.0 * M * M + 4.0 * T * M;  // q, k, v, o projections; scores and weighted sum
+    const double KV = M / s.num_heads * s.kv_heads;  // grouped-query attention's k and v width
+    fwd += 4.0 * M * M + 4.0 * M * KV + 4.0 * T * M;  // q, o and k, v projections; scores and weighted sum
     if (s.has_cross_attention(i)) fwd += 8.0 * M * M + 4.0 * T * M;  // the same for the cross-attention
     if (s.is_moe_block(i)) {
       const MoeOptions o = moe_options(cfg, 0);

@@ -97,7 +97,7 @@ CASES = ["dense_relu", "switch_top1", "gshard_top2", "geglu_untied", "encdec_top
          "bias_ntlb", "gshard_line22", "expert_choice", "encdec_expert_choice", "softmax_topk_top1", "sigmoid_bias",
          "sigmoid_aux", "deepseekmoe_gates",
          "dense_relu_bf16", "gshard_top2_bf16", "switch_top1_bf16", "encdec_top2_bf16",
-         "blocks_top2", "blocks_encdec", "blocks_top2_bf16"]
+         "blocks_top2", "blocks_encdec", "blocks_top2_bf16", "gqa_top2", "mqa_top2_bf16"]
 CLIP_COUNTS = []  # fraction of clipped steps of every training run
 TOL_LOGITS, TOL_SCALAR, TOL_GRAD_REL, TOL_GRAD_ABS, TOL_CURVE, TOL_LR = 1e-5, 1e-5, 1e-4, 1e-7, 1e-4, 1e-12
 # bf16: the search for the roundings the C++ side took the other way (module docstring, "Precision bf16")
@@ -110,6 +110,7 @@ SEARCH_LEFT = [120.0]  # CPU seconds of searching left to the whole script: a br
 class Cfg:
     # Attributes of the blocks (docs/ARCHITECTURE.md "Blocks") with the meaning of a file that lacks them.
     norm, position, rope_base, moe_first_dense = "layernorm", "learned", 10000.0, 0
+    kv_heads = 0  # grouped-query attention's key/value heads; 0: num_heads
 
     def __init__(self, attrs):
         for k, v in attrs.items():
@@ -310,17 +311,27 @@ def attention(x, P, pre, cfg, B, T, segment, causal=True, kv=None, kv_segment=No
     from kv [B*Tk, M] with segment ids kv_segment [B, Tk]; a query with no key gets zeros."""
     M, Hh = cfg.d_model, cfg.num_heads
     D = M // Hh
+    def heads(src, w, n, count=Hh):
+        return gemm(src, P[pre + w], cfg).view(B, n, count, D).transpose(1, 2)  # [B, count, n, D]
+
+    # Grouped-query attention, the Hugging Face Llama/Mixtral way: k, v with kv_heads heads, then
+    # repeat_kv (key/value head j serves query heads j * group ... j * group + group - 1).
+    KVh = cfg.kv_heads if kv is None and cfg.kv_heads > 0 else Hh
+
+    def repeat_kv(t):
+        return t[:, :, None].expand(B, KVh, Hh // KVh, Tk, D).reshape(B, Hh, Tk, D)
+
+    self_attention = kv is None
     if kv is None:
         kv, kv_segment = x, segment
-    Tk = kv_segment.shape[1]
-
-    def heads(src, w, n):
-        return gemm(src, P[pre + w], cfg).view(B, n, Hh, D).transpose(1, 2)  # [B, H, n, D]
-
-    q, k, v = heads(x, ".wq", T), heads(kv, ".wk", Tk), heads(kv, ".wv", Tk)
-    if cfg.position == "rope" and kv is x:  # self-attention only: the cross-attention is not rotated
+        Tk = T
+    else:
+        Tk = kv_segment.shape[1]
+    q, k, v = heads(x, ".wq", T), heads(kv, ".wk", Tk, KVh), heads(kv, ".wv", Tk, KVh)
+    if cfg.position == "rope" and self_attention:  # self-attention only: the cross-attention is not rotated
         pos = example_positions(segment)
         q, k = rope(q, pos, cfg.rope_base), rope(k, pos, cfg.rope_base)
+    k, v = repeat_kv(k), repeat_kv(v)
     s = gemm(q, k.transpose(-1, -2), cfg, 1.0 / math.sqrt(D))
     seg = torch.from_numpy(segment.astype(np.int64))
     kseg = torch.from_numpy(kv_segment.astype(np.int64))

@@ -2,8 +2,8 @@
 # model.precision = "bf16" in training (docs/ARCHITECTURE.md "Precision"; Switch Transformer
 # section 2.4, selective precision):
 #   1. mesh invariance: the GShard model of train_invariance.sh in bf16 on data, tensor,
-#      data x tensor and pipe meshes, with 4 and with 2 rows per micro-batch, and Pipeline-MoE
-#      (experts over tensor) match the single-rank bf16 run to the bounds derived below the deck
+#      data x tensor and pipe meshes, with 4 and with 2 rows per micro-batch, Pipeline-MoE
+#      (experts over tensor), and multi-query attention on tensor = 2 match the single-rank bf16 run to the bounds derived below the deck
 #      (loss, aux, z, gradient norm and eval loss; expert loads): rounding is element-wise, so a
 #      shard rounds the elements the single rank rounds, but the values it rounds come from fp32
 #      sums in another order, and a value next to a bf16 rounding boundary can round the other way;
@@ -72,6 +72,16 @@ train_or_fail pmoe-1 1 $pmoe
 # shellcheck disable=SC2086
 train_or_fail pmoe-t2 2 $pmoe --set mesh.tensor=2
 pairs+="pmoe-1:pmoe-t2 "
+# Multi-query attention (model.kv_heads = 1 of 4 heads) on tensor = 2: the key/value projection
+# replicated on both tensor ranks, its gradient summed over tensor (docs/ARCHITECTURE.md "Blocks").
+mqa="--set model.num_heads=4 --set model.kv_heads=1"
+# shellcheck disable=SC2086
+train_or_fail mqa-1 1 $mqa
+# shellcheck disable=SC2086
+train_or_fail mqa-t2 2 $mqa --set mesh.tensor=2
+# shellcheck disable=SC2086
+train_or_fail mqa-1-fp32 1 $mqa --set model.precision=fp32
+pairs+="mqa-1:mqa-t2 "
 train_or_fail gshard-d2-rows2 2 --set mesh.data=2
 # The single-rank runs in fp32: how far bf16 rounding moves this training (the bounds below).
 train_or_fail gshard-1-fp32 1 --set model.precision=fp32
@@ -150,7 +160,7 @@ def routed(layer):
 
 
 h5 = lambda name: h5py.File(f"{T}/{name}/metrics.h5", "r")  # noqa: E731
-D = {m: {k: float(rel_steps(h5(f"{m}-1")[k][()], h5(f"{m}-1-fp32")[k][()]).max()) for k in KEYS} for m in ("gshard", "pmoe")}
+D = {m: {k: float(rel_steps(h5(f"{m}-1")[k][()], h5(f"{m}-1-fp32")[k][()]).max()) for k in KEYS} for m in ("gshard", "pmoe", "mqa")}
 for m in D:
     print(f"D ({m}-1 bf16 vs fp32): " + ", ".join(f"{k} {v:.2e}" for k, v in D[m].items()))
 for ref_name, run in (p.split(":") for p in os.environ["PAIRS"].split()):

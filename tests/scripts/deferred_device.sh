@@ -103,6 +103,7 @@ for variant in "switch:1:--set moe.router=top1" "gshard:1:--set moe.router=top2 
                "bleu:1:$bleu" "bleu-tensor2:2:$bleu --set mesh.tensor=2" \
                "bf16-tensor2-shared:2:--set model.precision=bf16 --set mesh.tensor=2 --set moe.shared_experts=1" \
                "bf16-pipe2:2:--set model.precision=bf16 --set mesh.pipe=2 --set optim.micro_batches=4" \
+               "mqa-rope-bf16-tensor2:2:--set model.kv_heads=1 --set model.position=rope --set model.precision=bf16 --set mesh.tensor=2" \
                "bleu-encdec-bf16-tensor2:2:$bleu --set model.arch=encdec --set mesh.tensor=2 --set model.precision=bf16"; do
   name=${variant%%:*}; rest=${variant#*:}; np=${rest%%:*}; sets=${rest#*:}
   echo "== $name ($np rank(s))"

@@ -60,7 +60,8 @@ def expected(deck):
     H = m["d_ff"]
     He = moe["expert_d_ff"] or H
     letters = {"V": None, "T": m["seq_len"], "M": m["d_model"], "H": H, "He": He, "E": moe["num_experts"],
-               "n He": moe["shared_experts"] * He}
+               "n He": moe["shared_experts"] * He,
+               "K": m["d_model"] // m["num_heads"] * (m.get("kv_heads", 0) or m["num_heads"])}
     geglu = m["activation"] == "geglu"
     out = {}
     for name, shape, cond in table_rows():

@@ -7,7 +7,8 @@
 # run from it of one step at lr 1e-30, an update below the last bit of every weight, exported
 # again, holds the same bytes: meshmoe writes no checkpoint of step 0) and a run from it is bitwise the run
 # from the checkpoint (the same logged losses, the same exported tensors); export refuses an
-# output that is its input (exit 2). The sharded and encoder-decoder cases: export_sharded.sh.
+# output that is its input (exit 2); a multi-query model (model.kv_heads = 1) exports with its
+# [M, M / heads] key/value projections and the module reproduces its loss. The sharded and encoder-decoder cases: export_sharded.sh.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -78,6 +79,14 @@ diff <(steps "$T/from_h5.log") <(steps "$T/from_st.log") || fail "the run from t
   fail "export after the runs"
 $CHECK same "$T/from_h5.safetensors" "$T/from_st.safetensors" || fail "the runs' weights differ"
 
+# Grouped-query attention (model.kv_heads = 1 of 2 heads: multi-query): wk, wv [M, M / 2] in the
+# table, and the PyTorch module's repeat_kv reproduces meshmoe eval's loss.
+train_or_fail gqa 1 --set run.steps=3 --set model.kv_heads=1
+"$M" export "$T/gqa" -o "$T/gqa.safetensors" >/dev/null || fail "export of the kv_heads run"
+$CHECK table "$T/gqa.safetensors" || fail "tensor table with kv_heads"
+"$M" eval "$T/deck.toml" --set model.kv_heads=1 --checkpoint "$T/gqa" --max-examples 1 --max-len 4 -o "$T/gqa-eval.h5" \
+  >"$T/gqa-eval.log" 2>&1 || { cat "$T/gqa-eval.log"; fail "meshmoe eval of the kv_heads run failed"; }
+$CHECK loss "$T/gqa.safetensors" "$T/data.h5" "$T/gqa-eval.h5" || fail "PyTorch loss with kv_heads"
 # Refusals.
 ck=$(ls "$T"/src/ckpt/step_*.h5 | tail -1)
 "$M" export "$ck" -o "$ck" >"$T/self.log" 2>&1

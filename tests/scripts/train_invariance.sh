@@ -142,6 +142,16 @@ train_or_fail blocks-pmoe-1 1 $blocks ${model[pmoe]}
 # shellcheck disable=SC2086
 train_or_fail blocks-pmoe-t2 2 $blocks ${model[pmoe]} --set mesh.tensor=2
 pairs+="blocks-pmoe-1:blocks-pmoe-t2 "
+# Grouped-query attention (model.kv_heads) with the blocks: 2 key/value heads of 4 split over
+# tensor = 2, and multi-query (1) replicated on both tensor ranks, each against one rank.
+for kv in 2 1; do
+  gqa="$blocks --set model.num_heads=4 --set model.kv_heads=$kv"
+  # shellcheck disable=SC2086
+  train_or_fail "gqa$kv-1" 1 $gqa
+  # shellcheck disable=SC2086
+  train_or_fail "gqa$kv-t2" 2 $gqa --set mesh.tensor=2
+  pairs+="gqa$kv-1:gqa$kv-t2 "
+done
 # The data-parallel gradient all-reduce overlapped with the backward in tiny buckets (26 floats,
 # parallel/gradient_sync.hpp) gives bitwise the blocking all-reduce's training (tied embedding
 # over pipe and experts over data included).

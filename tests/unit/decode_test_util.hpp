@@ -13,7 +13,8 @@ namespace meshmoe::test {
 // "top2" (GShard). capacity_factor_eval = E: no choice is ever dropped in evaluation. Dropout and
 // router jitter are set, to show that decoding leaves them off.
 // ffn: dense, top1, top2, ...; a "+blocks" suffix adds the blocks of today's MoE models
-// (docs/ARCHITECTURE.md "Blocks"): RMSNorm, rotary positions, SwiGLU, the first block dense.
+// (docs/ARCHITECTURE.md "Blocks"): RMSNorm, rotary positions, SwiGLU, the first block dense; then
+// "+gqa" 4 query heads over 2 key/value heads, "+mqa" over 1 (model.kv_heads).
 inline Config decode_config(const std::string& ffn_and_blocks) {
   const size_t plus = ffn_and_blocks.find("+blocks");
   const std::string ffn = ffn_and_blocks.substr(0, plus);
@@ -39,6 +40,8 @@ inline Config decode_config(const std::string& ffn_and_blocks) {
     c.moe.every = ffn == "dense" ? 0 : 1;
     c.moe.first_dense = 1;
   }
+  if (ffn_and_blocks.find("+gqa") != std::string::npos) c.model.num_heads = 4, c.model.kv_heads = 2;
+  if (ffn_and_blocks.find("+mqa") != std::string::npos) c.model.num_heads = 4, c.model.kv_heads = 1;
   return c;
 }
 

@@ -4,7 +4,8 @@
 // the cached one each step's tokens as one group: capacity_factor_eval = E makes the capacity the
 // whole group, so no choice is dropped in either and the two must agree.
 // Tolerance (stated): |cached - full| <= tol * max(1, |full|), tol = 2e-5 (float), 1e-12 (double).
-// "+blocks": the same with RMSNorm, rotary positions, SwiGLU and a leading dense block
+// "+blocks": the same with RMSNorm, rotary positions, SwiGLU and a leading dense block; "+gqa",
+// "+mqa": grouped-query and multi-query attention (kv heads split, and replicated, over tensor)
 // (decode_test_util.hpp). The [mpi] case: the cached decoding of a model sharded over pipe, data and tensor (experts over
 // data or over tensor; encdec stages of encoder blocks only and of decoder blocks only) against the
 // one-rank model's, within the same tolerance; and data ranks stepping their own streams together,
@@ -163,7 +164,7 @@ void check_flat_stream_equals_full(const std::string& ffn, bool encdec) {
 
 TEMPLATE_TEST_CASE("decode: KV-cache decoding equals the full forward (dense, Switch, GShard top-2)", "[decode]", float,
                    double) {
-  for (const char* ffn : {"dense", "top1", "top2", "dense+blocks", "top2+blocks"}) {
+  for (const char* ffn : {"dense", "top1", "top2", "dense+blocks", "top2+blocks", "top2+blocks+gqa", "dense+blocks+mqa"}) {
     SECTION(ffn) {
       check_cached_equals_full<TestType>(ffn, false);
       check_flat_stream_equals_full<TestType>(ffn, false);
@@ -263,7 +264,8 @@ TEST_CASE("decode: cached decoding on a pipe x data x tensor mesh equals the one
               {4, 1, 1, "data"}};
   if (shapes.empty()) SUCCEED("needs 2 or 4 ranks");
   for (const Shape& sh : shapes) {
-    for (const auto& [encdec, ffn] : {std::pair{false, "top2"}, {true, "top2"}, {false, "top2+blocks"}}) {
+    for (const auto& [encdec, ffn] : {std::pair{false, "top2"}, {true, "top2"}, {false, "top2+blocks"},
+                                      {false, "top2+blocks+gqa"}, {false, "dense+blocks+mqa"}}) {
       Config cfg = arch_config(ffn, encdec);
       // pipe = 4 puts one of the encdec model's 2 + 2 blocks on each stage; the decoder's 2 blocks do not split in 4
       const int blocks = encdec ? 2 * cfg.model.num_layers : cfg.model.num_layers;

@@ -506,6 +506,122 @@ TEST_CASE("attention: float vs double", "[layers]") {
   CHECK_THROWS_AS(CausalSelfAttention<float>(10, 3, 0.0, 0), InputError);
 }
 
+namespace {
+// Grouped-query attention written out as the Hugging Face Llama/Mixtral code states it: k, v
+// projected to kv heads, query head h reading key/value head h / (H / KV) (repeat_kv); causal,
+// within the segments of `segment` (or null), no rope. x [N, M], wq, wo [M, M], wk, wv [M, KV D].
+std::vector<double> naive_grouped_attention(const std::vector<double>& x, const double* wq, const double* wk,
+                                            const double* wv, const double* wo, int N, int T, int M, int H, int KV,
+                                            const int32_t* segment) {
+  const int D = M / H, W = KV * D, group = H / KV;
+  auto proj = [&](const double* w, int cols, int n, int c) {
+    double a = 0;
+    for (int m = 0; m < M; ++m) a += x[size_t(n) * M + m] * w[size_t(m) * cols + c];
+    return a;
+  };
+  std::vector<double> att(size_t(N) * M, 0.0), y(size_t(N) * M, 0.0);
+  for (int b = 0; b < N / T; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < T; ++i) {
+        const int qi = b * T + i, kvh = h / group;
+        std::vector<double> s(size_t(i) + 1, 0.0);
+        double mx = -1e300;
+        for (int j = 0; j <= i; ++j) {
+          if (segment && segment[b * T + j] != segment[qi]) continue;
+          for (int d = 0; d < D; ++d) s[size_t(j)] += proj(wq, M, qi, h * D + d) * proj(wk, W, b * T + j, kvh * D + d);
+          s[size_t(j)] /= std::sqrt(double(D));
+          mx = std::max(mx, s[size_t(j)]);
+        }
+        double z = 0;
+        for (int j = 0; j <= i; ++j) {
+          const bool sees = !segment || segment[b * T + j] == segment[qi];
+          s[size_t(j)] = sees ? std::exp(s[size_t(j)] - mx) : 0.0;
+          z += s[size_t(j)];
+        }
+        for (int d = 0; d < D; ++d)
+          for (int j = 0; j <= i; ++j) att[size_t(qi) * M + h * D + d] += s[size_t(j)] / z * proj(wv, W, b * T + j, kvh * D + d);
+      }
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < M; ++c)
+      for (int k = 0; k < M; ++k) y[size_t(n) * M + c] += att[size_t(n) * M + k] * wo[size_t(k) * M + c];
+  return y;
+}
+}  // namespace
+
+TEST_CASE("grouped-query attention: forward oracle and finite differences, kv_heads 1 and 2 of 4", "[layers][gqa]") {
+  std::mt19937 gen(31);
+  const int M = 16, H = 4, T = 5, B = 2, N = B * T;
+  const std::vector<int32_t> segment{0, 0, 1, 1, 1, /**/ 0, 0, 0, 0, 0};
+  for (const int KV : {1, 2})
+    for (const double rope : {0.0, 10000.0}) {
+      INFO("kv_heads " << KV << (rope > 0 ? ", rope" : ""));
+      CausalSelfAttention<double> att(attention_shape(M, H, whole(H), KV), 0.0, 17, true, rope);
+      REQUIRE(att.shape().grouped());
+      ParamStore<double> store;
+      declare_perturbed(att, store, "attn", 13, gen);
+      CHECK(store.infos()[1].logical_shape == std::vector<int64_t>{M, KV * M / H});
+      auto x = random_vec(size_t(N) * M, gen);
+      auto r = random_vec(size_t(N) * M, gen);
+      std::vector<double> y(x.size());
+      StepContext ctx = train_ctx(40);
+      ctx.segment = segment.data();
+      if (rope == 0) {
+        att.forward(ctx, x.data(), y.data(), N, T);
+        const auto ref = naive_grouped_attention(x, att.wq.w, att.wk.w, att.wv.w, att.wo.w, N, T, M, H, KV, segment.data());
+        for (size_t i = 0; i < y.size(); ++i) CHECK(std::abs(y[i] - ref[i]) <= 1e-12);
+      }
+      check_self_attention_fd(att, store, ctx, x, r, N, T, gen);
+    }
+}
+
+TEST_CASE("grouped-query attention: key/value heads split or replicated over tensor sum to the full layer", "[layers][gqa]") {
+  std::mt19937 gen(32);
+  const int M = 16, H = 4, T = 4, N = 8, D = M / H;
+  auto x = random_vec(size_t(N) * M, gen);
+  auto r = random_vec(size_t(N) * M, gen);
+  StepContext ctx = train_ctx();
+  struct Rank {
+    std::unique_ptr<CausalSelfAttention<double>> a;
+    ParamStore<double> store;
+    std::vector<double> y, dx;
+  };
+  auto run = [&](int KV, Split heads, Rank& k) {
+    k.a = std::make_unique<CausalSelfAttention<double>>(attention_shape(M, H, heads, KV), 0.0, 1, true, 10000.0);
+    k.a->declare(k.store, "attn");
+    k.store.allocate();
+    k.store.init(21, 1.0);  // init by logical index: a block gets the full layer's values
+    k.y.assign(x.size(), 0.0);
+    k.dx.assign(x.size(), 0.0);
+    k.a->forward(ctx, x.data(), k.y.data(), N, T);
+    k.a->backward(ctx, r.data(), k.dx.data(), N);
+  };
+  for (const int KV : {2, 1}) {  // 2 of 4 over 2 ranks: split; 1: replicated
+    INFO("kv_heads " << KV);
+    Rank full, t0, t1;
+    run(KV, whole(H), full);
+    run(KV, split_evenly(H, 0, 2), t0);
+    run(KV, split_evenly(H, 1, 2), t1);
+    const AttentionShape& s1 = t1.a->shape();
+    CHECK(s1.kv_sharded() == (KV == 2));
+    CHECK(s1.kv_replicated() == (KV == 1));
+    CHECK(s1.kv0 == (KV == 2 ? 1 : 0));
+    CHECK(t1.store.infos()[1].local_shape == std::vector<int64_t>{M, D});
+    CHECK(t1.store.infos()[1].sharded_over == (KV == 2 ? kShardTensor : kShardNone));
+    for (size_t i = 0; i < full.y.size(); ++i) {
+      CHECK(std::abs(t0.y[i] + t1.y[i] - full.y[i]) <= 1e-12);
+      CHECK(std::abs(t0.dx[i] + t1.dx[i] - full.dx[i]) <= 1e-12);
+    }
+    // wk's gradient: rank 1's block is the full gradient's columns [kv0 D, (kv0 + 1) D) when split;
+    // replicated (no tensor hook here), the two ranks' partial gradients sum to the full one.
+    for (int m = 0; m < M; ++m)
+      for (int c = 0; c < D; ++c) {
+        const double full_g = full.a->wk.g[m * KV * D + s1.kv0 * D + c];
+        if (KV == 2) CHECK(std::abs(t1.a->wk.g[m * D + c] - full_g) <= 1e-12);
+        else CHECK(std::abs(t0.a->wk.g[m * D + c] + t1.a->wk.g[m * D + c] - full_g) <= 1e-12);
+      }
+  }
+}
+
 TEST_CASE("bidirectional attention: forward oracle and finite differences, packed examples, tensor blocks", "[layers]") {
   std::mt19937 gen(15);
   const int M = 12, H = 3, T = 5, B = 2, N = B * T;

@@ -108,6 +108,16 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
     check_exact(c, V, MeshShape{2, 1, 1}, 1, 0, 0);
     check_exact(c, V, MeshShape{2, 2, 2}, 1, 1, 1);
   }
+  SECTION("grouped-query attention: key/value heads split over tensor = 2 (kv_heads 2) and replicated (kv_heads 1)") {
+    Config c = dense_config();
+    c.model.position = PositionKind::Rope;
+    for (const int kv : {2, 1}) {
+      c.model.kv_heads = kv;
+      check_exact(c, V, MeshShape{1, 1, 1}, 0, 0, 0);
+      check_exact(c, V, MeshShape{1, 1, 2}, 0, 0, 1);
+      check_exact(c, V, MeshShape{1, 1, 4}, 0, 0, 3);
+    }
+  }
   SECTION("encoder-decoder (model.arch = encdec): dense and MoE, one rank, tensor = 2, pipe = 2 and 4") {
     Config c = dense_config();
     c.model.arch = ModelArch::EncDec;

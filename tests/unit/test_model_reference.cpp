@@ -30,6 +30,7 @@
 #include "../test_util.hpp"
 #include "../support/optim_support.hpp"
 #include "io/h5.hpp"
+#include "deck/shape_rules.hpp"
 #include "model/moe/router_equations.hpp"
 #include "model/transformer.hpp"
 #include "tensor/blas.hpp"
@@ -350,6 +351,19 @@ std::vector<RefCase> ref_cases() {
     b.cfg.model.precision = Precision::Bf16;
     v.push_back(b);
   }
+  {
+    // Grouped-query attention (model.kv_heads, docs/ARCHITECTURE.md "Blocks"): the blocks of
+    // blocks_top2 with 2 key/value heads for 4 query heads; then multi-query (1) in bf16.
+    RefCase g = v[v.size() - 3];  // blocks_top2
+    g.name = "gqa_top2";
+    g.cfg.model.num_heads = 4;
+    g.cfg.model.kv_heads = 2;
+    v.push_back(g);
+    g.name = "mqa_top2_bf16";
+    g.cfg.model.kv_heads = 1;
+    g.cfg.model.precision = Precision::Bf16;
+    v.push_back(g);
+  }
   return v;
 }
 
@@ -448,6 +462,7 @@ void write_config(h5::File& f, const Config& c, int vocab) {
   str("norm", std::string(option_name(c.model.norm)));
   str("position", std::string(option_name(c.model.position)));
   f64("rope_base", c.model.rope_base);
+  i64("kv_heads", kv_heads_of(c));
   i64("num_experts", c.moe.num_experts);
   str("router", std::string(option_name(c.moe.router)));
   i64("top_k", c.moe.top_k);

@@ -97,8 +97,11 @@ void check_tiling(const std::string& name, const std::vector<int64_t>& logical, 
 TEST_CASE("shape table: the ranks' blocks tile every parameter on every mesh", "[shapes]") {
   // expert_parallel: 0 picks gcd(E, data), 2 makes expert groups of 2 data ranks (replicas on data 4, 8)
   for (const auto& [axis, expert_parallel] : std::vector<std::pair<std::string, int>>{{"data", 0}, {"data", 2}, {"tensor", 0}})
-    for (const std::string act : {"relu", "geglu"}) {
+    for (const std::string act : {"relu", "geglu"})
+    for (const int kv_heads : {0, 2, 1}) {  // grouped-query attention: kv heads split or replicated over tensor
+      if (kv_heads > 0 && (act != "relu" || axis != "data" || expert_parallel != 0)) continue;
       Config cfg = moe_deck(axis, act);
+      cfg.model.kv_heads = kv_heads;
       cfg.mesh.expert_parallel = expert_parallel;
       const int V = 40;
       std::map<std::string, std::vector<int64_t>> logical;
@@ -114,7 +117,8 @@ TEST_CASE("shape table: the ranks' blocks tile every parameter on every mesh", "
           continue;
         }
         ++meshes;
-        INFO("expert_axis " << axis << ", mesh.expert_parallel " << expert_parallel << ", " << act << ", mesh " << mesh.str());
+        INFO("expert_axis " << axis << ", mesh.expert_parallel " << expert_parallel << ", " << act << ", kv_heads "
+                                << kv_heads << ", mesh " << mesh.str());
         std::map<std::string, std::vector<Holder>> holders;
         for (int r = 0; r < mesh.size(); ++r) {
           const std::array<int, 3> c = mesh.coords(r);
