@@ -1,9 +1,11 @@
-// `meshmoe export CKPT -o model.safetensors [--data DATA] [--layout hf [--config FILE]]` (docs/export.md): a checkpoint written on
-// any mesh, read by one process in its logical (unsharded) tensors, written as a safetensors file
-// (src/io/safetensors.hpp) whose metadata holds the effective deck and the tokenizer of the
-// dataset it was trained on, so that postprocess/meshmoe_torch.py and `train --init-from` need
-// nothing else. Rank 0 works, every rank returns its exit code: 0 written, 2 bad input (a
-// checkpoint or dataset that cannot be read, an output that is the input), 1 a failure to write.
+// `meshmoe export CKPT -o model.safetensors [--data DATA] [--layout hf [--config FILE]]`
+// (docs/export.md): a checkpoint written on any mesh, read by one process in its logical
+// (unsharded) tensors, written as a safetensors file (src/io/safetensors.hpp) whose metadata holds
+// the effective deck and the tokenizer of the dataset it was trained on, so that
+// postprocess/meshmoe_torch.py and `train --init-from` need nothing else; with --layout hf under
+// the Hugging Face Mixtral names, with a config.json (checkpoint/hf_layout.hpp). Rank 0 works,
+// every rank returns its exit code: 0 written, 2 bad input (a checkpoint or dataset that cannot be
+// read, an output that is the input, a deck the hf layout cannot hold), 1 a failure to write.
 #pragma once
 #include <string>
 
