@@ -288,6 +288,9 @@ def check_written(cfg, path):
 def load(path):
     """The model of a `meshmoe export` file, and its metadata (deck, tokenizer: docs/export.md)."""
     tensors, meta = read_safetensors(path)
+    if meta.get("layout") == "hf":
+        raise ValueError(f"{path}: an export of --layout hf (Hugging Face Mixtral names): load it with transformers' "
+                         "MixtralForCausalLM; this module reads meshmoe's layout (export without --layout)")
     if meta.get("format") != "meshmoe":
         raise ValueError(f"{path}: not a meshmoe export (metadata format = {meta.get('format')!r})")
     cfg = Config(meta["deck"])

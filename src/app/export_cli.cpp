@@ -2,13 +2,19 @@
 
 #include <mpi.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "core/error.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/hf_layout.hpp"
 #include "data/dataset.hpp"
+#include "deck/deck.hpp"
+#include "io/output_file.hpp"
 #include "io/safetensors.hpp"
 
 namespace meshmoe {
@@ -65,14 +71,43 @@ std::map<std::string, std::string> export_metadata(const std::string& ckpt, cons
           {"spm_model_base64", base64(d.spm_model)}};
 }
 
+// An output file of export: not the checkpoint itself, in a directory that exists.
+void check_export_output(const std::string& path, const std::string& option, const std::string& output) {
+  std::error_code ec;
+  if (fs::exists(output, ec) && fs::equivalent(path, output, ec))
+    throw InputError("export: the output " + output + " is the checkpoint itself; name another file");
+  const fs::path parent = fs::absolute(output).parent_path();
+  if (!fs::is_directory(parent, ec)) throw InputError("export: " + option + " " + output + ": the directory " + parent.string() + " does not exist");
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  ReplacingFile out(path);
+  std::FILE* f = std::fopen(out.temporary().c_str(), "wb");
+  if (!f) throw InputError("export: cannot write " + path + ": " + std::strerror(errno));
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) throw Error("export: writing " + path + " failed");
+  fsync_path(out.temporary(), false);
+  out.commit();
+}
+
 int export_checkpoint(const ExportCliOptions& opt, const std::string& version) {
   const std::string path = find_named_checkpoint(opt.checkpoint);
+  const bool hf = opt.layout == "hf";
+  if (!hf && !opt.config.empty())
+    throw InputError("export: --config " + opt.config + " needs --layout hf (config.json describes the Hugging Face Mixtral model)");
   std::error_code ec;
-  if (fs::exists(opt.output, ec) && fs::equivalent(path, opt.output, ec))
-    throw InputError("export: the output " + opt.output + " is the checkpoint itself; name another file");
-  const fs::path parent = fs::absolute(opt.output).parent_path();
-  if (!fs::is_directory(parent, ec)) throw InputError("export: -o " + opt.output + ": the directory " + parent.string() + " does not exist");
+  // --layout hf -o DIR: the directory a Hugging Face from_pretrained reads.
+  const bool to_dir = hf && fs::is_directory(opt.output, ec);
+  const std::string output = to_dir ? (fs::path(opt.output) / "model.safetensors").string() : opt.output;
+  const std::string config = to_dir && opt.config.empty() ? (fs::path(opt.output) / "config.json").string() : opt.config;
+  check_export_output(path, "-o", output);
+  if (!config.empty()) check_export_output(path, "--config", config);
   const CheckpointMeta meta = read_checkpoint_meta(path);
+  std::optional<Config> cfg;
+  if (hf) {
+    cfg = parse_deck(meta.deck, path + ":/meta/deck").cfg;
+    check_hf_layout_deck(*cfg, "export --layout hf: " + path);
+  }
   const std::string data_path = opt.data.empty() ? meta.data_path : opt.data;
   if (data_path.empty())
     throw InputError("export: " + path + " does not record the dataset it was trained on; name it with --data DATA.h5 "
@@ -85,14 +120,36 @@ int export_checkpoint(const ExportCliOptions& opt, const std::string& version) {
   }
   std::vector<SafeTensor> tensors;
   int64_t elements = 0;
-  for (LogicalTensor& t : read_logical_tensors(path)) {
-    elements += int64_t(t.data.size());
-    tensors.push_back({t.name, t.shape, std::move(t.data)});
+  if (hf) {
+    tensors = to_hf_layout(read_logical_tensors(path));
+    for (const SafeTensor& t : tensors) elements += int64_t(t.data.size());
+  } else {
+    for (LogicalTensor& t : read_logical_tensors(path)) {
+      elements += int64_t(t.data.size());
+      tensors.push_back({t.name, t.shape, std::move(t.data)});
+    }
   }
-  write_safetensors(opt.output, tensors, export_metadata(path, meta, data_path, info, version));
-  std::printf("export: %s (step %lld) -> %s: %zu tensors, %lld values, deck and tokenizer (%s) in the metadata\n",
-              path.c_str(), (long long)meta.step, opt.output.c_str(), tensors.size(), (long long)elements,
-              info.tokenizer.c_str());
+  std::map<std::string, std::string> metadata = export_metadata(path, meta, data_path, info, version);
+  if (hf) {
+    metadata["format"] = "pt";  // what Hugging Face's loader requires of a PyTorch checkpoint's metadata
+    metadata["layout"] = "hf";
+  }
+  write_safetensors(output, tensors, metadata);
+  std::printf("export: %s (step %lld) -> %s: %zu tensors, %lld values, deck and tokenizer (%s) in the metadata%s\n",
+              path.c_str(), (long long)meta.step, output.c_str(), tensors.size(), (long long)elements,
+              info.tokenizer.c_str(), hf ? ", Hugging Face Mixtral layout" : "");
+  if (hf) {
+    const SafeTensor* embed = nullptr;
+    for (const SafeTensor& t : tensors)
+      if (t.name == "model.embed_tokens.weight") embed = &t;
+    if (!embed) throw Error("export: " + path + " has no token embedding");
+    if (config.empty()) {
+      std::printf("export: no config.json written (give --config FILE, or -o DIR for DIR/model.safetensors and DIR/config.json)\n");
+    } else {
+      write_text_file(config, hf_config_json(*cfg, embed->shape[0], info.bos_id, info.eos_id, info.pad_id));
+      std::printf("export: MixtralConfig -> %s\n", config.c_str());
+    }
+  }
   return kExitOk;
 }
 

@@ -266,6 +266,12 @@ int run(int argc, char** argv) {
   export_cmd->add_option("-o,--output", export_opt.output, "The safetensors file to write (through OUTPUT.tmp and a rename)")->required();
   export_cmd->add_option("--data", export_opt.data,
                   "Dataset whose tokenizer goes into the metadata (default: the data.path the checkpoint was trained on)");
+  export_cmd->add_option("--layout", export_opt.layout,
+                         "meshmoe: meshmoe's tensor names and shapes; hf: the Hugging Face Mixtral checkpoint's "
+                         "(MixtralForCausalLM), with -o DIR writing DIR/model.safetensors and DIR/config.json")
+      ->check(CLI::IsMember({"meshmoe", "hf"}))
+      ->capture_default_str();
+  export_cmd->add_option("--config", export_opt.config, "With --layout hf: write the MixtralConfig config.json here");
   BenchGemmOptions gemm_opt;
   auto* bench_gemm = app.add_subcommand("bench-gemm", "Measure the fp32 sgemm ceiling (GFLOP/s) that MFU and make bench compare against");
   bench_gemm->add_option("--threads", gemm_opt.threads, "BLAS threads per rank (default 0: OPENBLAS_NUM_THREADS, or 1)");

@@ -14,6 +14,7 @@
 #include "io/safetensors.hpp"
 #include "mesh/agree.hpp"
 #include "checkpoint/checkpoint_format.hpp"
+#include "checkpoint/hf_layout.hpp"
 
 namespace meshmoe {
 
@@ -46,6 +47,7 @@ class InitSource {
   explicit InitSource(const std::string& path) {
     if (is_safetensors_file(path)) {
       st_ = read_safetensors(path);
+      if (is_hf_layout(*st_)) st_ = from_hf_layout(*st_, path);  // export --layout hf: back to meshmoe's names
       for (const SafeTensor& t : st_->tensors) index_[t.name] = &t;
     } else {
       h5_.emplace(h5::File::open(path));

@@ -7,7 +7,8 @@
 # expert choice, dropless bf16 with bias balancing, and on 2 ranks data = 2 (all-to-all; sharded
 # optimizer state with a shared expert), tensor = 2 (index-select experts) and pipe = 2, and in bf16
 # (the layers' bf16 copies of GEMM operands, tensor/blas.hpp) tensor = 2 with a shared expert,
-# pipe = 2, and encoder-decoder translation on tensor = 2 (cross-attention), train 6 steps
+# pipe = 2, encoder-decoder translation on tensor = 2 (cross-attention), and the blocks of today's MoE
+# models (RMSNorm, rope, SwiGLU, a leading dense block, softmax_topk) on tensor = 2, train 6 steps
 # with evaluation and a checkpoint, deferred and not: every logged number is bitwise the same, and
 # the deferred run resumes from its checkpoint to the same final loss. GShard on translation pairs
 # also scores translations (eval.bleu_every) on 1 rank and on tensor = 2: decoding, host code,
@@ -93,6 +94,9 @@ if len(sys.argv) > 3:
 print(message)
 PY
 }
+# The blocks of today's MoE models (docs/ARCHITECTURE.md "Blocks"): RMSNorm, rope (its kernel and
+# the positions the attention keeps for its backward), SwiGLU, a leading dense block, Mixtral's gate.
+blocks="--set model.norm=rmsnorm --set model.position=rope --set model.activation=swiglu --set moe.every=1 --set moe.first_dense=1 --set moe.gate=softmax_topk"
 bleu="--set data.path=$T/pairs/data.h5 --set model.seq_len=48 --set moe.router=top2 --set optim.lr=0.02 --set eval.bleu_every=3 --set eval.bleu_examples=2 --set eval.examples_per_language=6"
 for variant in "switch:1:--set moe.router=top1" "gshard:1:--set moe.router=top2 --set optim.name=adafactor" \
                "dense:1:--set moe.every=0" "expert-choice:1:--set moe.router=expert_choice" \
@@ -104,7 +108,8 @@ for variant in "switch:1:--set moe.router=top1" "gshard:1:--set moe.router=top2 
                "bf16-tensor2-shared:2:--set model.precision=bf16 --set mesh.tensor=2 --set moe.shared_experts=1" \
                "bf16-pipe2:2:--set model.precision=bf16 --set mesh.pipe=2 --set optim.micro_batches=4" \
                "mqa-rope-bf16-tensor2:2:--set model.kv_heads=1 --set model.position=rope --set model.precision=bf16 --set mesh.tensor=2" \
-               "bleu-encdec-bf16-tensor2:2:$bleu --set model.arch=encdec --set mesh.tensor=2 --set model.precision=bf16"; do
+               "bleu-encdec-bf16-tensor2:2:$bleu --set model.arch=encdec --set mesh.tensor=2 --set model.precision=bf16" \
+               "blocks-bf16-tensor2:2:$blocks --set model.precision=bf16 --set mesh.tensor=2"; do
   name=${variant%%:*}; rest=${variant#*:}; np=${rest%%:*}; sets=${rest#*:}
   echo "== $name ($np rank(s))"
   access=copies

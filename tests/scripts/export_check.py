@@ -35,11 +35,12 @@ def fail(msg):
     sys.exit(1)
 
 
-def table_rows():
-    """[(name pattern, shape pattern, condition)] of docs/export.md's tensor table."""
+def table_rows(heading="| name | shape | present |", present=2):
+    """[(name pattern, shape pattern, condition)] of the docs/export.md table whose heading row begins
+    with `heading` (the condition in column `present`)."""
     rows, inside = [], False
     for line in open(os.path.join(ROOT, "docs", "export.md"), encoding="utf-8"):
-        if line.startswith("| name | shape | present |"):
+        if line.startswith(heading):
             inside = True
             continue
         if inside:
@@ -48,9 +49,9 @@ def table_rows():
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if cells[0].startswith("---"):
                 continue
-            rows.append((cells[0].strip("`"), cells[1], cells[2]))
+            rows.append((cells[0].strip("`"), cells[1], cells[present]))
     if not rows:
-        fail("no tensor table in docs/export.md")
+        fail(f"no table '{heading}' in docs/export.md")
     return rows
 
 
@@ -109,17 +110,21 @@ def cmd_table(path):
     print(f"ok   {len(tensors)} tensors of {os.path.basename(path)}: names and shapes as docs/export.md's table")
 
 
-def cmd_loss(path, data, eval_h5):
-    model = meshmoe_torch.load(path)
+def check_loss(model, what, path, data, eval_h5):
+    """`model`'s validation loss on DATA (meshmoe_torch.validation_loss) against EVAL_H5's."""
     loss, tokens = meshmoe_torch.validation_loss(model, data)
     with h5py.File(eval_h5, "r") as f:
         want, want_tokens = float(f.attrs["valid_loss"]), float(f.attrs["valid_tokens"])
     rel = abs(loss - want) / abs(want)
-    print(f"{'ok  ' if rel <= REL_TOL and tokens == want_tokens else 'FAIL'} {os.path.basename(path)}: PyTorch "
+    print(f"{'ok  ' if rel <= REL_TOL and tokens == want_tokens else 'FAIL'} {os.path.basename(path)}: {what} "
           f"{loss:.9g} over {tokens:.0f} tokens, meshmoe eval {want:.9g} over {want_tokens:.0f}: rel {rel:.2e} "
           f"(limit {REL_TOL:.0e})")
     if rel > REL_TOL or tokens != want_tokens:
         sys.exit(1)
+
+
+def cmd_loss(path, data, eval_h5):
+    check_loss(meshmoe_torch.load(path), "PyTorch", path, data, eval_h5)
 
 
 def cmd_same(a, b):
