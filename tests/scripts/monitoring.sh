@@ -11,6 +11,8 @@
 #     (the experts split over the 2 data ranks), apart;
 #   - tok/s without the evaluations: an evaluation of 60 batches between two logging intervals
 #     (about 20 intervals' work) leaves the interval after it within a factor 3 of the others;
+#   - the start-up summary: one line naming RUN/deck.toml, the deck printed only with --verbose,
+#     that print equal to RUN/deck.toml;
 #   - postprocess/valid_pairs.py writes the bytes `meshmoe eval --write-text` writes (a source
 #     with a byte that is not UTF-8: no U+FFFD).
 # Each check fails on the code before these were added (mutation-checked when written).
@@ -68,6 +70,7 @@ every = 6
 batches = 60
 DECK
 train_or_fail run 2
+train_or_fail verbose 2 --set run.steps=2 --set eval.every=0 --verbose
 
 $PY - "$T" <<'PY' || fail "monitoring checks"
 import glob, re, sys, h5py, numpy as np
@@ -123,6 +126,13 @@ ratio = min(tps[after]) / np.median(tps[others]) if after and others else 0
 check(ratio > 1 / 3, f"tok/s of the intervals after an evaluation / the others' median: {ratio:.2f} (> 1/3; "
                      f"with the evaluation charged to them ~1/20)")
 
+first = log.splitlines()[0]
+check(first.startswith("# deck ") and f"{T}/run/deck.toml" in first and "[model]" not in log,
+      f"train prints one line on the deck, not the deck: {first!r}")
+vlog = open(f"{T}/verbose.log").read()
+stored = open(f"{T}/verbose/deck.toml").read().split("\n", 1)[1]  # after its "# effective deck of run" line
+check("[moe]" in stored and "\n# effective deck (" in vlog and stored.strip() in vlog,
+      "train --verbose prints the effective deck, the one RUN/deck.toml holds")
 sys.exit(1 if errors else 0)
 PY
 
