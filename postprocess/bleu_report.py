@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
-from common import fail, read_dataset_languages, text  # noqa: E402
+from common import fail, read_dataset_languages, string_list, text  # noqa: E402
 
 
 def newest_eval(directory):
@@ -54,7 +54,7 @@ def read_metrics(path, f):
     if rows.size == 0:
         fail(f"{path}: /eval/bleu holds no score yet")
     row = int(rows[-1])
-    names = text(f.attrs["languages"]).split(",")
+    names = string_list(f.attrs.get("languages"))
     data = text(f.attrs.get("data_path", ""))
     try:
         pairs = read_dataset_languages(data)

@@ -36,6 +36,25 @@ def text(v):
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def string_list(v):
+    """A root attribute holding a list of strings: an HDF5 string array (meshmoe's metrics.h5 since
+    the languages became an array), or the comma-joined string of older files."""
+    if v is None:
+        return []
+    if isinstance(v, (bytes, str)):
+        return [x for x in text(v).split(",") if x]
+    return [text(x) for x in np.asarray(v).ravel()]
+
+
+def float_list(v):
+    """A root attribute holding numbers: a float array, or the comma-joined text of older files."""
+    if v is None:
+        return []
+    if isinstance(v, (bytes, str)):
+        return [float(x) for x in text(v).split(",") if x]
+    return [float(x) for x in np.asarray(v).ravel()]
+
+
 def fmt(value, kind):
     """Table cell for a number; n/a for a missing (None or non-finite) value."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -86,7 +105,7 @@ class Run:
         self.step = self.series["step"]
         self.deck = flatten_deck(self.deck_text, metrics) if self.deck_text else {}
         self.name = os.path.basename(self.dir.rstrip("/"))
-        self.languages = [l for l in self.attrs.get("languages", "").split(",") if l]
+        self.languages = string_list(self.attrs.get("languages"))
 
     def moe_layers(self):
         """MoE layer group names (layer1, layer3, ...) in block order."""

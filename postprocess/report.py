@@ -9,12 +9,13 @@ it, PNG figures:
   loss.png                  training loss (lines) and validation loss (markers) against step, all runs
   expert_load_<run>.png     per MoE layer a heatmap of the expert load (expert x step), and the dropped
                             fraction of every MoE layer against step
-  time_<run>.png            seconds per phase in each logging interval, stacked (GShard figure 8);
-                            nested phases (tensor_allreduce inside attention/dense_ffn, moe_alltoall and
+  time_<run>.png            seconds per phase in each logging interval, stacked (GShard figure 8), a
+                            gap where a row has no value, only the phases the run's mesh has; nested phases (tensor_allreduce inside attention/dense_ffn, moe_alltoall and
                             moe_allreduce inside the MoE stages, pipeline_recompute around a forward)
                             drawn as lines, not stacked
   lang_loss.png             with --baseline: per-language validation loss of each run and of the dense
-                            baseline, languages from largest to smallest training set (GShard figure 6)
+                            baseline, languages from largest to smallest training set (GShard figure 6):
+                            the 12 largest, then the rest as one group (report.md's table has them all)
   comm.png                  with --bench-comm: collective time and bus bandwidth against message size
                             (GShard figure 9)
   scaling.png               with two or more runs differing in one deck key (or --sweep-key): final losses
@@ -118,10 +119,22 @@ def plot_expert_load(run, label, outdir):
     return save(fig, outdir, f"expert_load_{file_label(label)}.png")
 
 
-def plot_time(run, label, outdir):
-    steps = run.step
-    phases = [p for p in run.phases() if np.nansum(np.abs(run.series[f"time/{p}"])) > 0]
+def ran_phases(run):
+    """The phases this run timed: some time recorded, and the mesh has the axis the phase waits on
+    (a pipe = 1 run records no pipeline wait worth a legend entry, a tensor = 1 run no tensor
+    all-reduce)."""
+    pipe, tensor = int(run.deck.get("mesh.pipe", 1)), int(run.deck.get("mesh.tensor", 1))
+    needs = {"pipeline_wait": pipe > 1, "pipeline_recompute": pipe > 1, "tensor_allreduce": tensor > 1}
+    phases = [p for p in run.phases() if np.nansum(np.abs(run.series[f"time/{p}"])) > 0 and needs.get(p, True)]
     phases.sort(key=lambda p: (PHASE_ORDER.index(p) if p in PHASE_ORDER else len(PHASE_ORDER), p))
+    return phases
+
+
+def time_figure(run, label):
+    """The stacked phase times of one run. A row without a value (an evaluation-only row, a phase
+    not yet recorded) is a gap, not a zero."""
+    steps = run.step
+    phases = ran_phases(run)
     stacked = [p for p in phases if p not in NESTED_PHASES]
     nested = [p for p in phases if p in NESTED_PHASES]
     fig, ax = plt.subplots(figsize=(9, 5))
@@ -130,15 +143,16 @@ def plot_time(run, label, outdir):
     gaps = np.diff(np.unique(steps))
     width = 0.8 * (gaps.min() if gaps.size else 1)
     for p, c in zip(stacked, cols):
-        v = np.nan_to_num(run.series[f"time/{p}"])
+        v = run.series[f"time/{p}"]
+        ok = np.isfinite(v)
         if len(steps) <= 300:
-            ax.bar(steps, v, width, bottom=bottom, color=c, label=p)
+            ax.bar(steps[ok], v[ok], width, bottom=bottom[ok], color=c, label=p)
         else:
-            ax.fill_between(steps, bottom, bottom + v, color=c, label=p, step="mid", lw=0)
-        bottom = bottom + v
+            ax.fill_between(steps, bottom, np.where(ok, bottom + np.nan_to_num(v), np.nan), color=c, label=p,
+                            step="mid", lw=0)
+        bottom = bottom + np.nan_to_num(v)
     for p, c in zip(nested, cols[len(stacked):]):
-        ax.plot(steps, np.nan_to_num(run.series[f"time/{p}"]), "--", color=c, lw=1.5,
-                label=f"{p} (nested, not stacked)")
+        ax.plot(steps, run.series[f"time/{p}"], "--", color=c, lw=1.5, label=f"{p} (nested, not stacked)")
     if not phases:
         ax.text(0.5, 0.5, "no phase time recorded", transform=ax.transAxes, ha="center")
     log_every = run.deck.get("run.log_every", "?")
@@ -146,8 +160,63 @@ def plot_time(run, label, outdir):
     ax.set_ylabel(f"seconds per logging interval ({log_every} steps), max over ranks")
     ax.set_title(f"{label}: time per phase ({run.attrs.get('mesh', '')})", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return save(fig, outdir, f"time_{file_label(label)}.png")
+    if phases:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig
+
+
+def plot_time(run, label, outdir):
+    return save(time_figure(run, label), outdir, f"time_{file_label(label)}.png")
+
+
+# The per-language figure shows this many of the largest languages one by one and the rest as one
+# group, so that its labels stay readable whatever the dataset (report.md's table lists every one).
+LANG_FIGURE_TOP = 12
+
+
+def language_groups(names, top=LANG_FIGURE_TOP):
+    """[(label, [language, ...])]: the `top` first of `names` (largest first) alone, the rest together."""
+    groups = [(n, [n]) for n in names[:top]]
+    if len(names) > top:
+        groups.append((f"other {len(names) - top}", list(names[top:])))
+    return groups
+
+
+def group_loss(run, ev, members):
+    """Validation loss of a group of languages: their summed loss over their summed tokens (as
+    /eval/loss sums over languages); NaN when none of them has a token."""
+    if ev is None:
+        return np.nan
+    idx = [run.languages.index(m) for m in members if m in run.languages]
+    loss, tokens = np.asarray(ev[2], dtype=float)[idx], np.asarray(ev[3], dtype=float)[idx]
+    ok = np.isfinite(loss) & (tokens > 0)
+    return float(np.sum(loss[ok] * tokens[ok]) / np.sum(tokens[ok])) if ok.any() else np.nan
+
+
+def language_figure(runs, labels, evals, base, base_label, be, names, path):
+    groups = language_groups(names)
+    base_loss = np.array([group_loss(base, be, m) for _, m in groups])
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    x = np.arange(len(groups))
+    ax.plot(x, base_loss, "k-s", ms=4, label=f"{base_label} (baseline)")
+    width = 0.8 / len(runs)  # grouped bars, one per run
+    for k, (r, ev, label, c) in enumerate(zip(runs, evals, labels, colors(len(runs)))):
+        r_loss = np.array([group_loss(r, ev, m) for _, m in groups])
+        ax.plot(x, r_loss, LINES[k % len(LINES)], marker="o", color=c, ms=6 - 1.5 * (k % 3), label=label)
+        ax2.bar(x - 0.4 + (k + 0.5) * width, base_loss - r_loss, width, color=c, label=label)
+    ax.set_ylabel("validation loss (nats/token)")
+    rest = f"; the other {len(names) - LANG_FIGURE_TOP} together" if len(names) > LANG_FIGURE_TOP else ""
+    ax.set_title(f"per-language validation loss at the last evaluation; the {min(len(names), LANG_FIGURE_TOP)} "
+                 f"largest languages by training pairs{rest} ({os.path.basename(path)})", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax2.axhline(0, color="k", lw=0.8)
+    ax2.set_ylabel("baseline - run (> 0: run better)")
+    ax2.set_xticks(x)
+    ax2.set_xticklabels([g for g, _ in groups], rotation=45, ha="right", fontsize=9)
+    ax2.set_xlabel("language (largest training set first)")
+    ax2.grid(alpha=0.3, axis="y")
+    return fig
 
 
 def language_section(runs, labels, base, base_label, dataset, outdir):
@@ -172,24 +241,7 @@ def language_section(runs, labels, base, base_label, dataset, outdir):
     base_loss = np.array([loss_of(base, be, n) for n in names])
     run_loss = [np.array([loss_of(r, ev, n) for n in names]) for r, ev in zip(runs, evals)]
 
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(max(8, 0.25 * len(names) + 3), 7), sharex=True)
-    x = np.arange(len(names))
-    ax.plot(x, base_loss, "k-s", ms=4, label=f"{base_label} (baseline)")
-    width = 0.8 / len(runs)  # grouped bars, one per run
-    for k, (r_loss, label, c) in enumerate(zip(run_loss, labels, colors(len(runs)))):
-        ax.plot(x, r_loss, LINES[k % len(LINES)], marker="o", color=c, ms=6 - 1.5 * (k % 3), label=label)
-        ax2.bar(x - 0.4 + (k + 0.5) * width, base_loss - r_loss, width, color=c, label=label)
-    ax.set_ylabel("validation loss (nats/token)")
-    ax.set_title(f"per-language validation loss at the last evaluation; languages by training pairs "
-                 f"({os.path.basename(path)})", fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    ax2.axhline(0, color="k", lw=0.8)
-    ax2.set_ylabel("baseline - run (> 0: run better)")
-    ax2.set_xticks(x)
-    ax2.set_xticklabels(names, rotation=90 if len(names) > 12 else 0, fontsize=7 if len(names) > 30 else 9)
-    ax2.set_xlabel("language (largest training set first)")
-    ax2.grid(alpha=0.3, axis="y")
+    fig = language_figure(runs, labels, evals, base, base_label, be, names, path)
     png = save(fig, outdir, "lang_loss.png")
 
     header = ["rank", "language", "train pairs", f"{base_label} (baseline)"]

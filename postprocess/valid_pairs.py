@@ -5,8 +5,9 @@
     /usr/bin/python3 postprocess/valid_pairs.py data/gettext.h5 de SRC.txt REF.txt [--max N]
 
 An example is `<lang> source SEP english EOS` (src/data/prep.hpp); byte-tokenized datasets only
-(ids 0..255 are the text's bytes). Newlines inside a string become spaces, so that line i of
-both files is pair i. --max N writes the N pairs that `meshmoe eval --max-examples N` (and
+(ids 0..255 are the text's bytes), written byte for byte as `meshmoe eval --write-text` writes
+them (no replacement character for a byte that is not UTF-8). Newlines inside a string become
+spaces, so that line i of both files is pair i. --max N writes the N pairs that `meshmoe eval --max-examples N` (and
 eval.examples_per_language / eval.bleu_examples = N) score: those of the smallest hash
 mix64(language << 32 | position), src/data/dataset.hpp's per_language_sample, in file order.
 """
@@ -37,8 +38,10 @@ def sample(examples, language, n):
     return examples[np.sort(np.lexsort((np.arange(len(examples)), keys))[:n])]
 
 
-def text(ids):
-    return bytes(int(t) for t in ids).decode("utf-8", errors="replace").replace("\n", " ").replace("\r", " ")
+def line(ids):
+    """The bytes of a string as they are, as `meshmoe eval --write-text` writes them (a byte that is
+    not valid UTF-8 stays that byte), newlines made spaces."""
+    return bytes(int(t) for t in ids).replace(b"\n", b" ").replace(b"\r", b" ") + b"\n"
 
 
 def main():
@@ -60,13 +63,13 @@ def main():
         offsets = f["valid/doc_offsets"][()]
         lang = f["valid/lang"][()]
     n = 0
-    with open(a.src, "w", encoding="utf-8") as src, open(a.ref, "w", encoding="utf-8") as ref:
+    with open(a.src, "wb") as src, open(a.ref, "wb") as ref:
         for e in sample(np.flatnonzero(lang == li), li, a.max):
             ex = tokens[offsets[e]:offsets[e + 1]]
             sep = int(np.flatnonzero(ex == SEP)[0])
             end = len(ex) - 1 if ex[-1] == EOS else len(ex)
-            src.write(text(ex[1:sep]) + "\n")
-            ref.write(text(ex[sep + 1:end]) + "\n")
+            src.write(line(ex[1:sep]))
+            ref.write(line(ex[sep + 1:end]))
             n += 1
     print("%d pairs of %s -> %s, %s" % (n, a.lang, a.src, a.ref))
 

@@ -29,6 +29,7 @@
 #include "run/run_checkpoints.hpp"
 #include "run/signals.hpp"
 #include "run/node_placement.hpp"
+#include "run/run_directory.hpp"
 #include "run/startup.hpp"
 #include "train/trainer.hpp"
 
@@ -123,14 +124,25 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& overrides,
   return kExitOk;
 }
 
+// The first line of train and distill: the deck, its overrides and where its effective deck goes
+// (RUN/deck.toml, written before the first step); with --verbose the effective deck itself.
+void print_deck_summary(const Deck& deck, const std::vector<std::string>& overrides, bool verbose) {
+  std::string sets;
+  for (const std::string& o : overrides) sets += " " + o;
+  std::cout << "# deck " << deck.path << (overrides.empty() ? "" : " with --set") << sets << "; its effective deck (every key) goes to "
+            << run_directory(deck.cfg) << "/deck.toml" << (verbose ? "" : " (--verbose prints it here)") << "\n";
+  if (verbose) std::cout << "# effective deck (" << deck.path << ")\n" << deck.effective_toml;
+  std::cout << std::flush;
+}
+
 // train, or with a teacher, distill (src/train/distill.hpp).
-int cmd_train(const std::string& path, const std::vector<std::string>& overrides, const TrainOptions& opt,
+int cmd_train(const std::string& path, const std::vector<std::string>& overrides, const TrainOptions& opt, bool verbose,
               const DistillOptions* distill = nullptr) {
   Setup s = setup(path, overrides);
   // The placement, shape table and memory plan, each once, and the memory check: exit 2 before
   // anything is allocated (src/run/startup.hpp).
   const Startup start = Startup::training(s.deck.cfg, s.mesh);
-  if (world_rank() == 0) std::cout << "# effective deck (" << s.deck.path << ")\n" << s.deck.effective_toml << std::flush;
+  if (world_rank() == 0) print_deck_summary(s.deck, overrides, verbose);
   if (distill) return distill_main(s.deck, s.mesh, start, MESHMOE_VERSION, *distill);
   return train_main(s.deck, s.mesh, start, MESHMOE_VERSION, opt);
 }
@@ -165,6 +177,10 @@ int run(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "Train the model described by an input deck");
   train->add_option("deck", deck_path, "Input deck (TOML)")->required();
   train->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
+  bool verbose = false;
+  constexpr const char* kVerbose = "Print the effective deck (every key, after --set) at start; it is always written to "
+                                   "the run directory's deck.toml";
+  train->add_flag("-v,--verbose", verbose, kVerbose);
   TrainOptions train_opt;
   auto* init_from_opt = train->add_option("--init-from", train_opt.init_from,
                     "Fresh start only: copy every parameter whose name and shape match from this checkpoint (file, or a "
@@ -194,6 +210,7 @@ int run(int argc, char** argv) {
                       "Checkpoint (file, or a ckpt / run directory: its LATEST) of a model trained without the teacher: report "
                       "the share of the teacher's gain kept");
   distill->add_flag("--allow-other-data", distill_opt.allow_other_data, kAllowOtherData);
+  distill->add_flag("-v,--verbose", verbose, kVerbose);
   auto* plan = app.add_subcommand("plan", "Print the device mesh and the plan of a deck without training");
   plan->add_option("deck", deck_path, "Input deck (TOML)")->required();
   plan->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
@@ -398,8 +415,8 @@ int run(int argc, char** argv) {
     return kExitOk;
   }
   if (*plan) return cmd_plan(deck_path, overrides, ranks_per_node);
-  if (*train) return cmd_train(deck_path, overrides, train_opt);
-  if (*distill) return cmd_train(deck_path, overrides, {}, &distill_opt);
+  if (*train) return cmd_train(deck_path, overrides, train_opt, verbose);
+  if (*distill) return cmd_train(deck_path, overrides, {}, verbose, &distill_opt);
   if (*gen) {
     Setup s = setup(deck_path, overrides);
     check_decoding_data(gen_opt.checkpoint, s.deck, allow_other_data);

@@ -212,6 +212,18 @@ void Object::write_attr_string(const std::string& name, const std::string& value
   check(H5Awrite(a.id(), t.id(), &p), ctx + ": H5Awrite");
 }
 
+void Object::write_attr_strings(const std::string& name, const std::vector<std::string>& values) {
+  std::string ctx = where("attribute '" + name + "'");
+  if (has_attr(name)) check(H5Adelete(id(), name.c_str()), ctx + ": H5Adelete");
+  Handle t = vlen_string_type();
+  Dataspace space = Dataspace::simple(Dims{static_cast<int64_t>(values.size())});
+  Handle a(static_cast<hid_t>(
+      check(H5Acreate2(id(), name.c_str(), t.id(), space.id(), H5P_DEFAULT, H5P_DEFAULT), ctx + ": H5Acreate2")));
+  std::vector<const char*> p;
+  for (const std::string& v : values) p.push_back(v.c_str());
+  if (!p.empty()) check(H5Awrite(a.id(), t.id(), p.data()), ctx + ": H5Awrite");
+}
+
 namespace {
 Handle open_attr(hid_t obj, const std::string& name, const std::string& ctx) {
   return Handle(static_cast<hid_t>(check(H5Aopen(obj, name.c_str(), H5P_DEFAULT), ctx + ": H5Aopen")));
@@ -238,6 +250,14 @@ std::string Object::read_attr_string(const std::string& name) const {
   Dataspace s(static_cast<hid_t>(check(H5Aget_space(a.id()), ctx + ": H5Aget_space")));
   if (detail::product(s.dims()) != 1) throw Error("HDF5: " + ctx + ": not a scalar string");
   return read_strings_any(a.id(), true, t.id(), s.id(), 1, ctx)[0];
+}
+
+std::vector<std::string> Object::read_attr_strings(const std::string& name) const {
+  std::string ctx = where("attribute '" + name + "'");
+  Handle a = open_attr(id(), name, ctx);
+  Handle t(static_cast<hid_t>(check(H5Aget_type(a.id()), ctx + ": H5Aget_type")));
+  Dataspace s(static_cast<hid_t>(check(H5Aget_space(a.id()), ctx + ": H5Aget_space")));
+  return read_strings_any(a.id(), true, t.id(), s.id(), static_cast<size_t>(detail::product(s.dims())), ctx);
 }
 
 // ---------------------------------------------------------------------------------------------

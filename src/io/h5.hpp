@@ -125,7 +125,8 @@ class Object : public Handle {
   MPI_Comm comm() const { return comm_; }  // MPI_COMM_NULL for a serial file
 
   // Attributes (replace an existing one of the same name). T: std::string / const char*, a
-  // numeric scalar, or std::vector<numeric> (a small 1-D array). Collective on a parallel file.
+  // numeric scalar, std::vector<numeric> (a small 1-D array) or std::vector<std::string> (a 1-D
+  // array of variable-length UTF-8 strings). Collective on a parallel file.
   template <typename T>
   void set_attr(const std::string& name, const T& value);
   void set_attr(const std::string& name, const char* value) { set_attr(name, std::string(value)); }
@@ -139,6 +140,8 @@ class Object : public Handle {
   std::string where(const std::string& what) const;  // "<file>:<path>: <what>"
   void write_attr_raw(const std::string& name, hid_t mem_type, const Dims& dims, const void* data);
   void write_attr_string(const std::string& name, const std::string& value);
+  void write_attr_strings(const std::string& name, const std::vector<std::string>& values);
+  std::vector<std::string> read_attr_strings(const std::string& name) const;
   // Returns dims of the attribute's dataspace (empty for scalar).
   Dims attr_dims(const std::string& name) const;
   void read_attr_raw(const std::string& name, hid_t mem_type, void* data) const;
@@ -306,6 +309,8 @@ template <typename T>
 void Object::set_attr(const std::string& name, const T& value) {
   if constexpr (std::is_same_v<T, std::string>) {
     write_attr_string(name, value);
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    write_attr_strings(name, value);
   } else if constexpr (detail::is_vector<T>::value) {
     using E = typename detail::is_vector<T>::value_type;
     static_assert(is_numeric_v<E>, "attribute arrays must be of a numeric type");
@@ -323,6 +328,8 @@ template <typename T>
 T Object::attr(const std::string& name) const {
   if constexpr (std::is_same_v<T, std::string>) {
     return read_attr_string(name);
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    return read_attr_strings(name);
   } else if constexpr (detail::is_vector<T>::value) {
     using E = typename detail::is_vector<T>::value_type;
     static_assert(is_numeric_v<E>, "attribute arrays must be of a numeric type");

@@ -122,7 +122,8 @@ constexpr std::uintmax_t kResumeSlack = 64 << 10;
 }  // namespace
 
 MetricsFile::MetricsFile(const std::string& path, const std::string& deck_text,
-                         const std::map<std::string, std::string>& attrs, std::optional<int64_t> resume_after_step)
+                         const std::map<std::string, std::string>& attrs, std::optional<int64_t> resume_after_step,
+                         const MetricsArrayAttrs& arrays)
     : path_(path) {
   bool resume = resume_after_step.has_value() && std::filesystem::exists(path);
   // A resumed file is changed in place (it may be a link, or a mount point), after a copy of it is
@@ -149,7 +150,7 @@ MetricsFile::MetricsFile(const std::string& path, const std::string& deck_text,
     }
   }
   try {
-    open_or_create(path, deck_text, attrs, resume ? resume_after_step : std::nullopt);
+    open_or_create(path, deck_text, attrs, resume ? resume_after_step : std::nullopt, arrays);
   } catch (const std::exception& e) {
     if (!resume) throw;
     // Its writes failed: no flush, no close (see ~MetricsFile); the copy goes back in its place.
@@ -164,7 +165,8 @@ MetricsFile::MetricsFile(const std::string& path, const std::string& deck_text,
 }
 
 void MetricsFile::open_or_create(const std::string& path, const std::string& deck_text,
-                                 const std::map<std::string, std::string>& attrs, std::optional<int64_t> resume_after_step) {
+                                 const std::map<std::string, std::string>& attrs, std::optional<int64_t> resume_after_step,
+                         const MetricsArrayAttrs& arrays) {
   const bool resume = resume_after_step.has_value();
   if (resume) {
     file_ = h5::File::open(path, h5::Access::ReadWrite);
@@ -202,6 +204,8 @@ void MetricsFile::open_or_create(const std::string& path, const std::string& dec
   h5::Dataset deck = file_.write_string("deck", deck_text);
   deck.set_attr("description", std::string("effective input deck (TOML, after --set overrides)"));
   for (const auto& [k, v] : attrs) file_.set_attr(k, v);
+  for (const auto& [k, v] : arrays.strings) file_.set_attr(k, v);
+  for (const auto& [k, v] : arrays.numbers) file_.set_attr(k, v);
   file_.set_attr("rows", rows_);
   file_.flush();
 }

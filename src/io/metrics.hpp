@@ -29,6 +29,12 @@ struct MetricInfo {
   std::string description;  // one sentence
 };
 
+// Root attributes that are arrays: lists of strings (HDF5 variable-length UTF-8) and of numbers.
+struct MetricsArrayAttrs {
+  std::map<std::string, std::vector<std::string>> strings;
+  std::map<std::string, std::vector<double>> numbers;
+};
+
 class MetricsFile {
  public:
   // Creates `path` (truncating any old file). With `resume_after_step`, continues an existing file
@@ -36,10 +42,10 @@ class MetricsFile {
   // from the checkpoint at that step continues the series without duplicates; /deck is replaced
   // and the attributes are updated. The existing file is changed in place after a copy of it is
   // made beside it, which is put back when a write fails (a full disk): then `path` is left as it
-  // was and the constructor throws.
+  // was and the constructor throws. `arrays`: root attributes that are arrays.
   MetricsFile(const std::string& path, const std::string& deck_text,
               const std::map<std::string, std::string>& attrs = {},
-              std::optional<int64_t> resume_after_step = std::nullopt);
+              std::optional<int64_t> resume_after_step = std::nullopt, const MetricsArrayAttrs& arrays = {});
   ~MetricsFile();  // pads every series to the length of /step, closes the file
   MetricsFile(const MetricsFile&) = delete;
   MetricsFile& operator=(const MetricsFile&) = delete;
@@ -71,7 +77,7 @@ class MetricsFile {
   void pad_all();
   // The constructor's work: a new file, or (with `resume_after_step`) the rows up to it of `path`.
   void open_or_create(const std::string& path, const std::string& deck_text, const std::map<std::string, std::string>& attrs,
-                      std::optional<int64_t> resume_after_step);
+                      std::optional<int64_t> resume_after_step, const MetricsArrayAttrs& arrays);
 
   std::string path_;
   h5::File file_;

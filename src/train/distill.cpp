@@ -19,7 +19,7 @@ namespace meshmoe {
 
 double preserved_fraction(double teacher_loss, double student_loss, double baseline_loss) {
   const double gain = baseline_loss - teacher_loss;
-  return gain > 0 ? (baseline_loss - student_loss) / gain : std::nan("");
+  return gain > kMinTeacherGain * std::abs(baseline_loss) ? (baseline_loss - student_loss) / gain : std::nan("");
 }
 
 namespace {
@@ -134,10 +134,15 @@ class Distiller : public TrainHooks {
       const double kept = preserved_fraction(teacher, learnt, base);
       row["distill/baseline_loss"] = base;
       row["distill/preserved"] = kept;
-      std::snprintf(line, sizeof line, " | baseline %.4f | the student keeps %.1f%% of the teacher's gain over the baseline",
-                    base, 100 * kept);
+      if (std::isfinite(kept))
+        std::snprintf(line, sizeof line, " | baseline %.4f | the student keeps %.1f%% of the teacher's gain over the baseline",
+                      base, 100 * kept);
+      else
+        std::snprintf(line, sizeof line,
+                      " | baseline %.4f | the teacher is no better than the baseline (by less than %g%% of its loss): "
+                      "no share of its gain to keep",
+                      base, 100 * kMinTeacherGain);
       report += line;
-      if (!std::isfinite(kept)) report += " (the teacher is not better than the baseline)";
     }
     record(row);
     if (mesh_.rank() == 0) {

@@ -23,7 +23,10 @@ struct DistillOptions {
 
 // The share of the teacher's gain the student keeps: (baseline - student) / (baseline - teacher)
 // in validation loss (Switch Table 6: the quality gain, in negative log perplexity, of the student
-// over the baseline as a fraction of the teacher's). NaN when the teacher is not better.
+// over the baseline as a fraction of the teacher's). NaN when the teacher is not better by more
+// than kMinTeacherGain of the baseline's loss: a gain within the evaluations' noise would turn
+// into any share at all (thousands of percent).
+inline constexpr double kMinTeacherGain = 1e-3;
 double preserved_fraction(double teacher_loss, double student_loss, double baseline_loss);
 
 // Returns the process exit code as train_main does (`start`: the student's Startup::training). The

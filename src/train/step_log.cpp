@@ -63,17 +63,10 @@ bool readable_metrics(const std::string& path) {
 }
 }  // namespace
 
-void StepLog::open(int64_t start_step, const std::string& languages, const std::string& version,
+void StepLog::open(int64_t start_step, const std::vector<std::string>& languages, const std::string& version,
                    const TooLong& train_too_long, const TooLong& valid_too_long, const std::vector<double>& lang_p) {
-  std::string p_text;
-  for (double p : lang_p) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%s%.17g", p_text.empty() ? "" : ",", p);
-    p_text += buf;
-  }
   const std::map<std::string, std::string> attrs{{"run_name", cfg_.run.name},
                                                  {"mesh", mesh_.shape().str()},
-                                                 {"languages", languages},
                                                  {"data_path", cfg_.data.path},
                                                  {"version", version},
                                                  {"train_flops_per_token", std::to_string(flops_per_token_)},
@@ -81,13 +74,13 @@ void StepLog::open(int64_t start_step, const std::string& languages, const std::
                                                  {"train_examples_truncated", std::to_string(train_too_long.truncated)},
                                                  {"train_examples_dropped", std::to_string(train_too_long.dropped)},
                                                  {"valid_examples_truncated", std::to_string(valid_too_long.truncated)},
-                                                 {"valid_examples_dropped", std::to_string(valid_too_long.dropped)},
-                                                 {"lang_sampling_probability", p_text}};
+                                                 {"valid_examples_dropped", std::to_string(valid_too_long.dropped)}};
+  const MetricsArrayAttrs arrays{.strings = {{"languages", languages}}, .numbers = {{"lang_sampling_probability", lang_p}}};
   const std::string path = dir_ + "/metrics.h5";
   std::optional<int64_t> after;
   if (start_step > 0) after = start_step;
   try {
-    metrics_ = std::make_unique<MetricsFile>(path, deck_.effective_toml, attrs, after);
+    metrics_ = std::make_unique<MetricsFile>(path, deck_.effective_toml, attrs, after, arrays);
   } catch (const std::exception& e) {
     // A readable history is never renamed or replaced (a disk still full must not cost it): the
     // run stops, the file as it was. Only a file HDF5 cannot open is kept aside for a new one.
@@ -99,7 +92,7 @@ void StepLog::open(int64_t start_step, const std::string& languages, const std::
                  path.c_str(), e.what(), aside.c_str());
     if (std::rename(path.c_str(), aside.c_str()) != 0)
       throw InputError("cannot move the unreadable " + path + " aside to " + aside + ": " + std::strerror(errno));
-    metrics_ = std::make_unique<MetricsFile>(path, deck_.effective_toml, attrs);
+    metrics_ = std::make_unique<MetricsFile>(path, deck_.effective_toml, attrs, std::nullopt, arrays);
   }
   metrics_->describe("skipped", "1", "1 when the update was skipped for a non-finite loss or gradient norm");
   metrics_->describe("empty", "1",
@@ -122,10 +115,25 @@ void StepLog::open(int64_t start_step, const std::string& languages, const std::
   metrics_->describe("eval/bleu_all", "BLEU (0-100)", "corpus BLEU of every language's translations together");
   metrics_->describe("eval/chrf_all", "chrF (0-100)", "corpus chrF2 of every language's translations together");
   metrics_->describe("eval/bleu_time", "s", "wall time of the translations and their scores");
+  for (size_t l = 0; l < size_t(shape_.num_moe_layers()); ++l) {
+    const std::string g = moe_name(l);
+    metrics_->describe(g + "/wanted_choices", "choices",
+                       "token-to-expert choices meant to be dispatched in the step (the denominator of "
+                       "dropped_fraction and rerouted_fraction)");
+    metrics_->describe(g + "/expert_dropped", "choices",
+                       "choices dropped for capacity per expert chosen; row per step, column per expert; the row "
+                       "sums to dropped_fraction x wanted_choices");
+    metrics_->describe(g + "/expert_rerouted", "choices",
+                       "choices placed by No-Token-Left-Behind per expert that took them; the row sums to "
+                       "rerouted_fraction x wanted_choices");
+    metrics_->describe(g + "/expert_declined", "choices",
+                       "second (and later) choices random or threshold routing did not dispatch, per expert chosen; "
+                       "the row sums to declined_fraction x the step's tokens x (k - 1)");
+  }
 }
 
-void StepLog::header(int blas_threads, const Dataset& train, const Dataset& valid, int vocab, size_t params,
-                     const TooLong& train_too_long, const TooLong& valid_too_long) const {
+void StepLog::header(int blas_threads, const Dataset& train, const Dataset& valid, int vocab, const ModelParamCounts& whole,
+                     size_t rank_params, const TooLong& train_too_long, const TooLong& valid_too_long) const {
   std::printf("meshmoe train: run %s -> %s\n", cfg_.run.name.c_str(), dir_.c_str());
   std::printf("  mesh %s, %d BLAS thread%s per rank; data %s: %zu train / %zu valid examples, vocab %d\n",
               mesh_.shape().str().c_str(), blas_threads, blas_threads == 1 ? "" : "s", cfg_.data.path.c_str(),
@@ -136,9 +144,11 @@ void StepLog::header(int blas_threads, const Dataset& train, const Dataset& vali
               "(target too long); evaluated %zu truncated, %zu dropped\n",
               (long long)cfg_.model.seq_len + 1, train_too_long.truncated, train_too_long.dropped,
               valid_too_long.truncated, valid_too_long.dropped);
-  std::printf("  model: %d layers (%d MoE), d_model %lld, %zu parameters; %.3g train FLOPs/token; peak %.1f GFLOP/s%s\n",
-              shape_.num_layers, shape_.num_moe_layers(), (long long)cfg_.model.d_model, params, flops_per_token_,
-              peak_ / 1e9, cfg_.run.peak_gflops > 0 ? " (run.peak_gflops)" : "");
+  std::printf("  model: %d layers (%d MoE), d_model %lld, %lld parameters (%lld used per token), rank 0 holds %zu; "
+              "%.3g train FLOPs/token; peak %.1f GFLOP/s%s\n",
+              shape_.num_layers, shape_.num_moe_layers(), (long long)cfg_.model.d_model, (long long)whole.total,
+              (long long)whole.activated, rank_params, flops_per_token_, peak_ / 1e9,
+              cfg_.run.peak_gflops > 0 ? " (run.peak_gflops)" : "");
   std::fflush(stdout);
 }
 
@@ -202,12 +212,18 @@ void StepLog::write_step_row(int64_t step, const StepStats& s, double tokens_per
     row[g + "/declined_fraction"] = m.declined;
     row[g + "/router_entropy"] = m.entropy;
     row[g + "/capacity"] = m.capacity;
+    row[g + "/wanted_choices"] = m.wanted;
     if (cfg_.moe.balance == BalanceKind::Bias) row[g + "/bias_max_abs"] = m.bias_max_abs;
   }
   metrics_->append(step, row);
   for (size_t l = 0; l < s.load.size(); ++l) metrics_->append_row(moe_name(l) + "/expert_load", s.load[l]);
-  for (size_t l = 0; l < s.moe.size(); ++l)
-    metrics_->append_row(moe_name(l) + "/experts_per_token", s.moe[l].experts_per_token);
+  for (size_t l = 0; l < s.moe.size(); ++l) {
+    const std::string g = moe_name(l);
+    metrics_->append_row(g + "/experts_per_token", s.moe[l].experts_per_token);
+    metrics_->append_row(g + "/expert_dropped", s.moe[l].expert_dropped);
+    metrics_->append_row(g + "/expert_rerouted", s.moe[l].expert_rerouted);
+    metrics_->append_row(g + "/expert_declined", s.moe[l].expert_declined);
+  }
   metrics_->append_row("data/lang_tokens", std::vector<double>(lang_tokens.begin(), lang_tokens.end()));
 }
 

@@ -26,6 +26,10 @@ namespace meshmoe {
 // "1h05m" / "3m07s"
 std::string format_eta(double seconds);
 
+struct ModelParamCounts {
+  int64_t total = 0, activated = 0;
+};
+
 class StepLog {
  public:
   // Into <dir>/metrics.h5. `timers` are the step's phase timers (reset at every logged step);
@@ -39,16 +43,18 @@ class StepLog {
   // HDF5 cannot open (e.g. cut short by a kill) is kept aside as metrics.h5.broken-<step> and a new
   // one started, so the run goes on; a readable one that cannot be continued (a full disk) is left
   // as it was and throws InputError.
-  // The root attributes record how many examples the sequences truncate or drop (data/batcher.hpp).
-  // `lang_p`: the probability of drawing each language (Batcher::language_probabilities), root
-  // attribute lang_sampling_probability.
-  void open(int64_t start_step, const std::string& languages, const std::string& version, const TooLong& train_too_long,
+  // The root attributes record how many examples the sequences truncate or drop (data/batcher.hpp),
+  // the `languages` (a string array: the columns of the per-language series) and `lang_p`, the
+  // probability of drawing each language (Batcher::language_probabilities), as the float array
+  // lang_sampling_probability.
+  void open(int64_t start_step, const std::vector<std::string>& languages, const std::string& version, const TooLong& train_too_long,
             const TooLong& valid_too_long, const std::vector<double>& lang_p);
 
   // Rank 0: the lines before the first step (run, mesh, threads, data and its too-long examples,
-  // model, FLOPs, peak).
-  void header(int blas_threads, const Dataset& train, const Dataset& valid, int vocab, size_t params,
-              const TooLong& train_too_long, const TooLong& valid_too_long) const;
+  // model, FLOPs, peak). `whole`: the model's parameters (unsharded) and those a token uses;
+  // `rank_params`: this rank's share.
+  void header(int blas_threads, const Dataset& train, const Dataset& valid, int vocab, const ModelParamCounts& whole,
+              size_t rank_params, const TooLong& train_too_long, const TooLong& valid_too_long) const;
 
   // Collective: the step line and row; `tokens_per_s` over the logging interval, `eta` in seconds,
   // `lang_tokens` the run's target tokens per language so far (TrainProgress::lang_tokens).

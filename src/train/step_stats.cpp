@@ -16,6 +16,11 @@ void StepSums::add(const ForwardStats& f, const std::vector<const MoeLayer<float
     MoeLayerSums& o = layers_[first_moe_layer + l];
     const MoeStats& ms = moe[l]->stats();
     for (size_t e = 0; e < o.load.size(); ++e) o.load[e] += double(ms.load[e]);
+    for (size_t e = 0; e < ms.expert_dropped.size(); ++e) {
+      o.expert_dropped[e] += double(ms.expert_dropped[e]);
+      o.expert_rerouted[e] += double(ms.expert_rerouted[e]);
+      o.expert_declined[e] += double(ms.expert_declined[e]);
+    }
     o.wanted += double(ms.wanted);
     o.dropped += double(ms.dropped);
     o.rerouted += double(ms.rerouted);
@@ -33,7 +38,8 @@ void StepSums::add(const ForwardStats& f, const std::vector<const MoeLayer<float
 void StepSums::all_reduce(Comm& pipe, Comm& data) {
   std::vector<double*> fields{&ce_, &mask_, &aux_, &z_, &soft_};
   for (MoeLayerSums& l : layers_) {
-    for (double& x : l.load) fields.push_back(&x);
+    for (std::vector<double>* v : {&l.load, &l.expert_dropped, &l.expert_rerouted, &l.expert_declined})
+      for (double& x : *v) fields.push_back(&x);
     for (double& x : l.experts_per_token) fields.push_back(&x);
     for (double* x : {&l.wanted, &l.dropped, &l.rerouted, &l.declined, &l.second_choices, &l.tokens, &l.entropy,
                       &l.capacity, &l.forwards, &l.bias_max_abs})
@@ -67,6 +73,10 @@ StepStats StepSums::stats(double tokens, double groups) const {
     m.capacity = o.forwards > 0 ? o.capacity / o.forwards : 0;
     m.bias_max_abs = o.forwards > 0 ? o.bias_max_abs / o.forwards : 0;
     for (const double t : o.experts_per_token) m.experts_per_token.push_back(o.tokens > 0 ? t / o.tokens : 0);
+    m.wanted = o.wanted;
+    m.expert_dropped = o.expert_dropped;
+    m.expert_rerouted = o.expert_rerouted;
+    m.expert_declined = o.expert_declined;
     s.moe.push_back(m);
   }
   return s;

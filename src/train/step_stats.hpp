@@ -19,6 +19,11 @@ struct MoeLayerStats {
   double capacity = 0;  // C, slots per expert and routing group
   double bias_max_abs = 0;  // moe.balance = bias: max |selection bias| in the step's forwards
   std::vector<double> experts_per_token;  // [4] fraction of the routed tokens with 0, 1, 2, >= 3 experts
+  double wanted = 0;  // choices meant to be dispatched (the denominator of dropped and rerouted)
+  // [E] choices dropped and declined by the expert chosen, rerouted by the expert that took them:
+  // counts whose sums over the experts are dropped x wanted, rerouted x wanted and declined x the
+  // second choices
+  std::vector<double> expert_dropped, expert_rerouted, expert_declined;
 };
 
 struct StepStats {
@@ -35,7 +40,9 @@ struct StepStats {
 
 class StepSums {
  public:
-  StepSums(size_t moe_layers, size_t experts) : layers_(moe_layers, MoeLayerSums{std::vector<double>(experts, 0.0)}) {}
+  StepSums(size_t moe_layers, size_t experts)
+      : layers_(moe_layers, MoeLayerSums{std::vector<double>(experts, 0.0), std::vector<double>(experts, 0.0),
+                                         std::vector<double>(experts, 0.0), std::vector<double>(experts, 0.0)}) {}
 
   // One forward's statistics: its loss sums and, for the MoE layers `moe` of this stage (the first
   // of them is the model's `first_moe_layer`-th, so that the stages' sums add up), the choices
@@ -56,6 +63,7 @@ class StepSums {
  private:
   struct MoeLayerSums {
     std::vector<double> load;  // [E] choices dispatched to each expert
+    std::vector<double> expert_dropped, expert_rerouted, expert_declined;  // [E] (MoeLayerStats)
     double wanted = 0, dropped = 0, rerouted = 0, declined = 0, second_choices = 0;
     double tokens = 0, entropy = 0;  // routed tokens, sum of their router entropies
     double capacity = 0, forwards = 0;  // sum of C over the forwards that ran the layer, their count

@@ -33,6 +33,7 @@
 #include "optim/schedule.hpp"
 #include "run/select_device.hpp"
 #include "run/signals.hpp"
+#include "train/run_clock.hpp"
 #include "train/step_log.hpp"
 #include "train/step_stats.hpp"
 
@@ -131,6 +132,7 @@ class Trainer {
                                                     model_->params(), *optimizer_, *batcher_, progress_);
     checkpoints_->add_model_state(selection_bias_state(*model_));
     flops_per_token_ = start.plan().flops_per_token;
+    params_ = {.total = start.plan().params_total, .activated = start.plan().params_activated};
     // The sgemm ceiling with the run's BLAS threads (applied above), measured by every rank at once so
     // that the ranks of a node share its cores as they do in a step; the mesh's ceiling is the sum.
     if (cfg_.run.peak_gflops > 0) {
@@ -152,7 +154,7 @@ class Trainer {
     log_ = std::make_unique<StepLog>(deck, dir_, mesh, model_->shape(), timers_, *pipeline_, flops_per_token_, peak_);
     agree_on_input(mesh.world(), [&] {  // metrics.h5 that cannot be continued stops every rank (StepLog::open)
       if (mesh.rank() == 0)
-        log_->open(progress_.start_step, join_languages(train_.info().languages), version_, train_too_long_,
+        log_->open(progress_.start_step, train_.info().languages, version_, train_too_long_,
                    valid_too_long_, batcher_->language_probabilities());
     });
   }
@@ -160,9 +162,10 @@ class Trainer {
   int run() {
     const int64_t steps = cfg_.run.steps;
     if (mesh_.rank() == 0)
-      log_->header(blas_threads_, train_, valid_, vocab_, model_->params().size(), train_too_long_, valid_too_long_);
-    double interval_start = wall_seconds();
-    run_start_ = interval_start;
+      log_->header(blas_threads_, train_, valid_, vocab_, params_, model_->params().size(), train_too_long_,
+                   valid_too_long_);
+    clock_.emplace(wall_seconds());
+    run_start_ = clock_->start();
     int64_t interval_tokens = 0;
     const int64_t first = progress_.start_step + 1;
     int64_t done = progress_.start_step;  // the last step whose update (or skip) is complete
@@ -181,10 +184,9 @@ class Trainer {
         interval_tokens += int64_t(cfg_.optim.batch_size) * cfg_.model.seq_len;
         if (step % cfg_.run.log_every == 0 || step == steps || s.skipped || s.empty) {
           const double now = wall_seconds();
-          const double tokens_per_s = double(interval_tokens) / (now - interval_start);
-          log_->step(step, s, tokens_per_s, (now - run_start_) / double(step - first + 1) * double(steps - step),
+          log_->step(step, s, clock_->interval_tokens_per_s(now, interval_tokens), eta(now, step, first),
                      progress_.lang_tokens);
-          interval_start = wall_seconds();
+          clock_->start_interval(wall_seconds());
           interval_tokens = 0;
         }
         if (progress_.bad_steps >= cfg_.run.max_bad_steps) {
@@ -340,6 +342,19 @@ class Trainer {
     return w;
   }
 
+  // Seconds left at the log of `step` (the run's first step `first`), the evaluations due from this
+  // step's on included (RunClock). A validation not yet timed counts as its batches' forwards, a
+  // third of a training step's FLOPs per token each; translation scores not yet timed count as 0.
+  double eta(double now, int64_t step, int64_t first) const {
+    const int64_t steps = cfg_.run.steps;
+    const int64_t left[2] = {evaluations_due(cfg_.eval.every, step, steps), evaluations_due(cfg_.eval.bleu_every, step, steps)};
+    const int64_t B = cfg_.optim.batch_size;
+    const double batches = cfg_.eval.examples_per_language > 0 ? double((int64_t(eval_set_.num_examples()) + B - 1) / B)
+                                                               : double(cfg_.eval.batches);
+    const double steps_estimate[2] = {batches / 3.0, 0.0};
+    return clock_->eta(now, step - first + 1, steps - first + 1, left, steps_estimate);
+  }
+
   // Whether something done every `every` steps (0: never) is due at `step`: its multiples and the last step.
   bool due(int64_t every, int64_t step) const { return every > 0 && (step % every == 0 || step == cfg_.run.steps); }
 
@@ -364,6 +379,7 @@ class Trainer {
                      (long long)step, (long long)e.batches);
       return e.stopped;
     }
+    clock_->add_evaluation(RunClock::kValidation, wall_seconds() - start);
     log_->eval(step, e, start);
     return 0;
   }
@@ -391,6 +407,7 @@ class Trainer {
         std::fprintf(stderr, "meshmoe: translation scores of step %lld interrupted (not recorded)\n", (long long)step);
       return stopped;
     }
+    clock_->add_evaluation(RunClock::kTranslation, wall_seconds() - start);
     log_->bleu(step, scores, start);
     return 0;
   }
@@ -430,7 +447,9 @@ class Trainer {
   std::unique_ptr<StepLog> log_;
   PhaseTimers timers_;
   double flops_per_token_ = 0, peak_ = 0;
+  ModelParamCounts params_;  // the whole model's, for the banner
   double run_start_ = 0;  // wall_seconds() when run() began (run.max_walltime)
+  std::optional<RunClock> clock_;  // tok/s and ETA with the evaluations apart
   int blas_threads_ = 1;
   TooLong train_too_long_, valid_too_long_;  // examples the sequences truncate or drop
   size_t first_moe_layer_ = 0;  // global index of this stage's first MoE layer

@@ -50,7 +50,7 @@ class H5Run:
         with h5py.File(os.path.join(path, "metrics.h5"), "r") as f:
             self.d = {}
             f.visititems(lambda n, o: self.d.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
-            self.attrs = {k: s(v) for k, v in f.attrs.items()}
+            self.attrs = {k: s(v) if isinstance(v, (bytes, str)) else v for k, v in f.attrs.items()}
         self.deck = {f"{sec}.{k}": v for sec, t in tomllib.loads(s(self.d["deck"])).items() for k, v in t.items()}
 
     def expected_final(self):
@@ -106,7 +106,7 @@ def check_lang(header, rows, runs, base, dataset, where):
         names = [s(n) for n in d["languages/name"][()]]
         train = dict(zip(names, d["languages/train_pairs"][()].tolist()))
         valid = dict(zip(names, d["languages/valid_pairs"][()].tolist()))
-    langs = base.attrs["languages"].split(",")
+    langs = [s(x) for x in base.attrs["languages"]]  # a string array
     order = sorted((l for l in langs if valid[l] > 0), key=lambda l: -train[l])
     expect(len(set(train.values())) > 1, f"{where}: test dataset should have languages of different sizes")
     expect([r[1] for r in rows] == order, f"{where}: languages {[r[1] for r in rows]}, expected {order}")

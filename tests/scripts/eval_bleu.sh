@@ -135,7 +135,7 @@ for i, (lang, path) in enumerate(zip(names, sys.argv[3:5])):
 # The per-language validation losses: what training logged at step 120, bitwise (same mesh).
 step = met["step"][()]
 row = int(np.flatnonzero((step == 120) & np.isfinite(met["eval/loss"][()]))[0])
-langs = met.attrs["languages"].split(",")
+langs = [x.decode() if isinstance(x, bytes) else x for x in met.attrs["languages"]]  # a string array
 logged = met["eval/lang_loss"][row]
 for i, lang in enumerate(names):
     assert g["valid_loss"][i] == logged[langs.index(lang)], (lang, g["valid_loss"][i], logged)

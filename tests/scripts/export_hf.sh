@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `meshmoe export --layout hf` (docs/export.md "The Hugging Face Mixtral layout"): a Mixtral-shaped
-# decoder (RMSNorm, rope, SwiGLU experts in every block, softmax_topk top-2, untied head, dropless)
+# decoder (RMSNorm, rope, grouped-query attention (2 key/value heads of 4), SwiGLU experts in every
+# block, softmax_topk top-2, untied head, dropless)
 # trained on 1 rank and exported with -o DIR; the file's header holds docs/export.md's Mixtral
 # table for its config.json (names, shapes, F32) and config.json the deck's model; a Mixtral forward
 # written from Hugging Face's modeling_mixtral.py equations, reading only the file and config.json,

@@ -68,7 +68,9 @@ for temp, name in [(1, "t1"), (100, "t100")]:
     assert counts.sum() == 60 * 16 * 6, counts  # every step: 16 examples of 6 targets
     p = (n_l / n_l.sum()) ** (1.0 / temp)
     p /= p.sum()
-    attr = np.array([float(x) for x in str(m.attrs["lang_sampling_probability"]).split(",")])
+    attr = m.attrs["lang_sampling_probability"]  # a float array, one value per language of the root's `languages`
+    assert isinstance(attr, np.ndarray) and attr.dtype == np.float64 and attr.shape == (3,), attr
+    assert [x.decode() if isinstance(x, bytes) else x for x in m.attrs["languages"]] == ["de", "fr", "sv"], m.attrs["languages"]
     assert np.allclose(attr, p, rtol=1e-12, atol=0), (attr, p)
     draws = counts.sum() / 6
     share = counts / counts.sum()

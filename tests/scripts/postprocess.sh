@@ -78,7 +78,7 @@ grep -q '^| 1 | de | ' "$T/lang.txt" || fail "lang_table: de is not ranked first
 $PY - "$T/moe-d1/metrics.h5" "$T/lang.txt" <<'PY' || fail "lang_table: trained tokens differ from /data/lang_tokens"
 import sys, h5py
 f = h5py.File(sys.argv[1], "r")
-langs = f.attrs["languages"].split(",") if isinstance(f.attrs["languages"], str) else f.attrs["languages"].decode().split(",")
+langs = [x.decode() if isinstance(x, bytes) else x for x in f.attrs["languages"]]  # a string array
 want = dict(zip(langs, f["data/lang_tokens"][-1]))
 rows = [l.split("|") for l in open(sys.argv[2]) if l.startswith("| ") and l.split("|")[2].strip() in want]
 assert rows, "no language rows"

@@ -1079,4 +1079,10 @@ TEST_CASE("distill: the share of the teacher's gain the student keeps", "[distil
   CHECK(preserved_fraction(1.0, 2.0, 2.0) == 0.0);  // the baseline's loss: nothing kept
   CHECK(preserved_fraction(1.0, 1.0, 2.0) == 1.0);  // the teacher's loss: all of it
   CHECK(preserved_fraction(1.0, 1.0, 1.0) != preserved_fraction(1.0, 1.0, 1.0));  // no gain: NaN
+  // A teacher "better" by evaluation noise (here 1e-5 nats on 2.3) gave "keeps 11097.1%": NaN
+  // below kMinTeacherGain of the baseline's loss, a share just above it.
+  CHECK(std::isnan(preserved_fraction(2.3, 2.2, 2.3 + 1e-5)));
+  CHECK(std::isnan(preserved_fraction(2.3, 2.2, 2.3 / (1 - 0.9 * kMinTeacherGain))));
+  CHECK(std::isfinite(preserved_fraction(2.0, 2.0, 2.0 / (1 - 2 * kMinTeacherGain))));
+  CHECK(std::isnan(preserved_fraction(2.0, 1.9, 1.5)));  // a worse teacher
 }

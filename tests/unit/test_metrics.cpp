@@ -235,3 +235,28 @@ TEST_CASE("metrics: h5py reads the file while it is open for writing", "[metrics
   std::remove(script.c_str());
   std::remove(path.c_str());
 }
+
+TEST_CASE("metrics: root attributes that are arrays of strings and of floats, also over an older text one", "[metrics]") {
+  if (test::world_rank() != 0) return;
+  std::string path = metrics_path("arrays");
+  const std::vector<std::string> langs{"de", "pt_BR", "sr@latin", "\xc3\xa9t\xc3\xa9"};  // UTF-8 kept as is
+  const std::vector<double> p{0.5, 0.25, 0.125 + 1e-17, 0.125};
+  {
+    // An older file: the languages as comma-joined text.
+    MetricsFile m(path, "deck", {{"languages", "de,pt_BR"}});
+    log_steps(m, 1, 2);
+  }
+  {
+    MetricsFile m(path, "deck", {}, int64_t{2}, MetricsArrayAttrs{.strings = {{"languages", langs}}, .numbers = {{"p", p}}});
+    log_steps(m, 3, 3);
+  }
+  h5::File f = h5::File::open(path);
+  CHECK(f.attr<std::vector<std::string>>("languages") == langs);
+  CHECK(f.attr<std::vector<double>>("p") == p);
+  CHECK_THROWS(f.attr<std::string>("languages"));  // an array, no longer a scalar string
+  h5::File g = h5::File::create(metrics_path("empty_list"));
+  g.set_attr("none", std::vector<std::string>{});
+  CHECK(g.attr<std::vector<std::string>>("none").empty());
+  std::remove(path.c_str());
+  std::remove(metrics_path("empty_list").c_str());
+}

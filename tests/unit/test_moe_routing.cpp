@@ -193,6 +193,9 @@ TEST_CASE("moe routing invariants over random settings; NTLB never drops more", 
     };
     const std::vector<int> count_a = counts(a), count_b = counts(b);
     const auto& p = plain.router.probs();
+    // Per-expert counts recounted from the choices: dropped and declined by the expert chosen
+    // (the token's i-th best), rerouted by the expert NTLB placed the choice with.
+    std::vector<int64_t> a_dropped(E, 0), a_declined(E, 0), b_dropped(E, 0), b_declined(E, 0), b_rerouted(E, 0);
     for (int n = 0; n < N; ++n) {
       const int g = n / o.group_size;
       std::vector<int> order(E);
@@ -212,8 +215,19 @@ TEST_CASE("moe routing invariants over random settings; NTLB never drops more", 
         }
         if (a.expert[c] == Routing<double>::kDropped && b.expert[c] >= 0)  // rerouted outside its own k
           CHECK(std::find(order.begin(), order.begin() + k, b.expert[c]) == order.begin() + k);
+        a_dropped[order[i]] += a.expert[c] == Routing<double>::kDropped;
+        a_declined[order[i]] += a.expert[c] == Routing<double>::kDeclined;
+        b_dropped[order[i]] += b.expert[c] == Routing<double>::kDropped;
+        b_declined[order[i]] += b.expert[c] == Routing<double>::kDeclined;
+        if (a.expert[c] == Routing<double>::kDropped && b.expert[c] >= 0) b_rerouted[b.expert[c]] += 1;
       }
     }
+    CHECK(a.expert_dropped == a_dropped);
+    CHECK(a.expert_declined == a_declined);
+    CHECK(a.expert_rerouted == std::vector<int64_t>(E, 0));
+    CHECK(b.expert_dropped == b_dropped);
+    CHECK(b.expert_declined == b_declined);
+    CHECK(b.expert_rerouted == b_rerouted);
   }
   // The random settings must actually exercise drops and rerouting.
   CHECK(trials_with_drops > 50);

@@ -52,6 +52,9 @@ void MoeLayer<T>::record_stats() {
   stats_.dropped = r.dropped;
   stats_.rerouted = r.rerouted;
   stats_.declined = r.declined;
+  stats_.expert_dropped = r.expert_dropped;
+  stats_.expert_rerouted = r.expert_rerouted;
+  stats_.expert_declined = r.expert_declined;
   stats_.tokens = r.N;
   stats_.second_choices = int64_t(r.N) * (r.k - 1);
   stats_.capacity = r.C;

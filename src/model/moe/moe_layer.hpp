@@ -52,6 +52,7 @@ struct MoeStats {
   int64_t dropped = 0;         // of those, choices dropped for capacity: dropped fraction = dropped / wanted
   int64_t rerouted = 0;        // choices placed by No-Token-Left-Behind
   int64_t declined = 0;        // second choices not dispatched by random / threshold routing
+  std::vector<int64_t> expert_dropped, expert_rerouted, expert_declined;  // [E] the three above per expert (Routing)
   int64_t tokens = 0;          // N routed tokens
   int64_t second_choices = 0;  // N * (k - 1): the choices random / threshold routing may decline
   int64_t capacity = 0;        // C, slots per expert and group

@@ -128,7 +128,8 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
   count_.resize(size_t(G) * E);
   position_.resize(size_t(G) * E);
   dropped_.resize(size_t(N) * k);
-  group_stats_.resize(size_t(G) * 4);
+  const RouterTotalsLayout at{.E = E, .bins = Routing<T>::kPlacedBins};
+  group_stats_.resize(size_t(G) * size_t(at.group_width()));
   for_each_index(G, RouterAssignGroup<T>{.probs = probs_.data(),
                                          .top = top_.data(),
                                          .norm = norm_.data(),
@@ -140,6 +141,7 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
                                          .position = position_.data(),
                                          .dropped = dropped_.data(),
                                          .stats = group_stats_.data(),
+                                         .at = at,
                                          .S = S,
                                          .k = k,
                                          .E = E,
@@ -198,6 +200,12 @@ void Router<T>::read_totals() {
   r_.declined = count(at.stat(1));
   r_.dropped = count(at.stat(2));
   r_.rerouted = count(at.stat(3));
+  for (std::vector<int64_t>* v : {&r_.expert_declined, &r_.expert_dropped, &r_.expert_rerouted}) v->resize(size_t(E));
+  for (int e = 0; e < E; ++e) {
+    r_.expert_declined[size_t(e)] = count(at.expert_stat(0, e));
+    r_.expert_dropped[size_t(e)] = count(at.expert_stat(1, e));
+    r_.expert_rerouted[size_t(e)] = count(at.expert_stat(2, e));
+  }
   r_.experts_per_token.resize(size_t(at.bins));
   for (int b = 0; b < at.bins; ++b) r_.experts_per_token[size_t(b)] = count(at.placed(b));
   aux_sum = totals[size_t(at.aux())] * balance_loss_form_scale(opt_.aux_loss_form, E);

@@ -36,6 +36,9 @@ struct Routing {
   int64_t dropped = 0;        // of those, choices lost to capacity (after NTLB rerouting)
   int64_t rerouted = 0;       // choices placed by NTLB
   int64_t declined = 0;       // second choices not dispatched by random / threshold routing
+  // [E] the three above per expert: dropped and declined by the expert chosen, rerouted by the
+  // expert that took the choice (each sums to its count above)
+  std::vector<int64_t> expert_dropped, expert_rerouted, expert_declined;
   static constexpr int kPlacedBins = 4;
   std::vector<int64_t> experts_per_token;  // [kPlacedBins] tokens with 0, 1, 2, >= 3 experts
 };
@@ -113,8 +116,8 @@ class Router {
   Routing<T> r_;
   // Scratch, not saved state (members so that a step does not allocate them). Forward: want [N*k]
   // (choice wants dispatch), and per group count [G, E], position [G, E], dropped [N*k], stats
-  // [G, 4] (RouterAssignGroup), the Switch load-balancing terms balance_term [G, E], the totals and
-  // their per-group terms (sum_totals). Backward: dxr [N, M] (jitter only).
+  // [G, RouterTotalsLayout::group_width()] (RouterAssignGroup), the Switch load-balancing terms
+  // balance_term [G, E], the totals and their per-group terms (sum_totals). Backward: dxr [N, M] (jitter only).
   Buffer<uint8_t> want_, dropped_;
   Buffer<int> count_, position_;
   Buffer<double> balance_term_;

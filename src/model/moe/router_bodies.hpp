@@ -136,7 +136,14 @@ struct RouterTotalsLayout {
   MESHMOE_HD int z() const { return E + 5; }
   MESHMOE_HD int entropy() const { return E + 6; }
   MESHMOE_HD int placed(int bin) const { return E + 7 + bin; }
-  MESHMOE_HD int size() const { return E + 7 + bins; }
+  // per expert e: i = 0 declined, 1 dropped, 2 rerouted (their sums over e are stat(1..3))
+  MESHMOE_HD int expert_stat(int i, int e) const { return E + 7 + bins + i * E + e; }
+  MESHMOE_HD int size() const { return 4 * E + 7 + bins; }
+  // A group's stats (RouterAssignGroup): wanted, declined, dropped, rerouted, then per expert the
+  // declined (by the expert chosen), dropped (by the expert chosen) and rerouted (by the expert that
+  // took it) choices.
+  MESHMOE_HD int group_width() const { return 4 + 3 * E; }
+  MESHMOE_HD int group_expert_stat(int i, int e) const { return 4 + i * E + e; }
 };
 
 // Group g: the group's loss terms and what the log shows of it, from its routing. The Switch
@@ -184,8 +191,9 @@ struct RouterGroupTerms {
 };
 
 // One body (index 0): out = the sums over the G groups, in group order, of each expert's load
-// (count [G, E]), the groups' stats [G, 4] (nullptr: expert choice, whose wanted is the load's sum
-// and the rest 0), the balance terms [G, E] (nullptr: 0) and the group terms (RouterGroupTerms).
+// (count [G, E]), the groups' stats [G, at.group_width()] (nullptr: expert choice, whose wanted is
+// the load's sum and the rest 0), the balance terms [G, E] (nullptr: 0) and the group terms
+// (RouterGroupTerms).
 struct RouterTotals {
   const int* count;
   const int64_t* group_stats;
@@ -198,8 +206,12 @@ struct RouterTotals {
     for (int i = 0; i < at.size(); ++i) out[i] = 0;
     for (int g = 0; g < G; ++g) {
       for (int e = 0; e < E; ++e) out[at.load() + e] += double(count[g * E + e]);
-      if (group_stats)
-        for (int i = 0; i < 4; ++i) out[at.stat(i)] += double(group_stats[g * 4 + i]);
+      if (group_stats) {
+        const int64_t* st = group_stats + int64_t(g) * at.group_width();
+        for (int i = 0; i < 4; ++i) out[at.stat(i)] += double(st[i]);
+        for (int i = 0; i < 3; ++i)
+          for (int e = 0; e < E; ++e) out[at.expert_stat(i, e)] += double(st[at.group_expert_stat(i, e)]);
+      }
       if (balance_term)
         for (int e = 0; e < E; ++e) out[at.aux()] += balance_term[g * E + e];
       const double* t = terms + int64_t(g) * at.size();
@@ -216,8 +228,9 @@ struct RouterTotals {
 // choices, ... (router.cpp explains the rule), then No-Token-Left-Behind when ntlb. Writes the
 // group's (expert, slot, gate) triples, its expert counts count [g, E] (the filled slots: its load),
 // the position counters position [g, E] (the next free slot: count plus the slots left empty by
-// declined choices when declined_takes_slot), the flags dropped [g, S, k] and stats [g, 4] =
-// (wanted, declined, dropped, rerouted).
+// declined choices when declined_takes_slot), the flags dropped [g, S, k] and stats
+// [g, at.group_width()] = (wanted, declined, dropped, rerouted, then those per expert:
+// RouterTotalsLayout::group_expert_stat).
 template <typename T>
 struct RouterAssignGroup {
   const T* probs;
@@ -229,6 +242,7 @@ struct RouterAssignGroup {
   int *count, *position;
   uint8_t* dropped;
   int64_t* stats;
+  RouterTotalsLayout at;
   int S, k, E, C;
   bool ntlb, declined_takes_slot;
   const float* bias;  // [E] selection bias (NTLB ranks by it too), or null
@@ -247,10 +261,10 @@ struct RouterAssignGroup {
     int* cnt = count + g * E;
     int* pos = position + g * E;
     uint8_t* drop = dropped + g * S * k;
-    int64_t* st = stats + g * 4;
+    int64_t* st = stats + g * at.group_width();
     for (int e = 0; e < E; ++e) cnt[e] = pos[e] = 0;
     for (int64_t j = 0; j < int64_t(S) * k; ++j) drop[j] = 0;
-    for (int j = 0; j < 4; ++j) st[j] = 0;
+    for (int j = 0; j < at.group_width(); ++j) st[j] = 0;
     const int n0 = int(g) * S;
     for (int64_t c = int64_t(n0) * k; c < int64_t(n0 + S) * k; ++c) {
       expert[c] = kDropped;
@@ -264,6 +278,7 @@ struct RouterAssignGroup {
         if (!want[c]) {
           expert[c] = kDeclined;
           st[1] += 1;
+          st[at.group_expert_stat(0, top[c])] += 1;
           if (declined_takes_slot && pos[top[c]] < C) pos[top[c]] += 1;  // GShard Algorithm 1 line 22
           continue;
         }
@@ -292,8 +307,14 @@ struct RouterAssignGroup {
           place(cnt, pos, n, i, best);
           drop[s * k + i] = 0;
           st[3] += 1;
+          st[at.group_expert_stat(2, best)] += 1;
         }
-    for (int64_t j = 0; j < int64_t(S) * k; ++j) st[2] += drop[j];
+    for (int s = 0; s < S; ++s)
+      for (int i = 0; i < k; ++i)
+        if (drop[s * k + i]) {
+          st[2] += 1;
+          st[at.group_expert_stat(1, top[int64_t(n0 + s) * k + i])] += 1;
+        }
   }
 };
 
