@@ -381,6 +381,8 @@ int bench_comm_main(const BenchCommOptions& opt) {
 #endif
   // Collective: whether all_reduce of >= 256 KiB takes the shared-memory window (mesh/mpi_comm.hpp).
   const bool shm_used = !cuda && static_cast<MpiComm&>(comm).shm_active();
+  // Collective: whether it is hierarchical instead (the group spans nodes, mesh/node_hierarchy.hpp).
+  const bool hierarchical = !cuda && !shm_used && static_cast<MpiComm&>(comm).hierarchy() != nullptr;
   Comm& world = mesh.world_comm();
   const int n = comm.size();
   for (const std::string& op : ops)
@@ -419,6 +421,7 @@ int bench_comm_main(const BenchCommOptions& opt) {
                 opt.iters > 0 ? (std::to_string(opt.iters) + " timed calls per size").c_str()
                               : "adaptive (>= 0.05 s or 100 calls)",
                 cuda                     ? "by NCCL on the GPUs"
+                : hierarchical           ? "from 256 KiB hierarchical: shared memory inside each node, MPI between nodes"
                 : !shm_used              ? "by MPI"
                 : opt.shm == "resident" ? "from 256 KiB in place in node-shared memory (--shm resident)"
                                         : "from 256 KiB through shared memory (--shm on)");

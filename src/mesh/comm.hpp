@@ -73,9 +73,13 @@ class Comm {
   virtual std::string name() const = 0;
   // Collective: `bytes` of zeroed host memory of this rank that the collectives of this group read
   // from and write to directly when a buffer lies in it on every rank (MpiComm on one node:
-  // mesh/shm_collectives.hpp), or nullptr on every rank (the default; other nodes; no room). Lives
-  // as long as the Comm.
+  // mesh/shm_collectives.hpp; spanning nodes, shared with the ranks of this node only:
+  // mesh/node_hierarchy.hpp), or nullptr on every rank (the default; no room). Lives as long as
+  // the Comm.
   virtual void* node_shared_alloc(size_t /*bytes*/) { return nullptr; }
+  // Whether the large sums are hierarchical (the group spans nodes; known once node_shared_alloc
+  // or a large all_reduce has run).
+  virtual bool hierarchical() const { return false; }
   // Collective: one `bytes` of zeroed host memory for the whole group, the same memory on every
   // rank (the first rank's; each process's own address), which the collectives do not read in
   // place; nullptr on every rank as node_shared_alloc.

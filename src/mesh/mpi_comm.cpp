@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "mesh/node_hierarchy.hpp"
 #include "mesh/shm_collectives.hpp"
 #include "tensor/device.hpp"
 
@@ -52,7 +53,8 @@ MpiComm::MpiComm(MpiComm&& o) noexcept
       size_(o.size_),
       shm_settings_(o.shm_settings_),
       shm_state_(std::exchange(o.shm_state_, ShmState::Unknown)),
-      shm_(std::move(o.shm_)) {}
+      shm_(std::move(o.shm_)),
+      hierarchy_(std::move(o.hierarchy_)) {}
 
 MpiComm& MpiComm::operator=(MpiComm&& o) noexcept {
   if (this != &o) {
@@ -64,6 +66,7 @@ MpiComm& MpiComm::operator=(MpiComm&& o) noexcept {
     shm_settings_ = o.shm_settings_;
     shm_state_ = std::exchange(o.shm_state_, ShmState::Unknown);
     shm_ = std::move(o.shm_);
+    hierarchy_ = std::move(o.hierarchy_);
   }
   return *this;
 }
@@ -72,6 +75,7 @@ void MpiComm::release() noexcept {
   int finalized = 0;
   MPI_Finalized(&finalized);
   shm_.reset();
+  hierarchy_.reset();
   shm_state_ = ShmState::Unknown;
   // MPI_Comm_free after MPI_Finalize is erroneous; by then the library has released everything.
   if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
@@ -95,13 +99,36 @@ int MpiComm::count(size_t n, const char* what) const {
   return int(n);
 }
 
-bool MpiComm::shm_active() {
-  if (!shm_settings_.enabled || size_ < 2) return false;
-  if (shm_state_ == ShmState::Unknown) {
-    shm_ = ShmCollectives::open(comm_, name(), shm_settings_.slot_bytes);
-    shm_state_ = shm_ ? ShmState::On : ShmState::Off;
+void MpiComm::open_shm() {
+  if (shm_state_ != ShmState::Unknown || !shm_settings_.enabled || size_ < 2) return;
+  shm_state_ = ShmState::Off;
+  if (shm_settings_.test_ranks_per_node <= 0) shm_ = ShmCollectives::open(comm_, name(), shm_settings_.slot_bytes);
+  if (shm_) {
+    shm_state_ = ShmState::On;
+    return;
   }
+  hierarchy_ = NodeHierarchy::open(comm_, name(), shm_settings_.slot_bytes, shm_settings_.test_ranks_per_node);
+  if (hierarchy_) shm_state_ = ShmState::Hierarchical;
+}
+
+bool MpiComm::shm_active() {
+  if (!shm_settings_.enabled) return false;
+  open_shm();
   return shm_state_ == ShmState::On;
+}
+
+NodeHierarchy* MpiComm::hierarchy() {
+  if (!shm_settings_.enabled) return nullptr;
+  open_shm();
+  return shm_state_ == ShmState::Hierarchical ? hierarchy_.get() : nullptr;
+}
+
+// The window of this rank's node: the group's when it is on one node, the node's share of it when
+// the group spans nodes (hierarchical), else nullptr.
+ShmCollectives* MpiComm::node_window() {
+  if (!shm_settings_.enabled) return nullptr;
+  open_shm();
+  return shm_ ? shm_.get() : hierarchy_ ? &hierarchy_->node() : nullptr;
 }
 
 ShmCollectives* MpiComm::shm_for(size_t bytes) {
@@ -112,8 +139,23 @@ ShmCollectives* MpiComm::shm_sum_for(size_t bytes, DType t, Op op) {
   return op == Op::Sum && (t == DType::F32 || t == DType::F64) ? shm_for(bytes) : nullptr;
 }
 
+NodeHierarchy* MpiComm::hierarchical_sum_for(size_t bytes, DType t, Op op) {
+  return op == Op::Sum && (t == DType::F32 || t == DType::F64) && bytes >= shm_settings_.min_bytes ? hierarchy()
+                                                                                                   : nullptr;
+}
+
+// Spanning nodes, every rank's memory is shared with the ranks of its node only (one window per
+// node), and there is no one copy of the weights for the group: the owners' updates would need
+// an all-gather between nodes that ParamStore's one copy exists to avoid.
 void* MpiComm::node_shared_alloc(size_t bytes) {
-  return shm_active() ? shm_->shared_alloc(bytes) : nullptr;
+  ShmCollectives* w = node_window();
+  // Both paths are collective over the group: the hierarchical one agrees on the nodes' answers.
+  if (!w || shm_) return w ? w->shared_alloc(bytes) : nullptr;
+  void* p = w->shared_alloc(bytes);
+  int all = p != nullptr;
+  check(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
+  if (!all && p) w->shared_free(p), p = nullptr;
+  return p;
 }
 
 void* MpiComm::node_shared_alloc_one(size_t bytes) {
@@ -121,12 +163,15 @@ void* MpiComm::node_shared_alloc_one(size_t bytes) {
 }
 
 void MpiComm::node_shared_free(void* p) {
-  if (p && shm_) shm_->shared_free(p);
+  if (!p) return;
+  if (shm_) shm_->shared_free(p);
+  else if (hierarchy_) hierarchy_->node().shared_free(p);
 }
 
 void MpiComm::node_shared_fence() {
-  if (shm_active()) shm_->shared_fence();
-  else barrier();
+  if (shm_active()) return shm_->shared_fence();
+  if (hierarchy_) hierarchy_->node().shared_fence();
+  barrier();
 }
 
 void MpiComm::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
@@ -144,6 +189,8 @@ void MpiComm::all_reduce_raw(void* buf_in, size_t n, DType t, Op op) {
     std::vector<size_t> counts(static_cast<size_t>(size_));
     for (size_t r = 0; r < counts.size(); ++r) counts[r] = n / counts.size() + (r < n % counts.size() ? 1 : 0);
     shm->run(buf, counts.data(), t, /*reduce=*/true, /*gather=*/true, shm_settings_.slot_bytes);
+  } else if (NodeHierarchy* h = hierarchical_sum_for(n * dtype_size(t), t, op)) {
+    h->all_reduce_sum(buf, n, t, shm_settings_.slot_bytes);
   } else {
     check(MPI_Allreduce(MPI_IN_PLACE, buf, c, mpi_type(t), mpi_op(op), comm_), "MPI_Allreduce");
   }

@@ -11,15 +11,19 @@
 namespace meshmoe {
 
 class ShmCollectives;
+class NodeHierarchy;
 
 // When the group lives on one node, large float/double sums (all_reduce, reduce_scatterv) and
 // the variable gathers go through a shared-memory window (mesh/shm_collectives.hpp) instead of
-// MPI's collectives; the sums then add in rank order. Every rank of a group must hold the same
+// MPI's collectives; the sums then add in rank order. When it spans nodes with L >= 2 of its
+// ranks on each, the large float/double all-reduces are hierarchical (mesh/node_hierarchy.hpp)
+// and the node-shared memory is one window per node. Every rank of a group must hold the same
 // settings (run.shm_collectives; tests lower the sizes to cross the rounds with small buffers).
 struct ShmSettings {
   bool enabled = true;
   size_t min_bytes = size_t(256) << 10;   // smaller buffers keep MPI (latency, not bandwidth)
   size_t slot_bytes = size_t(64) << 20;   // per rank: larger buffers move in rounds of this
+  int test_ranks_per_node = 0;            // tests only: nodes of this many consecutive ranks
 };
 
 MPI_Datatype mpi_type(DType t);
@@ -42,6 +46,9 @@ class MpiComm final : public Comm {
   // Collective on the first call: true when the shared-memory path is enabled and the group is
   // on one node (then buffers of at least min_bytes take it).
   bool shm_active();
+  // Collective on the first call: the hierarchical path when the shared-memory path is enabled
+  // and the group spans nodes with the same number (>= 2) of its ranks on each; else nullptr.
+  NodeHierarchy* hierarchy();
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -49,6 +56,7 @@ class MpiComm final : public Comm {
   std::string name() const override;
   // Through the shared-memory window group (nullptr when run.shm_collectives is off).
   void* node_shared_alloc(size_t bytes) override;
+  bool hierarchical() const override { return shm_state_ == ShmState::Hierarchical; }
   void* node_shared_alloc_one(size_t bytes) override;
   void node_shared_free(void* p) override;
   void node_shared_fence() override;
@@ -83,6 +91,9 @@ class MpiComm final : public Comm {
   ShmCollectives* shm_for(size_t bytes);
   // The same for a reduction: the window only sums, and only float and double.
   ShmCollectives* shm_sum_for(size_t bytes, DType t, Op op);
+  // The hierarchical path for an all-reduce of `bytes` (a group spanning nodes), or nullptr.
+  NodeHierarchy* hierarchical_sum_for(size_t bytes, DType t, Op op);
+  ShmCollectives* node_window();
   size_t total_bytes(const size_t* counts, DType t) const;  // of the blocks of a variable collective
 
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -94,8 +105,10 @@ class MpiComm final : public Comm {
   std::string label_;
   int rank_ = 0, size_ = 0;
   ShmSettings shm_settings_;
-  enum class ShmState { Unknown, On, Off } shm_state_ = ShmState::Unknown;
+  enum class ShmState { Unknown, On, Hierarchical, Off } shm_state_ = ShmState::Unknown;
+  void open_shm();  // collective: decides shm_state_
   std::unique_ptr<ShmCollectives> shm_;
+  std::unique_ptr<NodeHierarchy> hierarchy_;
 };
 
 }  // namespace meshmoe

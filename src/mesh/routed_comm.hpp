@@ -25,6 +25,7 @@ class RoutedComm final : public Comm {
   void synchronize() override { device_.synchronize(); }
   std::string name() const override { return host_.name() + " + " + device_.name(); }
   void* node_shared_alloc(size_t bytes) override { return host_.node_shared_alloc(bytes); }
+  bool hierarchical() const override { return host_.hierarchical(); }
   void* node_shared_alloc_one(size_t bytes) override { return host_.node_shared_alloc_one(bytes); }
   void node_shared_free(void* p) override { host_.node_shared_free(p); }
   void node_shared_fence() override { host_.node_shared_fence(); }

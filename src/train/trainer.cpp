@@ -91,8 +91,11 @@ class Trainer {
                   model_->params().one_weight_copy()
                       ? "one copy of the weights per node over the data axis (optim.shard_state: no all-gather), "
                         "gradients node-shared (the sums read them in place)"
-                  : model_->params().node_shared() ? "node-shared over the data axis (the sums read them in place)"
-                                                   : "private to each rank");
+                  : !model_->params().node_shared() ? "private to each rank"
+                  : mesh.axis(Axis::Data).hierarchical()
+                      ? "node-shared within each node over the data axis (hierarchical sums: shared memory inside a "
+                        "node, MPI between nodes)"
+                      : "node-shared over the data axis (the sums read them in place)");
     model_->set_loss_gradient_in_forward(true);
     if (cfg_.eval.bleu_every > 0) {
       // Decoding is host code (src/decode): on a device it decodes a host copy of the model,

@@ -10,6 +10,10 @@
 # node, stage 1 on the other), expert replicas (expert groups inside a node, replica groups
 # across: mesh.expert_parallel = 2) and sharded optimizer state over data across nodes.
 # docs/ARCHITECTURE.md "Principles" 1. First asserts that MPI sees 2 hosts of 2 ranks.
+# The hierarchical all-reduce (docs/ARCHITECTURE.md "Hierarchical collectives") on the real
+# split: the Catch case "[nodes]" (bitwise against the serial node order), and a wider model whose
+# gradient sums (over 256 KiB) take it in training, against one rank, with its weights and
+# gradients node-shared within each node.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -52,6 +56,12 @@ every = 3
 batches = 1
 DECK
 assert_two_nodes "$T/deck.toml" --set mesh.data=4
+MESHMOE_TEST_NODES=2 MPIRUN_ARGS="-x MESHMOE_TEST_NODES" timeout 120 tools/fake-nodes.sh build/meshmoe_tests '[nodes]' \
+  >"$T/catch-nodes.log" 2>&1 || { cat "$T/catch-nodes.log"; fail "the [nodes] case failed on 2 nodes x 2 ranks"; }
+grep -q "All tests passed" "$T/catch-nodes.log" && ! grep -qi "skipped" "$T/catch-nodes.log" ||
+  { cat "$T/catch-nodes.log"; fail "the [nodes] case did not run on 2 nodes x 2 ranks"; }
+echo "ok   hierarchical all-reduce on 2 nodes x 2 ranks: $(grep -o 'All tests passed.*' "$T/catch-nodes.log" | head -1)"
+wide="--set model.d_model=96 --set model.d_ff=384"
 switch="--set moe.router=top1"
 pmoe="--set moe.expert_axis=tensor --set moe.dropless=true"
 train_or_fail gshard-1 1
@@ -59,6 +69,8 @@ train_or_fail gshard-1 1
 train_or_fail switch-1 1 $switch
 # shellcheck disable=SC2086
 train_or_fail pmoe-1 1 $pmoe
+# shellcheck disable=SC2086
+train_or_fail wide-1 1 $wide
 train_on_nodes gshard-d4 --set mesh.data=4
 # shellcheck disable=SC2086
 train_on_nodes switch-d4 --set mesh.data=4 $switch
@@ -68,8 +80,12 @@ train_on_nodes gshard-t4 --set mesh.tensor=4
 train_on_nodes gshard-p2d2 --set mesh.pipe=2 --set mesh.data=2
 train_on_nodes gshard-rep-ep2-d4 --set mesh.data=4 --set mesh.expert_parallel=2
 train_on_nodes gshard-shard-d4 --set mesh.data=4 --set optim.shard_state=true
+# shellcheck disable=SC2086
+train_on_nodes wide-d4 --set mesh.data=4 $wide
+grep -q "weights and gradients: node-shared within each node over the data axis (hierarchical" "$T/wide-d4.log" ||
+  { cat "$T/wide-d4.log"; fail "the data axis across nodes did not take the hierarchical sums"; }
 export PAIRS="gshard-1:gshard-d4 switch-1:switch-d4 pmoe-1:pmoe-d2t2 gshard-1:gshard-t4 gshard-1:gshard-p2d2
-gshard-1:gshard-rep-ep2-d4 gshard-1:gshard-shard-d4"
+gshard-1:gshard-rep-ep2-d4 gshard-1:gshard-shard-d4 wide-1:wide-d4"
 $PYTHON - "$T" <<'PY'
 import os, sys, h5py
 sys.path.insert(0, "tests/lib")
