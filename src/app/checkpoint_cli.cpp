@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "core/sizes.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "deck/deck.hpp"
 
 namespace meshmoe {
 
@@ -39,6 +40,22 @@ int ckpt_info(const std::string& path) {
   std::printf("optimizer state  %zu tensors\n", optim.size());
   for (const auto& t : optim) std::printf("  %-40s %s\n", t.name.c_str(), shape_str(t.shape).c_str());
   std::printf("deck         %zu bytes (h5py: f.attrs['deck'])\n", m.deck.size());
+  // The model its stored deck defines: what generate, translate and eval decode without a deck.
+  if (!m.deck.empty()) try {
+      const Config c = parse_deck(m.deck, path + " (its stored deck)", {}, DeckUse::Decode).cfg;
+      std::string moe = "dense";
+      if (c.moe.every > 0)
+        moe = std::to_string(c.moe.num_experts) + " experts every " + std::to_string(c.moe.every) + " blocks (" +
+              std::string(option_name(c.moe.router)) + ")";
+      const std::string mesh = std::to_string(c.mesh.pipe) + "x" + std::to_string(c.mesh.data) + "x" + std::to_string(c.mesh.tensor);
+      std::printf("model        %s, d_model %lld, %lld blocks, %lld heads, d_ff %lld, seq_len %lld, %s; trained on mesh "
+                  "%s (pipe x data x tensor; decodes on any)\n",
+                  std::string(option_name(c.model.arch)).c_str(), (long long)c.model.d_model, (long long)c.model.num_layers,
+                  (long long)c.model.num_heads, (long long)c.model.d_ff, (long long)c.model.seq_len, moe.c_str(),
+                  mesh.c_str());
+    } catch (const InputError& e) {
+      std::printf("model        its stored deck does not parse in this version: %s\n", e.what());
+    }
   return kExitOk;
 }
 }  // namespace

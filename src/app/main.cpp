@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "data/prep.hpp"
 #include "app/decode_cli.hpp"
+#include "app/decode_deck.hpp"
 #include "app/eval_cli.hpp"
 #include "app/prep_cli.hpp"
 #include "deck/deck.hpp"
@@ -83,8 +84,7 @@ struct Setup {
   Deck deck;
   Mesh mesh;
 };
-Setup setup(const std::string& path, const std::vector<std::string>& overrides) {
-  Deck deck = load_agreed_deck(path, overrides);
+Setup setup(Deck deck) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   check_world_size(deck.cfg, world);
@@ -93,6 +93,17 @@ Setup setup(const std::string& path, const std::vector<std::string>& overrides) 
   shm.enabled = deck.cfg.run.shm_collectives;
   mesh.set_shm(shm);
   return Setup{std::move(deck), std::move(mesh)};
+}
+Setup setup(const std::string& path, const std::vector<std::string>& overrides) {
+  return setup(load_agreed_deck(path, overrides));
+}
+
+// A decoding command's deck (app/decode_deck.hpp: the checkpoint's model, the mesh of the ranks
+// launched), agreed by every rank, and its mesh.
+Setup decoding_setup(const std::string& checkpoint, const std::string& path, const std::vector<std::string>& overrides) {
+  Deck deck = decoding_deck(checkpoint, path, overrides, MPI_COMM_WORLD);
+  agree_on_lines("effective deck", lines_of(deck.effective_toml), deck_key_of_line, MPI_COMM_WORLD);
+  return setup(std::move(deck));
 }
 
 int cmd_plan(const std::string& path, const std::vector<std::string>& overrides, int ranks_per_node) {
@@ -134,6 +145,11 @@ int cmd_train(const std::string& path, const std::vector<std::string>& overrides
   if (distill) return distill_main(s.deck, s.mesh, start, MESHMOE_VERSION, *distill);
   return train_main(s.deck, s.mesh, start, MESHMOE_VERSION, opt);
 }
+
+constexpr const char* kDecodingDeck =
+    "Input deck (TOML), optional: the model comes from the checkpoint's stored deck; the deck's data, eval and decoding "
+    "keys apply, a model key that disagrees with the checkpoint is refused (exit 2), its [mesh] is not used (the mesh: "
+    "--set mesh.*, else all ranks on data)";
 
 constexpr const char* kAllowOtherData =
     "Use a checkpoint trained on other data than data.path (exit 2 otherwise): its tokens are read with this data's "
@@ -289,7 +305,7 @@ int run(int argc, char** argv) {
 
   GenerateCliOptions gen_opt;
   auto* gen = app.add_subcommand("generate", "Continue prompts with a checkpoint's decoder LM: greedy or sampled");
-  gen->add_option("deck", deck_path, "Input deck (TOML) of the model")->required();
+  gen->add_option("deck", deck_path, kDecodingDeck);
   gen->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
   gen->add_option("--checkpoint", gen_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
   gen->add_option("--prompt", gen_opt.prompts, "Text to continue (repeatable: one output line each)")->required();
@@ -302,7 +318,7 @@ int run(int argc, char** argv) {
 
   TranslateCliOptions tr_opt;
   auto* tr = app.add_subcommand("translate", "Translate sentences into English with a checkpoint: greedy or flat beam search");
-  tr->add_option("deck", deck_path, "Input deck (TOML) of the model")->required();
+  tr->add_option("deck", deck_path, kDecodingDeck);
   tr->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
   tr->add_option("--checkpoint", tr_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
   tr->add_option("--input", tr_opt.input, "Source sentences, one per line (default: stdin)");
@@ -317,7 +333,7 @@ int run(int argc, char** argv) {
 
   EvalCliOptions ev_opt;
   auto* ev = app.add_subcommand("eval", "Validation loss, BLEU and chrF per language of a checkpoint, into an HDF5 file");
-  ev->add_option("deck", deck_path, "Input deck (TOML) of the model")->required();
+  ev->add_option("deck", deck_path, kDecodingDeck);
   ev->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
   ev->add_option("--checkpoint", ev_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
   ev->add_option("--beam", ev_opt.beam.beam, "Beam width; 1: greedy")->capture_default_str();
@@ -395,17 +411,17 @@ int run(int argc, char** argv) {
   if (*train) return cmd_train(deck_path, overrides, train_opt);
   if (*distill) return cmd_train(deck_path, overrides, {}, &distill_opt);
   if (*gen) {
-    Setup s = setup(deck_path, overrides);
+    Setup s = decoding_setup(gen_opt.checkpoint, deck_path, overrides);
     check_decoding_data(gen_opt.checkpoint, s.deck, allow_other_data);
     return generate_main(s.deck, s.mesh, gen_opt);
   }
   if (*tr) {
-    Setup s = setup(deck_path, overrides);
+    Setup s = decoding_setup(tr_opt.checkpoint, deck_path, overrides);
     check_decoding_data(tr_opt.checkpoint, s.deck, allow_other_data);
     return translate_main(s.deck, s.mesh, tr_opt);
   }
   if (*ev) {
-    Setup s = setup(deck_path, overrides);
+    Setup s = decoding_setup(ev_opt.checkpoint, deck_path, overrides);
     check_decoding_data(ev_opt.checkpoint, s.deck, ev_opt.allow_other_data);
     return eval_main(s.deck, s.mesh, ev_opt, MESHMOE_VERSION);
   }
