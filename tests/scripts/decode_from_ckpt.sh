@@ -9,7 +9,8 @@
 # padded with 4 rows without targets to split over 3 data ranks: the same examples and routing
 # groups, other sums). A deck that gives
 # another model key is refused (exit 2, naming the key, both values); a deck's data and decoding
-# keys apply; other data is still refused without --allow-other-data; `ckpt info` names the model.
+# keys apply; other data is still refused without --allow-other-data; `ckpt info` names the model
+# and `ckpt verify` refuses (exit 1) a checkpoint whose tensors are not its stored deck's model.
 # Needs $MESHMOE (default build/meshmoe), msgfmt, /usr/bin/python3 with h5py.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -122,4 +123,21 @@ decode od.allowed 1 translate --lang de --input "$T/in.txt" --set data.path="$T/
 "$M" ckpt info "$T/run" >"$T/info.out"
 grep -q "^model  *decoder, d_model 32, 2 blocks, 4 heads, d_ff 64, seq_len 40, 4 experts every 2 blocks (top2); trained on mesh 1x2x2" "$T/info.out" ||
   { cat "$T/info.out"; fail "ckpt info: no model line of the stored deck"; }
+# ckpt verify checks the tensors against the stored deck's model: a deck forged to another d_ff is bad.
+"$M" ckpt verify "$T/run" >"$T/verify.out" 2>&1 || { cat "$T/verify.out"; fail "ckpt verify of the run: exit $?"; }
+cp "$(ls "$T"/run/ckpt/step_*.h5 | tail -1)" "$T/forged.h5"
+$PYTHON - "$T/forged.h5" <<'PY'
+import sys, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    deck = f.attrs["deck"]
+    deck = deck.decode() if isinstance(deck, bytes) else deck
+    assert "d_ff = 64\n" in deck
+    f.attrs["deck"] = deck.replace("d_ff = 64\n", "d_ff = 128\n")
+PY
+set +e
+"$M" ckpt verify "$T/forged.h5" >"$T/forged.out" 2>&1
+rc=$?
+set -e
+[ $rc = 1 ] && grep -q "its tensors are not the model its stored deck defines: blocks.0.mlp.w_in is \[32, 64\], its stored deck's model has \[32, 128\]" "$T/forged.out" ||
+  { cat "$T/forged.out"; fail "ckpt verify of a checkpoint whose deck was forged: exit $rc"; }
 echo "decode_from_ckpt: ok"
