@@ -3,14 +3,49 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <map>
 
 #include "core/error.hpp"
 #include "core/sizes.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "deck/deck.hpp"
+#include "model/placement.hpp"
+#include "model/shape_table.hpp"
 
 namespace meshmoe {
 
 namespace {
+
+// "" when the parameter tensors of `path` are those of the model its stored deck defines (names
+// and logical shapes, from the shape table on one rank), else what differs first. "" too when the
+// checkpoint stores no deck. Throws InputError when the stored deck does not parse.
+std::string stored_model_mismatch(const std::string& path, const CheckpointMeta& m) {
+  if (m.deck.empty()) return "";
+  Config cfg = parse_deck(m.deck, path + " (its stored deck)", {}, DeckUse::Decode).cfg;
+  cfg.mesh.expert_parallel = 0;  // one rank holds every expert
+  std::map<std::string, std::vector<int64_t>> stored;
+  for (const CheckpointTensorInfo& t : checkpoint_tensors(path, "params")) stored[t.name] = t.shape;
+  int64_t vocab = cfg.model.vocab_size;
+  if (const auto wte = stored.find("embed.wte"); vocab == 0 && wte != stored.end() && !wte->second.empty())
+    vocab = wte->second[0];
+  const MeshShape one{};
+  const ShapeTable table(CheckedShapes(cfg, int(vocab), one, false), placement_at(cfg, one, RankCoords{0, 0, 0}));
+  size_t matched = 0;
+  for (const ParamInfo& p : table.params()) {
+    const auto at = stored.find(p.name);
+    if (at == stored.end()) return "its stored deck's model has " + p.name + " " + shape_str(p.logical_shape) + ", the checkpoint does not";
+    if (at->second != p.logical_shape)
+      return p.name + " is " + shape_str(at->second) + ", its stored deck's model has " + shape_str(p.logical_shape);
+    ++matched;
+  }
+  if (matched != stored.size())
+    for (const auto& [name, shape] : stored) {
+      bool known = false;
+      for (const ParamInfo& p : table.params()) known |= p.name == name;
+      if (!known) return "holds " + name + " " + shape_str(shape) + ", which its stored deck's model has not";
+    }
+  return "";
+}
 
 int ckpt_info(const std::string& path) {
   const CheckpointMeta m = read_checkpoint_meta(path);
@@ -39,6 +74,22 @@ int ckpt_info(const std::string& path) {
   std::printf("optimizer state  %zu tensors\n", optim.size());
   for (const auto& t : optim) std::printf("  %-40s %s\n", t.name.c_str(), shape_str(t.shape).c_str());
   std::printf("deck         %zu bytes (h5py: f.attrs['deck'])\n", m.deck.size());
+  // The model its stored deck defines: what generate, translate and eval decode without a deck.
+  if (!m.deck.empty()) try {
+      const Config c = parse_deck(m.deck, path + " (its stored deck)", {}, DeckUse::Decode).cfg;
+      std::string moe = "dense";
+      if (c.moe.every > 0)
+        moe = std::to_string(c.moe.num_experts) + " experts every " + std::to_string(c.moe.every) + " blocks (" +
+              std::string(option_name(c.moe.router)) + ")";
+      const std::string mesh = std::to_string(c.mesh.pipe) + "x" + std::to_string(c.mesh.data) + "x" + std::to_string(c.mesh.tensor);
+      std::printf("model        %s, d_model %lld, %lld blocks, %lld heads, d_ff %lld, seq_len %lld, %s; trained on mesh "
+                  "%s (pipe x data x tensor; decodes on any)\n",
+                  std::string(option_name(c.model.arch)).c_str(), (long long)c.model.d_model, (long long)c.model.num_layers,
+                  (long long)c.model.num_heads, (long long)c.model.d_ff, (long long)c.model.seq_len, moe.c_str(),
+                  mesh.c_str());
+    } catch (const InputError& e) {
+      std::printf("model        its stored deck does not parse in this version: %s\n", e.what());
+    }
   return kExitOk;
 }
 }  // namespace
@@ -53,6 +104,15 @@ int ckpt_main(const CkptCliOptions& opt) {
         rc = ckpt_info(path);
       } else if (opt.action == "verify") {
         VerifyResult v = verify_checkpoint(path);
+        // The model of its stored deck, which generate, translate and eval decode without a deck.
+        if (v.ok) try {
+            if (const std::string why = stored_model_mismatch(path, read_checkpoint_meta(path)); !why.empty())
+              v = {false, "its tensors are not the model its stored deck defines: " + why};
+          } catch (const InputError& e) {
+            // Not a fault of the file (a deck of another version): decoding it then needs a deck.
+            std::fprintf(stderr, "meshmoe: note: %s: its stored deck does not parse in this version (%s): generate, "
+                         "translate and eval need a deck for it\n", path.c_str(), e.messages().front().c_str());
+          }
         if (v.ok) {
           std::printf("%s: %s\n", path.c_str(), v.message.c_str());
           rc = kExitOk;

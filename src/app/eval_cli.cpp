@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "core/timers.hpp"
 #include "data/batcher.hpp"
+#include "deck/shape_rules.hpp"
 #include "decode/decoder.hpp"
 #include "decode/translation_eval.hpp"
 #include "io/h5.hpp"
@@ -53,6 +54,34 @@ std::vector<size_t> chosen_languages(const std::vector<std::string>& names, cons
   std::sort(which.begin(), which.end());
   which.erase(std::unique(which.begin(), which.end()), which.end());
   return which;
+}
+
+// The validation batches on this mesh: the deck's (optim.batch_size sequences in
+// optim.micro_batches over the data ranks) where they split so; else each batch in one micro-batch
+// padded with rows without a target (train/evaluate.hpp) to the fewest rows that split over the
+// data ranks in whole routing groups: the same examples and routing groups as the training mesh's
+// (the decoding mesh need not be the training mesh), so the same loss up to the order of its sums.
+struct EvaluationBatches {
+  Config cfg;
+  int rows = 0;  // 0: optim.batch_size
+};
+EvaluationBatches evaluation_batches(const Config& cfg, const MeshShape& mesh, bool talk) {
+  const auto fits = [&](const Config& c) {
+    for (const ShapeRule& r : shape_rules(c, mesh.pipe, mesh.data, mesh.tensor))
+      if (r.batch && !r.ok) return false;
+    return true;
+  };
+  if (fits(cfg)) return {cfg, 0};
+  EvaluationBatches e{cfg, 0};
+  e.cfg.optim.micro_batches = 1;
+  Config padded = e.cfg;
+  while (!fits(padded)) ++padded.optim.batch_size;  // ends by mesh.data x moe.group_size
+  e.rows = int(padded.optim.batch_size);
+  if (talk)
+    std::fprintf(stderr, "meshmoe eval: note: optim.batch_size = %lld in %lld micro-batches does not split over mesh %s: "
+                 "each validation batch padded to %d rows without targets (the same examples and loss)\n",
+                 (long long)cfg.optim.batch_size, (long long)cfg.optim.micro_batches, mesh.str().c_str(), e.rows);
+  return e;
 }
 
 // Rank 0's result file, checked (never one of the inputs, never another kind of file: src/io/output_file.hpp)
@@ -188,7 +217,9 @@ int eval_main(const Deck& deck, Mesh& mesh, const EvalCliOptions& opt, const std
   double start = wall_seconds();
   PhaseTimers timers;
   PipelineExecutor pipeline(*d.model, mesh, timers, cfg.model.recompute);
-  const Evaluation e = evaluate(eval_set, names.size(), cfg, d.meta.step, *d.model, pipeline, mesh, [] { return 0; });
+  const EvaluationBatches batches = evaluation_batches(cfg, mesh.shape(), talk);
+  const Evaluation e = evaluate(eval_set, names.size(), batches.cfg, d.meta.step, *d.model, pipeline, mesh,
+                                [] { return 0; }, batches.rows);
   if (talk)
     std::fprintf(stderr, "meshmoe eval: validation loss %.4f over %.0f tokens (%.1f s)\n", e.loss(), e.tokens,
                  wall_seconds() - start);

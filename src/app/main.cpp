@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "data/prep.hpp"
 #include "app/decode_cli.hpp"
+#include "app/decode_deck.hpp"
 #include "app/eval_cli.hpp"
 #include "app/prep_cli.hpp"
 #include "deck/deck.hpp"
@@ -84,8 +85,7 @@ struct Setup {
   Deck deck;
   Mesh mesh;
 };
-Setup setup(const std::string& path, const std::vector<std::string>& overrides) {
-  Deck deck = load_agreed_deck(path, overrides);
+Setup setup(Deck deck) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   check_world_size(deck.cfg, world);
@@ -95,32 +95,81 @@ Setup setup(const std::string& path, const std::vector<std::string>& overrides) 
   mesh.set_shm(shm);
   return Setup{std::move(deck), std::move(mesh)};
 }
+Setup setup(const std::string& path, const std::vector<std::string>& overrides) {
+  return setup(load_agreed_deck(path, overrides));
+}
+
+// A decoding command's deck (app/decode_deck.hpp: the checkpoint's model, the mesh of the ranks
+// launched), agreed by every rank, and its mesh.
+Setup decoding_setup(const std::string& checkpoint, const std::string& path, const std::vector<std::string>& overrides) {
+  Deck deck = decoding_deck(checkpoint, path, overrides, MPI_COMM_WORLD);
+  agree_on_lines("effective deck", lines_of(deck.effective_toml), deck_key_of_line, MPI_COMM_WORLD);
+  return setup(std::move(deck));
+}
+
+// The nodes `plan` places the mesh on: --ranks-per-node, else Slurm's SLURM_NTASKS_PER_NODE, else
+// `otherwise` (src/run/node_placement.hpp).
+NodeMap planned_nodes(int world, int ranks_per_node, const NodeMap& otherwise) {
+  const int slurm = slurm_ranks_per_node();
+  return ranks_per_node > 0 ? nodes_in_blocks(world, ranks_per_node, "--ranks-per-node " + std::to_string(ranks_per_node))
+         : slurm > 0        ? nodes_in_blocks(world, slurm, "SLURM_NTASKS_PER_NODE " + std::to_string(slurm))
+                            : otherwise;
+}
+
+// Rank 0: the placement on `nodes` with the bytes each axis sends across them.
+void print_placement(const Config& cfg, const MeshShape& shape, const Startup& start, const NodeMap& nodes) {
+  if (world_rank() != 0 || start.vocab() <= 0) return;
+  std::vector<MemoryPlan> stages;
+  for (int p = 0; p < shape.pipe; ++p) stages.push_back(plan_memory(cfg, start.vocab(), shape, p, 0, 0));
+  const int P = placement_at(cfg, shape, RankCoords{0, 0, 0}).expert_parallel;
+  std::cout << placement_report(shape, nodes, node_crossings(shape, nodes, stages, P)) << std::flush;
+}
+
+// `plan` in one process for a mesh of any size (docs/user-guide.md "Planning in one process"): the same mesh text,
+// memory table and placement as under mpirun with the mesh's ranks, from the deck and the shape
+// alone; the nodes are blocks of --ranks-per-node (else SLURM_NTASKS_PER_NODE) ranks named
+// "node N", or one node, and with a node size the memory check takes this machine's memory (or
+// run.max_memory) as a node's.
+int plan_in_one_process(const Deck& deck, const MeshShape& shape, int ranks_per_node) {
+  const int world = shape.size();
+  const NodeMap nodes = planned_nodes(world, ranks_per_node, nodes_in_blocks(world, world, "one node (give --ranks-per-node)"));
+  std::vector<std::string> hosts;
+  for (int r = 0; r < world; ++r) hosts.push_back(nodes.names[size_t(nodes.node_of[size_t(r)])]);
+  std::cout << describe_planned_mesh(shape, hosts) << std::flush;
+  const Startup start = Startup::stages(deck.cfg, shape, MPI_COMM_WORLD);
+  NodeShare node;  // per_rank 0: not checked
+  if (nodes.nodes() > 1 || ranks_per_node > 0 || slurm_ranks_per_node() > 0) {
+    node = node_share(deck.cfg.run.max_memory, MPI_COMM_SELF);
+    const int per_node = int(nodes.ranks_of(0).size());
+    node.per_rank /= per_node;
+    node.ranks = per_node;
+    if (deck.cfg.run.max_memory.empty()) node.source += ", this machine's as a planned node's";
+  }
+  std::cout << start.memory_report(MPI_COMM_WORLD, &node) << std::flush;
+  std::cout << "nodes seen by MPI: none: planned in one process for " << world << " ranks\n" << std::flush;
+  print_placement(deck.cfg, shape, start, nodes);
+  return kExitOk;
+}
 
 int cmd_plan(const std::string& path, const std::vector<std::string>& overrides, int ranks_per_node) {
-  Setup s = setup(path, overrides);
+  Deck deck = load_agreed_deck(path, overrides);
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const MeshShape shape{int(deck.cfg.mesh.pipe), int(deck.cfg.mesh.data), int(deck.cfg.mesh.tensor)};
+  if (world == 1 && shape.size() > 1) return plan_in_one_process(deck, shape, ranks_per_node);
+  Setup s = setup(std::move(deck));
   const std::string text = s.mesh.describe();
   if (world_rank() == 0) std::cout << text << std::flush;
   // The nodes: as MPI sees them, and the placement planned for (--ranks-per-node, else Slurm's
   // SLURM_NTASKS_PER_NODE, else MPI's), with the bytes each axis sends across them (src/run/node_placement.hpp).
   const NodeMap seen = nodes_seen_by_mpi(MPI_COMM_WORLD);
-  const int slurm = slurm_ranks_per_node();
-  const int world = s.mesh.shape().size();
-  const NodeMap nodes =
-      ranks_per_node > 0 ? nodes_in_blocks(world, ranks_per_node, "--ranks-per-node " + std::to_string(ranks_per_node))
-      : slurm > 0        ? nodes_in_blocks(world, slurm, "SLURM_NTASKS_PER_NODE " + std::to_string(slurm))
-                         : seen;
+  const NodeMap nodes = planned_nodes(s.mesh.shape().size(), ranks_per_node, seen);
   // Memory and cost per rank, one column per pipeline stage, each stage's pieces once (src/run/startup.hpp).
   const Startup start = Startup::stages(s.deck.cfg, s.mesh);
   const std::string memory = start.memory_report(s.mesh.world());
   if (world_rank() == 0) std::cout << memory << std::flush;
   if (world_rank() == 0) std::cout << describe_nodes(seen, "nodes seen by MPI") << std::flush;
-  if (world_rank() == 0 && start.vocab() > 0) {
-    const MeshShape& shape = s.mesh.shape();
-    std::vector<MemoryPlan> stages;
-    for (int p = 0; p < shape.pipe; ++p) stages.push_back(plan_memory(s.deck.cfg, start.vocab(), shape, p, 0, 0));
-    const int P = placement_at(s.deck.cfg, shape, RankCoords{0, 0, 0}).expert_parallel;
-    std::cout << placement_report(shape, nodes, node_crossings(shape, nodes, stages, P)) << std::flush;
-  }
+  print_placement(s.deck.cfg, s.mesh.shape(), start, nodes);
   return kExitOk;
 }
 
@@ -146,6 +195,11 @@ int cmd_train(const std::string& path, const std::vector<std::string>& overrides
   if (distill) return distill_main(s.deck, s.mesh, start, MESHMOE_VERSION, *distill);
   return train_main(s.deck, s.mesh, start, MESHMOE_VERSION, opt);
 }
+
+constexpr const char* kDecodingDeck =
+    "Input deck (TOML), optional: the model comes from the checkpoint's stored deck; the deck's data, eval and decoding "
+    "keys apply, a model key that disagrees with the checkpoint is refused (exit 2), its [mesh] is not used (the mesh: "
+    "--set mesh.*, else all ranks on data)";
 
 constexpr const char* kAllowOtherData =
     "Use a checkpoint trained on other data than data.path (exit 2 otherwise): its tokens are read with this data's "
@@ -211,7 +265,8 @@ int run(int argc, char** argv) {
                       "the share of the teacher's gain kept");
   distill->add_flag("--allow-other-data", distill_opt.allow_other_data, kAllowOtherData);
   distill->add_flag("-v,--verbose", verbose, kVerbose);
-  auto* plan = app.add_subcommand("plan", "Print the device mesh and the plan of a deck without training");
+  auto* plan = app.add_subcommand("plan", "Print the device mesh and the plan of a deck without training (as one process: "
+                                          "a mesh of any size, without its ranks)");
   plan->add_option("deck", deck_path, "Input deck (TOML)")->required();
   plan->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
   bool ranks_only = false;
@@ -312,7 +367,7 @@ int run(int argc, char** argv) {
 
   GenerateCliOptions gen_opt;
   auto* gen = app.add_subcommand("generate", "Continue prompts with a checkpoint's decoder LM: greedy or sampled");
-  gen->add_option("deck", deck_path, "Input deck (TOML) of the model")->required();
+  gen->add_option("deck", deck_path, kDecodingDeck);
   gen->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
   gen->add_option("--checkpoint", gen_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
   gen->add_option("--prompt", gen_opt.prompts, "Text to continue (repeatable: one output line each)")->required();
@@ -325,7 +380,7 @@ int run(int argc, char** argv) {
 
   TranslateCliOptions tr_opt;
   auto* tr = app.add_subcommand("translate", "Translate sentences into English with a checkpoint: greedy or flat beam search");
-  tr->add_option("deck", deck_path, "Input deck (TOML) of the model")->required();
+  tr->add_option("deck", deck_path, kDecodingDeck);
   tr->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
   tr->add_option("--checkpoint", tr_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
   tr->add_option("--input", tr_opt.input, "Source sentences, one per line (default: stdin)");
@@ -340,7 +395,7 @@ int run(int argc, char** argv) {
 
   EvalCliOptions ev_opt;
   auto* ev = app.add_subcommand("eval", "Validation loss, BLEU and chrF per language of a checkpoint, into an HDF5 file");
-  ev->add_option("deck", deck_path, "Input deck (TOML) of the model")->required();
+  ev->add_option("deck", deck_path, kDecodingDeck);
   ev->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
   ev->add_option("--checkpoint", ev_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
   ev->add_option("--beam", ev_opt.beam.beam, "Beam width; 1: greedy")->capture_default_str();
@@ -418,17 +473,17 @@ int run(int argc, char** argv) {
   if (*train) return cmd_train(deck_path, overrides, train_opt, verbose);
   if (*distill) return cmd_train(deck_path, overrides, {}, verbose, &distill_opt);
   if (*gen) {
-    Setup s = setup(deck_path, overrides);
+    Setup s = decoding_setup(gen_opt.checkpoint, deck_path, overrides);
     check_decoding_data(gen_opt.checkpoint, s.deck, allow_other_data);
     return generate_main(s.deck, s.mesh, gen_opt);
   }
   if (*tr) {
-    Setup s = setup(deck_path, overrides);
+    Setup s = decoding_setup(tr_opt.checkpoint, deck_path, overrides);
     check_decoding_data(tr_opt.checkpoint, s.deck, allow_other_data);
     return translate_main(s.deck, s.mesh, tr_opt);
   }
   if (*ev) {
-    Setup s = setup(deck_path, overrides);
+    Setup s = decoding_setup(ev_opt.checkpoint, deck_path, overrides);
     check_decoding_data(ev_opt.checkpoint, s.deck, ev_opt.allow_other_data);
     return eval_main(s.deck, s.mesh, ev_opt, MESHMOE_VERSION);
   }

@@ -222,7 +222,8 @@ class Parser {
     set(*spec, v, 1, 0, 0, loc);
   }
 
-  void cross_checks();
+  void cross_checks(DeckUse use);
+  const std::map<std::string, std::string>& given() const { return where_; }
 
   std::vector<std::string> messages() {
     std::stable_sort(diags_.begin(), diags_.end(), [](const Diag& a, const Diag& b) {
@@ -300,8 +301,11 @@ std::string run_name_problem(const std::string& name) {
   return "";
 }
 
-void Parser::cross_checks() {
+void Parser::cross_checks(DeckUse use) {
   if (syntax_error_) return;
+  // A decoding command reads the model, the data and the decoding keys: the rules of keys only
+  // training reads (the batch, micro-batches, buckets, wall time, checkpoints) are not its concern.
+  const bool training = use == DeckUse::Train;
   if (const std::string why = run_name_problem(cfg.run.name); !why.empty())
     rule({"run.name"}, false,
          "run.name " + why + ": a run name is letters, digits and ._-+=@,:% (it names the run directory runs/<name>)");
@@ -315,7 +319,8 @@ void Parser::cross_checks() {
   const bool moe_layers = e.every > 0;
 
   // The divisibility rules of the mesh (shape_rules.hpp, shared with the shape table).
-  for (const ShapeRule& r : shape_rules(cfg, mesh.pipe, mesh.data, mesh.tensor)) rule(r.keys, r.ok, r.message);
+  for (const ShapeRule& r : shape_rules(cfg, mesh.pipe, mesh.data, mesh.tensor))
+    if (training || !r.batch) rule(r.keys, r.ok, r.message);
   rule({"moe.every", "model.num_layers"}, e.every <= m.num_layers,
        kv("moe.every", e.every) + " is greater than " + kv("model.num_layers", m.num_layers) +
            ": no layer would be an MoE layer (moe.every = 0 makes a dense model)");
@@ -365,28 +370,31 @@ void Parser::cross_checks() {
     rule({"moe.gate", "moe.z_loss_coef"}, e.z_loss_coef == 0.0,
          "moe.gate = \"sigmoid\" does not combine with moe.z_loss_coef = " + deck::toml_value(e.z_loss_coef) +
              " (the z-loss is the softmax router's logsumexp, ST-MoE section 3.3): set moe.z_loss_coef = 0");
-  if (mesh.pipe > 1)
+  if (training && mesh.pipe > 1)
     rule({"mesh.pipe", "optim.micro_batches"}, o.micro_batches >= mesh.pipe,
          kv("mesh.pipe", mesh.pipe) + " needs optim.micro_batches >= " + std::to_string(mesh.pipe) + ", got " +
              kv("optim.micro_batches", o.micro_batches) + " (the 1F1B schedule keeps every stage busy)");
-  rule({"run.max_walltime"}, cfg.run.max_walltime == 0 || cfg.run.max_walltime >= kMinWalltimeSeconds,
-       "run.max_walltime = " + deck::toml_value(cfg.run.max_walltime) + " s leaves no time for a step and a checkpoint: "
-           "either 0 (no limit) or at least " + std::to_string(int(kMinWalltimeSeconds)) + " s");
-  rule({"run.grad_bucket_mb"}, cfg.run.grad_bucket_mb == 0 || cfg.run.grad_bucket_mb >= 1e-4,
-       "run.grad_bucket_mb = " + deck::toml_value(cfg.run.grad_bucket_mb) +
-           " is too small: either 0 (no overlap) or in [0.0001, 65536] MiB");
-  rule({"optim.shard_state", "run.grad_bucket_mb"}, !(o.shard_state && cfg.run.grad_bucket_mb > 0),
-       "optim.shard_state = true does not combine with run.grad_bucket_mb = " + deck::toml_value(cfg.run.grad_bucket_mb) +
-           " (the buckets all-reduce the gradients that sharded state reduce-scatters): set run.grad_bucket_mb = 0");
-  rule({"data.temperature", "data.shuffle"}, cfg.data.shuffle || cfg.data.temperature == 1.0,
-       "data.temperature = " + deck::toml_value(cfg.data.temperature) +
-           " samples languages from each epoch's shuffled order: it needs data.shuffle = true (or data.temperature = 1)");
+  if (training) {
+    rule({"run.max_walltime"}, cfg.run.max_walltime == 0 || cfg.run.max_walltime >= kMinWalltimeSeconds,
+         "run.max_walltime = " + deck::toml_value(cfg.run.max_walltime) + " s leaves no time for a step and a checkpoint: "
+             "either 0 (no limit) or at least " + std::to_string(int(kMinWalltimeSeconds)) + " s");
+    rule({"run.grad_bucket_mb"}, cfg.run.grad_bucket_mb == 0 || cfg.run.grad_bucket_mb >= 1e-4,
+         "run.grad_bucket_mb = " + deck::toml_value(cfg.run.grad_bucket_mb) +
+             " is too small: either 0 (no overlap) or in [0.0001, 65536] MiB");
+    rule({"optim.shard_state", "run.grad_bucket_mb"}, !(o.shard_state && cfg.run.grad_bucket_mb > 0),
+         "optim.shard_state = true does not combine with run.grad_bucket_mb = " + deck::toml_value(cfg.run.grad_bucket_mb) +
+             " (the buckets all-reduce the gradients that sharded state reduce-scatters): set run.grad_bucket_mb = 0");
+    rule({"data.temperature", "data.shuffle"}, cfg.data.shuffle || cfg.data.temperature == 1.0,
+         "data.temperature = " + deck::toml_value(cfg.data.temperature) +
+             " samples languages from each epoch's shuffled order: it needs data.shuffle = true (or data.temperature = 1)");
+  }
   if (!cfg.run.max_memory.empty()) {
     std::string why;
     const bool ok = parse_byte_size(cfg.run.max_memory, &why).has_value();
     rule({"run.max_memory"}, ok,
          "run.max_memory = " + deck::toml_string(cfg.run.max_memory) + ": " + why);
   }
+  if (!training) return;
   const auto& ev = cfg.eval;
   if (ev.bleu_every > 0) {
     rule({"eval.bleu_every", "eval.bleu_examples", "eval.examples_per_language"},
@@ -433,20 +441,22 @@ std::string read_deck_file(const std::string& path) {
 
 }  // namespace
 
-Deck parse_deck(const std::string& text, const std::string& path, const std::vector<std::string>& overrides) {
+Deck parse_deck(const std::string& text, const std::string& path, const std::vector<std::string>& overrides,
+                DeckUse use) {
   Parser p(path);
   p.parse_text(text);
   for (const auto& ov : overrides) p.apply_override(ov);
-  p.cross_checks();
+  p.cross_checks(use);
   if (auto msgs = p.messages(); !msgs.empty()) throw InputError(std::move(msgs));
   Deck d;
   d.cfg = p.cfg;
   d.path = path;
   d.effective_toml = effective_toml(d.cfg);
+  d.given = p.given();
   return d;
 }
 
-Deck load_deck(const std::string& path, const std::vector<std::string>& overrides, MPI_Comm comm) {
+Deck load_deck(const std::string& path, const std::vector<std::string>& overrides, MPI_Comm comm, DeckUse use) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   // header: {ok, payload bytes}; payload: the deck text, or the messages separated by '\0'.
@@ -456,7 +466,7 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
   if (rank == 0) {
     try {
       payload = read_deck_file(path);
-      deck = parse_deck(payload, path, overrides);
+      deck = parse_deck(payload, path, overrides, use);
       header[0] = 1;
     } catch (const InputError& e) {
       payload.clear();
@@ -484,7 +494,7 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
     throw InputError(std::move(msgs));
   }
   // Every rank parses the same text the same way; rank 0 already has.
-  if (rank != 0) deck = parse_deck(payload, path, overrides);
+  if (rank != 0) deck = parse_deck(payload, path, overrides, use);
   return deck;
 }
 

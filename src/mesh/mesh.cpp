@@ -145,6 +145,45 @@ void Mesh::set_shm(const ShmSettings& s) {
     for (auto& c : comms) c->set_shm(s);
 }
 
+namespace {
+
+// The text of describe(): the shape, each rank's host and coordinates, the world ranks of every
+// axis group (each axis' groups sorted).
+std::string format_mesh(const MeshShape& shape, const std::vector<std::string>& hosts,
+                        const std::vector<std::array<int, 3>>& coords,
+                        const std::array<std::vector<std::vector<int>>, 3>& groups) {
+  std::ostringstream os;
+  os << "mesh: " << shape.str() << "\n";
+  for (int r = 0; r < shape.size(); ++r) {
+    const auto& c = coords[size_t(r)];
+    os << "rank " << r << "  host " << hosts[size_t(r)] << "  pipe " << c[0] << " data " << c[1] << " tensor " << c[2]
+       << "\n";
+  }
+  for (Axis a : kAxes) {
+    os << axis_name(a) << " groups:";
+    for (const auto& g : groups[size_t(a)]) {
+      os << " [";
+      for (size_t i = 0; i < g.size(); ++i) os << (i ? " " : "") << g[i];
+      os << "]";
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace
+
+std::string describe_planned_mesh(const MeshShape& shape, const std::vector<std::string>& hosts) {
+  std::vector<std::array<int, 3>> coords;
+  for (int r = 0; r < shape.size(); ++r) coords.push_back(shape.coords(r));
+  std::array<std::vector<std::vector<int>>, 3> groups;
+  for (Axis a : kAxes) {
+    groups[size_t(a)] = shape.groups(a);
+    std::sort(groups[size_t(a)].begin(), groups[size_t(a)].end());
+  }
+  return format_mesh(shape, hosts, coords, groups);
+}
+
 std::string Mesh::describe() const {
   Comm& world = *world_;
   const int n = shape_.size();
@@ -176,25 +215,14 @@ std::string Mesh::describe() const {
     std::sort(groups[size_t(a)].begin(), groups[size_t(a)].end());
   }
   if (rank_ != 0) return "";
-
-  std::ostringstream os;
-  os << "mesh: " << shape_.str() << "\n";
+  std::vector<std::string> names;
+  std::vector<std::array<int, 3>> at;
   for (int r = 0; r < n; ++r) {
     const char* h = hosts.data() + size_t(r) * MPI_MAX_PROCESSOR_NAME;
-    os << "rank " << r << "  host " << std::string(h, strnlen(h, MPI_MAX_PROCESSOR_NAME)) << "  pipe "
-       << coords[size_t(r) * 3] << " data " << coords[size_t(r) * 3 + 1] << " tensor " << coords[size_t(r) * 3 + 2]
-       << "\n";
+    names.emplace_back(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
+    at.push_back({coords[size_t(r) * 3], coords[size_t(r) * 3 + 1], coords[size_t(r) * 3 + 2]});
   }
-  for (Axis a : kAxes) {
-    os << axis_name(a) << " groups:";
-    for (const auto& g : groups[size_t(a)]) {
-      os << " [";
-      for (size_t i = 0; i < g.size(); ++i) os << (i ? " " : "") << g[i];
-      os << "]";
-    }
-    os << "\n";
-  }
-  return os.str();
+  return format_mesh(shape_, names, at, groups);
 }
 
 #ifdef MESHMOE_CUDA

@@ -43,6 +43,10 @@ struct MeshShape {
   bool operator==(const MeshShape&) const = default;
 };
 
+// The text Mesh::describe() prints, for a mesh planned in one process (`meshmoe plan` without its
+// ranks): the coordinates and groups MPI_Comm_split gives, `hosts[r]` the host of world rank r.
+std::string describe_planned_mesh(const MeshShape& shape, const std::vector<std::string>& hosts);
+
 class Mesh {
  public:
   // Collective over `world`. Throws InputError (on every rank alike) unless every extent is >= 1

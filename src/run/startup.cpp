@@ -10,24 +10,31 @@
 
 namespace meshmoe {
 
-Startup::Startup(const Config& cfg, const Mesh& mesh)
-    : cfg_(&cfg), mesh_(mesh.shape()), me_{mesh.coord(Axis::Pipe), mesh.coord(Axis::Data), mesh.coord(Axis::Tensor)} {}
+namespace {
+RankCoords coords_of(const Mesh& mesh) {
+  return {mesh.coord(Axis::Pipe), mesh.coord(Axis::Data), mesh.coord(Axis::Tensor)};
+}
+}  // namespace
+
+Startup::Startup(const Config& cfg, const MeshShape& shape, RankCoords me) : cfg_(&cfg), mesh_(shape), me_(me) {}
 
 Startup Startup::training(const Config& cfg, const Mesh& mesh) {
-  Startup s(cfg, mesh);
+  Startup s(cfg, mesh.shape(), coords_of(mesh));
   s.plan_stages(mesh.world(), true);
   if (s.vocab_ > 0) check_memory_plan(cfg, s.stage_plans_[size_t(s.me_.pipe)], mesh.world());
   return s;
 }
 
-Startup Startup::stages(const Config& cfg, const Mesh& mesh) {
-  Startup s(cfg, mesh);
-  s.plan_stages(mesh.world(), false);
+Startup Startup::stages(const Config& cfg, const Mesh& mesh) { return stages(cfg, mesh.shape(), mesh.world()); }
+
+Startup Startup::stages(const Config& cfg, const MeshShape& shape, MPI_Comm world) {
+  Startup s(cfg, shape, RankCoords{0, 0, 0});
+  s.plan_stages(world, false);
   return s;
 }
 
 Startup Startup::forward_only(const Config& cfg, int vocab, const Mesh& mesh, bool with_batch) {
-  Startup s(cfg, mesh);
+  Startup s(cfg, mesh.shape(), coords_of(mesh));
   s.vocab_ = vocab;
   s.checked_.emplace(cfg, vocab, s.mesh_, with_batch);
   s.placement_ = placement_at(cfg, s.mesh_, s.me_);
@@ -95,9 +102,9 @@ void Startup::agree_vocab(int vocab, MPI_Comm world) const {
   });
 }
 
-std::string Startup::memory_report(MPI_Comm world) const {
+std::string Startup::memory_report(MPI_Comm world, const NodeShare* planned) const {
   const Config& cfg = *cfg_;
-  const NodeShare share = node_share(cfg.run.max_memory, world);
+  const NodeShare share = planned ? *planned : node_share(cfg.run.max_memory, world);
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   if (rank != 0) return "";

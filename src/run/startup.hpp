@@ -16,6 +16,7 @@
 #include "model/placement.hpp"
 #include "model/shape_table.hpp"
 #include "run/memory.hpp"
+#include "run/memory_limit.hpp"
 
 namespace meshmoe {
 
@@ -34,6 +35,9 @@ class Startup {
   static Startup training(const Config& cfg, const Mesh& mesh);
   // `meshmoe plan`: steps 1-5 for the stages only (no piece of this rank, no check).
   static Startup stages(const Config& cfg, const Mesh& mesh);
+  // The same for a mesh planned in one process, without its ranks (`meshmoe plan` on fewer ranks
+  // than the mesh has): every figure is a function of the deck and the shape. Collective over `world`.
+  static Startup stages(const Config& cfg, const MeshShape& shape, MPI_Comm world);
   // A model run forward only (generate, translate, eval; distill's teacher and baseline): the
   // vocabulary given, the shape rules (the batch's too with with_batch, and then the table holds
   // the micro-batch's buffers), this rank's placement and shape table; no plan, no check.
@@ -58,10 +62,12 @@ class Startup {
   // one column per stage; with optim.shard_state rank 0 plans the stages' other data ranks too),
   // ending with an "available memory: ..., the plan fits" line, on rank 0 ("" elsewhere). Without
   // a vocabulary it says so instead of numbers.
-  std::string memory_report(MPI_Comm world) const;
+  // `planned`: the memory of a node the mesh is planned on and its ranks, instead of the nodes of
+  // `world` (a plan in one process).
+  std::string memory_report(MPI_Comm world, const NodeShare* planned = nullptr) const;
 
  private:
-  Startup(const Config& cfg, const Mesh& mesh);
+  Startup(const Config& cfg, const MeshShape& shape, RankCoords me);
   // Steps 1-5; with `mine` this rank's pieces too.
   void plan_stages(MPI_Comm world, bool mine);
 

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "data/batcher.hpp"
+#include "data/tokenizer.hpp"
+
 namespace meshmoe {
 
 double Evaluation::loss() const { return tokens > 0 ? loss_sum / tokens : std::nan(""); }
@@ -13,8 +16,30 @@ std::vector<double> Evaluation::lang_loss() const {
   return out;
 }
 
+namespace {
+
+// `b` followed by rows without a target (PAD tokens, mask 0, no language) up to `rows` rows.
+Batch with_padding_rows(Batch b, int rows) {
+  const size_t n = size_t(rows) * size_t(b.seq_len), ne = size_t(rows) * size_t(b.enc_len);
+  b.inputs.resize(n, Tokenizer::kPad);
+  b.targets.resize(n, Tokenizer::kPad);
+  b.lang.resize(n, -1);
+  b.mask.resize(n, 0.0f);
+  b.segment.resize(n, 0);
+  b.position.resize(n, 0);
+  if (b.enc_len > 0) {
+    b.enc_inputs.resize(ne, Tokenizer::kPad);
+    b.enc_segment.resize(ne, 0);
+    b.enc_position.resize(ne, 0);
+  }
+  b.rows = rows;
+  return b;
+}
+
+}  // namespace
+
 Evaluation evaluate(const Dataset& set, size_t languages, const Config& cfg, int64_t step, const Transformer<float>& model,
-                    PipelineExecutor& pipeline, Mesh& mesh, const std::function<int()>& stop_requested) {
+                    PipelineExecutor& pipeline, Mesh& mesh, const std::function<int()>& stop_requested, int batch_rows) {
   const int B = int(cfg.optim.batch_size), T = int(cfg.model.seq_len);
   const size_t L = languages;
   const bool whole_subset = cfg.eval.examples_per_language > 0;
@@ -24,7 +49,7 @@ Evaluation evaluate(const Dataset& set, size_t languages, const Config& cfg, int
   for (int64_t b = 0; whole_subset ? batcher.cursor().epoch == 0 : b < cfg.eval.batches; ++b) {
     if ((e.stopped = stop_requested())) return e;
     ++e.batches;
-    const Batch batch = batcher.next(B);
+    const Batch batch = batch_rows > B ? with_padding_rows(batcher.next(B), batch_rows) : batcher.next(B);
     // Nothing to score (the batch is global: every rank skips it alike).
     if (std::find(batch.mask.begin(), batch.mask.end(), 1.0f) == batch.mask.end()) {
       ++e.empty_batches;

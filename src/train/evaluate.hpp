@@ -27,8 +27,12 @@ struct Evaluation {
 // Collective over the mesh. The same sample each time: eval.batches seeded batches of `set`, or,
 // with eval.examples_per_language, the subset once through (its last batch may repeat a few
 // examples from the start). Before every batch the ranks agree on `stop_requested()` (collective,
-// 0 = go on); a stop ends the evaluation at once.
+// 0 = go on); a stop ends the evaluation at once. `batch_rows` > optim.batch_size: each batch of
+// optim.batch_size sequences is followed by rows without a target up to batch_rows (a decoding mesh
+// whose data ranks do not divide the batch: the same examples, their routing groups whole, as long
+// as optim.batch_size x model.seq_len is a multiple of moe.group_size).
 Evaluation evaluate(const Dataset& set, size_t languages, const Config& cfg, int64_t step, const Transformer<float>& model,
-                    PipelineExecutor& pipeline, Mesh& mesh, const std::function<int()>& stop_requested);
+                    PipelineExecutor& pipeline, Mesh& mesh, const std::function<int()>& stop_requested,
+                    int batch_rows = 0);
 
 }  // namespace meshmoe

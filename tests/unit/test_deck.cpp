@@ -659,3 +659,38 @@ TEST_CASE("deck: model.norm, model.position, model.rope_base, swiglu and moe.fir
   CHECK(deck_errors("[model]\nnum_layers = 4\n[moe]\nevery = 2\nfirst_dense = 3").empty());
   CHECK(deck_errors("[model]\nnum_layers = 4\n[moe]\nevery = 0\nfirst_dense = 9").empty());  // dense: nothing to leave
 }
+
+// A decoding command's deck (docs/user-guide.md "Translation"): the keys only training reads are
+// not checked, the model's and the mesh's are; `given` says which keys the file or --set gave, where.
+TEST_CASE("deck: a deck checked for decoding skips the training rules; the keys given and where", "[deck]") {
+  const auto errors = [](const std::vector<std::string>& set, DeckUse use) {
+    try {
+      parse_deck("", "d.toml", set, use);
+      return std::string();
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+  };
+  for (const std::vector<std::string>& training_only :
+       {std::vector<std::string>{"mesh.pipe=2", "optim.micro_batches=1"},
+        {"mesh.data=3", "optim.batch_size=8"},
+        {"optim.batch_size=1", "model.seq_len=100", "moe.group_size=40"},
+        {"run.max_walltime=0.5"},
+        {"run.grad_bucket_mb=0.00001"},
+        {"checkpoint.every=100", "checkpoint.keep_every=150"},
+        {"data.temperature=5", "data.shuffle=false"}}) {
+    INFO(training_only.front());
+    CHECK(errors(training_only, DeckUse::Train) != "");
+    CHECK(errors(training_only, DeckUse::Decode) == "");
+  }
+  // The model's rules on the mesh, and every key's own range, hold for decoding too.
+  CHECK_THAT(errors({"mesh.tensor=3"}, DeckUse::Decode), Catch::Contains("model.num_heads = 4 is not divisible by mesh.tensor = 3"));
+  CHECK_THAT(errors({"mesh.pipe=3"}, DeckUse::Decode), Catch::Contains("model.num_layers = 4 is not divisible by mesh.pipe = 3"));
+  CHECK_THAT(errors({"optim.micro_batches=0"}, DeckUse::Decode), Catch::Contains("optim.micro_batches"));
+  CHECK_THAT(errors({"run.max_memory=lots"}, DeckUse::Decode), Catch::Contains("run.max_memory"));
+
+  const Deck d = parse_deck("[model]\nd_model = 64\n", "d.toml", {"mesh.data=2"});
+  CHECK(d.given.size() == 2);
+  CHECK(d.given.at("model.d_model") == "d.toml:2:11: ");
+  CHECK_THAT(d.given.at("mesh.data"), Catch::StartsWith("--set mesh.data=2"));
+}
