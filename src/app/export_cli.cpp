@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "data/dataset.hpp"
+#include "io/output_file.hpp"
 #include "io/safetensors.hpp"
 
 namespace meshmoe {
@@ -67,13 +68,15 @@ std::map<std::string, std::string> export_metadata(const std::string& ckpt, cons
 
 int export_checkpoint(const ExportCliOptions& opt, const std::string& version) {
   const std::string path = find_named_checkpoint(opt.checkpoint);
-  std::error_code ec;
-  if (fs::exists(opt.output, ec) && fs::equivalent(path, opt.output, ec))
+  if (same_file(path, opt.output))
     throw InputError("export: the output " + opt.output + " is the checkpoint itself; name another file");
-  const fs::path parent = fs::absolute(opt.output).parent_path();
-  if (!fs::is_directory(parent, ec)) throw InputError("export: -o " + opt.output + ": the directory " + parent.string() + " does not exist");
   const CheckpointMeta meta = read_checkpoint_meta(path);
   const std::string data_path = opt.data.empty() ? meta.data_path : opt.data;
+  // Never an input, and an existing file only when it is an earlier export (src/io/output_file.hpp).
+  check_output_path(opt.output, {"export", "-o", {path, data_path}, {}});
+  if (fs::exists(opt.output) && !is_safetensors_file(opt.output))
+    throw InputError("export: the output file " + opt.output + " exists and is not a safetensors file: refusing to replace "
+                     "it, only an earlier export is replaced (remove it yourself; give another -o)");
   if (data_path.empty())
     throw InputError("export: " + path + " does not record the dataset it was trained on; name it with --data DATA.h5 "
                      "(its tokenizer goes into the file)");
