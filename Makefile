@@ -125,8 +125,8 @@ deck-reference: $(BUILD)/meshmoe
 	tools/update-deck-reference.sh
 
 # `make fuzz` (not in `make check`): libFuzzer + AddressSanitizer on the deck parser for FUZZ_TIME
-# seconds, seeded from tests/decks/{good,bad}; a crashing input is saved under $(BUILD)/fuzz/
-# (crash-*). toml++ is compiled in (header-only) so its parser is instrumented too, with its
+# seconds, seeded from tests/decks/{good,bad} (libFuzzer's -seed=FUZZ_SEED, so a run repeats); a
+# crashing input is saved under $(BUILD)/fuzz/ (crash-*). toml++ is compiled in (header-only) so its parser is instrumented too, with its
 # internal assertions off as in the Debian library meshmoe links. FUZZ_SAN=fuzzer,address,undefined
 # adds UBSan, which stops at once on known toml++ 3.3.0 bugs (tomlplusplus issues #294, #295:
 # "[&", a non-ASCII character after a key), fixed upstream after 3.3.0.
@@ -134,6 +134,7 @@ deck-reference: $(BUILD)/meshmoe
 FUZZ_TIME ?= 60
 FUZZ_CXX  ?= clang++
 FUZZ_SAN  ?= fuzzer,address
+FUZZ_SEED ?= 1
 FUZZ_SRC  := tests/fuzz/deck_fuzz.cpp $(sort $(wildcard src/deck/*.cpp))
 $(BUILD)/deck_fuzz: $(FUZZ_SRC) $(wildcard src/deck/*.hpp src/deck/*.def src/core/*.hpp src/tensor/compute_kinds.hpp)
 	@tools/install-deps.sh --fuzz
@@ -143,8 +144,9 @@ $(BUILD)/deck_fuzz: $(FUZZ_SRC) $(wildcard src/deck/*.hpp src/deck/*.def src/cor
 	  $(FUZZ_SRC) -o $@ $(shell mpicxx --showme:link 2>/dev/null)
 # The readers of user-given HDF5 files (tests/fuzz/h5_readers_fuzz.cpp) for FUZZ_TIME seconds more:
 # the checkpoint and dataset readers and the HDF5 layer instrumented, the rest of the program
-# linked from $(BUILD)/lib.a; the valid files it mutates come from a 1-step run of a tiny deck.
-H5FUZZ_SRC := tests/fuzz/h5_readers_fuzz.cpp tests/support/h5_mutate.cpp src/checkpoint/checkpoint_read.cpp \
+# linked from $(BUILD)/lib.a; the valid files it mutates come from a 1-step run of a tiny deck; an
+# input is up to 4 mutations (13 bytes) from the start.
+H5FUZZ_SRC := tests/fuzz/h5_readers_fuzz.cpp tests/support/h5_mutate.cpp src/checkpoint/checkpoint_read.cpp src/checkpoint/checkpoint_init.cpp \
   src/checkpoint/checkpoint_format.cpp $(sort $(wildcard src/io/h5*.cpp)) src/data/dataset.cpp src/data/dataset_io.cpp src/data/tokenizer.cpp
 $(BUILD)/h5_readers_fuzz: $(H5FUZZ_SRC) $(BUILD)/lib.a tests/support/h5_mutate.hpp
 	@tools/install-deps.sh --fuzz
@@ -155,14 +157,14 @@ $(BUILD)/fuzz/h5seed/run/ckpt/LATEST: $(BUILD)/meshmoe
 	$(BUILD)/meshmoe prep text -q --max-len 17 /usr/share/common-licenses/GPL-3 -o $(BUILD)/fuzz/h5seed/data.h5
 	printf '[run]\nsteps = 1\nout_dir = "%s"\n[model]\nseq_len = 16\nd_model = 16\nnum_layers = 2\nnum_heads = 2\nd_ff = 32\n[moe]\nnum_experts = 4\nevery = 2\ngroup_size = 16\n[optim]\nbatch_size = 4\nwarmup_steps = 1\n[data]\npath = "%s"\n[eval]\nevery = 0\n' \
 	  $(BUILD)/fuzz/h5seed/run $(BUILD)/fuzz/h5seed/data.h5 > $(BUILD)/fuzz/h5seed/deck.toml
-	mpirun -np 1 $(BUILD)/meshmoe train $(BUILD)/fuzz/h5seed/deck.toml > $(BUILD)/fuzz/h5seed/train.log
+	$(BUILD)/meshmoe train $(BUILD)/fuzz/h5seed/deck.toml > $(BUILD)/fuzz/h5seed/train.log  # one rank, no mpirun (as root too)
 fuzz: $(BUILD)/deck_fuzz $(BUILD)/h5_readers_fuzz $(BUILD)/fuzz/h5seed/run/ckpt/LATEST
 	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/h5corpus
-	$(BUILD)/deck_fuzz -max_total_time=$(FUZZ_TIME) -timeout=10 -artifact_prefix=$(BUILD)/fuzz/ -print_final_stats=1 \
+	$(BUILD)/deck_fuzz -seed=$(FUZZ_SEED) -max_total_time=$(FUZZ_TIME) -timeout=10 -artifact_prefix=$(BUILD)/fuzz/ -print_final_stats=1 \
 	  $(BUILD)/fuzz/corpus tests/decks/good tests/decks/bad
 	MESHMOE_FUZZ_CKPT=$(BUILD)/fuzz/h5seed/run/ckpt/$$(cat $(BUILD)/fuzz/h5seed/run/ckpt/LATEST) \
-	  MESHMOE_FUZZ_DATA=$(BUILD)/fuzz/h5seed/data.h5 $(BUILD)/h5_readers_fuzz -max_total_time=$(FUZZ_TIME) -timeout=10 \
-	  -artifact_prefix=$(BUILD)/fuzz/h5- -print_final_stats=1 $(BUILD)/fuzz/h5corpus
+	  MESHMOE_FUZZ_DATA=$(BUILD)/fuzz/h5seed/data.h5 $(BUILD)/h5_readers_fuzz -seed=$(FUZZ_SEED) -max_total_time=$(FUZZ_TIME) \
+	  -timeout=10 -max_len=13 -len_control=0 -artifact_prefix=$(BUILD)/fuzz/h5- -print_final_stats=1 $(BUILD)/fuzz/h5corpus tests/fuzz/h5_seeds
 
 clean:
 	rm -rf $(BUILD)

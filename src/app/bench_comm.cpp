@@ -16,6 +16,7 @@
 #include "core/error.hpp"
 #include "mesh/agree.hpp"
 #include "io/h5.hpp"
+#include "io/output_file.hpp"
 #include "mesh/mesh.hpp"
 #include "tensor/device.hpp"
 #include "run/memory_limit.hpp"
@@ -349,6 +350,9 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
   return out;
 }
 
+// More timed calls than this only make a run take hours (1 GiB buffers at 1e6 calls).
+constexpr int kMaxIters = 1000000;
+
 int bench_comm_main(const BenchCommOptions& opt) {
   int world_size = 1, world_rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
@@ -359,7 +363,9 @@ int bench_comm_main(const BenchCommOptions& opt) {
   const MeshShape shape = parse_mesh(opt.mesh, axis, world_size);
   const std::vector<int64_t> sizes = opt.sizes.empty() ? default_sizes() : parse_sizes(opt.sizes);
   const std::vector<std::string> ops = parse_ops(opt.ops);
-  if (opt.iters < 0) throw InputError("bench-comm: --iters " + std::to_string(opt.iters) + ": give >= 1, or 0 for adaptive");
+  if (opt.iters < 0 || opt.iters > kMaxIters)
+    throw InputError("bench-comm: --iters " + std::to_string(opt.iters) + ": must be in [0, " + std::to_string(kMaxIters) +
+                     "] (timed calls per size; 0: adaptive)");
   if (opt.shm != "on" && opt.shm != "off" && opt.shm != "resident")
     throw InputError("bench-comm: --shm '" + opt.shm + "': give on, off or resident");
   if (opt.device != "cpu" && opt.device != "cuda")
@@ -402,13 +408,17 @@ int bench_comm_main(const BenchCommOptions& opt) {
                     "--max-memory");
 
   // The output file is created first, so a bad -o costs nothing.
+  // It replaces only an earlier bench-comm result, through a temporary file (src/io/output_file.hpp).
   h5::File file;
+  ReplacingFile out;  // rank 0's
   on_rank0_or_input_error(world_rank, [&] {
-    if (opt.output.empty()) throw InputError("bench-comm: give the output file with -o FILE.h5");
-    const std::filesystem::path parent = std::filesystem::path(opt.output).parent_path();
-    if (!parent.empty() && !std::filesystem::is_directory(parent))
-      throw InputError("bench-comm: -o " + opt.output + ": directory " + parent.string() + " does not exist");
-    file = h5::File::create(opt.output);
+    check_output_path(opt.output, {"bench-comm", "-o", {}, {"meshmoe bench-comm"}});
+    out = ReplacingFile(opt.output);
+    try {
+      file = h5::File::create(out.temporary());
+    } catch (const std::exception& e) {
+      throw InputError("bench-comm: cannot create the output file " + opt.output + " (" + e.what() + ")");
+    }
   });
   const std::vector<std::string> hosts = gather_hostnames(world);
 
@@ -464,7 +474,8 @@ int bench_comm_main(const BenchCommOptions& opt) {
     }
   }
 
-  if (rank0) {
+  std::string error;
+  if (rank0) try {
     std::string host_list;
     for (const auto& h : hosts) host_list += (host_list.empty() ? "" : ",") + h;
     file.set_attr("created_by", std::string("meshmoe bench-comm"));
@@ -505,9 +516,12 @@ int bench_comm_main(const BenchCommOptions& opt) {
       put("iters", s.iters, "1", "timed calls");
     }
     file.close();
+    out.commit();
     if (!opt.quiet) std::printf("# wrote %s\n", opt.output.c_str());
+  } catch (const std::exception& e) {
+    error = "bench-comm: cannot write " + opt.output + ": " + e.what();
   }
-  world.barrier();
+  if (const std::string why = first_error(error, MPI_COMM_WORLD); !why.empty()) throw AgreedFailure(why);
   return kExitOk;
 }
 

@@ -22,8 +22,8 @@ void require(bool ok, const std::string& command, const std::string& option, dou
   throw InputError(command + ": " + option + " " + text + ": must be " + range);
 }
 
-// The output bound past model.seq_len is no bound: nothing decodes beyond it (decode/sampling.hpp,
-// decode/beam_search.hpp). Says so on rank 0 when it caps a value other than the option's default.
+}  // namespace
+
 int capped_by_seq_len(int value, int seq_len, int default_value, const std::string& command, const std::string& option,
                       int rank) {
   if (value <= seq_len) return value;
@@ -32,8 +32,6 @@ int capped_by_seq_len(int value, int seq_len, int default_value, const std::stri
                  option.c_str(), value, seq_len);
   return seq_len;
 }
-
-}  // namespace
 
 void check_sampling_options(const SamplingOptions& s) {
   require(s.max_new >= 1, "generate", "--max-new", s.max_new, "an integer >= 1");

@@ -45,4 +45,9 @@ int translate_main(const Deck& deck, Mesh& mesh, const TranslateCliOptions& opt)
 void check_sampling_options(const SamplingOptions& sampling);
 void check_beam_options(const std::string& command, const BeamOptions& beam, int batch);
 
+// The output bound past model.seq_len is no bound: nothing decodes beyond it (decode/sampling.hpp,
+// decode/beam_search.hpp). Says so on rank 0 when it caps a value other than the option's default.
+int capped_by_seq_len(int value, int seq_len, int default_value, const std::string& command, const std::string& option,
+                      int rank);
+
 }  // namespace meshmoe

@@ -1,13 +1,19 @@
 #include "app/eval_cli.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 
+#include "app/decode_cli.hpp"
 #include "core/error.hpp"
+#include "decode/decode_memory.hpp"
 #include "core/timers.hpp"
 #include "data/batcher.hpp"
 #include "deck/shape_rules.hpp"
@@ -101,11 +107,42 @@ h5::File create_output(const std::string& path, const std::vector<std::string>& 
   return file;
 }
 
-// Rank 0 alone writes these, so a failure is a warning (throwing would leave the others decoding).
+// --write-text DIR: DIR is made when missing (its parent never is), each <lang>.src/.ref/.hyp of the
+// chosen languages checked as an output file (never an input, an existing one only when it holds
+// text), all before the long work.
+void check_text_outputs(const std::string& dir, const std::vector<std::string>& names, const std::vector<size_t>& which,
+                        const std::vector<std::string>& inputs, Mesh& mesh) {
+  agree_on_input(mesh.world(), [&] {
+    if (mesh.rank() != 0) return;
+    const std::string what = "eval: --write-text " + dir;
+    const fs::path parent = fs::path(dir).parent_path();
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) == 0 && (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)))
+      throw InputError(what + " exists and is not a directory (give another --write-text)");
+    if (!parent.empty() && !fs::is_directory(parent))
+      throw InputError(what + ": cannot create it: its directory " + parent.string() +
+                       " does not exist (a command never creates it: make it first)");
+    if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
+      throw InputError(what + ": cannot create the directory (" + std::strerror(errno) + ")");
+    for (size_t l : which)
+      for (const char* ext : {".src", ".ref", ".hyp"})
+        check_output_path((fs::path(dir) / (names[l] + ext)).string(), {"eval", "--write-text", inputs, {}, true});
+  });
+}
+
+// Rank 0 alone writes these, so a failure is a warning (throwing would leave the others decoding);
+// through a temporary and a rename, as every output (src/io/output_file.hpp).
 void write_lines(const fs::path& path, const std::vector<std::string>& lines) {
-  std::ofstream f(path, std::ios::binary);
-  for (const std::string& s : lines) f << s << '\n';
-  if (!f) std::fprintf(stderr, "meshmoe: warning: cannot write %s\n", path.c_str());
+  try {
+    ReplacingFile out(path.string());
+    std::ofstream f(out.temporary(), std::ios::binary);
+    for (const std::string& s : lines) f << s << '\n';
+    f.close();
+    if (!f) throw Error("cannot write " + out.temporary());
+    out.commit();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meshmoe: warning: cannot write %s: %s\n", path.c_str(), e.what());
+  }
 }
 
 template <typename T>
@@ -191,23 +228,24 @@ void write_result(h5::File& file, const std::vector<Row>& rows, const Evaluation
 
 int eval_main(const Deck& deck, Mesh& mesh, const EvalCliOptions& opt, const std::string& version) {
   const Config& cfg = deck.cfg;
-  if (opt.beam.beam < 1 || opt.batch < 1 || opt.beam.max_len < 1 || opt.max_examples < 0)
-    throw InputError("eval: --beam, --batch and --max-len must be >= 1, --max-examples >= 0");
+  check_beam_options("eval", opt.beam, opt.batch);
+  if (opt.max_examples < 0)
+    throw InputError("eval: --max-examples " + std::to_string(opt.max_examples) + ": must be an integer >= 0 (0: all)");
   Decoder d = load_decoder(deck, mesh, opt.checkpoint);
   const std::vector<std::string>& names = d.tokenizer.languages();
   const std::vector<size_t> which = chosen_languages(names, opt.langs, cfg.data.path);
+  const int seq_len = d.model->shape().seq_len;
+  BeamOptions beam = opt.beam;
+  beam.max_len = capped_by_seq_len(beam.max_len, seq_len, BeamOptions{}.max_len, "eval", "--max-len", mesh.rank());
+  check_decode_memory(cfg, d.model->shape().vocab, {opt.batch, beam.beam, beam.max_len, seq_len},
+                      "eval --beam " + std::to_string(beam.beam) + " --batch " + std::to_string(opt.batch), mesh);
   const std::vector<TextPairs> pairs = validation_pairs(d.valid, d.tokenizer, opt.max_examples);
   const Dataset eval_set = eval_subset(d.valid, cfg.eval.examples_per_language);
   check_examples_fit(eval_set, int(cfg.model.seq_len), cfg.model.arch);
   const std::string out_path = opt.output.empty() ? default_eval_path(d.checkpoint, d.meta.step) : opt.output;
   ReplacingFile out;  // rank 0's
   h5::File file = create_output(out_path, {d.checkpoint, cfg.data.path, deck.path}, out, mesh);
-  if (!opt.write_text.empty())
-    agree_on_input(mesh.world(), [&] {
-      std::error_code ec;
-      if (mesh.rank() == 0 && (fs::create_directories(opt.write_text, ec), ec))
-        throw InputError("--write-text " + opt.write_text + ": cannot create the directory (" + ec.message() + ")");
-    });
+  if (!opt.write_text.empty()) check_text_outputs(opt.write_text, names, which, {d.checkpoint, cfg.data.path, deck.path}, mesh);
   const bool talk = mesh.rank() == 0;
   if (talk)
     std::fprintf(stderr, "meshmoe eval: %s (step %lld) on mesh %s -> %s\n", d.checkpoint.c_str(), (long long)d.meta.step,
@@ -237,7 +275,7 @@ int eval_main(const Deck& deck, Mesh& mesh, const EvalCliOptions& opt, const std
     write_lines(dir / (names[l] + ".hyp"), hyp);
   };
   const std::vector<TranslationScore> scores =
-      translate_and_score(*d.cached, mesh.axis(Axis::Data), d.tokenizer, pairs, which, opt.beam, opt.batch, {}, done);
+      translate_and_score(*d.cached, mesh.axis(Axis::Data), d.tokenizer, pairs, which, beam, opt.batch, {}, done);
 
   std::vector<Row> rows;
   TranslationScore all;

@@ -13,7 +13,10 @@
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/hf_layout.hpp"
 #include "data/dataset.hpp"
+<<<<<<< HEAD
 #include "deck/deck.hpp"
+=======
+>>>>>>> rel
 #include "io/output_file.hpp"
 #include "io/safetensors.hpp"
 
@@ -92,6 +95,7 @@ void write_text_file(const std::string& path, const std::string& text) {
 
 int export_checkpoint(const ExportCliOptions& opt, const std::string& version) {
   const std::string path = find_named_checkpoint(opt.checkpoint);
+<<<<<<< HEAD
   const bool hf = opt.layout == "hf";
   if (!hf && !opt.config.empty())
     throw InputError("export: --config " + opt.config + " needs --layout hf (config.json describes the Hugging Face Mixtral model)");
@@ -102,6 +106,10 @@ int export_checkpoint(const ExportCliOptions& opt, const std::string& version) {
   const std::string config = to_dir && opt.config.empty() ? (fs::path(opt.output) / "config.json").string() : opt.config;
   check_export_output(path, "-o", output);
   if (!config.empty()) check_export_output(path, "--config", config);
+=======
+  if (same_file(path, opt.output))
+    throw InputError("export: the output " + opt.output + " is the checkpoint itself; name another file");
+>>>>>>> rel
   const CheckpointMeta meta = read_checkpoint_meta(path);
   std::optional<Config> cfg;
   if (hf) {
@@ -109,6 +117,11 @@ int export_checkpoint(const ExportCliOptions& opt, const std::string& version) {
     check_hf_layout_deck(*cfg, "export --layout hf: " + path);
   }
   const std::string data_path = opt.data.empty() ? meta.data_path : opt.data;
+  // Never an input, and an existing file only when it is an earlier export (src/io/output_file.hpp).
+  check_output_path(opt.output, {"export", "-o", {path, data_path}, {}});
+  if (fs::exists(opt.output) && !is_safetensors_file(opt.output))
+    throw InputError("export: the output file " + opt.output + " exists and is not a safetensors file: refusing to replace "
+                     "it, only an earlier export is replaced (remove it yourself; give another -o)");
   if (data_path.empty())
     throw InputError("export: " + path + " does not record the dataset it was trained on; name it with --data DATA.h5 "
                      "(its tokenizer goes into the file)");

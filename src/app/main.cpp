@@ -321,8 +321,8 @@ int run(int argc, char** argv) {
   bench->add_option("--ops", bench_opt.ops, "Ops to time, comma-separated (default all_reduce,all_to_all,all_gather,permute)");
   bench->add_option("--mesh", bench_opt.mesh, "Mesh PxDxT (default: all ranks along --axis)");
   bench->add_option("--axis", bench_opt.axis, "Axis to time along: data, tensor or pipe")->capture_default_str();
-  bench->add_option("--iters", bench_opt.iters, "Timed calls per size (default 0: adaptive, >= 0.05 s or 100 calls)");
-  bench->add_option("-o,--output", bench_opt.output, "HDF5 file written by rank 0")->capture_default_str();
+  bench->add_option("--iters", bench_opt.iters, "Timed calls per size, at most 1000000 (default 0: adaptive, >= 0.05 s or 100 calls)");
+  bench->add_option("-o,--output", bench_opt.output, "HDF5 file written by rank 0 (through a temporary file and a rename; replaces only an earlier bench-comm result)")->capture_default_str();
   bench->add_flag("-q,--quiet", bench_opt.quiet, "No table on stdout");
   bench->add_option("--max-memory", bench_opt.max_memory, "Memory per node the buffers may use, e.g. 8G (default: cgroup limit or MemAvailable)");
   bench->add_option("--shm", bench_opt.shm, "on: all_reduce of >= 256 KiB through a shared-memory window when the group is on one node (run.shm_collectives); resident: with its buffer in node-shared memory, as the trainer's gradients; off: MPI's")
@@ -335,7 +335,7 @@ int run(int argc, char** argv) {
   auto* export_cmd = app.add_subcommand("export", "Write a checkpoint's parameters in logical shapes as a safetensors file, "
                                            "with its deck and tokenizer (docs/export.md)");
   export_cmd->add_option("checkpoint", export_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
-  export_cmd->add_option("-o,--output", export_opt.output, "The safetensors file to write (through OUTPUT.tmp and a rename)")->required();
+  export_cmd->add_option("-o,--output", export_opt.output, "The safetensors file to write (through a temporary file beside it and a rename; never an input)")->required();
   export_cmd->add_option("--data", export_opt.data,
                   "Dataset whose tokenizer goes into the metadata (default: the data.path the checkpoint was trained on)");
   export_cmd->add_option("--layout", export_opt.layout,
@@ -348,7 +348,7 @@ int run(int argc, char** argv) {
   auto* bench_gemm = app.add_subcommand("bench-gemm", "Measure the fp32 sgemm ceiling (GFLOP/s) that MFU and make bench compare against");
   bench_gemm->add_option("--threads", gemm_opt.threads, "BLAS threads per rank (default 0: OPENBLAS_NUM_THREADS, or 1)");
   bench_gemm->add_option("--sizes", gemm_opt.sizes, "Matrix sizes n, comma-separated")->capture_default_str();
-  bench_gemm->add_option("--seconds", gemm_opt.seconds, "Time spent per size (the best call counts)")->capture_default_str();
+  bench_gemm->add_option("--seconds", gemm_opt.seconds, "Time spent per size, in (0, 3600] (the best call counts)")->capture_default_str();
   auto* ckpt = app.add_subcommand("ckpt", "Inspect a checkpoint (file, ckpt directory or run directory)");
   ckpt->require_subcommand(1);
   for (const char* action : {"info", "verify"}) {
@@ -406,7 +406,7 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   ev->add_option("--langs", ev_opt.langs, "Languages to translate, comma-separated (default: all)")->delimiter(',');
   ev->add_option("-o,--output", ev_opt.output, "HDF5 file to write (default: eval-<step>.h5 in the checkpoint's run directory)");
-  ev->add_option("--write-text", ev_opt.write_text, "Directory for each language's <lang>.src, .ref and .hyp lines");
+  ev->add_option("--write-text", ev_opt.write_text, "Directory for each language's <lang>.src, .ref and .hyp lines (made if missing, its parent never; an existing file replaced only when it holds text)");
   ev->add_flag("--allow-other-data", ev_opt.allow_other_data, kAllowOtherData);
 
   // A mistyped subcommand gets a suggestion rather than CLI11's "A subcommand is required".

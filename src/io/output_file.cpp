@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +26,15 @@ namespace {
 
 // Sets `by` to the root attribute created_by of an HDF5 file ("" when it has none); false when the
 // file does not open as HDF5.
+bool holds_text(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  std::string head(64 << 10, '\0');
+  head.resize(std::fread(head.data(), 1, head.size(), f));
+  std::fclose(f);
+  return head.find('\0') == std::string::npos;
+}
+
 bool created_by(const std::string& path, std::string& by) {
   try {
     h5::File f = h5::File::open(path);
@@ -53,6 +63,9 @@ void check_output_path(const std::string& path, const OutputRules& rules) {
   if (S_ISLNK(st.st_mode) && ::stat(path.c_str(), &st) != 0)
     throw InputError(name + " is a symbolic link to nothing: refusing to write through it (remove it" + another);
   if (!S_ISREG(st.st_mode)) throw InputError(name + " exists and is not a regular file (" + another.substr(2));
+  if (rules.text && !holds_text(path))
+    throw InputError(name + " exists and does not hold text (a dataset, checkpoint or other binary file?): refusing to "
+                     "replace it (remove it yourself" + another);
   if (rules.replaceable.empty()) return;
   std::string by;
   const bool hdf5 = created_by(path, by);
@@ -84,12 +97,79 @@ void rename_durably(const std::string& from, const std::string& to) {
   fsync_path(dir.empty() ? "." : dir.string(), true);
 }
 
-ReplacingFile::ReplacingFile(std::string path)
-    : path_(std::move(path)), tmp_(path_ + ".tmp-" + std::to_string(::getpid())) {}
+namespace {
 
-ReplacingFile::~ReplacingFile() {
-  if (!tmp_.empty()) std::remove(tmp_.c_str());
+// The temporaries of the live ReplacingFiles, for the signal handler below (which may only unlink
+// and re-raise): fixed slots, a path that does not fit is not removed on a signal.
+constexpr int kSlots = 16;
+constexpr size_t kSlotBytes = 4096;
+char g_temporaries[kSlots][kSlotBytes];
+volatile std::sig_atomic_t g_slot_used[kSlots];
+
+extern "C" void remove_temporaries_and_die(int sig) {
+  for (int i = 0; i < kSlots; ++i)
+    if (g_slot_used[i]) ::unlink(g_temporaries[i]);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
 }
+
+// The handler for the signals that would kill the process as it stands (SIG_DFL), once.
+void install_removal_on_kill() {
+  static bool installed = false;
+  if (installed) return;
+  installed = true;
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL || (old.sa_flags & SA_SIGINFO)) continue;
+    struct sigaction sa {};
+    sa.sa_handler = remove_temporaries_and_die;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(sig, &sa, nullptr);
+  }
+}
+
+void hold_temporary(const std::string& tmp) {
+  if (tmp.size() >= kSlotBytes) return;
+  install_removal_on_kill();
+  for (int i = 0; i < kSlots; ++i)
+    if (!g_slot_used[i]) {
+      std::memcpy(g_temporaries[i], tmp.c_str(), tmp.size() + 1);
+      g_slot_used[i] = 1;
+      return;
+    }
+}
+
+void release_temporary(const std::string& tmp) {
+  for (int i = 0; i < kSlots; ++i)
+    if (g_slot_used[i] && tmp == g_temporaries[i]) {
+      g_slot_used[i] = 0;
+      return;
+    }
+}
+
+void pause_before_rename() {
+  const char* f = std::getenv("MESHMOE_TEST_PAUSE_BEFORE_RENAME");
+  if (!f) return;
+  std::fclose(std::fopen((std::string(f) + ".ready").c_str(), "w"));
+  for (int i = 0; i < 3000 && !fs::exists(std::string(f) + ".go"); ++i) ::usleep(10000);
+}
+
+// Removes the temporary `tmp` (if any) and forgets it.
+void drop(std::string& tmp) {
+  if (tmp.empty()) return;
+  std::remove(tmp.c_str());
+  release_temporary(tmp);
+  tmp.clear();
+}
+
+}  // namespace
+
+ReplacingFile::ReplacingFile(std::string path)
+    : path_(std::move(path)), tmp_(path_ + ".tmp-" + std::to_string(::getpid())) {
+  hold_temporary(tmp_);
+}
+
+ReplacingFile::~ReplacingFile() { drop(tmp_); }
 
 ReplacingFile::ReplacingFile(ReplacingFile&& o) noexcept : path_(std::move(o.path_)), tmp_(std::move(o.tmp_)) {
   o.tmp_.clear();
@@ -97,7 +177,7 @@ ReplacingFile::ReplacingFile(ReplacingFile&& o) noexcept : path_(std::move(o.pat
 
 ReplacingFile& ReplacingFile::operator=(ReplacingFile&& o) noexcept {
   if (this != &o) {
-    if (!tmp_.empty()) std::remove(tmp_.c_str());
+    drop(tmp_);
     path_ = std::move(o.path_);
     tmp_ = std::move(o.tmp_);
     o.tmp_.clear();
@@ -107,8 +187,15 @@ ReplacingFile& ReplacingFile::operator=(ReplacingFile&& o) noexcept {
 
 void ReplacingFile::commit() {
   if (tmp_.empty()) throw Error(path_ + ": committed twice");
+  pause_before_rename();
   fsync_path(tmp_, false);
-  rename_durably(tmp_, path_);
+  try {
+    rename_durably(tmp_, path_);
+  } catch (...) {
+    drop(tmp_);
+    throw;
+  }
+  release_temporary(tmp_);
   tmp_.clear();
 }
 

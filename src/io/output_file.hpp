@@ -19,6 +19,8 @@ struct OutputRules {
   std::vector<std::string> replaceable;  // an existing file is replaced only when it is HDF5 and its root
                                          // attribute created_by starts with one of these ("meshmoe eval");
                                          // empty: not checked
+  bool text = false;                     // an existing file is replaced only when it holds text (no NUL
+                                         // byte in its first 64 KiB: not a dataset, checkpoint or export)
 };
 
 // Throws InputError naming the command, `path` and the fix when `path` may not be written.
@@ -31,7 +33,11 @@ void rename_durably(const std::string& from, const std::string& to);
 
 // A file that replaces `path` whole: written at temporary() ("<path>.tmp-<pid>", same directory,
 // so the rename is atomic) until commit() moves it over `path`. Destroyed uncommitted (an error, a
-// stop), it removes the temporary and leaves `path` as it was. Creates nothing itself.
+// stop), it removes the temporary and leaves `path` as it was. Creates nothing itself. A TERM, INT
+// or HUP that would kill the process (no handler of its own: every command but train and distill)
+// removes the temporaries first, then kills it as before; a SIGKILL leaves one, never `path` half
+// written. Test hook: with MESHMOE_TEST_PAUSE_BEFORE_RENAME=F, commit() creates F.ready and waits
+// (30 s at most) until F.go exists, so that a test stops the command there deterministically.
 class ReplacingFile {
  public:
   ReplacingFile() = default;

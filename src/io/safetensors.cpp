@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "io/output_file.hpp"
 
 namespace meshmoe {
 
@@ -225,7 +226,8 @@ std::string safetensors_header(const std::vector<SafeTensor>& tensors, const std
 void write_safetensors(const std::string& path, const std::vector<SafeTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   const std::string header = safetensors_header(tensors, metadata);
-  const std::string tmp = path + ".tmp";
+  ReplacingFile out(path);
+  const std::string& tmp = out.temporary();
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw InputError("cannot create " + tmp + ": " + std::strerror(errno));
   auto put = [&](const void* p, size_t n) {
@@ -236,7 +238,6 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensor>& t
       if (w <= 0) {
         const std::string why = std::strerror(errno);
         ::close(fd);
-        std::remove(tmp.c_str());
         throw InputError("cannot write " + tmp + ": " + why);
       }
       c += w, n -= size_t(w);
@@ -244,16 +245,8 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensor>& t
   };
   put(header.data(), header.size());
   for (const SafeTensor& t : tensors) put(t.data.data(), t.data.size() * sizeof(float));
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    std::remove(tmp.c_str());
-    throw InputError("cannot write " + tmp + ": " + std::strerror(errno));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    throw InputError("cannot rename " + tmp + " to " + path + ": " + ec.message());
-  }
+  if (::close(fd) != 0) throw InputError("cannot write " + tmp + ": " + std::strerror(errno));
+  out.commit();
 }
 
 bool is_safetensors_file(const std::string& path) {

@@ -63,7 +63,11 @@ std::vector<int> parse_gemm_sizes(const std::string& text) {
 
 int bench_gemm_main(const BenchGemmOptions& opt) {
   const std::vector<int> sizes = parse_gemm_sizes(opt.sizes);
-  if (!(opt.seconds > 0)) throw InputError("bench-gemm: --seconds must be > 0");
+  if (!(opt.seconds > 0 && opt.seconds <= 3600)) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", opt.seconds);
+    throw InputError(std::string("bench-gemm: --seconds ") + text + ": must be in (0, 3600] (time spent per size)");
+  }
   // More threads than cores only measure the threads' contention, and OpenBLAS stops at its
   // build's NUM_THREADS: refused, naming the range.
   const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));

@@ -3,9 +3,10 @@
 // structural mutations (tests/support/h5_mutate.hpp: an object or attribute removed, made 0-d,
 // reshaped, retyped, set negative, huge or NaN) of a valid checkpoint or dataset written by
 // `meshmoe train` and `meshmoe prep` (MESHMOE_FUZZ_CKPT, MESHMOE_FUZZ_DATA; the Makefile makes
-// them), then runs the readers on the result: ckpt verify, the checkpoint's attributes, the
-// dataset's attributes, splits and tokenizer. Each must return or throw InputError (verify: report
-// bad); anything else (another exception, a crash, a sanitizer report) is a bug the fuzzer stops on.
+// them), then runs the readers on the result: ckpt verify, the checkpoint's attributes and logical
+// tensors (export), the dataset's attributes, splits and tokenizer. Each must return or throw
+// InputError (verify: report bad); anything else (another exception, a crash, a sanitizer report)
+// is a bug the fuzzer stops on. Seeds: tests/fuzz/h5_seeds/ (one input per file and mutation).
 #include <unistd.h>
 
 #include <cstdint>
@@ -85,6 +86,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::abort();
     }
     expect_clean("read_checkpoint_meta", [&] { read_checkpoint_meta(seed.scratch); });
+    expect_clean("read_logical_tensors", [&] { read_logical_tensors(seed.scratch); });  // export's reader
   } else {
     expect_clean("Dataset::read_info", [&] { Dataset::read_info(seed.scratch).tokenizer_object(); });
     expect_clean("Dataset::open train", [&] { Dataset::open(seed.scratch, "train"); });

@@ -7,6 +7,12 @@
 #     left) and an earlier eval result is replaced; prep -o onto a run's metrics.h5: exit 2;
 #   - a ckpt/ that is a file, a symbolic link to nothing or (root only) a link to a read-only
 #     mount: exit 2 naming it before any step, with checkpoint.every = 0;
+#   - bench-comm -o onto a run's metrics.h5, a checkpoint or a text file, export -o onto its
+#     dataset, a run's metrics.h5 or a text file, eval --write-text onto its checkpoint (a link) or a
+#     binary file: exit 2, the file bitwise unchanged; each in a directory that does not exist: exit 2,
+#     nothing created; an earlier result of the same command is replaced, no temporary left;
+#   - a SIGTERM to eval -o between its temporary file and the rename (a test hook holds it there):
+#     an earlier result stays bitwise, a new one does not appear, no temporary is left;
 #   - eval, translate, generate and distill (--teacher, --baseline) of a checkpoint trained on other
 #     data: exit 2 naming both; with --allow-other-data exit 0 and a warning;
 #   - two runs whose ckpt/ are links to one directory: the second exits 2 naming the first;
@@ -84,6 +90,72 @@ before=$(sum "$T/r1/metrics.h5")
 run "$T/o.out" mpirun -np 1 "$M" prep text -q "$T/notes.txt" -o "$T/r1/metrics.h5"
 expect "prep -o a run's metrics.h5 is refused" 2 "prep text: the output file .*metrics.h5 exists and is an HDF5 file of another kind" "$T/o.out"
 [ "$(sum "$T/r1/metrics.h5")" = "$before" ] || bad "prep -o changed metrics.h5"
+
+echo "== every other writer goes through the same checks"
+B=(mpirun -np 1 "$M" bench-comm --sizes 1K --ops all_reduce --iters 2)
+for target in "$T/r1/metrics.h5" "$C" "$T/notes.txt"; do
+  before=$(sum "$target")
+  run "$T/o.out" "${B[@]}" -o "$target"
+  expect "bench-comm -o $(basename "$target") (another kind of file) is refused" 2 "bench-comm: the output file .*$(basename "$target") exists and is" "$T/o.out"
+  [ "$(sum "$target")" = "$before" ] || bad "bench-comm -o $(basename "$target") changed it"
+done
+run "$T/o.out" "${B[@]}" -o "$gone/b.h5"
+expect "bench-comm -o in a directory that does not exist" 2 "bench-comm: the output file $gone/b.h5: cannot create it" "$T/o.out"
+run "$T/o.out" "${B[@]}" -o "$T/bench.h5"
+run "$T/o2.out" "${B[@]}" -o "$T/bench.h5"
+expect "bench-comm -o an earlier bench-comm result replaces it" 0 "# wrote $T/bench.h5" "$T/o2.out"
+ls "$T"/bench.h5.tmp* >/dev/null 2>&1 && bad "a temporary file is left beside the bench-comm result"
+for target in "$T/a/data.h5" "$T/r1/metrics.h5" "$T/notes.txt"; do
+  before=$(sum "$target")
+  run "$T/o.out" mpirun -np 1 "$M" export "$C" -o "$target"
+  expect "export -o $(basename "$target") (its dataset, another kind of file) is refused" 2 "export: the output file .*$(basename "$target") (is the input|exists and is not a safetensors file)" "$T/o.out"
+  [ "$(sum "$target")" = "$before" ] || bad "export -o $(basename "$target") changed it"
+done
+run "$T/o.out" mpirun -np 1 "$M" export "$C" -o "$T/model.safetensors"
+run "$T/o2.out" mpirun -np 1 "$M" export "$C" -o "$T/model.safetensors"
+expect "export -o an earlier export replaces it" 0 "export: .* -> $T/model.safetensors" "$T/o2.out"
+ls "$T"/model.safetensors.tmp* >/dev/null 2>&1 && bad "a temporary file is left beside the export"
+mkdir -p "$T/text"
+ln -s "$C" "$T/text/de.hyp"
+cp "$T/a/data.h5" "$T/text/fr.ref"
+before=$(sum "$C"); before_fr=$(sum "$T/text/fr.ref")
+run "$T/o.out" "${E[@]}" -o "$T/result.h5" --write-text "$T/text"
+expect "eval --write-text onto its checkpoint (a link de.hyp) is refused" 2 "eval: the output file $T/text/de.hyp is the input .*step_00000010.h5: refusing to overwrite it" "$T/o.out"
+[ "$(sum "$C")" = "$before" ] || bad "eval --write-text changed the checkpoint"
+rm "$T/text/de.hyp"
+run "$T/o.out" "${E[@]}" -o "$T/result.h5" --write-text "$T/text"
+expect "eval --write-text onto a binary file (fr.ref, a dataset) is refused" 2 "eval: the output file $T/text/fr.ref exists and does not hold text" "$T/o.out"
+[ "$(sum "$T/text/fr.ref")" = "$before_fr" ] || bad "eval --write-text changed fr.ref"
+run "$T/o.out" "${E[@]}" -o "$T/result.h5" --write-text "$gone/text"
+expect "eval --write-text under a directory that does not exist" 2 "eval: --write-text $gone/text: cannot create it: its directory $gone does not exist" "$T/o.out"
+[ -e "$gone" ] && bad "eval --write-text created the directory $gone"
+rm "$T/text/fr.ref"
+run "$T/o.out" "${E[@]}" -o "$T/result.h5" --write-text "$T/text"
+expect "eval --write-text a new directory's files" 0 "written to $T/result.h5" "$T/o.out"
+[ -s "$T/text/de.src" ] && [ -e "$T/text/fr.hyp" ] || bad "eval --write-text wrote no de.src or fr.hyp" "$T/o.out"
+ls "$T"/text/*.tmp* >/dev/null 2>&1 && bad "a temporary file is left beside the text files"
+
+echo "== a SIGTERM while eval writes leaves the old file or none"
+# The test hook holds eval between its temporary file and the rename (src/io/output_file.hpp).
+term_eval() {  # OUT: eval -o OUT paused before its rename, then TERM to the meshmoe process
+  rm -f "$T/pause.ready" "$T/pause.go"
+  (MESHMOE_TEST_PAUSE_BEFORE_RENAME="$T/pause" setsid timeout -k 5 60 mpirun -x MESHMOE_TEST_PAUSE_BEFORE_RENAME \
+     -np 1 "$M" eval "$D" --checkpoint "$T/r1" --beam 1 --max-examples 2 -o "$1" >"$T/term.out" 2>&1; echo $? >"$T/term.rc") &
+  for _ in $(seq 600); do [ -e "$T/pause.ready" ] && break; sleep 0.1; done
+  paused=0; [ -e "$T/pause.ready" ] && paused=1
+  for p in $(pgrep -f -- "-o $1"); do
+    case "$(cat /proc/"$p"/comm 2>/dev/null)" in meshmoe*) kill -TERM "$p" ;; esac
+  done
+  wait
+}
+before=$(sum "$T/result.h5")
+term_eval "$T/result.h5"
+[ "$paused" = 1 ] && [ "$(cat "$T/term.rc")" != 0 ] && [ "$(sum "$T/result.h5")" = "$before" ] && ok "TERM before the rename: the earlier result stays bitwise" ||
+  bad "TERM before the rename: paused $paused, exit $(cat "$T/term.rc"), result.h5 changed?" "$T/term.out"
+term_eval "$T/fresh.h5"
+[ "$paused" = 1 ] && [ "$(cat "$T/term.rc")" != 0 ] && [ ! -e "$T/fresh.h5" ] && ok "TERM before the rename of a new file: no file" ||
+  bad "TERM before the rename of a new file: paused $paused, exit $(cat "$T/term.rc"), fresh.h5 exists?" "$T/term.out"
+ls "$T"/result.h5.tmp* "$T"/fresh.h5.tmp* >/dev/null 2>&1 && bad "TERM left a temporary file"
 
 echo "== every path a run writes is checked at start"
 steps0=(--set run.steps=300 --set checkpoint.every=0)

@@ -4,6 +4,10 @@
 #   generate and translate refuse out-of-range options with exit 2 naming the option and its range
 #     (--temperature nan or -1, --top-p 0 or 5, --top-k -3, --max-new 0 or -1, --alpha nan, --beam 0);
 #   generate --max-new 10000000 is capped at model.seq_len with a note and runs at once;
+#   eval refuses the same (--alpha nan or -1, --beam 0, -2 or nan, --batch 0, --max-len -1,
+#     --max-examples -1), and so do bench-gemm (--seconds nan, 0, 1e300; --sizes 0), bench-comm
+#     (--iters -1 or 2e9, --sizes 0 or 4T) and prep (--max-len 0, --valid-percent 101 or -1,
+#     --spm-pieces 0, --min-pairs -1); eval --beam 100000 meets the decoding memory check;
 #   translate --beam 100000 is refused by the decoding memory check (exit 2, "KV cache") within
 #     seconds, before allocating; score --hyp /dev/zero is refused past 256 MiB (exit 2);
 #   run.grad_bucket_mb = 1e300 or 1e-6, run.max_walltime = 1e-9, bench-gemm --threads -1 or more than
@@ -71,7 +75,7 @@ G=(generate "$T/deck.toml" --checkpoint "$T/run" --prompt "the")
 R=(translate "$T/deck.toml" --checkpoint "$T/run" --input "$T/in.txt")
 printf 'the license\nfree software\n' >"$T/in.txt"
 
-# Decoding options out of range.
+# Decoding options out of range (translate, generate, eval).
 run temp-nan "${G[@]}" --temperature nan;   expect temp-nan 2 "generate: --temperature nan: must be finite and >= 0"
 run temp-neg "${G[@]}" --temperature -1;    expect temp-neg 2 "generate: --temperature -1: must be finite and >= 0"
 run top-p-0 "${G[@]}" --top-p 0;            expect top-p-0 2 "generate: --top-p 0: must be in (0, 1\]"
@@ -81,6 +85,34 @@ run max-new-0 "${G[@]}" --max-new 0;        expect max-new-0 2 "generate: --max-
 run max-new-neg "${G[@]}" --max-new -1;     expect max-new-neg 2 "generate: --max-new -1: must be an integer >= 1"
 run alpha-nan "${R[@]}" --alpha nan;        expect alpha-nan 2 "translate: --alpha nan: must be finite and >= 0"
 run beam-0 "${R[@]}" --beam 0;              expect beam-0 2 "translate: --beam 0: must be an integer >= 1"
+
+E=(eval "$T/deck.toml" --checkpoint "$T/run" --max-examples 2 -o "$T/eval.h5")
+run ev-alpha-nan "${E[@]}" --alpha nan;     expect ev-alpha-nan 2 "eval: --alpha nan: must be finite and >= 0"
+run ev-alpha-neg "${E[@]}" --alpha -1;      expect ev-alpha-neg 2 "eval: --alpha -1: must be finite and >= 0"
+run ev-beam-0 "${E[@]}" --beam 0;           expect ev-beam-0 2 "eval: --beam 0: must be an integer >= 1"
+run ev-beam-neg "${E[@]}" --beam -2;        expect ev-beam-neg 2 "eval: --beam -2: must be an integer >= 1"
+run ev-batch-0 "${E[@]}" --batch 0;         expect ev-batch-0 2 "eval: --batch 0: must be an integer >= 1"
+run ev-max-len "${E[@]}" --max-len -1;      expect ev-max-len 2 "eval: --max-len -1: must be an integer >= 1"
+run ev-examples eval "$T/deck.toml" --checkpoint "$T/run" -o "$T/eval.h5" --max-examples -1; expect ev-examples 2 "eval: --max-examples -1: must be an integer >= 0 (0: all)"
+run ev-beam-nan "${E[@]}" --beam nan;       expect ev-beam-nan 2 "beam"
+[ -e "$T/eval.h5" ] && fail "a refused eval wrote its -o"
+# Every other command's numeric options: NaN, negative, zero and absurd values.
+run gemm-nan bench-gemm --seconds nan --sizes 64;    expect gemm-nan 2 "bench-gemm: --seconds nan: must be in (0, 3600\]"
+run gemm-0 bench-gemm --seconds 0 --sizes 64;        expect gemm-0 2 "bench-gemm: --seconds 0: must be in (0, 3600\]"
+run gemm-huge bench-gemm --seconds 1e300 --sizes 64; expect gemm-huge 2 "bench-gemm: --seconds 1e+300: must be in (0, 3600\]"
+run gemm-size bench-gemm --sizes 0 --seconds 0.01;   expect gemm-size 2 "bench-gemm: --sizes '0': '0' is not a matrix size in \[16, 16384\]"
+run comm-iters-neg bench-comm -q --iters -1 -o "$T/b.h5";       expect comm-iters-neg 2 "bench-comm: --iters -1: must be in \[0, 1000000\]"
+run comm-iters-big bench-comm -q --iters 2000000000 -o "$T/b.h5"; expect comm-iters-big 2 "bench-comm: --iters 2000000000: must be in \[0, 1000000\]"
+run comm-size-0 bench-comm -q --sizes 0 -o "$T/b.h5";           expect comm-size-0 2 "bench-comm: --sizes: '0' is zero"
+run comm-size-big bench-comm -q --sizes 4T -o "$T/b.h5";        expect comm-size-big 2 "bench-comm: --sizes: '4T' is above the limit of 1 GiB"
+printf 'one line\n' >"$T/text.txt"
+P=(prep text -q "$T/text.txt" -o "$T/p.h5")
+run prep-len "${P[@]}" --max-len 0;            expect prep-len 2 "prep text: --max-len must be >= 6 (got 0)"
+run prep-valid "${P[@]}" --valid-percent 101;  expect prep-valid 2 "prep text: --valid-percent must be in 0..100 (got 101)"
+run prep-valid-neg "${P[@]}" --valid-percent -1; expect prep-valid-neg 2 "prep text: --valid-percent must be in 0..100 (got -1)"
+run prep-spm "${P[@]}" --tokenizer spm --spm-pieces 0; expect prep-spm 2 "prep text: --spm-pieces must be in 16..1000000 (got 0)"
+run prep-pairs prep gettext -o "$T/p.h5" --min-pairs -1; expect prep-pairs 2 "prep gettext: --min-pairs must be >= 0"
+[ -e "$T/p.h5" ] && fail "a refused prep wrote its -o"
 
 # Output bounds: capped at model.seq_len, at once.
 run max-new-big "${G[@]}" --max-new 10000000
@@ -92,6 +124,9 @@ expect max-new-big 0 "generate: --max-new 10000000 capped at model.seq_len = 16"
 run beam-big "${R[@]}" --beam 100000
 expect beam-big 2 "translate --beam 100000 --batch 16 (the KV cache of every decoder block, beam x length per source) needs"
 [ "$secs" -le 20 ] || fail "translate --beam 100000 took ${secs}s to be refused"
+run ev-beam-big "${E[@]}" --beam 100000
+expect ev-beam-big 2 "eval --beam 100000 --batch 16 (the KV cache of every decoder block, beam x length per source) needs"
+[ "$secs" -le 20 ] || fail "eval --beam 100000 took ${secs}s to be refused"
 run beam-ok "${R[@]}" --beam 2
 expect beam-ok 0 ""
 [ "$(wc -l <"$T/beam-ok.log")" -ge 2 ] || { cat "$T/beam-ok.log"; fail "beam-ok: no translations"; }

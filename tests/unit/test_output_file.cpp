@@ -69,6 +69,12 @@ TEST_CASE("check_output_path: inputs, links, other kinds of file, missing direct
   CHECK_NOTHROW(check_output_path(dir + "/new.h5", rules));
   CHECK_NOTHROW(check_output_path(input, {"prep", "-o", {}, {"meshmoe prep"}}));
   CHECK_NOTHROW(check_output_path(dir + "/notes.txt", {"prep", "-o", {}, {}}));  // no kind asked
+  // A text output (eval --write-text): an existing text file is replaced, a binary one never.
+  const OutputRules text{"eval", "--write-text", {input}, {}, true};
+  CHECK_NOTHROW(check_output_path(dir + "/notes.txt", text));
+  CHECK_NOTHROW(check_output_path(dir + "/new.hyp", text));
+  CHECK_THROWS_WITH(check_output_path(eval, text), Catch::Contains("old_eval.h5 exists and does not hold text"));
+  CHECK_THROWS_WITH(check_output_path(dir + "/hard.h5", text), Catch::Contains("is the input"));
   fs::remove_all(dir);
 }
 
