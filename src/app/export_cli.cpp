@@ -13,10 +13,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/hf_layout.hpp"
 #include "data/dataset.hpp"
-<<<<<<< HEAD
 #include "deck/deck.hpp"
-=======
->>>>>>> rel
 #include "io/output_file.hpp"
 #include "io/safetensors.hpp"
 
@@ -74,15 +71,6 @@ std::map<std::string, std::string> export_metadata(const std::string& ckpt, cons
           {"spm_model_base64", base64(d.spm_model)}};
 }
 
-// An output file of export: not the checkpoint itself, in a directory that exists.
-void check_export_output(const std::string& path, const std::string& option, const std::string& output) {
-  std::error_code ec;
-  if (fs::exists(output, ec) && fs::equivalent(path, output, ec))
-    throw InputError("export: the output " + output + " is the checkpoint itself; name another file");
-  const fs::path parent = fs::absolute(output).parent_path();
-  if (!fs::is_directory(parent, ec)) throw InputError("export: " + option + " " + output + ": the directory " + parent.string() + " does not exist");
-}
-
 void write_text_file(const std::string& path, const std::string& text) {
   ReplacingFile out(path);
   std::FILE* f = std::fopen(out.temporary().c_str(), "wb");
@@ -95,7 +83,6 @@ void write_text_file(const std::string& path, const std::string& text) {
 
 int export_checkpoint(const ExportCliOptions& opt, const std::string& version) {
   const std::string path = find_named_checkpoint(opt.checkpoint);
-<<<<<<< HEAD
   const bool hf = opt.layout == "hf";
   if (!hf && !opt.config.empty())
     throw InputError("export: --config " + opt.config + " needs --layout hf (config.json describes the Hugging Face Mixtral model)");
@@ -104,12 +91,6 @@ int export_checkpoint(const ExportCliOptions& opt, const std::string& version) {
   const bool to_dir = hf && fs::is_directory(opt.output, ec);
   const std::string output = to_dir ? (fs::path(opt.output) / "model.safetensors").string() : opt.output;
   const std::string config = to_dir && opt.config.empty() ? (fs::path(opt.output) / "config.json").string() : opt.config;
-  check_export_output(path, "-o", output);
-  if (!config.empty()) check_export_output(path, "--config", config);
-=======
-  if (same_file(path, opt.output))
-    throw InputError("export: the output " + opt.output + " is the checkpoint itself; name another file");
->>>>>>> rel
   const CheckpointMeta meta = read_checkpoint_meta(path);
   std::optional<Config> cfg;
   if (hf) {
@@ -117,11 +98,13 @@ int export_checkpoint(const ExportCliOptions& opt, const std::string& version) {
     check_hf_layout_deck(*cfg, "export --layout hf: " + path);
   }
   const std::string data_path = opt.data.empty() ? meta.data_path : opt.data;
-  // Never an input, and an existing file only when it is an earlier export (src/io/output_file.hpp).
-  check_output_path(opt.output, {"export", "-o", {path, data_path}, {}});
-  if (fs::exists(opt.output) && !is_safetensors_file(opt.output))
-    throw InputError("export: the output file " + opt.output + " exists and is not a safetensors file: refusing to replace "
+  // Never an input, and an existing file only when it is an earlier export (src/io/output_file.hpp);
+  // config.json only over a text file.
+  check_output_path(output, {"export", "-o", {path, data_path}, {}});
+  if (fs::exists(output) && !is_safetensors_file(output))
+    throw InputError("export: the output file " + output + " exists and is not a safetensors file: refusing to replace "
                      "it, only an earlier export is replaced (remove it yourself; give another -o)");
+  if (!config.empty()) check_output_path(config, {"export", "--config", {path, data_path, output}, {}, /*text=*/true});
   if (data_path.empty())
     throw InputError("export: " + path + " does not record the dataset it was trained on; name it with --data DATA.h5 "
                      "(its tokenizer goes into the file)");
