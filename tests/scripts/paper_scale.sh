@@ -9,6 +9,8 @@
 #      Switch-Large's "26B", which Table 9's own hyper-parameters do not give, at its documented gap.
 # The counts do not depend on the mesh (whole-model counts), so the decks are planned on one rank
 # (mesh.data = mesh.tensor = 1) with one data rank's share of the batch.
+#   3. Each deck planned on its own mesh (2048 ranks for GShard and Switch-C) in one process: the
+#      MoE all-to-all bytes per rank against the capacity formula (below).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -88,3 +90,32 @@ for name in sys.argv[2:]:
     bad += not ok
 sys.exit(1 if bad else 0)
 PY
+# 3. On the papers' own meshes, planned as one process (no ranks launched): the MoE all-to-all
+#    bytes each rank sends per step (`of data: MoE all-to-all`) equal the dispatch and combine of
+#    every MoE layer, forward and backward, over the expert group: 4 x MoE layers x groups per rank
+#    x E experts x C slots x M x 4 bytes x (n - 1) / n, with C = max(1, ceil(k cf G / E)) slots per
+#    expert per group of G tokens (Switch section 2.2's expert capacity; GShard Algorithm 1's 2N/E
+#    for top-2). The memory per rank is printed for docs/user-guide.md's table.
+for paper in "${PAPERS[@]}"; do
+  deck=inputs/papers/$paper.toml
+  timeout 60 "$M" plan "$deck" >"$T/$paper.full" 2>&1 || { tail -5 "$T/$paper.full"; fail "plan of $deck on its mesh in one process failed"; }
+  $PYTHON - "$deck" "$T/$paper.full" <<'PY' || fail "the MoE all-to-all of $deck"
+import math, re, sys, tomllib
+c = tomllib.load(open(sys.argv[1], "rb"))
+m, moe, o, mesh = c["model"], c["moe"], c["optim"], c["mesh"]
+k = {"top1": 1, "top2": 2}.get(moe["router"], moe.get("top_k", 1))
+moe_layers = (2 if m.get("arch") == "encdec" else 1) * (m["num_layers"] // moe.get("every", 2))
+tokens = o["batch_size"] * m["seq_len"] // mesh["data"]
+G, E = moe.get("group_size", tokens), moe["num_experts"]
+C = max(1, math.ceil(k * moe.get("capacity_factor_train", 1.25) * G / E))
+n = mesh.get("expert_parallel", 0) or mesh["data"]
+want = 4 * moe_layers * (tokens // G) * E * C * m["d_model"] * 4 * (n - 1) // n
+text = open(sys.argv[2]).read()
+got = int(re.search(r"of data: MoE all-to-all\s+(\d+)", text).group(1))
+mem = re.findall(r"^\s+total\s+([\d.]+ [KMGT]iB)$", text, re.M)[-1]
+print(f"{'ok  ' if got == want else 'FAIL'} {sys.argv[1]} on its mesh: MoE all-to-all {got} B per rank per step "
+      f"(formula {want}, C = {C} slots per expert per group of {G}); memory per rank {mem}")
+sys.exit(0 if got == want else 1)
+PY
+done
+echo "paper_scale: the papers' models plan to their published sizes, and on their meshes in one process"
