@@ -91,6 +91,8 @@ int export_checkpoint(const ExportCliOptions& opt, const std::string& version) {
   const bool to_dir = hf && fs::is_directory(opt.output, ec);
   const std::string output = to_dir ? (fs::path(opt.output) / "model.safetensors").string() : opt.output;
   const std::string config = to_dir && opt.config.empty() ? (fs::path(opt.output) / "config.json").string() : opt.config;
+  if (same_file(path, output))
+    throw InputError("export: the output " + output + " is the checkpoint itself; name another file");
   const CheckpointMeta meta = read_checkpoint_meta(path);
   std::optional<Config> cfg;
   if (hf) {
