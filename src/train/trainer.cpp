@@ -1,10 +1,13 @@
 #include "train/trainer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include "core/error.hpp"
 #include "core/timers.hpp"
@@ -169,6 +172,10 @@ class Trainer {
                    valid_too_long_);
     clock_.emplace(wall_seconds());
     run_start_ = clock_->start();
+    // Test hook (tests/scripts/decode_bounds.sh): MESHMOE_TEST_DELAY_FIRST_STEP seconds of sleep
+    // before the first step, so that run.max_walltime is reached there every time.
+    if (const char* delay = std::getenv("MESHMOE_TEST_DELAY_FIRST_STEP"))
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(delay)));
     int64_t interval_tokens = 0;
     const int64_t first = progress_.start_step + 1;
     int64_t done = progress_.start_step;  // the last step whose update (or skip) is complete

@@ -11,7 +11,8 @@
 #   translate --beam 100000 is refused by the decoding memory check (exit 2, "KV cache") within
 #     seconds, before allocating; score --hyp /dev/zero is refused past 256 MiB (exit 2);
 #   run.grad_bucket_mb = 1e300 or 1e-6, run.max_walltime = 1e-9, bench-gemm --threads -1 or more than
-#     the cores: exit 2 naming the range;
+#     the cores: exit 2 naming the range; run.max_walltime reached before the first step (a test hook
+#     sleeps there): exit 1 saying so, no checkpoint;
 #   MemAvailable read once: with a stand-in that falls from 2e9 to 1000 bytes between two reads, the
 #     memory report judges the check's figure (1.86 GiB, "the plan fits");
 #   a stop signal (USR1, TERM, HUP) that lands before main() (the test hook holds the process there)
@@ -142,6 +143,12 @@ run bucket-tiny plan "$T/deck.toml" --set run.grad_bucket_mb=1e-6
 expect bucket-tiny 2 "either 0 (no overlap) or in \[0.0001, 65536\] MiB"
 run walltime plan "$T/deck.toml" --set run.max_walltime=1e-9
 expect walltime 2 "run.max_walltime = 1e-9 s leaves no time for a step and a checkpoint: either 0 (no limit) or at least 1 s"
+# run.max_walltime reached before the first step of a start (a test hook sleeps there): exit 1, not
+# 75, so that a requeued job does not loop without progress; no checkpoint written.
+MESHMOE_TEST_DELAY_FIRST_STEP=1.5 run walltime-first train "$T/deck.toml" --set run.max_walltime=1 \
+  --set run.out_dir="$T/walltime-first"
+expect walltime-first 1 "run.max_walltime = 1 s reached before the first step of this start (step 0)"
+! ls "$T"/walltime-first/ckpt/step_*.h5 >/dev/null 2>&1 || fail "walltime-first: a checkpoint was written"
 run threads-neg bench-gemm --threads -1 --sizes 64 --seconds 0.01
 expect threads-neg 2 "bench-gemm: --threads -1: must be in \[0, "
 run threads-big bench-gemm --threads 100000 --sizes 64 --seconds 0.01
