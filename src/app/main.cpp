@@ -384,7 +384,7 @@ int run(int argc, char** argv) {
   tr->add_option("--set", overrides, "Override a deck key: section.key=value (repeatable)");
   tr->add_option("--checkpoint", tr_opt.checkpoint, "Checkpoint file, or a ckpt / run directory (its LATEST)")->required();
   tr->add_option("--input", tr_opt.input, "Source sentences, one per line (default: stdin)");
-  tr->add_option("--lang", tr_opt.lang, "Source language (default: the dataset's only language)");
+  tr->add_option("--lang", tr_opt.lang, "Language tag: the source language with xx-en data, the target language with en-xx data (default: the dataset's only language)");
   tr->add_option("--beam", tr_opt.beam.beam, "Beam width; 1: greedy")->capture_default_str();
   tr->add_option("--alpha", tr_opt.beam.alpha, "Length normalisation ((5+|Y|)/6)^alpha")->capture_default_str();
   tr->add_option("--max-len", tr_opt.beam.max_len, "Output tokens at most, EOS included")->capture_default_str();
