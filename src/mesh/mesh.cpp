@@ -160,18 +160,31 @@ std::string format_mesh(const MeshShape& shape, const std::vector<std::string>& 
        << "\n";
   }
   for (Axis a : kAxes) {
+    // At most 16 groups, each through format_ranks: a plan of thousands of ranks stays readable.
+    const auto& axis_groups = groups[size_t(a)];
     os << axis_name(a) << " groups:";
-    for (const auto& g : groups[size_t(a)]) {
-      os << " [";
-      for (size_t i = 0; i < g.size(); ++i) os << (i ? " " : "") << g[i];
-      os << "]";
-    }
+    for (size_t i = 0; i < axis_groups.size() && i < 16; ++i) os << " [" << format_ranks(axis_groups[i]) << "]";
+    if (axis_groups.size() > 16) os << " ... (" << axis_groups.size() << " groups)";
     os << "\n";
   }
   return os.str();
 }
 
 }  // namespace
+
+std::string format_ranks(const std::vector<int>& ranks) {
+  constexpr size_t kAll = 16, kHead = 6, kTail = 2;
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks.size() > kAll && i == kHead) {
+      out += " ...";
+      i = ranks.size() - kTail;
+    }
+    out += (out.empty() ? "" : " ") + std::to_string(ranks[i]);
+  }
+  if (ranks.size() > kAll) out += " (" + std::to_string(ranks.size()) + " ranks)";
+  return out;
+}
 
 std::string describe_planned_mesh(const MeshShape& shape, const std::vector<std::string>& hosts) {
   std::vector<std::array<int, 3>> coords;

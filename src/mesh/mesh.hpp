@@ -43,6 +43,11 @@ struct MeshShape {
   bool operator==(const MeshShape&) const = default;
 };
 
+// Ranks separated by spaces, all of them up to 16, else the first 6, "...", the last 2 and the
+// count ("0 1 2 3 4 5 ... 2046 2047 (2048 ranks)"), so that a plan of thousands of ranks stays
+// readable.
+std::string format_ranks(const std::vector<int>& ranks);
+
 // The text Mesh::describe() prints, for a mesh planned in one process (`meshmoe plan` without its
 // ranks): the coordinates and groups MPI_Comm_split gives, `hosts[r]` the host of world rank r.
 std::string describe_planned_mesh(const MeshShape& shape, const std::vector<std::string>& hosts);

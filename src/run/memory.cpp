@@ -306,9 +306,7 @@ std::string expert_layout(const Config& cfg, const MeshShape& mesh, size_t max_g
   auto list = [&](const char* label, const std::vector<std::vector<int>>& groups) {
     o << "  " << label << ":";
     for (size_t i = 0; i < groups.size() && i < max_groups; ++i) {
-      o << " [";
-      for (size_t j = 0; j < groups[i].size(); ++j) o << (j ? " " : "") << groups[i][j];
-      o << "]";
+      o << " [" << format_ranks(groups[i]) << "]";
     }
     if (groups.size() > max_groups) o << " ... (" << groups.size() << " groups)";
     o << "\n";

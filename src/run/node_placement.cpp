@@ -69,8 +69,7 @@ std::string describe_nodes(const NodeMap& nodes, const std::string& title) {
   std::ostringstream os;
   os << title << ": " << nodes.nodes() << " (";
   for (int n = 0; n < nodes.nodes(); ++n) {
-    os << (n ? "; " : "") << nodes.names[size_t(n)] << ": ranks";
-    for (int r : nodes.ranks_of(n)) os << " " << r;
+    os << (n ? "; " : "") << nodes.names[size_t(n)] << ": ranks " << format_ranks(nodes.ranks_of(n));
   }
   os << ")\n";
   return os.str();

@@ -233,3 +233,16 @@ TEST_CASE("Mesh::describe: shape, each rank's coordinates and host, the axis gro
     CHECK(mesh.describe().empty());
   }
 }
+
+TEST_CASE("format_ranks: every rank up to 16, else the first 6, the last 2 and the count", "[mesh]") {
+  std::vector<int> r(16);
+  for (int i = 0; i < 16; ++i) r[size_t(i)] = 2 * i;
+  CHECK(format_ranks({}) == "");
+  CHECK(format_ranks({5}) == "5");
+  CHECK(format_ranks(r) == "0 2 4 6 8 10 12 14 16 18 20 22 24 26 28 30");
+  r.push_back(32);
+  CHECK(format_ranks(r) == "0 2 4 6 8 10 ... 30 32 (17 ranks)");
+  std::vector<int> all(2048);
+  for (int i = 0; i < 2048; ++i) all[size_t(i)] = i;
+  CHECK(format_ranks(all) == "0 1 2 3 4 5 ... 2046 2047 (2048 ranks)");
+}
