@@ -30,20 +30,16 @@ std::string stored_model_mismatch(const std::string& path, const CheckpointMeta&
     vocab = wte->second[0];
   const MeshShape one{};
   const ShapeTable table(CheckedShapes(cfg, int(vocab), one, false), placement_at(cfg, one, RankCoords{0, 0, 0}));
-  size_t matched = 0;
   for (const ParamInfo& p : table.params()) {
     const auto at = stored.find(p.name);
     if (at == stored.end()) return "its stored deck's model has " + p.name + " " + shape_str(p.logical_shape) + ", the checkpoint does not";
     if (at->second != p.logical_shape)
       return p.name + " is " + shape_str(at->second) + ", its stored deck's model has " + shape_str(p.logical_shape);
-    ++matched;
+    stored.erase(at);
   }
-  if (matched != stored.size())
-    for (const auto& [name, shape] : stored) {
-      bool known = false;
-      for (const ParamInfo& p : table.params()) known |= p.name == name;
-      if (!known) return "holds " + name + " " + shape_str(shape) + ", which its stored deck's model has not";
-    }
+  // What is left the model does not have (std::map: the first by name, as before).
+  if (!stored.empty())
+    return "holds " + stored.begin()->first + " " + shape_str(stored.begin()->second) + ", which its stored deck's model has not";
   return "";
 }
 

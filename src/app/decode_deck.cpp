@@ -15,16 +15,11 @@ namespace {
 // Keys of [model] and [moe] that say how to decode or where the experts sit, not what was trained.
 const std::set<std::string> kDecodingChoices = {"moe.expert_axis", "moe.decode_capacity", "moe.capacity_factor_eval"};
 
-std::string trimmed(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
-  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
-}
-
 // The --set options of the [mesh] section.
 std::vector<std::string> mesh_overrides(const std::vector<std::string>& overrides) {
   std::vector<std::string> out;
   for (const std::string& ov : overrides)
-    if (trimmed(ov.substr(0, ov.find('='))).rfind("mesh.", 0) == 0) out.push_back(ov);
+    if (override_key(ov).rfind("mesh.", 0) == 0) out.push_back(ov);
   return out;
 }
 

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 
 #include "app/decode_cli.hpp"
@@ -134,12 +133,9 @@ void check_text_outputs(const std::string& dir, const std::vector<std::string>& 
 // through a temporary and a rename, as every output (src/io/output_file.hpp).
 void write_lines(const fs::path& path, const std::vector<std::string>& lines) {
   try {
-    ReplacingFile out(path.string());
-    std::ofstream f(out.temporary(), std::ios::binary);
-    for (const std::string& s : lines) f << s << '\n';
-    f.close();
-    if (!f) throw Error("cannot write " + out.temporary());
-    out.commit();
+    std::string text;
+    for (const std::string& s : lines) text += s + '\n';
+    replace_text_file(path.string(), text);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshmoe: warning: cannot write %s: %s\n", path.c_str(), e.what());
   }

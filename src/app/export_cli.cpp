@@ -2,9 +2,7 @@
 
 #include <mpi.h>
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -71,16 +69,6 @@ std::map<std::string, std::string> export_metadata(const std::string& ckpt, cons
           {"spm_model_base64", base64(d.spm_model)}};
 }
 
-void write_text_file(const std::string& path, const std::string& text) {
-  ReplacingFile out(path);
-  std::FILE* f = std::fopen(out.temporary().c_str(), "wb");
-  if (!f) throw InputError("export: cannot write " + path + ": " + std::strerror(errno));
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) throw Error("export: writing " + path + " failed");
-  fsync_path(out.temporary(), false);
-  out.commit();
-}
-
 int export_checkpoint(const ExportCliOptions& opt, const std::string& version) {
   const std::string path = find_named_checkpoint(opt.checkpoint);
   const bool hf = opt.layout == "hf";
@@ -144,7 +132,7 @@ int export_checkpoint(const ExportCliOptions& opt, const std::string& version) {
     if (config.empty()) {
       std::printf("export: no config.json written (give --config FILE, or -o DIR for DIR/model.safetensors and DIR/config.json)\n");
     } else {
-      write_text_file(config, hf_config_json(*cfg, embed->shape[0], info.bos_id, info.eos_id, info.pad_id));
+      replace_text_file(config, hf_config_json(*cfg, embed->shape[0], info.bos_id, info.eos_id, info.pad_id));
       std::printf("export: MixtralConfig -> %s\n", config.c_str());
     }
   }

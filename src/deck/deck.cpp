@@ -182,7 +182,7 @@ class Parser {
   void apply_override(const std::string& ov) {
     const std::string loc = "--set " + ov + ": ";
     const size_t eq = ov.find('=');
-    const std::string name = trim(ov.substr(0, eq));
+    const std::string name = override_key(ov);
     const size_t dot = name.find('.');
     if (eq == std::string::npos || dot == std::string::npos) {
       add(1, 0, 0, loc + "expected section.key=value (e.g. --set moe.num_experts=16)");
@@ -440,6 +440,10 @@ std::string read_deck_file(const std::string& path) {
 }
 
 }  // namespace
+
+std::string override_key(const std::string& override_text) {
+  return trim(override_text.substr(0, override_text.find('=')));
+}
 
 Deck parse_deck(const std::string& text, const std::string& path, const std::vector<std::string>& overrides,
                 DeckUse use) {

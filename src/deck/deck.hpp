@@ -23,6 +23,9 @@ struct Deck {
 // and the batch's divisibility; docs/user-guide.md "Translation").
 enum class DeckUse { Train, Decode };
 
+// The key an override "section.key=value" (--set) names, blanks trimmed ("" without one).
+std::string override_key(const std::string& override_text);
+
 // Parses and validates deck text; no MPI. `overrides` are "section.key=value" strings (--set),
 // validated like the file. Throws InputError carrying every problem found, each naming the file,
 // line and column and the key.

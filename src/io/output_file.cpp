@@ -24,8 +24,7 @@ bool same_file(const std::string& a, const std::string& b) {
 
 namespace {
 
-// Sets `by` to the root attribute created_by of an HDF5 file ("" when it has none); false when the
-// file does not open as HDF5.
+// Whether the first 64 KiB of `path` hold no NUL byte (text, not a dataset, checkpoint or export).
 bool holds_text(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) return false;
@@ -35,6 +34,8 @@ bool holds_text(const std::string& path) {
   return head.find('\0') == std::string::npos;
 }
 
+// Sets `by` to the root attribute created_by of an HDF5 file ("" when it has none); false when the
+// file does not open as HDF5.
 bool created_by(const std::string& path, std::string& by) {
   try {
     h5::File f = h5::File::open(path);
@@ -197,6 +198,16 @@ void ReplacingFile::commit() {
   }
   release_temporary(tmp_);
   tmp_.clear();
+}
+
+void replace_text_file(const std::string& path, const std::string& text) {
+  ReplacingFile out(path);
+  std::FILE* f = std::fopen(out.temporary().c_str(), "wb");
+  if (!f) throw Error("cannot write " + out.temporary() + ": " + std::strerror(errno));
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const int saved = errno;
+  if (std::fclose(f) != 0 || !ok) throw Error("cannot write " + out.temporary() + ": " + std::strerror(ok ? errno : saved));
+  out.commit();
 }
 
 }  // namespace meshmoe

@@ -31,6 +31,10 @@ void check_output_path(const std::string& path, const OutputRules& rules);
 void fsync_path(const std::string& path, bool directory);
 void rename_durably(const std::string& from, const std::string& to);
 
+// Writes `text` to `path` through a ReplacingFile (below): the old file or the whole new one, never
+// half of one. Throws Error with the system's reason.
+void replace_text_file(const std::string& path, const std::string& text);
+
 // A file that replaces `path` whole: written at temporary() ("<path>.tmp-<pid>", same directory,
 // so the rename is atomic) until commit() moves it over `path`. Destroyed uncommitted (an error, a
 // stop), it removes the temporary and leaves `path` as it was. Creates nothing itself. A TERM, INT

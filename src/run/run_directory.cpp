@@ -37,18 +37,13 @@ void write_deck_file(const Deck& deck, const std::string& dir, MPI_Comm world) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   if (rank == 0) try {
-    // Replaced whole (src/io/output_file.hpp): a full disk leaves the earlier deck.toml as it was.
-    ReplacingFile file(dir + "/deck.toml");
-    std::ofstream out(file.temporary());
     // run.name is checked to be one printable line (deck.cpp); the deck's path may be anything.
     std::string from = deck.path;
     for (char& ch : from)
       if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
-    out << "# effective deck of run " << deck.cfg.run.name << " (from " << from << ")\n" << deck.effective_toml;
-    out.flush();
-    out.close();
-    if (!out) throw Error(std::strerror(errno));
-    file.commit();
+    // Replaced whole (src/io/output_file.hpp): a full disk leaves the earlier deck.toml as it was.
+    replace_text_file(dir + "/deck.toml",
+                      "# effective deck of run " + deck.cfg.run.name + " (from " + from + ")\n" + deck.effective_toml);
   } catch (const std::exception& e) {
     error = "cannot write the run directory " + dir + ": cannot write deck.toml (" + e.what() +
             "; set run.out_dir to a writable place)";
