@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "core/quoted.hpp"
+
 namespace meshmoe::deck {
 namespace {
 
@@ -219,27 +221,7 @@ const char* type_name(KeyType t) {
   return "?";
 }
 
-std::string toml_string(const std::string& s) {
-  std::string out = "\"";
-  for (const unsigned char ch : s) {
-    switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (ch < 0x20 || ch == 0x7f) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", ch);
-          out += buf;
-        } else {
-          out += char(ch);
-        }
-    }
-  }
-  return out + "\"";
-}
+std::string toml_string(const std::string& s) { return quoted(s); }
 
 std::string toml_value(const Value& v) {
   if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);

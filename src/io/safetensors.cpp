@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "core/quoted.hpp"
 #include "io/output_file.hpp"
 
 namespace meshmoe {
@@ -21,25 +22,6 @@ static_assert(std::endian::native == std::endian::little, "safetensors' little-e
 namespace {
 
 constexpr uint64_t kMaxHeader = uint64_t(100) << 20;  // the specification's limit on N
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"') out += "\\\"";
-    else if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else if (c == '\r') out += "\\r";
-    else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += char(c);
-    }
-  }
-  return out + "\"";
-}
 
 int64_t elements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -199,7 +181,7 @@ std::string safetensors_header(const std::vector<SafeTensor>& tensors, const std
   if (!metadata.empty()) {
     json += "\"__metadata__\":{";
     bool first = true;
-    for (const auto& [k, v] : metadata) json += (first ? "" : ",") + json_string(k) + ":" + json_string(v), first = false;
+    for (const auto& [k, v] : metadata) json += (first ? "" : ",") + quoted(k) + ":" + quoted(v), first = false;
     json += "}";
   }
   std::set<std::string> names;
@@ -210,7 +192,7 @@ std::string safetensors_header(const std::vector<SafeTensor>& tensors, const std
     if (elements(t.shape) != int64_t(t.data.size()))
       throw Error("safetensors: tensor '" + t.name + "' holds " + std::to_string(t.data.size()) + " values for its shape");
     const uint64_t end = offset + uint64_t(t.data.size()) * sizeof(float);
-    json += (json.size() > 1 ? "," : "") + json_string(t.name) + ":{\"dtype\":\"F32\",\"shape\":[";
+    json += (json.size() > 1 ? "," : "") + quoted(t.name) + ":{\"dtype\":\"F32\",\"shape\":[";
     for (size_t d = 0; d < t.shape.size(); ++d) json += (d ? "," : "") + std::to_string(t.shape[d]);
     json += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(end) + "]}";
     offset = end;
