@@ -15,7 +15,9 @@
 #      mid-training: both trainings checkpoint and resume after the requeue, both models are
 #      evaluated, the BLEU report and its figure are written.
 #   6. two nodes (a second Slurm of two slurmd in their own UTS namespaces): MPI sees 2 hosts x
-#      2 ranks under srun; submit.sh --nodes 2 trains; mesh and nodes that do not match: exit 2.
+#      2 ranks under srun; submit.sh --nodes 2 trains to the last step, checkpoints, and its losses
+#      are those of mpirun on the same nodes (bitwise) and of one rank (1e-5); mesh and nodes that
+#      do not match: exit 2.
 # Everything it started is stopped at the end, by process id. Ends with "N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -80,6 +82,25 @@ wait_job() {  # job id -> prints final state
   echo "TIMEOUT_WAITING($state)"
 }
 job_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+# wait_job_within ID START END: the job's final state, as wait_job prints it; a job still pending
+# after START seconds, or not finished END seconds after it started, is cancelled and prints
+# TIMEOUT_PENDING or TIMEOUT_RUNNING, with squeue's reason, the job's and the nodes' state and the
+# end of slurmctld's log on stderr (the test fails instead of hanging).
+wait_job_within() {
+  local id=$1 limit=$2 state="" t0=$SECONDS started=""
+  while :; do
+    state=$(job_state "$id")
+    case $state in COMPLETED|FAILED|CANCELLED*|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE) echo "$state"; return;; esac
+    if [ -z "$started" ] && [ -n "$state" ] && [ "$state" != PENDING ]; then started=1; t0=$SECONDS; limit=$3; fi
+    [ $((SECONDS - t0)) -ge "$limit" ] && break
+    sleep 0.5
+  done
+  { echo "job $id still ${state:-unknown} after $limit s; squeue reason: $(squeue -h -j "$id" -o '%T %R')"
+    scontrol show job "$id"; sinfo -N -o '%N %T %C %E'
+    tail -15 "$(dirname "$SLURM_CONF")/log/slurmctld.log"; } >&2
+  scancel "$id"
+  [ "$state" = PENDING ] && echo TIMEOUT_PENDING || echo TIMEOUT_RUNNING
+}
 wait_logged() {  # metrics.h5 tries: until the run has logged 3 steps (0.2 s a try)
   for _ in $(seq "$2"); do
     [ -s "$1" ] && /usr/bin/python3 -c "import h5py,sys; sys.exit(0 if h5py.File(sys.argv[1],'r')['step'].shape[0] >= 3 else 1)" "$1" 2>/dev/null && return
@@ -173,31 +194,74 @@ grep -q "^mean delta .* BLEU over 2 languages" "$out" && [ -s "$T/gshard-exp/fig
 
 # 6. Two nodes (cluster.sh start DIR 2: fakenode1 and fakenode2, a slurmd each in its own UTS
 # namespace): MPI under srun sees 2 hosts of 2 ranks (meshmoe plan's shared-memory split), and the
-# placement follows SLURM_NTASKS_PER_NODE; a mesh the nodes cannot hold evenly is refused before
-# submitting; a job whose ranks do not match the mesh stops with exit 2 before srun starts anything.
+# placement follows SLURM_NTASKS_PER_NODE; submit.sh --nodes 2 trains a tiny deck on 2 nodes x 2
+# ranks to its last step, writes its checkpoints (they verify), and logs bitwise the losses of the
+# same mesh under mpirun on the same fake nodes (tools/fake-nodes.sh), and those of one rank within
+# nodes_mesh.sh's invariance bound (1e-5 relative); a mesh the nodes cannot hold evenly is refused
+# before submitting; a job whose ranks do not match the mesh stops with exit 2 before srun starts
+# anything.
+# The second Slurm numbers its jobs from 1 again, so its jobs write their meshmoe-<id>.out in a
+# directory of their own: an output of the first Slurm's job of the same id is never read as theirs.
+# The 4 ranks of the fake nodes share this machine's 2 cores, which Open MPI under srun does not
+# know: busy-polling, they take the cores from each other, and a checkpoint (hundreds of small
+# collectives of parallel HDF5) takes minutes instead of seconds (docs/cluster.md "Two nodes on
+# one Slurm"); so they yield when idle, as the tests' ranks under mpirun do (tests/env.sh).
+export OMPI_MCA_mpi_yield_when_idle=1
 "$ROOT/tests/slurm/cluster.sh" stop "$T/cluster" >/dev/null 2>&1 || true
+mkdir -p "$T/two" && cd "$T/two" || exit 1
 if conf=$("$ROOT/tests/slurm/cluster.sh" start "$T/cluster2" 2); then
   export SLURM_CONF=$conf
   echo "two-node slurm up: $(sinfo -h -N -o '%N %T' | tr '\n' ' ')"
-  timeout 120 srun -N2 --ntasks-per-node=2 --mpi="${MESHMOE_SRUN_MPI:-pmix}" "$MESHMOE" plan deck.toml --set mesh.data=4 \
+  timeout 120 srun -N2 --ntasks-per-node=2 --mpi="${MESHMOE_SRUN_MPI:-pmix}" "$MESHMOE" plan "$T/deck.toml" --set mesh.data=4 \
     >"$T/plan-2nodes.out" 2>&1
   grep -qx "nodes seen by MPI: 2 (fakenode1: ranks 0 1; fakenode2: ranks 2 3)" "$T/plan-2nodes.out" &&
     grep -q "^placement (SLURM_NTASKS_PER_NODE 2): nodes: 2" "$T/plan-2nodes.out" &&
     ok "srun on 2 nodes: MPI sees fakenode1 (ranks 0 1) and fakenode2 (ranks 2 3)" ||
     { bad "srun on 2 nodes: MPI does not see 2 nodes x 2 ranks"; tail -20 "$T/plan-2nodes.out"; }
-  # A training job of submit.sh --nodes 2 is not run here (docs/cluster.md "Open on the two-node
-  # Slurm": its first checkpoint write hangs, and in a CI run it stayed PENDING); the refusals are.
-  "$ROOT/jobscripts/submit.sh" --nodes 3 deck.toml --set mesh.data=4 -- --parsable >"$T/nodes3.out" 2>&1
+
+  tiny=(--set mesh.data=4 --set run.steps=10 --set model.d_model=32 --set model.d_ff=64)
+  id=$("$ROOT/jobscripts/submit.sh" --nodes 2 "$T/deck.toml" "${tiny[@]}" --set checkpoint.every=5 \
+    --set run.out_dir="$T/nodes2" -- --parsable)
+  state=$(wait_job_within "$id" 120 300)
+  out="$T/two/meshmoe-$id.out"
+  if [ "$state" = COMPLETED ] && grep -q "on fakenode1: 4 ranks" "$out" && grep -q "^done: 10 steps" "$out" &&
+     grep -q "node-shared within each node over the data axis (hierarchical sums" "$out"; then
+    ok "submit.sh --nodes 2: job $id trained its 10 steps on 2 nodes x 2 ranks"
+    took=$(sed -n 's/^checkpoint step .*(\([0-9.]* s\))$/\1/p' "$out" | paste -sd/ -)
+    [ "$(grep -c "^checkpoint step" "$out")" = 2 ] && "$MESHMOE" ckpt verify "$T/nodes2" >/dev/null 2>&1 &&
+      ok "job $id wrote its checkpoints of steps 5 and 10 (in $took) and they verify" ||
+      bad "job $id: checkpoints: $(ls "$T/nodes2/ckpt" 2>/dev/null | tr '\n' ' ')"
+    timeout 300 "$ROOT/tools/fake-nodes.sh" "$MESHMOE" train "$T/deck.toml" "${tiny[@]}" --set checkpoint.every=0 \
+      --set run.out_dir="$T/nodes2-mpirun" >"$T/nodes2-mpirun.log" 2>&1 || tail -5 "$T/nodes2-mpirun.log"
+    timeout 300 "$MESHMOE" train "$T/deck.toml" "${tiny[@]}" --set mesh.data=1 --set checkpoint.every=0 \
+      --set run.out_dir="$T/nodes2-one" >"$T/nodes2-one.log" 2>&1 || tail -5 "$T/nodes2-one.log"
+    if (cd "$ROOT" && /usr/bin/python3 - "$T" >"$T/nodes2-compare.out" 2>&1 <<'PY'
+import sys, h5py
+sys.path.insert(0, "tests/lib")
+from compare_runs import compare_scalars, compare_routing
+T = sys.argv[1]
+keys = ["loss", "aux_loss", "z_loss", "grad_norm"]  # the deck has no evaluation
+job = h5py.File(f"{T}/nodes2/metrics.h5", "r")
+bad = compare_scalars(h5py.File(f"{T}/nodes2-mpirun/metrics.h5", "r"), job, "slurm vs mpirun", tol=0, keys=keys)
+one = h5py.File(f"{T}/nodes2-one/metrics.h5", "r")
+bad += compare_scalars(one, job, "slurm vs 1 rank", tol=1e-5, keys=keys) + compare_routing(one, job, "slurm vs 1 rank")
+sys.exit(1 if bad else 0)
+PY
+    ); then ok "job $id: losses bitwise those of mpirun on the fake nodes, within 1e-5 of one rank's"
+    else bad "job $id: losses differ from mpirun's on the fake nodes or from one rank's"; cat "$T/nodes2-compare.out"; fi
+  else bad "submit.sh --nodes 2: job $id ended $state"; tail -20 "$out" 2>/dev/null; fi
+
+  "$ROOT/jobscripts/submit.sh" --nodes 3 "$T/deck.toml" --set mesh.data=4 -- --parsable >"$T/nodes3.out" 2>&1
   rc=$?
   [ "$rc" = 2 ] && grep -q "needs 4 ranks, which 3 nodes cannot hold evenly" "$T/nodes3.out" &&
     ok "submit.sh --nodes 3 for 4 ranks: refused before submitting (exit 2)" || { bad "submit.sh --nodes 3: exit $rc"; cat "$T/nodes3.out"; }
   id=$(sbatch --parsable --nodes=2 --ntasks-per-node=1 --export=ALL,MESHMOE="$MESHMOE" \
-    "$ROOT/jobscripts/train-cpu.sbatch" deck.toml --set mesh.data=4 --set run.out_dir="$T/nodes-bad")
-  wait_job "$id" >/dev/null
-  out="$T/meshmoe-$id.out"
-  [ "$(job_state "$id")" = FAILED ] && grep -q "needs 4 ranks but the job has 2 (2 nodes" "$out" && [ ! -e "$T/nodes-bad" ] &&
+    "$ROOT/jobscripts/train-cpu.sbatch" "$T/deck.toml" --set mesh.data=4 --set run.out_dir="$T/nodes-bad")
+  state=$(wait_job_within "$id" 120 120)
+  out="$T/two/meshmoe-$id.out"
+  [ "$state" = FAILED ] && grep -q "needs 4 ranks but the job has 2 (2 nodes" "$out" && [ ! -e "$T/nodes-bad" ] &&
     ok "2 nodes x 1 rank for a 4-rank mesh: job $id stops with exit 2 before srun" ||
-    { bad "2 nodes x 1 rank: job $id state $(job_state "$id")"; tail -5 "$out"; }
+    { bad "2 nodes x 1 rank: job $id ended $state"; tail -5 "$out"; }
 else
   bad "could not start a two-node Slurm"
 fi
