@@ -80,10 +80,20 @@ class Comm {
   // Whether the large sums are hierarchical (the group spans nodes; known once node_shared_alloc
   // or a large all_reduce has run).
   virtual bool hierarchical() const { return false; }
-  // Collective: one `bytes` of zeroed host memory for the whole group, the same memory on every
-  // rank (the first rank's; each process's own address), which the collectives do not read in
-  // place; nullptr on every rank as node_shared_alloc.
+  // Collective: one `bytes` of zeroed host memory for the ranks of each node of the group (the
+  // whole group's when it is on one node), the same memory on every rank of a node (the node's
+  // first rank's; each process's own address), which the collectives do not read in place;
+  // nullptr on every rank as node_shared_alloc.
   virtual void* node_shared_alloc_one(size_t /*bytes*/) { return nullptr; }
+  // This rank's place among the ranks of the group whose node-shared memory it shares (its node,
+  // in group order): the group rank where the group is on one node (the default).
+  virtual int node_rank() const { return rank(); }
+  // Collective, over memory from node_shared_alloc_one that holds one block per rank, packed in
+  // rank order (counts[r] elements of rank r), after each rank wrote its own block into its
+  // node's copy: the blocks of the ranks on other nodes come into this node's copy (MpiComm
+  // spanning nodes: mesh/node_hierarchy.hpp); nothing where the group's one copy is everyone's
+  // (the default). The node's other ranks read what came after node_shared_fence().
+  virtual void node_copy_all_gather_raw(void* /*buf*/, const size_t* /*counts*/, DType /*t*/) {}
   // Collective: returns memory from node_shared_alloc or node_shared_alloc_one (skipped while an
   // exception unwinds, when a collective could hang: then the Comm's end frees it).
   virtual void node_shared_free(void* /*p*/) {}
@@ -170,6 +180,11 @@ class Comm {
   void all_gatherv_in_place(T* buf, std::span<const size_t> counts) {
     check_counts(counts, "all_gatherv counts");
     all_gatherv_in_place_raw(buf, counts.data(), dtype_of<T>());
+  }
+  template <class T>
+  void node_copy_all_gather(T* buf, std::span<const size_t> counts) {
+    check_counts(counts, "node_copy_all_gather counts");
+    node_copy_all_gather_raw(buf, counts.data(), dtype_of<T>());
   }
   template <class T>
   void all_to_all(const T* send, T* recv, size_t n_per_rank) {

@@ -145,21 +145,28 @@ NodeHierarchy* MpiComm::hierarchical_sum_for(size_t bytes, DType t, Op op) {
 }
 
 // Spanning nodes, every rank's memory is shared with the ranks of its node only (one window per
-// node), and there is no one copy of the weights for the group: the owners' updates would need
-// an all-gather between nodes that ParamStore's one copy exists to avoid.
-void* MpiComm::node_shared_alloc(size_t bytes) {
+// node), and the one copy of the weights is one per node: node_copy_all_gather brings the other
+// nodes' blocks into it.
+void* MpiComm::node_alloc(size_t bytes, bool one_copy) {
   ShmCollectives* w = node_window();
-  // Both paths are collective over the group: the hierarchical one agrees on the nodes' answers.
-  if (!w || shm_) return w ? w->shared_alloc(bytes) : nullptr;
-  void* p = w->shared_alloc(bytes);
+  if (!w) return nullptr;
+  void* p = one_copy ? w->shared_alloc_one(bytes) : w->shared_alloc(bytes);
+  if (shm_) return p;  // the group's window: every rank has the same answer
+  // The hierarchical path is collective over the group too: the nodes agree on their answers.
   int all = p != nullptr;
   check(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm_), "MPI_Allreduce");
   if (!all && p) w->shared_free(p), p = nullptr;
   return p;
 }
 
-void* MpiComm::node_shared_alloc_one(size_t bytes) {
-  return shm_active() ? shm_->shared_alloc_one(bytes) : nullptr;
+void* MpiComm::node_shared_alloc(size_t bytes) { return node_alloc(bytes, false); }
+void* MpiComm::node_shared_alloc_one(size_t bytes) { return node_alloc(bytes, true); }
+
+int MpiComm::node_rank() const { return hierarchy_ ? hierarchy_->local_rank() : rank_; }
+
+void MpiComm::node_copy_all_gather_raw(void* buf, const size_t* counts, DType t) {
+  if (!hierarchy_) return;  // on one node the one copy is the group's
+  hierarchy_->all_gather_into_node_copy(buf, counts, t, shm_settings_.slot_bytes);
 }
 
 void MpiComm::node_shared_free(void* p) {

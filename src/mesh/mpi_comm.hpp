@@ -17,7 +17,8 @@ class NodeHierarchy;
 // the variable gathers go through a shared-memory window (mesh/shm_collectives.hpp) instead of
 // MPI's collectives; the sums then add in rank order. When it spans nodes with L >= 2 of its
 // ranks on each, the large float/double all-reduces are hierarchical (mesh/node_hierarchy.hpp)
-// and the node-shared memory is one window per node. Every rank of a group must hold the same
+// and the node-shared memory is one window per node (one copy of the weights per node, whose
+// owners' blocks node_copy_all_gather brings from the other nodes). Every rank of a group must hold the same
 // settings (run.shm_collectives; tests lower the sizes to cross the rounds with small buffers).
 struct ShmSettings {
   bool enabled = true;
@@ -58,6 +59,8 @@ class MpiComm final : public Comm {
   void* node_shared_alloc(size_t bytes) override;
   bool hierarchical() const override { return shm_state_ == ShmState::Hierarchical; }
   void* node_shared_alloc_one(size_t bytes) override;
+  int node_rank() const override;
+  void node_copy_all_gather_raw(void* buf, const size_t* counts, DType t) override;
   void node_shared_free(void* p) override;
   void node_shared_fence() override;
 
@@ -94,6 +97,8 @@ class MpiComm final : public Comm {
   // The hierarchical path for an all-reduce of `bytes` (a group spanning nodes), or nullptr.
   NodeHierarchy* hierarchical_sum_for(size_t bytes, DType t, Op op);
   ShmCollectives* node_window();
+  // node_shared_alloc (one_copy false) and node_shared_alloc_one (true), agreed by every rank.
+  void* node_alloc(size_t bytes, bool one_copy);
   size_t total_bytes(const size_t* counts, DType t) const;  // of the blocks of a variable collective
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -1,7 +1,8 @@
 // NodeHierarchy: an all-reduce as a reduce-scatter inside each node (the window's rank-order sum),
 // a deterministic all-reduce of each rank's slice among the ranks of its local index on the
 // other nodes (MPI_Alltoallv of the pieces, a sum in node order, MPI_Allgatherv), and an
-// all-gather inside each node. docs/ARCHITECTURE.md "Hierarchical collectives".
+// all-gather inside each node; and the all-gather of the owners' blocks into each node's one copy
+// of the weights. docs/ARCHITECTURE.md "Hierarchical collectives".
 #include "mesh/node_hierarchy.hpp"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <exception>
 #include <utility>
 
+#include "mesh/mpi_comm.hpp"
 #include "mesh/rank_order_sum.hpp"
 
 namespace meshmoe {
@@ -66,11 +68,11 @@ std::unique_ptr<NodeHierarchy> NodeHierarchy::open(MPI_Comm comm, const std::str
   int node_index = 0;
   MPI_Comm_rank(cross, &node_index);
   return std::unique_ptr<NodeHierarchy>(
-      new NodeHierarchy(std::move(window), cross, size / local_size, local_rank, local_size, label));
+      new NodeHierarchy(std::move(window), cross, size / local_size, local_rank, local_size, rank, label));
 }
 
 NodeHierarchy::NodeHierarchy(std::unique_ptr<ShmCollectives> node, MPI_Comm cross, int nodes, int local_rank,
-                             int local_size, std::string label)
+                             int local_size, int rank, std::string label)
     : node_(std::move(node)),
       cross_(cross),
       nodes_(nodes),
@@ -79,6 +81,8 @@ NodeHierarchy::NodeHierarchy(std::unique_ptr<ShmCollectives> node, MPI_Comm cros
       label_(std::move(label)) {
   MPI_Comm_set_errhandler(cross_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(cross_, &node_index_);
+  cross_ranks_.resize(size_t(nodes_));
+  check(MPI_Allgather(&rank, 1, MPI_INT, cross_ranks_.data(), 1, MPI_INT, cross_), "MPI_Allgather");
 }
 
 NodeHierarchy::~NodeHierarchy() {
@@ -93,7 +97,7 @@ void NodeHierarchy::check(int rc, const char* call) const {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  throw Error(label_ + ": hierarchical all-reduce: " + call + " failed: " + std::string(msg, size_t(len)) +
+  throw Error(label_ + ": hierarchical collectives: " + call + " failed: " + std::string(msg, size_t(len)) +
               " (run.shm_collectives = false uses MPI's collectives instead)");
 }
 
@@ -140,6 +144,35 @@ void NodeHierarchy::all_reduce_sum(void* buf, size_t n, DType t, size_t slot_byt
   }
   // 3. Inside the node: every rank gets every slice.
   node_->run(buf, slices.data(), t, /*reduce=*/false, /*gather=*/true, slot_bytes);
+}
+
+void NodeHierarchy::all_gather_into_node_copy(void* buf, const size_t* counts, DType t, size_t slot_bytes) {
+  const size_t elem = dtype_size(t), N = size_t(nodes_), me = size_t(node_index_);
+  // Where each cross rank's block starts in buf, and its length.
+  std::vector<size_t> begin(N), len(N);
+  size_t longest = 0;
+  for (size_t k = 0; k < N; ++k) {
+    const size_t g = size_t(cross_ranks_[k]);
+    for (size_t r = 0; r < g; ++r) begin[k] += counts[r];
+    len[k] = counts[g], longest = std::max(longest, len[k]);
+  }
+  // Rounds of at most `chunk` elements of each block, received side by side into pieces_.
+  const size_t chunk = std::clamp(slot_bytes / (N * elem), size_t(1), size_t(INT_MAX) / N);
+  if (pieces_.size() < N * std::min(chunk, longest) * elem) pieces_.resize(N * std::min(chunk, longest) * elem);
+  char* base = static_cast<char*>(buf);
+  const MPI_Datatype type = mpi_type(t);
+  std::vector<int> piece(N), displs(N);
+  for (size_t k = 0; k < N; ++k) displs[k] = int(k * std::min(chunk, longest));
+  for (size_t at = 0; at < longest; at += chunk) {
+    for (size_t k = 0; k < N; ++k) piece[k] = int(len[k] > at ? std::min(chunk, len[k] - at) : 0);
+    check(MPI_Allgatherv(base + (begin[me] + at) * elem, piece[me], type, pieces_.data(), piece.data(),
+                         displs.data(), type, cross_),
+          "MPI_Allgatherv");
+    for (size_t k = 0; k < N; ++k)
+      if (k != me && piece[k] > 0)
+        std::memcpy(base + (begin[k] + at) * elem, pieces_.data() + size_t(displs[k]) * elem, size_t(piece[k]) * elem);
+    cross_bytes_ += (N - 1) * size_t(piece[me]) * elem;
+  }
 }
 
 }  // namespace meshmoe

@@ -2,7 +2,8 @@
 // "Hierarchical collectives"): inside each node through a shared-memory window
 // (mesh/shm_collectives.hpp), between nodes through MPI among the ranks of one local index, then
 // back inside each node. MpiComm uses it for the large float/double all-reduces of such a group,
-// and its window for the node-shared weights and gradients (one window per node).
+// its window for the node-shared weights and gradients (one window per node), and its all-gather
+// into the nodes' copies for one copy of the weights per node (optim.shard_state).
 #pragma once
 #include <mpi.h>
 
@@ -36,20 +37,33 @@ class NodeHierarchy {
   // 2 (P - 1) / P of it over every link of the ring that crosses nodes.
   void all_reduce_sum(void* buf, size_t n, DType t, size_t slot_bytes);
 
+  // In place, buf in this node's one copy (ShmCollectives::shared_alloc_one) holding one block per
+  // group rank, packed in group-rank order (counts[r] elements of rank r), each rank having
+  // written its own block there: afterwards every node's copy holds every block. Between nodes
+  // the ranks of one local index all-gather their blocks (MPI_Allgatherv, in chunks of at most
+  // slot_bytes for the N blocks' pieces), so node k's rank of local index l brings in the blocks
+  // of the other nodes' ranks of index l: each node receives the others' blocks once, its L
+  // ranks sharing the transfer. Copies of the sent bits: every node's copy is the same. The node's
+  // other ranks see the blocks after the window's shared_fence().
+  void all_gather_into_node_copy(void* buf, const size_t* counts, DType t, size_t slot_bytes);
+
   ShmCollectives& node() { return *node_; }
   int nodes() const { return nodes_; }
+  int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
-  // Payload bytes this rank has sent to ranks of other nodes through all_reduce_sum so far.
+  // Payload bytes this rank has sent to ranks of other nodes (all_reduce_sum,
+  // all_gather_into_node_copy) so far.
   size_t cross_node_bytes() const { return cross_bytes_; }
 
  private:
   NodeHierarchy(std::unique_ptr<ShmCollectives> node, MPI_Comm cross, int nodes, int local_rank, int local_size,
-                std::string label);
+                int rank, std::string label);
   void check(int rc, const char* call) const;
 
   std::unique_ptr<ShmCollectives> node_;  // this node's ranks of the group
   MPI_Comm cross_;                        // the ranks of this local index, one per node, in node order
   int nodes_, local_rank_, local_size_, node_index_;
+  std::vector<int> cross_ranks_;  // [nodes]: the group rank of each rank of cross_
   std::string label_;
   std::vector<char> pieces_;  // the N nodes' sums of one chunk of this rank's slice
   size_t cross_bytes_ = 0;

@@ -27,6 +27,10 @@ class RoutedComm final : public Comm {
   void* node_shared_alloc(size_t bytes) override { return host_.node_shared_alloc(bytes); }
   bool hierarchical() const override { return host_.hierarchical(); }
   void* node_shared_alloc_one(size_t bytes) override { return host_.node_shared_alloc_one(bytes); }
+  int node_rank() const override { return host_.node_rank(); }
+  void node_copy_all_gather_raw(void* buf, const size_t* counts, DType t) override {
+    host_.node_copy_all_gather_raw(buf, counts, t);
+  }
   void node_shared_free(void* p) override { host_.node_shared_free(p); }
   void node_shared_fence() override { host_.node_shared_fence(); }
 

@@ -118,9 +118,10 @@ class ParamStore {
   // collectives read directly (Comm::node_shared_alloc): the gradient sum over data and the
   // all-gather of sharded updates then move no bytes through a staging window. With
   // `one_weight_copy` too (optim.shard_state: each data rank updates only the parameters it owns)
-  // and no parameter split over data, the group's ranks hold one copy of the weights between them
-  // (Comm::node_shared_alloc_one; docs/ARCHITECTURE.md "Sharded optimizer state"): the owners'
-  // updates need no all-gather, only publish_weights(). Collective over `share`, and so is the
+  // and no parameter split over data, the group's ranks on a node hold one copy of the weights
+  // between them (Comm::node_shared_alloc_one; docs/ARCHITECTURE.md "Sharded optimizer state"):
+  // the owners' updates need no all-gather on one node, only publish_weights(), and across nodes
+  // one between the nodes' copies (Comm::node_copy_all_gather). Collective over `share`, and so is the
   // store's destruction then; `share` must outlive the store. Private Buffers when it gives none.
   void allocate(Comm* share = nullptr, bool one_weight_copy = false) {
     allocated_ = true;
@@ -161,9 +162,9 @@ class ParamStore {
   // rank writes only the parameters it owns (or all ranks the same values), then publish_weights().
   bool one_weight_copy() const { return one_weight_copy_; }
   // Whether this rank writes every weight when they are all set at once (an initialisation, a
-  // checkpoint's read): not with one_weight_copy() but on the group's first rank, which writes the
-  // one copy for the node (the others wait at publish_weights()).
-  bool writes_all_weights() const { return !one_weight_copy_ || share_->rank() == 0; }
+  // checkpoint's read): not with one_weight_copy() but on the first rank of each node, which writes
+  // the one copy for the node (the others wait at publish_weights()).
+  bool writes_all_weights() const { return !one_weight_copy_ || share_->node_rank() == 0; }
   // Collective over the share: every rank's writes to the weights visible to every rank. A no-op
   // unless one_weight_copy().
   void publish_weights() {
@@ -173,7 +174,7 @@ class ParamStore {
 
   // Initialises every parameter from (seed, parameter name, logical element index), so a sharded
   // model (any block of any parameter, on any pipeline stage) gets exactly the unsharded values.
-  // With one_weight_copy() the group's first rank writes them and the others wait (collective).
+  // With one_weight_copy() each node's first rank writes them and the others wait (collective).
   void init(uint64_t seed, double init_scale) {
     if (!writes_all_weights()) return publish_weights();
     init_values(seed, init_scale);
@@ -225,7 +226,7 @@ class ParamStore {
   T* w_ = nullptr;
   T* g_ = nullptr;
   Comm* share_ = nullptr;  // node-shared: the Comm whose memory w_ and g_ are
-  bool one_weight_copy_ = false;  // w_ and g_ in windows of their own, w_ the group's one copy
+  bool one_weight_copy_ = false;  // w_ and g_ in windows of their own, w_ the node's one copy
   size_t total_ = 0;
   bool allocated_ = false;
 };

@@ -199,9 +199,14 @@ void GradientSync::reduce_over_data() {
 
 void GradientSync::gather_params() {
   if (!sharded_) return;
-  if (model_.params().one_weight_copy()) return model_.params().publish_weights();  // the owners wrote the one copy
   Comm& data = mesh_.axis(Axis::Data);
   float* weights = model_.params().weights();
+  if (model_.params().one_weight_copy()) {
+    // The owners wrote their node's one copy; the blocks of the owners on other nodes come in
+    // between the nodes (nothing on one node), then every rank of the node sees them.
+    for (const ShardedRun& r : gather_runs_) data.node_copy_all_gather(weights + r.begin, r.counts);
+    return model_.params().publish_weights();
+  }
   for (const ShardedRun& r : gather_runs_) data.all_gatherv_in_place(weights + r.begin, r.counts);
 }
 

@@ -393,6 +393,15 @@ std::string memory_report(const Config& cfg, const MeshShape& mesh, const std::v
                   mean > 0 ? double(*std::max_element(b.begin(), b.end())) / mean : 1.0);
     o << line;
   }
+  // ParamStore::allocate's one copy of the weights per node (docs/ARCHITECTURE.md "Sharded
+  // optimizer state"): the rows above stay per rank, and so does the memory check (an upper bound).
+  if (sharded && cfg.run.shm_collectives && (cfg.moe.every <= 0 || cfg.moe.expert_axis != ExpertAxis::Data)) {
+    o << "weights: one copy per node for a stage's data ranks on it (optim.shard_state, no parameter split over "
+         "data, run.shm_collectives; the data axis on one node, or across nodes with the same number >= 2 of its "
+         "ranks on each), not one per data rank:";
+    for (const MemoryPlan& p : plans) o << " stage " << p.pipe_rank << " " << format_bytes(double(p.param_bytes));
+    o << " per node\n";
+  }
   if (node_bytes_per_rank > 0)
     for (const MemoryPlan& p : plans)
       if (double(p.total_bytes()) > node_bytes_per_rank)

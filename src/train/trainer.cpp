@@ -89,16 +89,22 @@ class Trainer {
     trained.data = &mesh.axis(Axis::Data);  // weights and gradients node-shared over data (ParamStore::allocate)
     trained.one_weight_copy = cfg_.optim.shard_state;
     model_ = std::make_unique<Transformer<float>>(cfg_, start.table(), trained);
-    if (mesh.rank() == 0 && mesh.extent(Axis::Data) > 1)
+    if (mesh.rank() == 0 && mesh.extent(Axis::Data) > 1) {
+      const ParamStore<float>& params = model_->params();
+      const bool across = mesh.axis(Axis::Data).hierarchical();
       std::printf("weights and gradients: %s\n",
-                  model_->params().one_weight_copy()
+                  params.one_weight_copy() && across
+                      ? "one copy of the weights per node over the data axis (optim.shard_state: the owners' updates "
+                        "all-gathered between the nodes' copies), gradients node-shared within each node "
+                        "(hierarchical sums: shared memory inside a node, MPI between nodes)"
+                  : params.one_weight_copy()
                       ? "one copy of the weights per node over the data axis (optim.shard_state: no all-gather), "
                         "gradients node-shared (the sums read them in place)"
-                  : !model_->params().node_shared() ? "private to each rank"
-                  : mesh.axis(Axis::Data).hierarchical()
-                      ? "node-shared within each node over the data axis (hierarchical sums: shared memory inside a "
-                        "node, MPI between nodes)"
-                      : "node-shared over the data axis (the sums read them in place)");
+                  : !params.node_shared() ? "private to each rank"
+                  : across ? "node-shared within each node over the data axis (hierarchical sums: shared memory inside "
+                             "a node, MPI between nodes)"
+                           : "node-shared over the data axis (the sums read them in place)");
+    }
     model_->set_loss_gradient_in_forward(true);
     if (cfg_.eval.bleu_every > 0) {
       // Decoding is host code (src/decode): on a device it decodes a host copy of the model,

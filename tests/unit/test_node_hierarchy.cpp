@@ -2,7 +2,9 @@
 // of every node's ranks in group order, then of the nodes in node order, bitwise against that
 // serial sum computed here from every rank's inputs; below the threshold MPI; rounds of a small
 // window, odd sizes, fewer elements than ranks; buffers in node-shared memory; the payload that
-// crosses nodes. Nodes are cut from this machine's ranks by the test hook (consecutive ranks), or
+// crosses nodes. One copy of the weights per node (optim.shard_state): the owners' blocks
+// all-gathered into every node's copy, and ParamStore's initialisation of it by each node's first
+// rank. Nodes are cut from this machine's ranks by the test hook (consecutive ranks), or
 // are real: tests/scripts/nodes_mesh.sh runs the "[nodes]" case on two fake nodes.
 #include <catch2/catch.hpp>
 #include <mpi.h>
@@ -18,6 +20,7 @@
 #include "core/philox.hpp"
 #include "mesh/mesh.hpp"
 #include "mesh/node_hierarchy.hpp"
+#include "model/params.hpp"
 
 using namespace meshmoe;
 
@@ -94,15 +97,87 @@ void check_sums(MpiComm& c, int nodes, int per_node, bool resident) {
     }
 }
 
+// One copy per node (node_shared_alloc_one) of a buffer of one block per rank, each rank writing
+// its own: after a fence a node's copy holds the blocks of its own ranks only (zero elsewhere: one
+// copy per node, not for the group), after node_copy_all_gather and a fence every block, bitwise,
+// on every rank; each rank sends its block to the N - 1 other nodes, in rounds of the small window.
+void check_node_copy(MpiComm& c, int nodes, int per_node) {
+  const int me = c.rank(), p = c.size();
+  NodeHierarchy* h = c.hierarchy();
+  REQUIRE(h != nullptr);
+  CHECK(c.node_rank() == me % per_node);
+  std::vector<size_t> counts(static_cast<size_t>(p)), begin(static_cast<size_t>(p), 0);
+  for (int r = 0; r < p; ++r) counts[size_t(r)] = r == 1 ? 0 : 700 + 37 * size_t(r);  // rank 1 owns nothing
+  for (int r = 1; r < p; ++r) begin[size_t(r)] = begin[size_t(r) - 1] + counts[size_t(r) - 1];
+  const size_t total = begin.back() + counts.back();
+  auto* buf = static_cast<float*>(c.node_shared_alloc_one(total * sizeof(float)));
+  REQUIRE(buf != nullptr);
+  for (size_t i = 0; i < counts[size_t(me)]; ++i) buf[begin[size_t(me)] + i] = value<float>(me, i, 5);
+  c.node_shared_fence();
+  auto blocks_equal = [&](bool only_my_node) {
+    bool ok = true;
+    for (int r = 0; r < p; ++r) {
+      const bool mine = r / per_node == me / per_node;
+      for (size_t i = 0; i < counts[size_t(r)]; ++i)
+        ok &= buf[begin[size_t(r)] + i] == (mine || !only_my_node ? value<float>(r, i, 5) : 0.0f);
+    }
+    return ok;
+  };
+  CHECK(blocks_equal(true));
+  c.node_shared_fence();  // every rank has looked before any block arrives
+  const size_t before = h->cross_node_bytes();
+  c.node_copy_all_gather(buf, counts);
+  c.node_shared_fence();
+  CHECK(blocks_equal(false));
+  CHECK(h->cross_node_bytes() - before == size_t(nodes - 1) * counts[size_t(me)] * sizeof(float));
+  c.node_shared_free(buf);
+}
+
+// A ParamStore with one copy of the weights per node over `c`: each node's first rank initialises
+// its node's copy, bitwise the private store's values on every rank.
+void check_store_one_copy(MpiComm& c, int per_node) {
+  auto entries = [](ParamStore<float>& s) {
+    s.add("a.w", {33, 17}, InitKind::TruncNormal, 33.0, nullptr);
+    s.add("b.g", {17}, InitKind::Ones, 1.0, nullptr);
+    s.add("c.w", {1029}, InitKind::TruncNormal, 7.0, nullptr);
+  };
+  ParamStore<float> shared, own;
+  entries(shared);
+  entries(own);
+  shared.allocate(&c, /*one_weight_copy=*/true);
+  own.allocate();
+  REQUIRE(shared.one_weight_copy());
+  CHECK(shared.writes_all_weights() == (c.rank() % per_node == 0));
+  shared.init(9, 1.0);
+  own.init(9, 1.0);
+  CHECK(std::vector<float>(shared.weights(), shared.weights() + shared.size()) ==
+        std::vector<float>(own.weights(), own.weights() + own.size()));
+}
+
+// Whether `p` ranks make nodes of 2 ranks (an even number >= 4); else the case is skipped.
+bool nodes_of_two(int p) {
+  if (p >= 4 && p % 2 == 0) return true;
+  WARN("skipped: needs an even number of ranks >= 4");
+  return false;
+}
+
 }  // namespace
+
+TEST_CASE("hier: one copy of the weights per node, the owners' blocks all-gathered between the nodes' copies",
+          "[comm][mpi][hier]") {
+  const int p = test::world_size();
+  if (!nodes_of_two(p)) return;
+  Mesh mesh(MPI_COMM_WORLD, 1, p, 1);
+  mesh.set_shm(small_window(2));
+  auto& data = static_cast<MpiComm&>(mesh.axis(Axis::Data));
+  check_node_copy(data, p / 2, 2);
+  check_store_one_copy(data, 2);
+}
 
 TEMPLATE_TEST_CASE("hier: all_reduce over nodes of 2 ranks sums each node, then the nodes, in order", "[comm][mpi][hier]",
                    float, double) {
   const int p = test::world_size();
-  if (p < 4 || p % 2 != 0) {
-    WARN("skipped: needs an even number of ranks >= 4");
-    return;
-  }
+  if (!nodes_of_two(p)) return;
   Mesh mesh(MPI_COMM_WORLD, 1, p, 1);
   mesh.set_shm(small_window(2));
   auto& data = static_cast<MpiComm&>(mesh.axis(Axis::Data));
@@ -148,4 +223,6 @@ TEST_CASE("hier: the nodes MPI sees", "[nodes]") {
   auto& data = static_cast<MpiComm&>(mesh.axis(Axis::Data));
   check_sums<float>(data, nodes, p / nodes, false);
   check_sums<double>(data, nodes, p / nodes, true);
+  check_node_copy(data, nodes, p / nodes);
+  check_store_one_copy(data, p / nodes);
 }
