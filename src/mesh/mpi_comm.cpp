@@ -183,11 +183,12 @@ void MpiComm::node_shared_fence() {
 
 void MpiComm::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
-// Every transfer starts with device_synchronize(): MPI reads and writes the buffers from the host
-// (tensor/device.hpp, transfer points), device memory through host copies (HostStaged: what MPI
-// reads is copied to the host first, what it writes is copied back after).
+// MPI reads and writes the buffers from the host (tensor/device.hpp, transfer points), device
+// memory through host copies (HostStaged: what MPI reads is copied to the host first, a copy that
+// waits for the queued work; what it writes is copied back after, queued in order with it). A
+// host buffer needs no wait: device work never writes host memory, so MPI on the host's values
+// (the step's sums, the stop decision, the log's timings) lets the device run on.
 void MpiComm::all_reduce_raw(void* buf_in, size_t n, DType t, Op op) {
-  device_synchronize();
   const int c = count(n, "all_reduce");  // the same limits on both paths
   HostStaged staged(buf_in, n * dtype_size(t), /*read=*/true);
   void* buf = staged.host();
@@ -205,7 +206,6 @@ void MpiComm::all_reduce_raw(void* buf_in, size_t n, DType t, Op op) {
 }
 
 void MpiComm::broadcast_raw(void* buf, size_t n, DType t, int root) {
-  device_synchronize();
   check_rank(root, "broadcast root");
   HostStaged staged(buf, n * dtype_size(t), /*read=*/rank_ == root);
   check(MPI_Bcast(staged.host(), count(n, "broadcast"), mpi_type(t), root, comm_), "MPI_Bcast");
@@ -213,7 +213,6 @@ void MpiComm::broadcast_raw(void* buf, size_t n, DType t, int root) {
 }
 
 void MpiComm::all_gather_raw(const void* send, size_t n, void* recv, DType t) {
-  device_synchronize();
   count(n * size_t(size_), "all_gather result");
   const int c = count(n, "all_gather");
   HostStaged in(send, n * dtype_size(t), true), out(recv, n * size_t(size_) * dtype_size(t), false);
@@ -222,7 +221,6 @@ void MpiComm::all_gather_raw(const void* send, size_t n, void* recv, DType t) {
 }
 
 void MpiComm::reduce_scatter_raw(const void* send, void* recv, size_t n, DType t, Op op) {
-  device_synchronize();
   count(n * size_t(size_), "reduce_scatter input");
   HostStaged in(send, n * size_t(size_) * dtype_size(t), true), out(recv, n * dtype_size(t), false);
   check(MPI_Reduce_scatter_block(in.host(), out.host(), count(n, "reduce_scatter"), mpi_type(t), mpi_op(op), comm_),
@@ -250,7 +248,6 @@ size_t MpiComm::total_bytes(const size_t* counts, DType t) const {
 }
 
 void MpiComm::reduce_scatterv_in_place_raw(void* buf_in, const size_t* counts, DType t, Op op) {
-  device_synchronize();
   std::vector<int> c, d;
   counts_and_displs(counts, "reduce_scatterv", c, d);  // the same limits on both paths
   HostStaged staged(buf_in, total_bytes(counts, t), /*read=*/true);
@@ -268,7 +265,6 @@ void MpiComm::reduce_scatterv_in_place_raw(void* buf_in, const size_t* counts, D
 }
 
 void MpiComm::all_gatherv_in_place_raw(void* buf_in, const size_t* counts, DType t) {
-  device_synchronize();
   std::vector<int> c, d;
   counts_and_displs(counts, "all_gatherv", c, d);
   HostStaged staged(buf_in, total_bytes(counts, t), /*read=*/true);
@@ -283,7 +279,6 @@ void MpiComm::all_gatherv_in_place_raw(void* buf_in, const size_t* counts, DType
 }
 
 void MpiComm::all_to_all_raw(const void* send, void* recv, size_t n, DType t) {
-  device_synchronize();
   count(n * size_t(size_), "all_to_all buffer");
   const int c = count(n, "all_to_all");
   const size_t bytes = n * size_t(size_) * dtype_size(t);
@@ -294,7 +289,6 @@ void MpiComm::all_to_all_raw(const void* send, void* recv, size_t n, DType t) {
 
 void MpiComm::all_to_allv_raw(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
                               DType t) {
-  device_synchronize();
   // Displacements are prefix sums of the counts; both must fit MPI's int.
   const size_t p = static_cast<size_t>(size_);
   std::vector<int> sc(p), sd(p), rc(p), rd(p);
@@ -318,7 +312,6 @@ void MpiComm::all_to_allv_raw(const void* send, const size_t* send_counts, void*
 
 // Device memory: the host copy lives until the reduction completes, then goes back (finish_reduces).
 void MpiComm::iall_reduce_raw(void* buf, size_t n, DType t, Op op) {
-  device_synchronize();
   const int c = count(n, "iall_reduce");
   staged_reduces_.emplace_back(buf, n * dtype_size(t), /*read=*/true);
   MPI_Request r;
@@ -358,7 +351,6 @@ std::vector<size_t> MpiComm::exchange_counts(std::span<const size_t> send_counts
 
 void MpiComm::permute_raw(const void* send, size_t n_send, int dest, void* recv, size_t n_recv, int source,
                           DType t) {
-  device_synchronize();
   check_rank(dest, "permute destination", /*allow_none=*/true);
   check_rank(source, "permute source", /*allow_none=*/true);
   const int d = dest == kNoRank ? MPI_PROC_NULL : dest, s = source == kNoRank ? MPI_PROC_NULL : source;
@@ -380,14 +372,12 @@ void MpiComm::permute_raw(const void* send, size_t n_send, int dest, void* recv,
 }
 
 void MpiComm::send_raw(const void* buf, size_t n, DType t, int dest, int tag) {
-  device_synchronize();
   check_rank(dest, "send destination");
   HostStaged in(buf, n * dtype_size(t), true);
   check(MPI_Send(in.host(), count(n, "send"), mpi_type(t), dest, tag, comm_), "MPI_Send");
 }
 
 void MpiComm::recv_raw(void* buf, size_t n, DType t, int source, int tag) {
-  device_synchronize();
   check_rank(source, "receive source");
   MPI_Status st;
   HostStaged out(buf, n * dtype_size(t), false);
@@ -401,7 +391,6 @@ void MpiComm::recv_raw(void* buf, size_t n, DType t, int source, int tag) {
 }
 
 void MpiComm::isend_raw(const void* buf, size_t n, DType t, int dest, int tag) {
-  device_synchronize();
   check_rank(dest, "send destination");
   const int c = count(n, "isend");
   staged_sends_.emplace_back(buf, n * dtype_size(t), /*read=*/true);  // lives until wait_sends

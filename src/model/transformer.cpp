@@ -302,11 +302,19 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
 template <typename T>
 const std::string& Transformer<T>::first_nonfinite() const {
   if (!finite_resolved_) {
-    std::vector<int32_t> host;  // a transfer point: the host reads the scans' flags (the first copy waits)
-    for (size_t i = 0; i < finite_scans_used_ && first_nonfinite_.empty(); ++i) {
-      const std::span<const int32_t> flags = host_view(finite_scans_[i].flags, host);
-      if (std::find(flags.begin(), flags.end(), 1) != flags.end()) first_nonfinite_ = finite_scans_[i].where;
-    }
+    // A transfer point: the host reads the scans' flags, gathered first into one Buffer (on a
+    // device by queued copies), so that the host waits once a forward, not once a scan.
+    std::vector<ptrdiff_t> first(finite_scans_used_ + 1, 0);
+    for (size_t i = 0; i < finite_scans_used_; ++i) first[i + 1] = first[i] + ptrdiff_t(finite_scans_[i].flags.size());
+    Buffer<int32_t> all;
+    all.resize_to_overwrite(size_t(first.back()));
+    for (size_t i = 0; i < finite_scans_used_; ++i)
+      copy_buffer_bytes(all.data() + first[i], finite_scans_[i].flags.data(), finite_scans_[i].flags.size() * sizeof(int32_t));
+    std::vector<int32_t> host;
+    const std::span<const int32_t> flags = host_view(all, host);
+    for (size_t i = 0; i < finite_scans_used_ && first_nonfinite_.empty(); ++i)
+      if (std::find(flags.begin() + first[i], flags.begin() + first[i + 1], 1) != flags.begin() + first[i + 1])
+        first_nonfinite_ = finite_scans_[i].where;
     finite_resolved_ = true;
   }
   return first_nonfinite_;

@@ -1,6 +1,6 @@
 // The CUDA side of tensor/device.hpp: the GPU's device backend (device memory, its copies and
-// waits), GPU binding, cuBLAS GEMM; everything on the rank's stream (cuda_stream()), returning
-// without waiting (device_synchronize waits).
+// waits), GPU binding, cuBLAS GEMM; everything on the rank's non-blocking stream (cuda_stream()),
+// returning without waiting (device_synchronize waits).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -21,6 +21,7 @@ namespace meshmoe {
 namespace {
 cublasHandle_t g_cublas = nullptr;
 int g_gpu = -1;
+cudaStream_t g_stream = nullptr;  // cuda_stream(); never destroyed (the process's lifetime)
 
 const char* cublas_status_name(cublasStatus_t s) {
   switch (s) {
@@ -55,6 +56,12 @@ void check_cublas(cublasStatus_t s, const char* what) {
 
 void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+cudaStream_t cuda_stream() {
+  if (!g_stream)
+    cuda_check(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (the rank's stream)");
+  return g_stream;
 }
 
 bool cuda_compiled() { return true; }
@@ -125,7 +132,7 @@ PinnedStaging& staging() {
 
 void cuda_wait() {
   if (g_gpu < 0) return;
-  cuda_check(cudaDeviceSynchronize(), "device work (kernels, GEMMs, copies)");
+  cuda_check(cudaStreamSynchronize(cuda_stream()), "device work (kernels, GEMMs, copies, collectives)");
   if (g_staging) g_staging->ring.all_done();
   if (cuda_profiling()) cuda_profile_collect();
 }
@@ -143,17 +150,29 @@ void cuda_copy_async(void* dst, const void* src, size_t bytes) {
   profiled(copy, [] { return "cudaMemcpyAsync (Buffers' copies)"; });
 }
 
-// The transfer points' copies (tensor/device.hpp), on the legacy default stream that cuda_stream()
-// is, so in order with the queued work: the host waits for a copy to the host (cudaMemcpy); a copy
-// from the host has taken the host's bytes when it returns (into pinned staging, or cudaMemcpy).
+// The transfer points' copies (tensor/device.hpp), on the rank's stream, so in order with the
+// queued work (a synchronous cudaMemcpy would run on the legacy stream, unordered with it): the
+// host waits for a copy to the host; a copy from the host has taken the host's bytes when it
+// returns (into pinned staging, or, larger than the ring, the stream's wait after the copy: rare,
+// a checkpoint's large tensors).
 void cuda_copy_to_host(void* host, const void* device, size_t bytes) {
-  profiled([&] { cuda_check(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (to the host)"); },
-           [] { return "cudaMemcpy (to the host)"; });
+  profiled(
+      [&] {
+        cuda_check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, cuda_stream()),
+                   "cudaMemcpyAsync (to the host)");
+      },
+      [] { return "cudaMemcpyAsync (to the host)"; });
+  cuda_check(cudaStreamSynchronize(cuda_stream()), "cudaStreamSynchronize (a copy to the host)");
 }
 void cuda_copy_from_host(void* device, const void* host, size_t bytes) {
   if (bytes > kStagingBytes) {
-    profiled([&] { cuda_check(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (from the host)"); },
-             [] { return "cudaMemcpy (from the host)"; });
+    profiled(
+        [&] {
+          cuda_check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, cuda_stream()),
+                     "cudaMemcpyAsync (from the host, pageable)");
+        },
+        [] { return "cudaMemcpyAsync (from the host, pageable)"; });
+    cuda_check(cudaStreamSynchronize(cuda_stream()), "cudaStreamSynchronize (a large copy from the host)");
     return;
   }
   PinnedStaging& s = staging();

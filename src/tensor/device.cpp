@@ -48,6 +48,7 @@ void set_device(Device d) {
 namespace {
 bool g_work_queued = false;
 size_t g_waits = 0;  // device_synchronize calls that found work queued
+HostWaits g_host_waits;
 
 // Queues the pending value-initialisation zeroes (tensor/device.hpp) ahead of what comes next.
 void queue_pending_zero() {
@@ -77,10 +78,12 @@ void device_synchronize() {
   if (!g_work_queued) return;
   g_work_queued = false;
   ++g_waits;
+  ++g_host_waits.synchronize;
   device_backend().wait();
 }
 
 size_t device_waits() { return g_waits; }
+HostWaits host_waits() { return g_host_waits; }
 
 HostSection::HostSection() : saved_(g_device_backend) {
   device_synchronize();
@@ -96,7 +99,11 @@ void copy_buffer_bytes(void* dst, const void* src, size_t bytes) {
 
 void copy_to_host(void* host, const void* device, size_t bytes) {
   if (bytes == 0) return;
-  if (buffers_on_device()) device_synchronize();
+  if (!buffers_on_device()) return device_backend().copy_to_host(host, device, bytes);
+  ++g_host_waits.copies;
+  const size_t others = g_host_waits.synchronize;
+  device_synchronize();
+  g_host_waits.synchronize = others;  // its wait is the copy's
   device_backend().copy_to_host(host, device, bytes);
 }
 

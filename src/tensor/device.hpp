@@ -49,6 +49,19 @@ void device_synchronize();
 void before_device_work();
 size_t device_waits();  // Tests only: device_synchronize() calls that found work queued
 
+// The host's waits for the device (docs/ARCHITECTURE.md "Device work and transfer points"), counted
+// where Buffers live on a device (the GPU, the deferred host device; never on the host path): each
+// copy to the host (copy_to_host: a round trip to the device, its wait for the queued work
+// included) and each other device_synchronize() that found work queued. The trainer reports them
+// per step (MESHMOE_TEST_HOST_WAITS); the tests bound them.
+struct HostWaits {
+  size_t synchronize = 0;  // device_synchronize() outside the copies, with work queued
+  size_t copies = 0;       // copy_to_host of device memory
+  size_t total() const { return synchronize + copies; }
+  HostWaits operator-(const HostWaits& o) const { return {synchronize - o.synchronize, copies - o.copies}; }
+};
+HostWaits host_waits();
+
 // Whether Buffers allocated now are device memory, never touched by the host between transfer
 // points (run.device = "cuda", or the deferred host device).
 inline bool buffers_on_device() { return device_backend().buffers_on_device; }

@@ -193,6 +193,7 @@ class Trainer {
         progress_.eval_pending = false;
       }
       for (int64_t step = first; step <= steps; ++step) {
+        const HostWaits waits_before = host_waits();
         if (const int why = stop_requested()) return checkpoints_->stop(step - 1, why);
         const StepStats s = train_step(step);
         if (step == first) cuda_profile_restart();  // MESHMOE_DEVICE_PROFILE: the steps after start-up
@@ -205,6 +206,7 @@ class Trainer {
           clock_->start_interval(wall_seconds());
           interval_tokens = 0;
         }
+        report_host_waits(step, host_waits() - waits_before);
         if (progress_.bad_steps >= cfg_.run.max_bad_steps) {
           if (mesh_.rank() == 0)
             std::fprintf(stderr,
@@ -242,6 +244,15 @@ class Trainer {
   }
 
  private:
+  // MESHMOE_TEST_HOST_WAITS (tests only): this rank's waits for the device in the step (HostWaits,
+  // tensor/device.hpp), from its boundary through its update and its logged line.
+  void report_host_waits(int64_t step, const HostWaits& w) const {
+    static const bool on = std::getenv("MESHMOE_TEST_HOST_WAITS") != nullptr;
+    if (!on) return;
+    std::fprintf(stderr, "meshmoe: host waits: rank %d step %lld: %zu (%zu copies to the host, %zu other waits)\n",
+                 mesh_.rank(), (long long)step, w.total(), w.copies, w.synchronize);
+  }
+
   // At a step boundary all ranks agree whether to stop: a signal on any rank (1) or the wall-time
   // limit run.max_walltime (2).
   int stop_requested() {

@@ -27,6 +27,7 @@
 #include "../test_util.hpp"
 #include "../support/model_support.hpp"
 #include "core/timers.hpp"
+#include "mesh/mpi_comm.hpp"
 #include "model/transformer.hpp"
 #include "tensor/bf16.hpp"
 #include "tensor/blas.hpp"
@@ -241,7 +242,9 @@ TEST_CASE("device: a forward waits for the device as often with 6 layers as with
     device_synchronize();
     const size_t before = device_waits();
     model.forward(ctx, mb, w);
+    const HostWaits before_scans = host_waits();
     CHECK(model.first_nonfinite().empty());
+    CHECK((host_waits() - before_scans).copies == 1);  // every part's flags in one copy
     waits.push_back(device_waits() - before);
     model.inject_nan_next_forward();
     model.forward(ctx, mb, w);
@@ -824,6 +827,51 @@ TEST_CASE("device: MPI's host copies of device memory (HostStaged)", "[device][d
   h[1] = 20.0f;  // what MPI would write
   staged.write_back();
   CHECK(download_one(b, 1) == 20.0f);
+}
+
+TEST_CASE("device: host waits count every copy to the host and every other wait with work queued", "[device][deferred]") {
+  // HostWaits (tensor/device.hpp): a copy to the host is one wait (its wait for the queued work
+  // included), a device_synchronize() is one where work was queued; the host path counts none.
+  std::vector<float> host(4);
+  Buffer<float> plain(4);
+  HostWaits w0 = host_waits();
+  copy_to_host(host.data(), plain.data(), 4 * sizeof(float));
+  device_synchronize();
+  CHECK((host_waits() - w0).total() == 0);
+  test::DeferredHostDevice guard(DeviceAccess::Copies);
+  Buffer<float> b(4);  // its zeroes are owed: work queued
+  w0 = host_waits();
+  device_synchronize();
+  device_synchronize();  // nothing queued since
+  CHECK((host_waits() - w0).synchronize == 1);
+  CHECK((host_waits() - w0).copies == 0);
+  fill_with(b.data(), 4, 2.f);
+  copy_to_host(host.data(), b.data(), 4 * sizeof(float));  // waits for the fill: one wait, the copy's
+  copy_to_host(host.data(), b.data(), 4 * sizeof(float));  // nothing queued: still a round trip
+  CHECK((host_waits() - w0).synchronize == 1);
+  CHECK((host_waits() - w0).copies == 2);
+  CHECK(host[3] == 2.f);
+}
+
+TEST_CASE("device: MPI on host values does not wait for the device; on device memory its copy waits", "[device][deferred][mpi]") {
+  // MpiComm (mesh/mpi_comm.cpp): device work never writes host memory, so a collective on the
+  // host's values (the step's sums, the stop decision) leaves the queued work queued; device
+  // memory goes through HostStaged, whose copy to the host waits.
+  MPI_Comm self;
+  MPI_Comm_dup(MPI_COMM_SELF, &self);
+  MpiComm comm(self, "self");
+  test::DeferredHostDevice guard(DeviceAccess::Copies);
+  Buffer<double> b(3);
+  fill_with(b.data(), 3, 1.5);
+  std::vector<double> sums{1, 2};
+  const HostWaits w0 = host_waits();
+  comm.all_reduce(sums.data(), sums.size(), Op::Sum);
+  CHECK((host_waits() - w0).total() == 0);
+  CHECK(deferred_host_work_queued() > 0);
+  comm.all_reduce(b.data(), b.size(), Op::Sum);
+  CHECK((host_waits() - w0).copies == 1);
+  CHECK((host_waits() - w0).synchronize == 0);
+  CHECK(download(b) == std::vector<double>{1.5, 1.5, 1.5});
 }
 
 TEST_CASE("device: a HostSection computes on the host while the device's Buffers stay put", "[device][deferred]") {

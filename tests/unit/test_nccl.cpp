@@ -45,6 +45,9 @@ struct DeviceBuf {
     REQUIRE(cudaMalloc(&raw, (n ? n : 1) * sizeof(T)) == cudaSuccess);
     p = static_cast<T*>(raw);
     if (n) REQUIRE(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+    // The legacy stream's copy may still be on its way to p when cudaMemcpy returns, and the NCCL
+    // stream (non-blocking) is not ordered after it.
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   }
   ~DeviceBuf() { cudaFree(p); }
   std::vector<T> get(Comm& c) const {
