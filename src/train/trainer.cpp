@@ -220,9 +220,16 @@ class Trainer {
             progress_.eval_pending = true;  // recorded in the checkpoint: the resumed run evaluates this step first
             return checkpoints_->stop(step, why);
           }
-        if (((cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0) || (step == steps && cfg_.checkpoint.at_end)) &&
-            !checkpoints_->save(step))
-          return kExitFailure;
+        if ((cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0) || (step == steps && cfg_.checkpoint.at_end)) {
+          const double begin = wall_seconds();
+          // Test hook (tests/scripts/ckpt_clock.sh): MESHMOE_TEST_CHECKPOINT_SLEEP seconds of sleep
+          // in each checkpoint's write, so that its time out of tok/s is seen.
+          if (const char* sleep = std::getenv("MESHMOE_TEST_CHECKPOINT_SLEEP"))
+            std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(sleep)));
+          const bool saved = checkpoints_->save(step);
+          clock_->add_checkpoint(wall_seconds() - begin);
+          if (!saved) return kExitFailure;
+        }
       }
     } catch (const InputError&) {
       checkpoints_->save_before_failure(done);
