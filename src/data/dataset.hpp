@@ -64,6 +64,10 @@ struct DatasetInfo {
   std::string created_by, root;
   std::string direction;  // prep gettext: "xx-en" or "en-xx" (which side is the source); empty otherwise
   std::string spm_model;  // serialized SentencePiece model; empty for the byte tokenizer
+  // What Dataset::open holds of each split (DataSplit: the tokens at 2 or 4 bytes and loss_mask at 1
+  // per token, doc_offsets at 8 and lang at 4 per example), from the datasets' shapes; 0 for a
+  // split the file lacks. The memory plan counts them (run/memory.hpp).
+  int64_t train_bytes = 0, valid_bytes = 0, train_examples = 0;
 
   Tokenizer tokenizer_object() const { return Tokenizer(languages, spm_model); }
 };

@@ -88,6 +88,19 @@ h5::File open_dataset_file(const std::string& path, const std::string& split) {
   return f;
 }
 
+// The bytes DataSplit holds of `split` once read (Dataset::open), from the datasets' sizes.
+int64_t split_memory_bytes(h5::File& f, const std::string& split) {
+  // The element sizes Dataset::open reads into: uint16 or uint32 tokens, uint8, int64, int32.
+  const std::pair<const char*, int64_t> parts[] = {{"/tokens", 0}, {"/loss_mask", 1}, {"/doc_offsets", 8}, {"/lang", 4}};
+  int64_t bytes = 0;
+  for (const auto& [part, size] : parts)
+    if (f.is_dataset(split + part)) {
+      const h5::Dataset d = f.dataset(split + part);
+      bytes += d.size() * (size > 0 ? size : d.type_size() == 4 ? 4 : 2);
+    }
+  return bytes;
+}
+
 // The attributes and language table of an opened dataset file (h5 errors propagate).
 DatasetInfo read_dataset_info(h5::File& f) {
   DatasetInfo info;
@@ -117,6 +130,9 @@ DatasetInfo read_dataset_info(h5::File& f) {
     const std::vector<uint8_t> model = f.read<uint8_t>("tokenizer/spm_model");
     info.spm_model.assign(model.begin(), model.end());
   }
+  info.train_bytes = split_memory_bytes(f, "train");
+  info.valid_bytes = split_memory_bytes(f, "valid");
+  if (f.is_dataset("train/lang")) info.train_examples = f.dataset("train/lang").size();
   return info;
 }
 

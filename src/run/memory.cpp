@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <numeric>
 #include <sstream>
@@ -16,6 +18,7 @@
 #include "model/transformer.hpp"
 #include "parallel/pipeline_schedule.hpp"
 #include "parallel/state_shards.hpp"
+#include "run/decode_bytes.hpp"
 #include "run/memory_limit.hpp"
 
 namespace meshmoe {
@@ -273,6 +276,48 @@ MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int 
 }
 
 namespace {
+// The runtime of one rank (MPI, OpenBLAS, HDF5, the executable and its heap), measured with the
+// trainer's peak-Pss line (Trainer::run) on the build machine (Debian 12's Open MPI, OpenBLAS and
+// HDF5): `meshmoe train` of a model of 6.6K parameters on a 160 KB data set (2 steps, one BLAS
+// thread; the "runtime-1" run of tests/scripts/memory_measured.sh) peaked at 28.5 MiB of Pss on one
+// rank, 18-20 MiB per rank on 2 ranks and 14-16.5 MiB on 4: about 10 MiB private and 18 MiB of
+// shared pages (the libraries, Open MPI's shared-memory segments) that Pss divides among the node's
+// ranks. The baseline is the one-rank figure, a rank alone on its node: on a node of n ranks the
+// plan counts up to 18 (n - 1) / n MiB per rank more than they use. Other runs of the same deck
+// peaked at 15.7 MiB (the build machine's kernel) and 18.0 MiB (OPENBLAS_CORETYPE=Haswell): the
+// baseline is the largest figure seen.
+constexpr size_t kRuntimeBaseline = size_t(28) << 20;
+// Each BLAS thread beyond the first (run.threads, OPENBLAS_NUM_THREADS): its GEMM packing buffers and
+// stack. run.threads = 2 raised the peak Pss of inputs/m4-switch-tiny.toml on one rank by 9.5 MiB
+// (4 threads, of which the 2-core machine ran 2 at once: by 9.9 MiB).
+constexpr size_t kBlasThreadBuffer = size_t(10) << 20;
+}  // namespace
+
+size_t runtime_memory_bytes(int blas_threads) {
+  return kRuntimeBaseline + size_t(std::max(blas_threads, 1) - 1) * kBlasThreadBuffer;
+}
+
+void add_process_memory(const Config& cfg, int vocab, size_t dataset_bytes, MemoryPlan& plan) {
+  if (cfg.run.device != Device::Cpu) return;  // the plan counts the GPU's memory, these are the host's
+  int threads = int(cfg.run.threads);
+  if (threads <= 0) {  // apply_run_threads's rule (tensor/host_threads.hpp)
+    const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+    threads = env && std::atoi(env) > 0 ? std::atoi(env) : 1;
+  }
+  plan.dataset_bytes = dataset_bytes;
+  plan.runtime_bytes = runtime_memory_bytes(threads);
+  plan.decoder_bytes = cfg.eval.bleu_every > 0 ? size_t(decode_memory_bytes(cfg, vocab, bleu_eval_shape(cfg))) : 0;
+}
+
+double pss_bytes() {
+  std::ifstream f("/proc/self/smaps_rollup");
+  std::string line;  // the first line names the address range, then "Pss:   1234 kB"
+  while (std::getline(f, line))
+    if (line.rfind("Pss:", 0) == 0) return std::strtod(line.c_str() + 4, nullptr) * 1024.0;
+  return 0;
+}
+
+namespace {
 // v in the largest of the 5 units (steps of `step`) that keeps it >= 1: "%.0f" in the first unit,
 // "%.2f" after, then `sep` and the unit's name.
 std::string format_scaled(double v, double step, const char* const (&units)[5], const char* sep) {
@@ -375,6 +420,12 @@ std::string memory_report(const Config& cfg, const MeshShape& mesh, const std::v
   row("micro-batches in flight", [&](const MemoryPlan& p) { return num(p.in_flight); });
   row("pipeline buffers", [&](const MemoryPlan& p) { return num(p.pipeline_bytes); });
   row("parked activations", [&](const MemoryPlan& p) { return num(p.stash_bytes); });
+  if (cfg.run.device == Device::Cpu) {  // add_process_memory
+    row("model total", [&](const MemoryPlan& p) { return num(p.model_bytes()); });
+    row("dataset in memory", [&](const MemoryPlan& p) { return num(p.dataset_bytes); });
+    row("runtime (MPI, BLAS, HDF5)", [&](const MemoryPlan& p) { return num(p.runtime_bytes); });
+    if (cfg.eval.bleu_every > 0) row("decoder caches (BLEU)", [&](const MemoryPlan& p) { return num(p.decoder_bytes); });
+  }
   row("total", [&](const MemoryPlan& p) { return num(p.total_bytes()); });
   row("total", [&](const MemoryPlan& p) { return format_bytes(double(p.total_bytes())); });
   o << "bytes sent per rank per step (ring all-reduce 2(n-1)/n, all-to-all (n-1)/n):\n";

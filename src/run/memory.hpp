@@ -44,9 +44,16 @@ struct MemoryPlan {
   size_t stash_bytes = 0;        // recompute = none: the saved activations of the in_flight - 1
                                  // micro-batches parked while the layers hold another one
   std::vector<std::pair<std::string, size_t>> activation_parts;  // breakdown of activation_bytes
-  size_t total_bytes() const {
+  // Beyond the model (add_process_memory): the dataset this rank holds in memory, the runtime (MPI,
+  // OpenBLAS, HDF5, the executable: runtime_memory_bytes) and the decoder's caches of the
+  // translation scores during training (eval.bleu_every: decode_memory_bytes of bleu_eval_shape).
+  size_t dataset_bytes = 0;
+  size_t runtime_bytes = 0;
+  size_t decoder_bytes = 0;
+  size_t model_bytes() const {
     return param_bytes + grad_bytes + optim_bytes + activation_bytes + workspace_bytes + pipeline_bytes + stash_bytes;
   }
+  size_t total_bytes() const { return model_bytes() + dataset_bytes + runtime_bytes + decoder_bytes; }
 
   // bytes this rank sends per optimizer step on each axis (ring all-reduce: 2 (n-1)/n x the buffer;
   // all-to-all: (n-1)/n x the buffer)
@@ -77,6 +84,25 @@ MemoryPlan plan_memory(const Config& cfg, const ShapeTable& table, const ModelCo
 // Throws InputError when the deck does not split over the mesh.
 MemoryPlan plan_memory(const Config& cfg, int vocab, const MeshShape& mesh, int pipe_rank, int data_rank,
                        int tensor_rank);
+
+// The memory of a rank beyond its model's tensors (docs/user-guide.md "Memory check"): the runtime,
+// a baseline measured once as the proportional set size (Pss) of a rank that has initialised MPI,
+// OpenBLAS and HDF5 and holds no model or data, plus OpenBLAS's per-thread GEMM buffers for
+// `blas_threads`; see the derivation at kRuntimeBaseline in memory.cpp.
+size_t runtime_memory_bytes(int blas_threads);
+
+// Fills plan.dataset_bytes (`dataset_bytes`: what the loader holds for the run, Dataset::open's splits
+// and the batcher's order; data/dataset.hpp DatasetInfo::train_bytes), plan.runtime_bytes
+// (runtime_memory_bytes of the run's BLAS threads, run.threads or OPENBLAS_NUM_THREADS) and, with
+// eval.bleu_every > 0, plan.decoder_bytes (decode/decode_memory.hpp, vocabulary `vocab`). Nothing
+// with run.device = "cuda": that plan counts the GPU's memory, and these live in the host's.
+void add_process_memory(const Config& cfg, int vocab, size_t dataset_bytes, MemoryPlan& plan);
+
+// This process's proportional set size (Pss of /proc/self/smaps_rollup, bytes): its private pages
+// plus its share of each page mapped by n processes (shared libraries, node-shared windows, MPI's
+// shared-memory segments) counted 1/n, so that the ranks of a node sum to the node's memory. 0 when
+// the kernel has no smaps_rollup (Linux before 4.14) or it cannot be read.
+double pss_bytes();
 
 // Human-readable byte count: "1.50 MiB".
 std::string format_bytes(double bytes);

@@ -188,6 +188,26 @@ void check_memory_plan(const Config& cfg, const MemoryPlan& stage_plan, MPI_Comm
                     world);
 }
 
+std::string measured_memory_line(double peak_pss, double planned, MPI_Comm world) {
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &ranks);
+  const double mine[2] = {peak_pss, planned};
+  std::vector<double> all(2 * size_t(ranks));
+  MPI_Gather(mine, 2, MPI_DOUBLE, all.data(), 2, MPI_DOUBLE, 0, world);
+  if (rank != 0) return "";
+  std::string line = "memory measured (peak Pss per rank):";
+  char buf[128];
+  for (int r = 0; r < ranks; ++r) {
+    const double pss = all[2 * size_t(r)], plan = all[2 * size_t(r) + 1];
+    std::snprintf(buf, sizeof buf, "%s rank %d %.1f MiB (plan %.1f MiB, %+.1f%%)", r ? ";" : "", r, pss / 1048576.0,
+                  plan / 1048576.0, pss > 0 ? 100.0 * (plan - pss) / pss : 0.0);
+    line += buf;
+  }
+  if (all[0] <= 0) line += " (no /proc/self/smaps_rollup: not measured)";
+  return line + "\n";
+}
+
 NodeShare node_share(const std::string& max_memory, MPI_Comm world) {
   int rank = 0;
   MPI_Comm_rank(world, &rank);

@@ -54,6 +54,12 @@ void check_node_memory(double bytes_here, const std::string& what, const std::st
 // "cuda", whose tensors live in GPU memory.
 void check_memory_plan(const Config& cfg, const MemoryPlan& stage_plan, MPI_Comm world);
 
+// Collective over `world`: the line the trainer logs at the end of a run on rank 0 ("" elsewhere),
+// each rank's measured peak Pss (`peak_pss`, pss_bytes() sampled where memory peaks, Trainer) against
+// its plan (`planned`, MemoryPlan::total_bytes), in MiB, and the plan's error as a percentage of
+// the measured: "memory measured (peak Pss per rank): rank 0 512.3 MiB (plan 498.2 MiB, -2.8%); rank 1 ...".
+std::string measured_memory_line(double peak_pss, double planned, MPI_Comm world);
+
 // Collective over `world`: the memory available to each rank of the tightest node (the smallest
 // available_memory(max_memory) of a node's ranks, shared by them; 0 when unknown), how many ranks
 // that node holds and where its figure came from. An unparsable max_memory counts as unknown (the

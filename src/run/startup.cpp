@@ -46,16 +46,22 @@ void Startup::plan_stages(MPI_Comm world, bool mine) {
   const Config& cfg = *cfg_;
   int rank = 0;
   MPI_Comm_rank(world, &rank);
-  // Only the dataset's attributes: its tokens are loaded after the memory check.
+  // Only the dataset's attributes and sizes: its tokens are loaded after the memory check. Every
+  // rank holds the whole train and valid splits and the batcher's order of the train examples
+  // (4 bytes each, data/batcher.hpp).
   vocab_ = int(cfg.model.vocab_size);
-  if (vocab_ == 0 && rank == 0) {
+  int64_t dataset_bytes = 0;
+  if (rank == 0) {
     try {
-      vocab_ = int(Dataset::read_info(cfg.data.path).vocab_size);
+      const DatasetInfo info = Dataset::read_info(cfg.data.path);
+      if (vocab_ == 0) vocab_ = int(info.vocab_size);
+      dataset_bytes = info.train_bytes + info.valid_bytes + info.train_examples * int64_t(sizeof(uint32_t));
     } catch (const std::exception& e) {
-      no_vocab_ = e.what();
+      if (vocab_ == 0) no_vocab_ = e.what();  // with model.vocab_size a plan without data counts none
     }
   }
   MPI_Bcast(&vocab_, 1, MPI_INT, 0, world);
+  MPI_Bcast(&dataset_bytes, 1, MPI_INT64_T, 0, world);
   if (vocab_ <= 0) return;
   checked_.emplace(cfg, vocab_, mesh_, true);
   for (int p = 0; p < mesh_.pipe; ++p) {
@@ -63,6 +69,7 @@ void Startup::plan_stages(MPI_Comm world, bool mine) {
     ShapeTable table(*checked_, place);
     if (p == 0) counts_ = model_counts(cfg, table);
     stage_plans_.push_back(plan_memory(cfg, table, counts_));
+    add_process_memory(cfg, vocab_, size_t(dataset_bytes), stage_plans_.back());
     if (mine && me_.pipe == p && me_.data == 0 && me_.tensor == 0) {
       placement_ = place;
       table_.emplace(std::move(table));
@@ -73,6 +80,7 @@ void Startup::plan_stages(MPI_Comm world, bool mine) {
     placement_ = placement_at(cfg, mesh_, me_);
     table_.emplace(*checked_, placement_);
     plan_ = plan_memory(cfg, *table_, counts_);
+    add_process_memory(cfg, vocab_, size_t(dataset_bytes), *plan_);
   }
 }
 
@@ -115,8 +123,10 @@ std::string Startup::memory_report(MPI_Comm world, const NodeShare* planned) con
   std::vector<std::vector<MemoryPlan>> stages;
   for (int p = 0; p < mesh_.pipe; ++p) {
     std::vector<MemoryPlan>& plans = stages.emplace_back(1, stage_plans_[size_t(p)]);
-    for (int d = 1; cfg.optim.shard_state && d < mesh_.data; ++d)
+    for (int d = 1; cfg.optim.shard_state && d < mesh_.data; ++d) {
       plans.push_back(plan_memory(cfg, ShapeTable(*checked_, placement_at(cfg, mesh_, RankCoords{p, d, 0})), counts_));
+      add_process_memory(cfg, vocab_, stage_plans_[size_t(p)].dataset_bytes, plans.back());
+    }
   }
   std::string text = meshmoe::memory_report(cfg, mesh_, stages, share.per_rank);
   if (share.per_rank > 0) {

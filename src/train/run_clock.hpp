@@ -1,6 +1,6 @@
 // The clock behind the step line's tok/s, MFU and ETA (docs/user-guide.md "Training"): evaluations
-// (validation and translation scores) are timed apart, so that the logging interval's throughput
-// counts training time only and the ETA adds the evaluations still to come.
+// (validation and translation scores) and checkpoint writes are timed apart, so that the logging
+// interval's throughput counts training time only and the ETA adds the evaluations still to come.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -30,8 +30,12 @@ class RunClock {
     interval_eval_seconds_ += seconds;
   }
 
+  // A checkpoint's write took `seconds`: out of the interval's tokens/s like an evaluation; the ETA
+  // keeps it in the training seconds per step, as checkpoints recur with the steps.
+  void add_checkpoint(double seconds) { interval_eval_seconds_ += seconds; }
+
   // Training tokens per second over the interval begun at the last start_interval (or the
-  // clock's start), evaluations left out.
+  // clock's start), evaluations and checkpoint writes left out.
   double interval_tokens_per_s(double now, int64_t tokens) const {
     return double(tokens) / std::max(now - interval_start_ - interval_eval_seconds_, 1e-9);
   }
@@ -56,7 +60,7 @@ class RunClock {
 
  private:
   double start_, interval_start_;
-  double interval_eval_seconds_ = 0;
+  double interval_eval_seconds_ = 0;  // evaluations and checkpoint writes of the interval
   double eval_seconds_[2] = {0, 0};
   int64_t evals_[2] = {0, 0};
 };

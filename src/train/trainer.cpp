@@ -25,6 +25,7 @@
 #include "tensor/gemm_rate.hpp"
 #include "tensor/host_threads.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "decode/decode_memory.hpp"
 #include "train/evaluate.hpp"
 #include "optim/grad_clip.hpp"
 #include "tensor/device.hpp"
@@ -77,7 +78,7 @@ class Trainer {
     install_stop_signal_handlers();
     // On the GPU the arena takes this rank's planned bytes in one piece before the model allocates
     // (docs/ARCHITECTURE.md "Device memory"); nothing on the host.
-    if (cfg_.run.device == Device::Cuda) reserve_buffer_memory(start.plan().total_bytes());
+    if (cfg_.run.device == Device::Cuda) reserve_buffer_memory(start.plan().model_bytes());
     if (cfg_.eval.bleu_every > 0) {  // every rank holds the same pairs (a data error throws on all alike)
       tokenizer_ = valid_.info().tokenizer_object();
       const int64_t n = cfg_.eval.bleu_examples > 0 ? cfg_.eval.bleu_examples : cfg_.eval.examples_per_language;
@@ -144,6 +145,7 @@ class Trainer {
                                                     model_->params(), *optimizer_, *batcher_, progress_);
     checkpoints_->add_model_state(selection_bias_state(*model_));
     flops_per_token_ = start.plan().flops_per_token;
+    planned_bytes_ = double(start.plan().total_bytes());
     params_ = {.total = start.plan().params_total, .activated = start.plan().params_activated};
     // The sgemm ceiling with the run's BLAS threads (applied above), measured by every rank at once so
     // that the ranks of a node share its cores as they do in a step; the mesh's ceiling is the sum.
@@ -197,6 +199,11 @@ class Trainer {
         if (const int why = stop_requested()) return checkpoints_->stop(step - 1, why);
         const StepStats s = train_step(step);
         if (step == first) cuda_profile_restart();  // MESHMOE_DEVICE_PROFILE: the steps after start-up
+        // The kernel keeps no peak of Pss (VmHWM counts shared pages whole on every rank): it is
+        // sampled where the plan's bytes are all live, after the first step (activations, the
+        // backward's workspace and the stashes stay allocated for the next step, the optimizer
+        // state exists from its first update), and at the end of the run (evaluation, checkpoint).
+        if (step == first) peak_pss_ = std::max(peak_pss_, pss_bytes());
         done = step;
         interval_tokens += int64_t(cfg_.optim.batch_size) * cfg_.model.seq_len;
         if (step % cfg_.run.log_every == 0 || step == steps || s.skipped || s.empty) {
@@ -221,9 +228,16 @@ class Trainer {
             progress_.eval_pending = true;  // recorded in the checkpoint: the resumed run evaluates this step first
             return checkpoints_->stop(step, why);
           }
-        if (((cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0) || (step == steps && cfg_.checkpoint.at_end)) &&
-            !checkpoints_->save(step))
-          return kExitFailure;
+        if ((cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0) || (step == steps && cfg_.checkpoint.at_end)) {
+          const double begin = wall_seconds();
+          // Test hook (tests/scripts/ckpt_clock.sh): MESHMOE_TEST_CHECKPOINT_SLEEP seconds of sleep
+          // in each checkpoint's write, so that its time out of tok/s is seen.
+          if (const char* sleep = std::getenv("MESHMOE_TEST_CHECKPOINT_SLEEP"))
+            std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(sleep)));
+          const bool saved = checkpoints_->save(step);
+          clock_->add_checkpoint(wall_seconds() - begin);
+          if (!saved) return kExitFailure;
+        }
       }
     } catch (const InputError&) {
       checkpoints_->save_before_failure(done);
@@ -239,6 +253,9 @@ class Trainer {
                                      [] { return 0; });
           },
           [&](const std::map<std::string, double>& scalars) { log_->record(steps, scalars); });
+    peak_pss_ = std::max(peak_pss_, pss_bytes());
+    const std::string measured = measured_memory_line(peak_pss_, planned_bytes_, mesh_.world());
+    if (mesh_.rank() == 0) std::fputs(measured.c_str(), stdout);
     log_->done(wall_seconds() - run_start_);
     return kExitOk;
   }
@@ -445,10 +462,6 @@ class Trainer {
     for (size_t i = 0; i < from.size(); ++i)
       copy_to_host(to[i].data->data(), from[i].data->data(), from[i].data->size() * sizeof(float));
   }
-  // Sources decoded together, the batches shared out over the data ranks (the scores depend on it
-  // only where capacity drops choices).
-  static constexpr int kBleuBatch = 16;
-
   std::string version_;
   TrainHooks* hooks_ = nullptr;
   const Config& cfg_;
@@ -469,6 +482,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   Schedule schedule_;
   std::unique_ptr<Batcher> batcher_;
+  double planned_bytes_ = 0, peak_pss_ = 0;  // this rank's memory plan and its measured peak Pss
   TrainProgress progress_;  // steps, updates, bad steps: what a checkpoint records
   std::unique_ptr<RunCheckpoints> checkpoints_;
   std::unique_ptr<StepLog> log_;

@@ -2,7 +2,9 @@
 # `meshmoe plan` prints a memory and cost table per pipeline stage. Checked on two small decks (a
 # dense Megatron deck on 1x2x2, a Switch deck with experts over data on 2x2x1) against numbers
 # computed here, in Python, from the deck values and the layers' documented shapes (EXACT integer
-# equality: the table prints bytes); plus the node-memory warning for a model that cannot fit.
+# equality: the table prints bytes), and the rows beyond the model: the data set in memory (its
+# splits' sizes read here with h5py) and the runtime baseline; plus the node-memory warning for a
+# model that cannot fit.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tests/env.sh
@@ -62,6 +64,11 @@ batch_size = 8
 micro_batches = 2
 TOML
 
+# Both decks plan with a small data set: the plan counts the splits the trainer will hold.
+"$M" prep text -q --max-len 17 /usr/share/common-licenses/GPL-3 -o "$tmp/data.h5" >/dev/null ||
+  fail "prep text of the data set"
+printf '[data]\npath = "%s"\n' "$tmp/data.h5" | tee -a "$tmp/dense.toml" >>"$tmp/switch.toml"
+
 run_plan() {  # NAME NP
   timeout 60 mpirun -np "$2" "$M" plan "$tmp/$1.toml" >"$tmp/$1.out" 2>"$tmp/$1.err"
   local rc=$?
@@ -95,6 +102,15 @@ def head(path):
 
 f = 4
 bad = 0
+# Beyond the model: the data set as Dataset::open holds it (tokens uint16, loss_mask uint8,
+# doc_offsets int64, lang int32 per split) and the batcher's order (uint32 per train example), read
+# here with h5py; the runtime baseline of one BLAS thread (run/memory.cpp: 28 MiB; OPENBLAS_NUM_THREADS=1)
+import h5py
+with h5py.File(f"{tmp}/data.h5", "r") as h:
+    dataset = sum(h[s]["tokens"].size * h[s]["tokens"].dtype.itemsize + h[s]["loss_mask"].size
+                  + 8 * h[s]["doc_offsets"].size + 4 * h[s]["lang"].size for s in ("train", "valid"))
+    dataset += 4 * h["train"]["lang"].size
+runtime = 28 << 20
 def expect(name, label, got, want):
     global bad
     ok = got == want
@@ -129,7 +145,10 @@ expect("dense", "gradients", int(t["gradients"][0]), params * f)
 expect("dense", "optimizer state", int(t["optimizer state (adamw)"][0]), 2 * params * f)
 expect("dense", "activations", int(t["activations"][0]), act)
 expect("dense", "backward workspace", int(t["backward workspace"][0]), work)
-expect("dense", "total", int(t["total"][0]), 4 * params * f + act + work)
+expect("dense", "model total", int(t["model total"][0]), 4 * params * f + act + work)
+expect("dense", "dataset in memory", int(t["dataset in memory"][0]), dataset)
+expect("dense", "runtime", int(t["runtime (MPI, BLAS, HDF5)"][0]), runtime)
+expect("dense", "total", int(t["total"][0]), 4 * params * f + act + work + dataset + runtime)
 expect("dense", "data", int(t["data"][0]), round(ring(params * f, D)))
 # Megatron: fwd + bwd all-reduce of [N, M] after attention and after the ffn, each block, each micro-batch
 expect("dense", "tensor", int(t["tensor"][0]), round(ring(MB * 2 * L * 2 * NM * f, Tn)))
@@ -202,7 +221,9 @@ for deck, stage in [(d, s) for d in ("switch", "switch-block") for s in (0, 1)]:
     expect(name, "in flight", int(t["micro-batches in flight"][c]), in_flight)
     expect(name, "pipeline buffers", int(t["pipeline buffers"][c]), pipe_buf)
     expect(name, "parked activations", int(t["parked activations"][c]), parked)
-    expect(name, "total", int(t["total"][c]), 2 * params * f + state * f + act + work + pipe_buf + parked)
+    model = 2 * params * f + state * f + act + work + pipe_buf + parked
+    expect(name, "model total", int(t["model total"][c]), model)
+    expect(name, "total", int(t["total"][c]), model + dataset + runtime)
     # data: ring all-reduce of the replicated params; 4 all-to-alls of [E, G, C, M] per MoE layer per
     # forward and backward; 1F1B on stage 0 runs F0 F1 B0 B1; with recompute = block it recomputes
     # each forward before its backward: 4 forwards there, 2 on stage 1

@@ -389,6 +389,17 @@ TEST_CASE("dataset file: prep gettext writes, Dataset::open reads back the same"
     CHECK(ds.split().lang == want.lang);
     CHECK(ds.split().loss_mask == want.loss_mask);
   }
+  // The bytes the memory plan counts, from the datasets' shapes alone, against the vectors that
+  // Dataset::open fills (EXACT).
+  const DatasetInfo info = Dataset::read_info(opt.output);
+  for (const std::string split : {"train", "valid"}) {
+    const DataSplit& s = Dataset::open(opt.output, split).split();
+    const size_t held = s.tokens16.size() * 2 + s.tokens32.size() * 4 + s.loss_mask.size() +
+                        s.doc_offsets.size() * sizeof(int64_t) + s.lang.size() * sizeof(int32_t);
+    CHECK(size_t(split == "train" ? info.train_bytes : info.valid_bytes) == held);
+    if (split == "train") CHECK(size_t(info.train_examples) == s.num_examples());
+  }
+  CHECK(info.train_bytes > 0);
   CHECK_THROWS_WITH(Dataset::open(opt.output, "test"), Catch::Contains("unknown split"));
   CHECK_THROWS_WITH(Dataset::open(dir + "/none.h5", "train"), Catch::Contains("none.h5"));
   write_text(dir + "/text.h5", "plain text, not HDF5");

@@ -22,6 +22,8 @@
 
 #include "core/error.hpp"
 #include "core/sizes.hpp"
+#include "decode/beam_search.hpp"
+#include "run/decode_bytes.hpp"
 #include "run/memory.hpp"
 #include "run/memory_limit.hpp"
 #include "../test_util.hpp"
@@ -481,4 +483,49 @@ TEST_CASE("memory limit: cgroup v1 and v2 limits, the smallest ancestor, unlimit
   CHECK(set.bytes == 3.0 * 1024 * 1024 * 1024);
   CHECK(set.source == "run.max_memory = \"3G\"");
   CHECK_THROWS_AS(available_memory("3Q"), InputError);
+}
+
+TEST_CASE("memory plan: the dataset, the runtime and the BLEU decoder's caches join the total", "[memory]") {
+  Config cfg = dense_config();
+  cfg.run.threads = 3;
+  const int V = 50;
+  MemoryPlan p = plan_memory(cfg, V, MeshShape{1, 1, 1}, 0, 0, 0);
+  const size_t model = p.total_bytes();
+  CHECK(model == p.model_bytes());
+  add_process_memory(cfg, V, 12345, p);
+  CHECK(p.dataset_bytes == 12345);
+  // 28 MiB measured baseline and 10 MiB per BLAS thread beyond the first (run/memory.cpp)
+  CHECK(p.runtime_bytes == (size_t(28) << 20) + 2 * (size_t(10) << 20));
+  CHECK(p.runtime_bytes == runtime_memory_bytes(3));
+  CHECK(p.decoder_bytes == 0);  // no translation scores during training
+  CHECK(p.total_bytes() == model + 12345 + p.runtime_bytes);
+  cfg.eval.bleu_every = 10;
+  add_process_memory(cfg, V, 12345, p);
+  // greedy, 16 sources, at most 64 new tokens (the default the trainer decodes with) and
+  // model.seq_len = 16 (Trainer::evaluate_bleu)
+  CHECK(kBleuMaxLen == BeamOptions{}.max_len);
+  const DecodeShape s = bleu_eval_shape(cfg);
+  CHECK((s.streams == kBleuBatch && s.hyps == 1 && s.max_new == 16 && s.prompt == 16));
+  CHECK(p.decoder_bytes == size_t(decode_memory_bytes(cfg, V, s)));
+  CHECK(p.decoder_bytes > 0);
+  CHECK(p.total_bytes() == model + 12345 + p.runtime_bytes + p.decoder_bytes);
+  // A GPU plan counts the device's memory: the host's dataset and runtime are not in it.
+  cfg.run.device = Device::Cuda;
+  MemoryPlan gpu = plan_memory(cfg, V, MeshShape{1, 1, 1}, 0, 0, 0);
+  add_process_memory(cfg, V, 12345, gpu);
+  CHECK(gpu.total_bytes() == model);
+}
+
+TEST_CASE("memory: Pss of this process grows by the pages it touches", "[memory]") {
+  if (!std::ifstream("/proc/self/smaps_rollup")) {
+    SUCCEED("no /proc/self/smaps_rollup (Linux < 4.14): Pss is not measured here");
+    return;
+  }
+  const double before = pss_bytes();
+  REQUIRE(before > 0);
+  std::vector<char> block(size_t(64) << 20, 1);  // 64 MiB, every page written
+  const double after = pss_bytes();
+  INFO("Pss " << before << " B before, " << after << " B after touching 64 MiB");
+  CHECK(after - before >= 0.95 * double(block.size()));
+  CHECK(after - before <= 1.05 * double(block.size()));
 }

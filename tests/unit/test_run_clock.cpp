@@ -48,6 +48,20 @@ TEST_CASE("run clock: an evaluation is out of the interval's tokens/s and in the
   CHECK(clock.eta(178.0, 30, 100, left2, estimate) == 70.0 + 3 * 4.0);
 }
 
+TEST_CASE("run clock: a checkpoint's write is out of the interval's tokens/s, in the ETA's steps", "[monitor]") {
+  // 10 s of training per 10-step interval, 1000 tokens a step; a checkpoint of 30 s after step 10.
+  RunClock clock(100.0);
+  clock.start_interval(110.0);
+  clock.add_checkpoint(30.0);
+  CHECK(clock.interval_tokens_per_s(150.0, 10000) == 1000.0);  // steps 11-20: 40 s, 30 of them the write
+  clock.start_interval(150.0);
+  CHECK(clock.interval_tokens_per_s(160.0, 10000) == 1000.0);  // nothing left over
+  // At step 30 of 100: 60 s for 30 steps (checkpoints recur: they stay in the seconds per step).
+  const int64_t none[2] = {0, 0};
+  const double estimate[2] = {0.0, 0.0};
+  CHECK(clock.eta(160.0, 30, 100, none, estimate) == 70 * 2.0);
+}
+
 TEST_CASE("run clock: an evaluation not yet timed counts at its estimate in training steps", "[monitor]") {
   RunClock clock(0.0);
   // 20 steps in 10 s: 0.5 s a step; 4 validations to come, each estimated as 6 training steps.
