@@ -202,7 +202,11 @@ void GradientSync::gather_params() {
   if (model_.params().one_weight_copy()) return model_.params().publish_weights();  // the owners wrote the one copy
   Comm& data = mesh_.axis(Axis::Data);
   float* weights = model_.params().weights();
-  for (const ShardedRun& r : gather_runs_) data.all_gatherv_in_place(weights + r.begin, r.counts);
+  for (const ShardedRun& r : gather_runs_) {
+    data.all_gatherv_in_place(weights + r.begin, r.counts);
+    // the other owners' updates into the bf16 copy (its owned part rounds to the same bits again)
+    model_.params().round_weights16(r.begin, std::accumulate(r.counts.begin(), r.counts.end(), size_t(0)));
+  }
 }
 
 void GradientSync::plan_norm() {
