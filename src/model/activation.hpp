@@ -24,24 +24,25 @@ inline bool activation_gated(Activation a) { return a == Activation::Geglu || a 
 inline int activation_in_width(Activation a, int H) { return activation_gated(a) ? 2 * H : H; }
 
 // pre [N, in_width] -> h [N, H] (overwritten). Rows may be strided: ld_pre / ld_h >= their widths
-// (0 = dense).
+// (0 = dense). h16 (optional): h's bf16 copy, written by the same kernel (ActivationForward).
 template <typename T>
-void activation_forward(Activation a, const T* pre, T* h, int N, int H, int ld_pre = 0, int ld_h = 0) {
+void activation_forward(Activation a, const T* pre, T* h, int N, int H, int ld_pre = 0, int ld_h = 0,
+                        uint16_t* h16 = nullptr) {
   if (ld_pre == 0) ld_pre = activation_in_width(a, H);
   if (ld_h == 0) ld_h = H;
   switch (a) {
     case Activation::Relu:
       return for_each_index_2d(
-          N, H, ActivationForward<T, Activation::Relu>{.pre = pre, .h = h, .H = H, .ld_pre = ld_pre, .ld_h = ld_h});
+          N, H, ActivationForward<T, Activation::Relu>{.pre = pre, .h = h, .H = H, .ld_pre = ld_pre, .ld_h = ld_h, .h16 = h16});
     case Activation::Gelu:
       return for_each_index_2d(
-          N, H, ActivationForward<T, Activation::Gelu>{.pre = pre, .h = h, .H = H, .ld_pre = ld_pre, .ld_h = ld_h});
+          N, H, ActivationForward<T, Activation::Gelu>{.pre = pre, .h = h, .H = H, .ld_pre = ld_pre, .ld_h = ld_h, .h16 = h16});
     case Activation::Geglu:
       return for_each_index_2d(
-          N, H, ActivationForward<T, Activation::Geglu>{.pre = pre, .h = h, .H = H, .ld_pre = ld_pre, .ld_h = ld_h});
+          N, H, ActivationForward<T, Activation::Geglu>{.pre = pre, .h = h, .H = H, .ld_pre = ld_pre, .ld_h = ld_h, .h16 = h16});
     case Activation::Swiglu:
       return for_each_index_2d(
-          N, H, ActivationForward<T, Activation::Swiglu>{.pre = pre, .h = h, .H = H, .ld_pre = ld_pre, .ld_h = ld_h});
+          N, H, ActivationForward<T, Activation::Swiglu>{.pre = pre, .h = h, .H = H, .ld_pre = ld_pre, .ld_h = ld_h, .h16 = h16});
   }
 }
 

@@ -3,9 +3,11 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/hd.hpp"
 #include "deck/options.hpp"
+#include "tensor/bf16.hpp"
 
 namespace meshmoe {
 
@@ -34,12 +36,14 @@ MESHMOE_HD inline T silu_grad(T x) {
 }
 
 // h[n, j] = relu(pre[n, j]), gelu(pre[n, j]), gelu(pre[n, j]) * pre[n, H + j] (geglu) or
-// silu(pre[n, j]) * pre[n, H + j] (swiglu).
+// silu(pre[n, j]) * pre[n, H + j] (swiglu). h16 (optional, float): h's bf16 copy (bf16_bits, h's
+// layout), written with it for the bf16 GEMMs that read h (tensor/blas.hpp bf16_operand_copies).
 template <typename T, Activation A>
 struct ActivationForward {
   const T* pre;
   T* h;
   int H, ld_pre, ld_h;
+  uint16_t* h16 = nullptr;
   MESHMOE_HD void operator()(int64_t n, int64_t j) const {
     const T* p = pre + n * ld_pre;
     T out;
@@ -52,6 +56,8 @@ struct ActivationForward {
     else
       out = silu(p[j]) * p[H + j];
     h[n * ld_h + j] = out;
+    if constexpr (std::is_same_v<T, float>)
+      if (h16) h16[n * ld_h + j] = bf16_bits(out);
   }
 };
 

@@ -104,13 +104,13 @@ template <typename T>
 void OutputHead<T>::forward(const StepContext& ctx, const T* x, T* logits, int N) {
   if (x_.size() < size_t(N) * M_) x_.resize(size_t(N) * M_);
   copy_from(x_.data(), x, size_t(N) * M_);
-  matmul(false, true, N, V_, M_, x, W_->w, logits);
+  matmul(false, true, N, V_, M_, x, W_->w, logits, false, nullptr, W_->w16);
 }
 
 // dlogits [N, V] -> dx [N, M] (+=), W.g [V, M] (+=)
 template <typename T>
 void OutputHead<T>::backward(const StepContext& ctx, const T* dlogits, T* dx, int N) {
-  matmul(false, false, N, M_, V_, dlogits, W_->w, dx, true);
+  matmul(false, false, N, M_, V_, dlogits, W_->w, dx, true, nullptr, W_->w16);
   matmul(true, false, V_, M_, N, dlogits, x_.data(), W_->g, true);
 }
 

@@ -35,9 +35,10 @@ void MLP<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
   ensure(pre_, size_t(N) * W_);
   ensure(h_, size_t(N) * H_l_);
   // pre [N, W] = x [N, M] w_in [M, W]; h [N, H_l] = act(pre); y [N, M] = h w_out [H_l, M]
-  matmul(false, false, N, W_, M_, x, w_in.w, pre_.data());
-  activation_forward(act_, pre_.data(), h_.data(), N, H_l_);
-  matmul(false, false, N, M_, H_l_, h_.data(), w_out.w, y);
+  matmul(false, false, N, W_, M_, x, w_in.w, pre_.data(), false, nullptr, w_in.w16);
+  uint16_t* h16 = bf16_copy_room<T>(h16_, size_t(N) * H_l_);
+  activation_forward(act_, pre_.data(), h_.data(), N, H_l_, 0, 0, h16);
+  matmul(false, false, N, M_, H_l_, h_.data(), w_out.w, y, false, h16, w_out.w16);
   if (sharded() && tensor_allreduce) tensor_allreduce(y, size_t(N) * M_);
   dropout_.forward(ctx, y, N, M_);
 }
@@ -54,19 +55,20 @@ void MLP<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
   uint16_t* room = bf16_copy_room<T>(bf16_, size_t(N) * std::max(M_, W_));
   // w_out.g [H_l, M] += h^T dy; dh [N, H_l] = dy w_out^T
   const uint16_t* dy16 = rounded_once(dy_.data(), size_t(N) * M_, room);
-  matmul(true, false, H_l_, M_, N, h_.data(), dy_.data(), w_out.g, true, nullptr, dy16);
-  matmul(false, true, N, H_l_, M_, dy_.data(), w_out.w, dh_.data(), false, dy16);
+  const uint16_t* h16 = h16_.empty() ? nullptr : h16_.data();  // the forward's choice (saved state)
+  matmul(true, false, H_l_, M_, N, h_.data(), dy_.data(), w_out.g, true, h16, dy16);
+  matmul(false, true, N, H_l_, M_, dy_.data(), w_out.w, dh_.data(), false, dy16, w_out.w16);
   activation_backward(act_, pre_.data(), dh_.data(), dpre_.data(), N, H_l_);
   // w_in.g [M, W] += x^T dpre; dx [N, M] += dpre w_in^T
   const uint16_t* dpre16 = rounded_once(dpre_.data(), size_t(N) * W_, room);
   matmul(true, false, M_, W_, N, x_.data(), dpre_.data(), w_in.g, true, nullptr, dpre16);
   if (sharded() && tensor_allreduce) {
     ensure(dxs_, size_t(N) * M_);
-    matmul(false, true, N, M_, W_, dpre_.data(), w_in.w, dxs_.data(), false, dpre16);
+    matmul(false, true, N, M_, W_, dpre_.data(), w_in.w, dxs_.data(), false, dpre16, w_in.w16);
     tensor_allreduce(dxs_.data(), size_t(N) * M_);
     add_into(dx, dxs_.data(), size_t(N) * M_);
   } else {
-    matmul(false, true, N, M_, W_, dpre_.data(), w_in.w, dx, true, dpre16);
+    matmul(false, true, N, M_, W_, dpre_.data(), w_in.w, dx, true, dpre16, w_in.w16);
   }
 }
 

@@ -44,6 +44,7 @@ class MLP {
     f(x_);
     f(pre_);
     f(h_);
+    f(h16_);
     dropout_.saved_state(f);
   }
 
@@ -59,6 +60,9 @@ class MLP {
   Buffer<T> x_;    // [N, M]
   Buffer<T> pre_;  // [N, W]
   Buffer<T> h_;    // [N, H_l]
+  // h's bf16 copy [N, H_l], written by the activation's kernel, read by the two GEMMs that read h
+  // (tensor/blas.hpp bf16_operand_copies; empty otherwise)
+  Buffer<uint16_t> h16_;
   Buffer<T> dy_, dh_, dpre_, dxs_;
   // bf16 copies of dy, then of dpre, for the two GEMMs that read each (tensor/blas.hpp
   // bf16_operand_copies) [N, max(M, W)]

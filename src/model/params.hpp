@@ -18,6 +18,7 @@
 #include "core/philox.hpp"
 #include "mesh/comm.hpp"
 #include "model/param_init_bodies.hpp"
+#include "tensor/blas.hpp"
 #include "tensor/device.hpp"
 #include "tensor/elementwise.hpp"
 
@@ -28,6 +29,9 @@ struct ParamView {
   T* w = nullptr;  // values
   T* g = nullptr;  // gradient (backward adds into it)
   size_t size = 0;
+  // w rounded to bf16 (bf16_bits) where the store keeps the copy (ParamStore::weights16), which the
+  // bf16 GEMMs read instead of rounding w; null otherwise.
+  const uint16_t* w16 = nullptr;
 };
 
 enum class InitKind { TruncNormal, Zeros, Ones };
@@ -83,6 +87,7 @@ class ParamStore {
   // A copy (tests: a fresh start to compare against) holds its values in private memory.
   ParamStore(const ParamStore& o)
       : infos_(o.infos_), views_(o.views_), total_(o.total_), allocated_(o.allocated_) {
+    weights16_ = o.weights16_;
     if (!o.node_shared()) {
       weights_ = o.weights_, grads_ = o.grads_;
     } else {  // on the host
@@ -149,11 +154,14 @@ class ParamStore {
       grads_.resize(total_);
       w_ = weights_.data(), g_ = grads_.data();
     }
+    weights16_.clear();
+    if (bf16_operand_copies<T>()) weights16_.resize(total_);  // zero, as the weights, until written
     for (size_t i = 0; i < infos_.size(); ++i) {
       if (!views_[i]) continue;
       views_[i]->w = w_ + infos_[i].flat_offset;
       views_[i]->g = g_ + infos_[i].flat_offset;
       views_[i]->size = infos_[i].size;
+      views_[i]->w16 = weights16_.empty() ? nullptr : weights16_.data() + infos_[i].flat_offset;
     }
   }
   // Whether allocate() placed the weights and gradients in node-shared memory.
@@ -165,10 +173,23 @@ class ParamStore {
   // checkpoint's read): not with one_weight_copy() but on the first rank of each node, which writes
   // the one copy for the node (the others wait at publish_weights()).
   bool writes_all_weights() const { return !one_weight_copy_ || share_->node_rank() == 0; }
-  // Collective over the share: every rank's writes to the weights visible to every rank. A no-op
-  // unless one_weight_copy().
+  // After the weights were all set at once (init, a checkpoint's read, the gathered updates of
+  // optim.shard_state): the bf16 copy rounded from them (weights16), and, collective over the share,
+  // every rank's writes to the weights visible to every rank (a no-op unless one_weight_copy()).
   void publish_weights() {
     if (one_weight_copy_) share_->node_shared_fence();
+    round_weights16(0, total_);  // after the fence: it reads what the node's other ranks wrote
+  }
+  // The bf16 copy of the weights (docs/ARCHITECTURE.md "Precision"): weights16()[i] =
+  // bf16_bits(weights()[i]), kept where bf16 GEMMs read copies (tensor/blas.hpp
+  // bf16_operand_copies: bf16 GEMMs with the Buffers on a device), null otherwise. Whoever writes
+  // weights writes it too: the optimizers' updates element by element, publish_weights() after an
+  // init or a checkpoint's read, round_weights16 after gathered updates (optim.shard_state).
+  uint16_t* weights16() { return weights16_.empty() ? nullptr : weights16_.data(); }
+  size_t weights16_bytes() const { return weights16_.size() * sizeof(uint16_t); }
+  // weights16 [begin, begin + n) rounded from the weights (one launch); nothing without the copy.
+  void round_weights16(size_t begin, size_t n) {
+    if (!weights16_.empty()) rounded_once(w_ + begin, n, weights16_.data() + begin);
   }
   bool allocated() const { return allocated_; }
 
@@ -223,6 +244,7 @@ class ParamStore {
   std::vector<ParamInfo> infos_;
   std::vector<ParamView<T>*> views_;
   Buffer<T> weights_, grads_;  // unless node-shared
+  Buffer<uint16_t> weights16_;  // weights16(), or empty
   T* w_ = nullptr;
   T* g_ = nullptr;
   Comm* share_ = nullptr;  // node-shared: the Comm whose memory w_ and g_ are

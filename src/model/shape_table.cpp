@@ -28,6 +28,10 @@ void check_dimension_limits(const Config& cfg) {
 
 }  // namespace
 
+bool plans_bf16_copies(const Config& cfg) {
+  return cfg.model.precision == Precision::Bf16 && cfg.run.device == Device::Cuda;
+}
+
 ModelShape model_shape(const Config& cfg, int vocab) {
   ModelShape s;
   s.vocab = vocab;
@@ -158,7 +162,7 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
   constexpr size_t f32 = sizeof(float), f64 = sizeof(double), i32 = sizeof(int32_t), i64 = sizeof(int64_t), u8 = 1,
                    u16 = sizeof(uint16_t);
   // The layers' bf16 copies of GEMM operands (tensor/blas.hpp bf16_operand_copies): bf16 GEMMs on a GPU.
-  const bool bf16_copies = cfg.model.precision == Precision::Bf16 && cfg.run.device == Device::Cuda;
+  const bool bf16_copies = plans_bf16_copies(cfg);
   using K = BufferKind;
   for (LayerShapes& l : layers_) {
     auto buf = [&](const char* name, const char* letters, std::vector<int64_t> dims, size_t elem, K kind = K::Saved) {
@@ -171,6 +175,7 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
       buf("x", "[N, M]", {N, M}, f32);
       buf("pre", "[N, W_l]", {N, W_l}, f32);
       buf("h", "[N, H_l]", {N, H_l}, f32);
+      if (bf16_copies) buf("h, bf16", "[N, H_l]", {N, H_l}, u16);
       if (with_dropout) buf("dropout keep mask", "[N, M]", {N, M}, u8);
       buf("dy", "[N, M]", {N, M}, f32, K::Scratch);
       buf("dh", "[N, H_l]", {N, H_l}, f32, K::Scratch);

@@ -44,6 +44,11 @@ struct ModelShape {
 };
 ModelShape model_shape(const Config& cfg, int vocab);
 
+// Whether a run keeps bf16 copies (bf16 GEMMs on a GPU, tensor/blas.hpp bf16_operand_copies): the
+// layers' copies of GEMM operands (buffers of the table) and the store's copy of the weights
+// (ParamStore::weights16, 2 bytes a parameter in the memory plan's parameters).
+bool plans_bf16_copies(const Config& cfg);
+
 // One rank of the mesh: coordinates along pipe, data and tensor.
 struct RankCoords {
   int pipe = 0, data = 0, tensor = 0;

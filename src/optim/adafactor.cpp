@@ -116,7 +116,8 @@ void Adafactor::step(ParamStore<float>& store, double lr, int64_t t, double grad
                                           .lr = lr,
                                           .rms_over_d = rms_over_d_.data() + k,
                                           .step = step_.data() + k});
-    for_each_index(int64_t(p.size), AdafactorApplyElement{x, u, step_.data() + k});
+    uint16_t* x16 = store.weights16() ? store.weights16() + p.flat_offset : nullptr;
+    for_each_index(int64_t(p.size), AdafactorApplyElement{x, u, step_.data() + k, x16});
   }
 }
 

@@ -61,7 +61,11 @@ void AdamW::step(ParamStore<float>& store, double lr, int64_t t, double grad_sca
                                    .neg_step = neg_step};
   for_each_row(int64_t(pieces_.size()),
                AdamWUpdatePieces{
-                   .pieces = pieces_.data(), .x = store.weights(), .g = store.grads(), .scalars = scalars},
+                   .pieces = pieces_.data(),
+                   .x = store.weights(),
+                   .g = store.grads(),
+                   .scalars = scalars,
+                   .x16 = store.weights16()},
                AdamWUpdatePieces::kPiece);
 }
 

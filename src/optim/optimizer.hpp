@@ -12,6 +12,8 @@
 //   gradients, docs/ARCHITECTURE.md "One training step") and leaves the gradients unchanged;
 //   Adafactor, which reads them several times, scales them in place first.
 //   Neither optimizer keeps a step counter: a resumed run passes the checkpointed t.
+//   Where the store keeps a bf16 copy of the weights (ParamStore::weights16), the update writes
+//   each owned element's copy in the same pass as its new value.
 // - state(): every piece of optimizer state as a named tensor (for checkpoints), in owned-entry
 //   order. Names are "<param name>/<slot>"; slots: AdamW "exp_avg", "exp_avg_sq" (param's shape);
 //   Adafactor "v" (unfactored, param's shape), or "v_row" (shape without the last dim) and

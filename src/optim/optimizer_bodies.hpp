@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/hd.hpp"
+#include "tensor/bf16.hpp"
 
 namespace meshmoe {
 
@@ -103,12 +104,15 @@ struct AdamWPiece {
 // row r is piece r. On the host the piece is AdamWUpdateElement's vector block, on the GPU a warp
 // (adjacent lanes, adjacent elements). Each element gets AdamWUpdateElement's arithmetic: the same
 // bits as one launch per parameter (124-372 of them a step on the GPT-2 shapes).
+// x16 (optional): the store's bf16 copy of the weights (ParamStore::weights16), written with each
+// updated element (bf16_bits of its new value), so that no GEMM rounds the weights again.
 struct AdamWUpdatePieces {
   static constexpr int64_t kPiece = 4096;
   const AdamWPiece* pieces;
   float* x;        // the store's weights
   const float* g;  // and gradients
   AdamWUpdateElement scalars;  // x, m, v, g and decay set per piece
+  uint16_t* x16 = nullptr;
   template <class Lanes>
   MESHMOE_HD void operator()(int64_t r, const Lanes& lanes) const {
     const AdamWPiece p = pieces[r];
@@ -118,10 +122,17 @@ struct AdamWUpdatePieces {
     e.m = p.m;
     e.v = p.v;
     if (!p.decayed) e.decay = 1.0f;
-    if constexpr (Lanes::step == 1)
+    uint16_t* e16 = x16 ? x16 + p.flat_offset : nullptr;
+    if constexpr (Lanes::step == 1) {
       e.range(0, p.length);
-    else
-      for (int64_t i = lanes.first; i < p.length; i += lanes.step) e(i);
+      if (e16)
+        for (int64_t i = 0; i < p.length; ++i) e16[i] = bf16_bits(e.x[i]);
+    } else {
+      for (int64_t i = lanes.first; i < p.length; i += lanes.step) {
+        e(i);
+        if (e16) e16[i] = bf16_bits(e.x[i]);
+      }
+    }
   }
 };
 
@@ -230,12 +241,18 @@ struct AdafactorUnfactoredUpdateElement {
   }
 };
 
-// x[e] -= step * u[e]
+// x[e] -= step * u[e]; x16 (optional): the weights' bf16 copy (ParamStore::weights16), written
+// with it.
 struct AdafactorApplyElement {
   float* x;
   const double* u;
   const double* step;  // AdafactorClipFactor's, on the device
-  MESHMOE_HD void operator()(int64_t e) const { x[e] = float(double(x[e]) - *step * u[e]); }
+  uint16_t* x16 = nullptr;
+  MESHMOE_HD void operator()(int64_t e) const {
+    const float xe = float(double(x[e]) - *step * u[e]);
+    x[e] = xe;
+    if (x16) x16[e] = bf16_bits(xe);
+  }
 };
 
 // sum = the chunk sums of SumSquaresChunk added in chunk order (sum_squares's order on the host),

@@ -203,11 +203,16 @@ void GradientSync::gather_params() {
   float* weights = model_.params().weights();
   if (model_.params().one_weight_copy()) {
     // The owners wrote their node's one copy; the blocks of the owners on other nodes come in
-    // between the nodes (nothing on one node), then every rank of the node sees them.
+    // between the nodes (nothing on one node), then every rank of the node sees them (and the bf16
+    // copy is rounded from them).
     for (const ShardedRun& r : gather_runs_) data.node_copy_all_gather(weights + r.begin, r.counts);
     return model_.params().publish_weights();
   }
-  for (const ShardedRun& r : gather_runs_) data.all_gatherv_in_place(weights + r.begin, r.counts);
+  for (const ShardedRun& r : gather_runs_) {
+    data.all_gatherv_in_place(weights + r.begin, r.counts);
+    // the other owners' updates into the bf16 copy (its owned part rounds to the same bits again)
+    model_.params().round_weights16(r.begin, std::accumulate(r.counts.begin(), r.counts.end(), size_t(0)));
+  }
 }
 
 void GradientSync::plan_norm() {

@@ -137,6 +137,7 @@ MemoryPlan plan_memory_checked(const Config& cfg, const ShapeTable& table, const
   }
   p.params_rank = elems.value();
   p.param_bytes = p.grad_bytes = bytes(elems * kF);
+  if (plans_bf16_copies(cfg)) p.param_bytes = bytes(elems * (kF + sizeof(uint16_t)));  // ParamStore::weights16
   p.optim_bytes = bytes((cfg.optim.name == OptimizerKind::Adafactor ? adafactor : 2 * elems) * kF);
   if (cfg.optim.shard_state && data > 1) {
     std::vector<std::vector<Checked>> shapes;  // this rank's ParamStore entries, and which are split over data

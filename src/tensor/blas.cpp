@@ -11,7 +11,7 @@ namespace meshmoe {
 
 namespace {
 std::atomic<Precision> g_precision{Precision::Fp32};
-std::atomic<size_t> g_operands_rounded{0}, g_operands_from_copies{0};
+std::atomic<size_t> g_operands_rounded{0}, g_operands_from_copies{0}, g_copies_rounded{0};
 
 // The rows x cols operand at `src` (leading dimension ld) rounded to bf16 into `dst`, compact
 // (leading dimension cols); from `bits` instead when given (the operand already rounded, in the same
@@ -61,12 +61,14 @@ void gemm_bf16_operands(bool trans_a, bool trans_b, int M, int N, int K, float a
 }
 
 Bf16OperandCounts bf16_operand_counts() {
-  return {g_operands_rounded.load(std::memory_order_relaxed), g_operands_from_copies.load(std::memory_order_relaxed)};
+  return {g_operands_rounded.load(std::memory_order_relaxed), g_operands_from_copies.load(std::memory_order_relaxed),
+          g_copies_rounded.load(std::memory_order_relaxed)};
 }
 
 // bits [n] = bf16_bits(x [n]): a kernel on the GPU, host threads (queued where the backend queues
 // host work) otherwise.
 void round_to_bf16(const float* x, int64_t n, uint16_t* bits) {
+  g_copies_rounded.fetch_add(1, std::memory_order_relaxed);
   if (current_device() == Device::Cuda) return cuda_round_to_bf16(x, n, bits);
   run_host_indices(n, n, [x, bits](int64_t i) { bits[i] = bf16_bits(x[i]); });
 }

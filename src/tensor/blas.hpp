@@ -112,10 +112,11 @@ const uint16_t* rounded_once(const T* x, size_t n, uint16_t* bits) {
   }
 }
 
-// Tests only: how many bf16 GEMM operands the host emulation rounded, and how many it read from
-// copies, since the process started (which operands the copies serve).
+// Tests only: how many bf16 GEMM operands the host emulation rounded, how many it read from
+// copies, and how many copies round_to_bf16 wrote, since the process started (which operands the
+// copies serve; on a GPU each rounding, of an operand or into a copy, is a launch).
 struct Bf16OperandCounts {
-  size_t rounded = 0, from_copies = 0;
+  size_t rounded = 0, from_copies = 0, copies_rounded = 0;
 };
 Bf16OperandCounts bf16_operand_counts();
 // The same with the operands as they are, whatever model.precision says.

@@ -185,13 +185,16 @@ void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha
   // compact with M and K padded.
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K, a_rows_p = trans_a ? Kp : Mp, a_cols_p = trans_a ? Mp : Kp;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N, b_rows_p = trans_b ? N : Kp, b_cols_p = trans_b ? Kp : N;
-  const bool pad = Mp != M || Kp != K;
-  const uint16_t* a = pad ? rounded_padded(A, a_rows, a_cols, lda, a_rows_p, a_cols_p, g_a)
+  // Only an operand with a padded dimension is rounded into padded scratch: A when M or K is
+  // padded, B when K is (N is not padded); the other reads its copy, or is rounded, as it is.
+  const bool pad_a = Mp != M || Kp != K, pad_b = Kp != K, pad = pad_a || pad_b;
+  const uint16_t* a = pad_a ? rounded_padded(A, a_rows, a_cols, lda, a_rows_p, a_cols_p, g_a)
                       : A16 ? A16 : rounded(A, a_rows, a_cols, lda, g_a);
-  const uint16_t* b = pad ? rounded_padded(B, b_rows, b_cols, ldb, b_rows_p, b_cols_p, g_b)
+  const uint16_t* b = pad_b ? rounded_padded(B, b_rows, b_cols, ldb, b_rows_p, b_cols_p, g_b)
                       : B16 ? B16 : rounded(B, b_rows, b_cols, ldb, g_b);
-  // The operands' leading dimensions: a copy's is the operand's, the rounded scratch is compact.
-  const int a_ld = !pad && A16 ? lda : a_cols_p, b_ld = !pad && B16 ? ldb : b_cols_p;
+  // The operands' leading dimensions: a copy's is the operand's, the rounded scratch is compact
+  // (unpadded, its width is the operand's).
+  const int a_ld = !pad_a && A16 ? lda : a_cols_p, b_ld = !pad_b && B16 ? ldb : b_cols_p;
   // A padded M writes Mp rows: into the scratch product, then its first M rows join C.
   float* product = Mp != M ? g_c.get(size_t(Mp) * N) : C;
   const float product_beta = Mp != M ? 0.0f : beta;

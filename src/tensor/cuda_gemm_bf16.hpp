@@ -10,8 +10,8 @@ namespace meshmoe {
 // zeros to a multiple of 64 (a bounded set of shapes for cuBLAS; the sums unchanged). Queued on
 // the stream, as cuda_gemm: returns without waiting. Throws Error when built without CUDA.
 // A16 / B16 (optional): the operand already rounded (bf16_bits, device memory, the operand's layout
-// and leading dimension), read in place of its rounding when M and K need no padding (a padded
-// operand is rounded from the fp32 values: the same bits).
+// and leading dimension), read in place of its rounding unless the operand needs padding (A when M
+// or K does, B when K does; a padded operand is rounded from the fp32 values: the same bits).
 void cuda_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc, const uint16_t* A16 = nullptr,
                     const uint16_t* B16 = nullptr);

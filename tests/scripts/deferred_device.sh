@@ -6,8 +6,10 @@
 # (SIGSEGV); a wait in the wrong place changes a value. Switch, GShard with Adafactor, dense,
 # expert choice, dropless bf16 with bias balancing, and on 2 ranks data = 2 (all-to-all; sharded
 # optimizer state with a shared expert), tensor = 2 (index-select experts) and pipe = 2, and in bf16
-# (the layers' bf16 copies of GEMM operands, tensor/blas.hpp) tensor = 2 with a shared expert,
-# pipe = 2, encoder-decoder translation on tensor = 2 (cross-attention), and the blocks of today's MoE
+# (the layers' bf16 copies of GEMM operands, tensor/blas.hpp, and the weights' bf16 copy that the
+# optimizer writes, model/params.hpp) tensor = 2 with a shared expert, data = 2 with sharded
+# Adafactor state (the gathered weights' copy), pipe = 2, encoder-decoder translation on tensor = 2
+# (cross-attention), and the blocks of today's MoE
 # models (RMSNorm, rope, SwiGLU, a leading dense block, softmax_topk) on tensor = 2, train 6 steps
 # with evaluation and a checkpoint, deferred and not: every logged number is bitwise the same, and
 # the deferred run resumes from its checkpoint to the same final loss. GShard on translation pairs
@@ -106,6 +108,7 @@ for variant in "switch:1:--set moe.router=top1" "gshard:1:--set moe.router=top2 
                "isel-tensor2:2:--set moe.expert_axis=tensor --set mesh.tensor=2" "pipe2:2:--set mesh.pipe=2 --set optim.micro_batches=4" \
                "bleu:1:$bleu" "bleu-tensor2:2:$bleu --set mesh.tensor=2" \
                "bf16-tensor2-shared:2:--set model.precision=bf16 --set mesh.tensor=2 --set moe.shared_experts=1" \
+               "bf16-shard-state-adafactor:2:--set model.precision=bf16 --set mesh.data=2 --set optim.shard_state=true --set optim.name=adafactor" \
                "bf16-pipe2:2:--set model.precision=bf16 --set mesh.pipe=2 --set optim.micro_batches=4" \
                "mqa-rope-bf16-tensor2:2:--set model.kv_heads=1 --set model.position=rope --set model.precision=bf16 --set mesh.tensor=2" \
                "bleu-encdec-bf16-tensor2:2:$bleu --set model.arch=encdec --set mesh.tensor=2 --set model.precision=bf16" \

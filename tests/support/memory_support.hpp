@@ -104,7 +104,7 @@ inline MemoryMeasured measure_memory(const Config& cfg, int vocab, const MeshSha
   auto model = std::make_unique<Transformer<float>>(cfg, table, sh);
   m.construct_heap = heap_in_use() - h0;
   model->init(uint64_t(cfg.run.seed), cfg.model.init_scale);
-  m.param_bytes = model->params().size() * sizeof(float);
+  m.param_bytes = model->params().size() * sizeof(float) + model->params().weights16_bytes();
   m.grad_bytes = model->params().size() * sizeof(float);
   {
     const bool sharded = cfg.optim.shard_state && mesh.data > 1;

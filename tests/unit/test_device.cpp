@@ -21,6 +21,7 @@
 #include <limits>
 #include <thread>
 #include <new>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "core/timers.hpp"
 #include "mesh/mpi_comm.hpp"
 #include "model/transformer.hpp"
+#include "optim/adamw.hpp"
 #include "tensor/bf16.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/device.hpp"
@@ -94,22 +96,33 @@ struct StepResult {
   std::vector<T> logits, grads;
 };
 
+// run_step's micro-batch: B = 2 random sequences of the deck's length, a fifth of the tokens masked.
+struct TestBatch {
+  int B = 2, Tn;
+  std::vector<int32_t> inputs, targets;
+  std::vector<float> mask;
+  TestBatch(const Config& cfg, int V) : Tn(int(cfg.model.seq_len)), inputs(B * Tn), targets(B * Tn), mask(B * Tn) {
+    std::mt19937 rng(11);
+    for (int i = 0; i < B * Tn; ++i) {
+      inputs[i] = int32_t(rng() % V);
+      targets[i] = int32_t(rng() % V);
+      mask[i] = rng() % 5 == 0 ? 0.f : 1.f;
+    }
+  }
+  MicroBatch micro_batch() const { return {B, Tn, inputs.data(), targets.data(), mask.data()}; }
+  LossWeights weights(const Config& cfg) const {
+    return {1.0 / 13, cfg.moe.aux_loss_coef / 2.0, cfg.moe.z_loss_coef / (B * Tn)};
+  }
+};
+
 template <typename T>
 StepResult<T> run_step(const Config& cfg, int V) {
-  const int B = 2, Tn = int(cfg.model.seq_len);
-  std::mt19937 rng(11);
-  std::vector<int32_t> inputs(B * Tn), targets(B * Tn);
-  std::vector<float> mask(B * Tn);
-  for (int i = 0; i < B * Tn; ++i) {
-    inputs[i] = int32_t(rng() % V);
-    targets[i] = int32_t(rng() % V);
-    mask[i] = rng() % 5 == 0 ? 0.f : 1.f;
-  }
+  const TestBatch batch(cfg, V);
   Transformer<T> model(cfg, V);
   model.init(5, 1.0);
-  const MicroBatch mb{B, Tn, inputs.data(), targets.data(), mask.data()};
+  const MicroBatch mb = batch.micro_batch();
   const StepContext ctx{42, 3, true, 0, nullptr};
-  const LossWeights w{1.0 / 13, cfg.moe.aux_loss_coef / 2.0, cfg.moe.z_loss_coef / (B * Tn)};
+  const LossWeights w = batch.weights(cfg);
   model.params().zero_grad();
   StepResult<T> r;
   r.stats = model.forward(ctx, mb, w);
@@ -195,12 +208,15 @@ TEST_CASE("device: bf16 operands that several GEMMs read are rounded once, into 
   // batched GEMM over P or dS is 4 host GEMMs): a causal self-attention 30 (forward: x by q, k, v
   // 3, P by P V 4; backward: dy by wo.g and datt 2, P by dV 4, dS by dQ and dK 8, x by the three
   // weight gradients 3, dq, dk, dv each by its weight gradient and dx 6), a dense feed-forward 4
-  // (dy and dpre, each by a weight gradient and an input gradient).
+  // (dy and dpre, each by a weight gradient and an input gradient) and 2 more (h, written by the
+  // activation's kernel, by y = h w_out and w_out's weight gradient). The weights' bf16 copy
+  // (ParamStore::weights16): a dense feed-forward's 4 GEMMs that read w_in or w_out (forward and
+  // input gradient), the tied head's 2 (logits, dx) read embed.wte's.
   const test::GemmPrecisionScope bf16(Precision::Bf16);
   for (const std::string router : {"dense", "top1"}) {
     INFO("router " << router);
     const Config cfg = device_test_config(router);
-    const size_t dense_ffns = router == "dense" ? 2 : 1, expected = 2 * 30 + dense_ffns * 4;
+    const size_t dense_ffns = router == "dense" ? 2 : 1, expected = 2 * 30 + dense_ffns * (6 + 4) + 2;
     const Bf16OperandCounts c0 = bf16_operand_counts();
     const StepResult<float> host = run_step<float>(cfg, 13);
     const Bf16OperandCounts c1 = bf16_operand_counts();
@@ -218,6 +234,69 @@ TEST_CASE("device: bf16 operands that several GEMMs read are rounded once, into 
     CHECK(host.stats.aux_sum == deferred.stats.aux_sum);
     CHECK(host.logits == deferred.logits);
     CHECK(host.grads == deferred.grads);
+  }
+}
+
+TEST_CASE("device: bf16 training steps read the weights' bf16 copy, which the optimizer writes; fewer roundings a step",
+          "[device][deferred][bf16]") {
+  // Three AdamW steps of the dense deck with bf16 GEMMs on the deferred device: the GEMMs read the
+  // weights' bf16 copy (ParamStore::weights16), rounded once by init and from then on written by the
+  // optimizer's update; the host rounds the weights per GEMM. The same bits (a stale copy after an
+  // update would differ from step 2 on). The roundings of a step, each a launch on a GPU: the
+  // operands the GEMMs round plus the copies round_to_bf16 writes, the 12 of the layers' activation
+  // copies (a self-attention's x, dy, x and dq|dk|dv: 4; a feed-forward's dy and dpre: 2; 2 blocks);
+  // the weights' copy and h's (written by the optimizer and the activation) cost none. Against the
+  // path that rounded the weights and h per GEMM, the 10 reads of the weights' copy (2 x 4
+  // feed-forward GEMMs, 2 of the tied head) and the 4 of h's (2 x 2) are 14 roundings fewer.
+  const test::GemmPrecisionScope bf16(Precision::Bf16);
+  const Config cfg = device_test_config("dense");
+  const int V = 13;
+  const TestBatch batch(cfg, V);
+  struct Run {
+    std::vector<float> weights, logits;
+    std::vector<Bf16OperandCounts> steps;  // each step's counts
+  };
+  const auto train = [&](bool deferred) {
+    std::optional<test::DeferredHostDevice> guard;
+    if (deferred) guard.emplace(DeviceAccess::Copies);
+    Transformer<float> model(cfg, V);
+    model.init(5, 1.0);
+    AdamW opt(model.params(), all_entries(model.params()), AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+    Run r;
+    for (int64_t t = 1; t <= 3; ++t) {
+      device_synchronize();
+      const Bf16OperandCounts c0 = bf16_operand_counts();
+      const StepContext ctx{42, uint32_t(t), true, 0, nullptr};
+      model.params().zero_grad();
+      model.forward(ctx, batch.micro_batch(), batch.weights(cfg));
+      model.backward(ctx, batch.weights(cfg));
+      opt.step(model.params(), 1e-2, t);
+      device_synchronize();
+      const Bf16OperandCounts c1 = bf16_operand_counts();
+      r.steps.push_back({c1.rounded - c0.rounded, c1.from_copies - c0.from_copies, c1.copies_rounded - c0.copies_rounded});
+    }
+    r.logits = download(model.logits());
+    r.weights.resize(model.params().size());
+    copy_to_host(r.weights.data(), model.params().weights(), r.weights.size() * sizeof(float));
+    return r;
+  };
+  const Run host = train(false), device = train(true);
+  CHECK(host.logits == device.logits);
+  CHECK(host.weights == device.weights);
+  const size_t weight_reads = 2 * 4 + 2, h_reads = 2 * 2, activation_reads = 2 * 30 + 2 * 4,
+               activation_copies = 2 * (4 + 2);
+  for (size_t t = 0; t < 3; ++t) {
+    INFO("step " << t + 1);
+    const Bf16OperandCounts h = host.steps[t], d = device.steps[t];
+    CHECK(h.from_copies + h.copies_rounded == 0);  // the host keeps no copies
+    CHECK(d.from_copies == weight_reads + h_reads + activation_reads);
+    CHECK(d.copies_rounded == activation_copies);
+    CHECK(d.rounded + d.from_copies == h.rounded);  // the same GEMMs, reading as many operands
+    const size_t roundings = d.rounded + d.copies_rounded, before = roundings + weight_reads + h_reads;
+    INFO("roundings a step: " << roundings << ", with the weights and h rounded per GEMM " << before);
+    CHECK(roundings == h.rounded - weight_reads - h_reads - activation_reads + activation_copies);
+    CHECK(h.rounded == 174);  // every operand of the step's GEMMs
+    CHECK(roundings == 104);  // 118 with the weights and h rounded per GEMM
   }
 }
 

@@ -251,6 +251,36 @@ TEST_CASE("memory plan: parameters, optimizer state and activations of the built
   }
 }
 
+TEST_CASE("memory plan: the weights' bf16 copy with bf16 GEMMs on a GPU, 2 bytes a parameter, as the store holds it",
+          "[memory][bf16]") {
+  // The store keeps weights16() (model/params.hpp) only where the layers keep bf16 copies
+  // (plans_bf16_copies: bf16 on the GPU; here the deferred host device takes the GPU's side): the
+  // plan's parameters are then 4 + 2 bytes each, otherwise 4. The store's real bytes against it.
+  for (Config cfg : {dense_config(), moe_config()}) {
+    const int V = 50;
+    cfg.model.precision = Precision::Bf16;
+    const MemoryPlan host = plan_memory(cfg, V, MeshShape{}, 0, 0, 0);
+    cfg.run.device = Device::Cuda;
+    const MemoryPlan gpu = plan_memory(cfg, V, MeshShape{}, 0, 0, 0);
+    cfg.model.precision = Precision::Fp32;
+    const MemoryPlan gpu_fp32 = plan_memory(cfg, V, MeshShape{}, 0, 0, 0);
+    const size_t params = size_t(gpu.params_rank);
+    CHECK(host.param_bytes == params * sizeof(float));
+    CHECK(gpu_fp32.param_bytes == params * sizeof(float));
+    CHECK(gpu.param_bytes == params * (sizeof(float) + sizeof(uint16_t)));
+    CHECK(gpu.grad_bytes == host.grad_bytes);
+    const test::GemmPrecisionScope bf16(Precision::Bf16);
+    {
+      Transformer<float> model(cfg, V);
+      CHECK(model.params().weights16_bytes() == 0);  // the host rounds per GEMM
+    }
+    test::DeferredHostDevice device;
+    Transformer<float> model(cfg, V);
+    CHECK(model.params().size() == params);
+    CHECK(model.params().size() * sizeof(float) + model.params().weights16_bytes() == gpu.param_bytes);
+  }
+}
+
 TEST_CASE("memory plan: active parameters of fine-grained experts with shared ones; the plan's count line", "[memory]") {
   // 16 experts of width 16 (moe.expert_d_ff) with top-8 and 2 shared experts against 4 experts of
   // width d_ff = 64 with top-2, M = 32, 2 MoE layers, gelu (one expert: w_in [M, H] + w_out [H, M]).

@@ -29,6 +29,7 @@
 #include "optim/optimizer.hpp"
 #include "optim/optimizer_bodies.hpp"
 #include "optim/schedule.hpp"
+#include "tensor/bf16.hpp"
 
 using namespace meshmoe;
 
@@ -553,19 +554,23 @@ std::vector<float> test_values(size_t n, uint32_t seed) {
 
 struct DeviceRun {
   std::vector<float> weights;
+  std::vector<uint16_t> weights16;  // the store's bf16 copy (with bf16 GEMMs), else empty
   std::vector<std::vector<float>> state;
   std::vector<double> rms_over_d;
   std::vector<size_t> launches, waits;  // of each step() call
 };
 
-// 3 steps from fixed weights and gradients, every entry owned but "skipped.w".
-DeviceRun run_device_steps(bool adafactor, bool deferred) {
+// 3 steps from fixed weights and gradients, every entry owned but "skipped.w"; with `bf16`, bf16
+// GEMM operands (the store keeps the weights' bf16 copy on the device).
+DeviceRun run_device_steps(bool adafactor, bool deferred, bool bf16 = false) {
+  const test::GemmPrecisionScope precision(bf16 ? Precision::Bf16 : Precision::Fp32);
   std::optional<test::DeferredHostDevice> guard;
   if (deferred) guard.emplace(DeviceAccess::Copies);
   ParamStore<float> s;
   add_device_test_params(s);
   const size_t bytes = s.size() * sizeof(float);
   copy_from_host(s.weights(), test_values(s.size(), 7).data(), bytes);
+  s.publish_weights();  // the weights written at once: their bf16 copy
   std::unique_ptr<Optimizer> opt;
   const std::vector<size_t> owned{0, 1, 2, 4};
   if (adafactor)
@@ -583,6 +588,10 @@ DeviceRun run_device_steps(bool adafactor, bool deferred) {
   }
   r.weights.resize(s.size());
   copy_to_host(r.weights.data(), s.weights(), bytes);
+  if (s.weights16()) {
+    r.weights16.resize(s.size());
+    copy_to_host(r.weights16.data(), s.weights16(), s.weights16_bytes());
+  }
   for (const StateTensor& st : opt->state()) r.state.push_back(download(*st.data));
   if (adafactor) r.rms_over_d = static_cast<Adafactor&>(*opt).last_rms_over_d();
   return r;
@@ -674,6 +683,31 @@ TEST_CASE("optimizers on the device: AdamW one launch a step, Adafactor no wait;
     INFO("parameter " << p.name);
     CHECK(bitwise_equal(host.state[k++], std::vector<float>(m.begin() + ptrdiff_t(p.flat_offset), m.begin() + ptrdiff_t(p.flat_offset + p.size))));
     CHECK(bitwise_equal(host.state[k++], std::vector<float>(v.begin() + ptrdiff_t(p.flat_offset), v.begin() + ptrdiff_t(p.flat_offset + p.size))));
+  }
+}
+
+TEST_CASE("optimizers on the device with bf16 GEMMs: the update writes the weights' bf16 copy", "[optim][device][deferred][bf16]") {
+  // Where bf16 GEMMs read copies (tensor/blas.hpp bf16_operand_copies) the store keeps the weights'
+  // bf16 copy (ParamStore::weights16), and the update writes it with each new value: after 3 steps
+  // every element's copy is bf16_bits of its weight (tensor/bf16.hpp; the skipped entry's from
+  // publish_weights), still in one launch a step for AdamW, with the fp32 run's weights bitwise.
+  // The host path keeps no copy.
+  for (const bool adafactor : {false, true}) {
+    INFO((adafactor ? "adafactor" : "adamw"));
+    const DeviceRun fp32 = run_device_steps(adafactor, true);
+    const DeviceRun device = run_device_steps(adafactor, true, true);
+    CHECK(fp32.weights16.empty());
+    CHECK(run_device_steps(adafactor, false, true).weights16.empty());
+    CHECK(bitwise_equal(fp32.weights, device.weights));
+    REQUIRE(device.weights16.size() == device.weights.size());
+    size_t stale = 0;
+    for (size_t i = 0; i < device.weights.size(); ++i) stale += device.weights16[i] != bf16_bits(device.weights[i]);
+    CHECK(stale == 0);
+    for (size_t t = 0; t < 3; ++t) {
+      INFO("step " << t + 1);
+      CHECK(device.waits[t] == 0);
+      if (!adafactor) CHECK(device.launches[t] == 1);
+    }
   }
 }
 

@@ -149,8 +149,8 @@ TEST_CASE("shape table: the ranks' blocks tile every parameter on every mesh", "
 // [N, M + 3 A_l]), every cross-attention the encoder output, dq, dk, dv (alike); the causal
 // self-attentions (decoder-only blocks and the decoder of encdec, not the encoder's bidirectional
 // one) also P (saved for the backward) and dS (scratch), 2 bytes x [B, heads_l, T, T]; every
-// feed-forward, dense or shared expert, dy then dpre (scratch, [N, max(M, W_l)]). Oracle: the
-// letters of the deck, counted by hand.
+// feed-forward, dense or shared expert, its activation's output h (saved, [N, H_l]) and dy then
+// dpre (scratch, [N, max(M, W_l)]). Oracle: the letters of the deck, counted by hand.
 TEST_CASE("shape table: the bf16 copies of GEMM operands on a GPU", "[shapes]") {
   for (const bool encdec : {false, true}) {
     INFO("encdec " << encdec);
@@ -201,9 +201,11 @@ TEST_CASE("shape table: the bf16 copies of GEMM operands on a GPU", "[shapes]") 
       const std::string ffn = b + (dense ? ".mlp" : ".moe.shared");
       REQUIRE(layers.count(ffn) == 1);
       REQUIRE(found.count(ffn) == 1);
-      REQUIRE(found.at(ffn).size() == 1);
-      CHECK(found.at(ffn)[0].dims == std::vector<int64_t>{N, dense ? 16 : 24});
-      CHECK(found.at(ffn)[0].kind == BufferKind::Scratch);
+      REQUIRE(found.at(ffn).size() == 2);
+      CHECK(found.at(ffn)[0].dims == std::vector<int64_t>{N, dense ? 16 : 24});  // h [N, H_l]
+      CHECK(found.at(ffn)[0].kind == BufferKind::Saved);
+      CHECK(found.at(ffn)[1].dims == std::vector<int64_t>{N, dense ? 16 : 24});
+      CHECK(found.at(ffn)[1].kind == BufferKind::Scratch);
       with_copies += 2;
     }
     CHECK(found.size() == with_copies);  // no other layer keeps copies
