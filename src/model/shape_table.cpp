@@ -291,9 +291,8 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         buf("h", "[R, H_l]", {R, He_l}, f32);
         if (s.moe_opt.expert_dropout > 0) buf("dropout scale", "[R, H_l]", {R, He_l}, f32);
         buf("dxe", "[R, M]", {R, M}, f32, K::Scratch);
-        // one expert's rows at a time: R / E_l
-        buf("dh", "[R / E_l, H_l]", {R / E_l, He_l}, f32, K::Scratch);
-        buf("dpre", "[R / E_l, W_l]", {R / E_l, We_l}, f32, K::Scratch);
+        // every local expert's rows at once (a grouped GEMM per role); dh overwrites h
+        buf("dpre", "[R, W_l]", {R, We_l}, f32, K::Scratch);
         break;
       case LayerKind::Head:
         buf("x", "[N, M]", {N, M}, f32);

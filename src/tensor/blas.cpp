@@ -73,4 +73,69 @@ void round_to_bf16(const float* x, int64_t n, uint16_t* bits) {
   run_host_indices(n, n, [x, bits](int64_t i) { bits[i] = bf16_bits(x[i]); });
 }
 
+namespace {
+// The groups form one progression: every group has group 0's shape and leading dimensions, and
+// each operand of group i lies at its group 0 operand plus i times a stride (returned).
+template <typename T>
+bool one_progression(std::span<const GemmGroup<T>> g, int64_t& sa, int64_t& sb, int64_t& sc) {
+  sa = g.size() > 1 ? g[1].A - g[0].A : 0;
+  sb = g.size() > 1 ? g[1].B - g[0].B : 0;
+  sc = g.size() > 1 ? g[1].C - g[0].C : 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const GemmGroup<T>& x = g[i];
+    const int64_t j = int64_t(i);
+    if (x.M != g[0].M || x.N != g[0].N || x.K != g[0].K || x.lda != g[0].lda || x.ldb != g[0].ldb ||
+        x.ldc != g[0].ldc || x.A != g[0].A + j * sa || x.B != g[0].B + j * sb || x.C != g[0].C + j * sc)
+      return false;
+  }
+  return true;
+}
+
+void host_gemm(bool rounded, bool ta, bool tb, float alpha, float beta, const GemmGroup<float>& g) {
+  if (rounded)
+    return gemm_bf16_operands_on_host(ta, tb, g.M, g.N, g.K, alpha, g.A, g.lda, g.B, g.ldb, beta, g.C, g.ldc, nullptr,
+                                      nullptr);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g.M, g.N, g.K, alpha, g.A,
+              g.lda, g.B, g.ldb, beta, g.C, g.ldc);
+}
+void host_gemm(bool, bool ta, bool tb, double alpha, double beta, const GemmGroup<double>& g) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g.M, g.N, g.K, alpha, g.A,
+              g.lda, g.B, g.ldb, beta, g.C, g.ldc);
+}
+}  // namespace
+
+template <typename T>
+void gemm_grouped(bool trans_a, bool trans_b, T alpha, T beta, std::span<const GemmGroup<T>> groups) {
+  std::vector<GemmGroup<T>> g;  // the groups with a product to write
+  for (const GemmGroup<T>& x : groups)
+    if (x.M > 0 && x.N > 0) g.push_back(x);
+  if (g.empty()) return;
+  const bool rounded = std::is_same_v<T, float> && gemm_precision() == Precision::Bf16;
+  if (current_device() != Device::Cuda)
+    return run_host_work([=, g = std::move(g)] {
+      for (const GemmGroup<T>& x : g) host_gemm(rounded, trans_a, trans_b, alpha, beta, x);
+    });
+  int64_t sa, sb, sc;
+  const GemmGroup<T>& f = g[0];
+  const int count = int(g.size());
+  if (one_progression<T>(g, sa, sb, sc)) {
+    if constexpr (std::is_same_v<T, float>)
+      if (rounded)
+        return cuda_gemm_bf16_strided_batched(trans_a, trans_b, f.M, f.N, f.K, alpha, f.A, f.lda, sa, f.B, f.ldb, sb,
+                                              beta, f.C, f.ldc, sc, count);
+    return cuda_gemm_strided_batched(trans_a, trans_b, f.M, f.N, f.K, alpha, f.A, f.lda, sa, f.B, f.ldb, sb, beta, f.C,
+                                     f.ldc, sc, count);
+  }
+  if constexpr (std::is_same_v<T, float>)
+    if (rounded) {
+      for (const GemmGroup<T>& x : g)
+        cuda_gemm_bf16(trans_a, trans_b, x.M, x.N, x.K, alpha, x.A, x.lda, x.B, x.ldb, beta, x.C, x.ldc);
+      return;
+    }
+  cuda_gemm_grouped(trans_a, trans_b, alpha, beta, g.data(), count);
+}
+
+template void gemm_grouped<float>(bool, bool, float, float, std::span<const GemmGroup<float>>);
+template void gemm_grouped<double>(bool, bool, double, double, std::span<const GemmGroup<double>>);
+
 }  // namespace meshmoe

@@ -10,10 +10,12 @@
 #pragma once
 #include <cblas.h>
 
+#include <span>
 #include <type_traits>
 
 #include "tensor/compute_kinds.hpp"
 #include "tensor/cuda_gemm_bf16.hpp"
+#include "tensor/cuda_gemm_grouped.hpp"
 #include "tensor/device.hpp"
 #include "tensor/launch.hpp"
 
@@ -182,5 +184,17 @@ void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, T alpha, Batc
     gemm(trans_a, trans_b, M, N, K, alpha, A.at(b, h), A.ld, B.at(b, h), B.ld, beta, C.at(b, h), C.ld);
   });
 }
+
+// The GEMMs of `groups` (GemmGroup, tensor/cuda_gemm_grouped.hpp: shapes, operands and leading
+// dimensions of each) as one call, C_i = alpha op(A_i) op(B_i) + beta C_i: the MoE experts' GEMMs
+// of one role, a group per local expert (model/moe/experts.cpp, docs/ARCHITECTURE.md "MoE
+// launches"). On the host one piece of host work (queued as one where the backend queues
+// it) running gemm's arithmetic for each group in order: the same bits as a gemm per group. On the
+// GPU one strided-batched cuBLAS call when the groups are one progression (equal shapes and leading
+// dimensions, each operand at a constant stride: experts padded to the same rows), otherwise one
+// grouped cuBLAS call (cuda_gemm_grouped); with bf16 GEMM operands (model.precision) the
+// progression is one bf16 strided-batched call and unequal groups fall back to a bf16 GEMM each.
+template <typename T>
+void gemm_grouped(bool trans_a, bool trans_b, T alpha, T beta, std::span<const GemmGroup<T>> groups);
 
 }  // namespace meshmoe

@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "tensor/cuda_gemm_bf16.hpp"
+#include "tensor/cuda_gemm_grouped.hpp"
 #include "tensor/cuda_profile.hpp"
 #include "tensor/device.hpp"
 
@@ -45,6 +46,12 @@ bool cuda_gemm_bf16_two_level_batched(bool, bool, int, int, int, float, const fl
                                       const float*, int, int64_t, int64_t, float, float*, int, int64_t, int64_t, int,
                                       int, const uint16_t*, const uint16_t*) {
   throw Error("cuda_gemm_bf16_two_level_batched: built without CUDA");
+}
+void cuda_gemm_grouped(bool, bool, float, float, const GemmGroup<float>*, int) {
+  throw Error("cuda_gemm_grouped: built without CUDA");
+}
+void cuda_gemm_grouped(bool, bool, double, double, const GemmGroup<double>*, int) {
+  throw Error("cuda_gemm_grouped: built without CUDA");
 }
 void cuda_profile_restart() {}
 

@@ -198,9 +198,9 @@ for deck, stage in [(d, s) for d in ("switch", "switch-block") for s in (0, 1)]:
     if stage == 1:
         act += (NM + N) * f + (NM + N * V) * f + N * 8 + 2 * N * f + N * 4
     # MoE backward scratch: router dxr [N, M] (jitter); dgate [N k], dout [E G C, M], dxe [R, M];
-    # one expert's dh [R / El, He] and dpre [R / El, 2 He]
+    # every local expert's dpre [R, 2 He] (grouped GEMMs; dh overwrites h)
     R = El * D * G * C
-    moe_work = (NM + N * k + E * G * C * Md + R * Md + R // El * (He + 2 * He)) * f
+    moe_work = (NM + N * k + E * G * C * Md + R * Md + R * 2 * He) * f
     layernorms = 2 * len(blocks) + (1 if stage == 1 else 0)  # ln1, ln2 per block; ln_f on the last stage
     work = ((2 * NM + 2 * (NM + 4 * NM + rows * NH * T * T) + (NM + N * FF + 2 * N * FF)) * f + moe_work
             + layernorms * 2 * math.ceil(N / 64) * Md * f)

@@ -44,7 +44,7 @@ template <typename T>
 ExpertRows<T> AllToAllDispatcher<T>::expert_input() {
   expert_side_elems_ = xin_.size();
   xout_.resize(xin_.size());
-  return {xin_.data(), xout_.data(), expert_rows_, expert_token_.data(), room_, room_per_expert_};
+  return {xin_.data(), xout_.data(), expert_rows_, expert_token_.data(), room_};
 }
 
 // The experts keep their own copy of their input (forward) and are done with their output

@@ -35,22 +35,23 @@ void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, int R, const 
 
 template <typename T>
 void Experts<T>::forward(const StepContext& ctx, const ExpertRows<T>& rows) {
-  if (rows.room > 0) reserve(rows.room, rows.room_per_expert);
+  if (rows.room > 0) reserve(rows.room);
   forward(ctx, rows.x, rows.y, rows.count, rows.token);
 }
 
 template <typename T>
-void Experts<T>::reserve(size_t rows, size_t expert_rows) {
+void Experts<T>::reserve(size_t rows) {
   const size_t M = size_t(opt_.d_model), H_l = size_t(H_l_), W = size_t(W_);
   x_.reserve(rows * M);
   pre_.reserve(rows * W);
   h_.reserve(rows * H_l);
   if (opt_.expert_dropout > 0) mask_.reserve(rows * H_l);
   reserve_rows_ = rows;
-  reserve_expert_rows_ = expert_rows;
 }
 
-// x [rows, M] -> pre [rows, W] -> h [rows, H_l] -> y [rows, M] (all-reduced over tensor when split)
+// x [rows, M] -> pre [rows, W] -> h [rows, H_l] -> y [rows, M] (all-reduced over tensor when split).
+// Each GEMM role is one grouped call over the local experts (gemm_grouped), the activation one
+// launch over all rows; expert dropout, keyed by the expert, a launch per expert.
 template <typename T>
 void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, std::span<const int> rows,
                          const int64_t* row_token) {
@@ -66,58 +67,72 @@ void Experts<T>::forward(const StepContext& ctx, const T* x, T* y, std::span<con
   const double p = ctx.training ? opt_.expert_dropout : 0.0;
   if (p > 0) mask_.resize(total * H_l);
   else mask_.clear();
-  const Rng rng{ctx.seed, ctx.step, opt_.layer_id, RngPurpose::ExpertDropout};
-  const T scale = T(1.0 / (1.0 - p));
+  std::vector<GemmGroup<T>> up, down;
   for (int el = 0; el < e_local_; ++el) {
     const size_t r0 = start_[el];
     const int R = rows[el];
-    if (R == 0) continue;
-    matmul(false, false, R, W, M, &x_[r0 * M], w_in.w + size_t(el) * M * W, &pre_[r0 * W]);
-    activation_forward(opt_.activation, &pre_[r0 * W], &h_[r0 * H_l], R, H_l);
-    if (p > 0)
-      for_each_index_2d(R, H_l,
-                     ExpertDropoutForward<T>{rng, row_token + r0, &mask_[r0 * H_l], &h_[r0 * H_l], H_l, h0_,
-                                             uint64_t(opt_.num_experts), uint64_t(H), uint64_t(e0_ + el), p, scale});
-    matmul(false, false, R, M, H_l, &h_[r0 * H_l], w_out.w + size_t(el) * H_l * M, y + r0 * M);
+    up.push_back({R, W, M, x_.data() + r0 * M, M, w_in.w + size_t(el) * M * W, W, pre_.data() + r0 * W, W});
+    down.push_back({R, M, H_l, h_.data() + r0 * H_l, H_l, w_out.w + size_t(el) * H_l * M, M, y + r0 * M, M});
   }
+  gemm_grouped<T>(false, false, T(1), T(0), up);
+  if (total > 0) activation_forward(opt_.activation, pre_.data(), h_.data(), int(total), H_l);
+  const Rng rng{ctx.seed, ctx.step, opt_.layer_id, RngPurpose::ExpertDropout};
+  const T scale = T(1.0 / (1.0 - p));
+  if (p > 0)
+    for (int el = 0; el < e_local_; ++el) {
+      const size_t r0 = start_[el];
+      if (rows[el] > 0)
+        for_each_index_2d(rows[el], H_l,
+                          ExpertDropoutForward<T>{rng, row_token + r0, &mask_[r0 * H_l], &h_[r0 * H_l], H_l, h0_,
+                                                  uint64_t(opt_.num_experts), uint64_t(H), uint64_t(e0_ + el), p,
+                                                  scale});
+    }
+  gemm_grouped<T>(false, false, T(1), T(0), down);
   if (hidden_split() && total > 0) {
     ScopedPhase t(ctx.timers, "moe_allreduce");
     tensor_->all_reduce(y, total * M, Op::Sum);
   }
 }
 
-// dy [rows, M] -> dh [R, H_l] -> dpre [R, W] -> dx [rows, M] (added; all-reduced over tensor when split)
+// dy [rows, M] -> dh [rows, H_l] -> dpre [rows, W] -> dx [rows, M] (added; all-reduced over tensor
+// when split): a grouped call per GEMM role, as forward. dh overwrites h, which nothing reads after
+// dW_out: the grouped calls need every expert's rows at once, and this keeps their scratch to dpre.
 template <typename T>
 void Experts<T>::backward(const StepContext& ctx, const T* dy, T* dx) {
   const int M = opt_.d_model, H_l = H_l_, W = W_;
   const size_t total = start_.back();
   if (hidden_split()) dxs_.reserve(reserve_rows_ * M);
-  dh_.reserve(reserve_expert_rows_ * H_l);
-  dpre_.reserve(reserve_expert_rows_ * W);
+  dpre_.reserve(reserve_rows_ * W);
   T* dxo = dx;  // where dpre W_in^T goes
   if (hidden_split()) {
     dxs_.resize(total * M);
     fill_with(dxs_.data(), total * M, T(0));
     dxo = dxs_.data();
   }
+  dpre_.resize(total * W);
+  T *dh = h_.data(), *dpre = dpre_.data();
+  std::vector<GemmGroup<T>> dw_out, dh_rows, dw_in, dx_rows;
   for (int el = 0; el < e_local_; ++el) {
     const size_t r0 = start_[el];
     const int R = int(start_[el + 1] - r0);
-    if (R == 0) continue;
-    dh_.resize(size_t(R) * H_l);
-    dpre_.resize(size_t(R) * W);
-    T *dh = dh_.data(), *dpre = dpre_.data();
+    if (R == 0) continue;  // no rows: nothing added to the weight gradients either
     const T* win = w_in.w + size_t(el) * M * W;
     const T* wout = w_out.w + size_t(el) * H_l * M;
     // y = h W_out: dW_out += h^T dy, dh = dy W_out^T
-    matmul(true, false, H_l, M, R, &h_[r0 * H_l], dy + r0 * M, w_out.g + size_t(el) * H_l * M, true);
-    matmul(false, true, R, H_l, M, dy + r0 * M, wout, dh);
-    if (!mask_.empty()) for_each_index(int64_t(R) * H_l, ExpertDropoutBackward<T>{&mask_[r0 * H_l], dh});
-    activation_backward(opt_.activation, &pre_[r0 * W], dh, dpre, R, H_l);
+    dw_out.push_back({H_l, M, R, h_.data() + r0 * H_l, H_l, dy + r0 * M, M, w_out.g + size_t(el) * H_l * M, M});
+    dh_rows.push_back({R, H_l, M, dy + r0 * M, M, wout, M, dh + r0 * H_l, H_l});
     // pre = x W_in: dW_in += x^T dpre, dx += dpre W_in^T
-    matmul(true, false, M, W, R, &x_[r0 * M], dpre, w_in.g + size_t(el) * M * W, true);
-    matmul(false, true, R, M, W, dpre, win, dxo + r0 * M, true);
+    dw_in.push_back({M, W, R, x_.data() + r0 * M, M, dpre + r0 * W, W, w_in.g + size_t(el) * M * W, W});
+    dx_rows.push_back({R, M, W, dpre + r0 * W, W, win, W, dxo + r0 * M, M});
   }
+  gemm_grouped<T>(true, false, T(1), T(1), dw_out);
+  gemm_grouped<T>(false, true, T(1), T(0), dh_rows);
+  if (total > 0) {
+    if (!mask_.empty()) for_each_index(int64_t(total) * H_l, ExpertDropoutBackward<T>{mask_.data(), dh});
+    activation_backward(opt_.activation, pre_.data(), dh, dpre, int(total), H_l);
+  }
+  gemm_grouped<T>(true, false, T(1), T(1), dw_in);
+  gemm_grouped<T>(false, true, T(1), T(1), dx_rows);
   if (hidden_split()) {
     if (total > 0) {
       ScopedPhase t(ctx.timers, "moe_allreduce");

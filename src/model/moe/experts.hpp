@@ -1,6 +1,7 @@
 // The experts of one MoE layer: E_local position-wise feed-forward networks without biases,
-// FFN_e(x) = act(x W_in[e]) W_out[e] (GShard Algorithm 2 lines 4-6), run as one GEMM per expert over
-// its buffer rows. Expert dropout (Switch section 2.4) on the hidden layer.
+// FFN_e(x) = act(x W_in[e]) W_out[e] (GShard Algorithm 2 lines 4-6) over each expert's buffer rows,
+// each GEMM role one grouped call over the local experts (tensor/blas.hpp gemm_grouped;
+// docs/ARCHITECTURE.md "MoE launches"). Expert dropout (Switch section 2.4) on the hidden layer.
 //
 // Holds experts [e0, e0 + E_local) of the layer's E and hidden units [h0, h0 + H_local) of each
 // (Switch section 5.5 expert + model parallelism: H split over the tensor axis, like the dense MLP);
@@ -40,9 +41,9 @@ struct ExpertRows {
   T* y = nullptr;                  // [rows, M] room for the output (overwritten)
   std::span<const int> count;      // [E_local] rows of each local expert
   const int64_t* token = nullptr;  // [rows] global token of each row, -1 for an empty slot
-  // Rows of the full [E_local, sources x G x C] layout and of one expert in it, that the buffers keep
-  // room for (capacity routing, MoeLayer's reserve; 0 until a capacity-routed pass).
-  size_t room = 0, room_per_expert = 0;
+  // Rows of the full [E_local, sources x G x C] layout, that the buffers keep room for (capacity
+  // routing, MoeLayer's reserve; 0 until a capacity-routed pass).
+  size_t room = 0;
 };
 
 // The experts' rows of one backward, in the forward's row order: the gradient of their output and
@@ -75,9 +76,9 @@ class Experts {
   void forward(const StepContext& ctx, const ExpertRows<T>& rows);
   // The same with R rows for every expert (x [E_local, R, M]).
   void forward(const StepContext& ctx, const T* x, T* y, int R, const int64_t* row_token);
-  // Room for `rows` input rows, at most `expert_rows` of one expert, in the buffers of forward and
-  // (from the next backward on) backward, so that a step below it does not reallocate.
-  void reserve(size_t rows, size_t expert_rows);
+  // Room for `rows` input rows in the buffers of forward and (from the next backward on) backward,
+  // so that a step below it does not reallocate.
+  void reserve(size_t rows);
   // dy [rows, M] -> dx [rows, M] (added), w_in.g, w_out.g (added); the row layout of the last forward.
   void backward(const StepContext& ctx, const T* dy, T* dx);
   void backward(const StepContext& ctx, const ExpertGradRows<T>& rows) { backward(ctx, rows.dy, rows.dx); }
@@ -106,11 +107,11 @@ class Experts {
   std::vector<size_t> start_;  // [E_local + 1] first row of each local expert
   Buffer<T> x_;     // [rows, M] input
   Buffer<T> pre_;   // [rows, W] pre-activation
-  Buffer<T> h_;     // [rows, H_l] activation after dropout
+  Buffer<T> h_;     // [rows, H_l] activation after dropout; backward overwrites it with dh
   Buffer<T> mask_;  // [rows, H_l] dropout scale: 0 or 1/(1-p) (empty without dropout)
   Buffer<T> dxs_;   // [rows, M] partial input gradient (hidden split only)
-  Buffer<T> dh_, dpre_;  // backward scratch of one expert: [R, H_l], [R, W]
-  size_t reserve_rows_ = 0, reserve_expert_rows_ = 0;
+  Buffer<T> dpre_;  // backward scratch: [rows, W]
+  size_t reserve_rows_ = 0;
 };
 
 }  // namespace meshmoe

@@ -45,7 +45,7 @@ T* LocalDispatcher<T>::output_rows() {
 template <typename T>
 ExpertRows<T> LocalDispatcher<T>::expert_input() {
   T* y = output_rows();
-  return {rows_.data(), y, index_.expert_rows(), index_.slot_token_global().data(), room_, room_per_expert_};
+  return {rows_.data(), y, index_.expert_rows(), index_.slot_token_global().data(), room_};
 }
 
 // out [rows, M] -> y [N, M] (+ shared [N, M]: DeepSeekMoE eq. 3, routed + shared)

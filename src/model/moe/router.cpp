@@ -119,8 +119,10 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
   // their next-highest expert" stages until nothing moves, with full experts skipped at once. It only
   // adds placements: it never drops more than plain routing.
   //
-  // Each group is sequential in its tokens: one body per group (RouterAssignGroup). The loss terms
-  // are apart, with the totals (sum_totals).
+  // On the host each group is one body, sequential in its tokens (RouterAssignGroup). Where the
+  // buffers live on a device the slots come from prefix sums instead, a warp per (group, expert)
+  // on the GPU (RouterSlotsByScan), then a body per group for its totals and NTLB
+  // (RouterAssignRest): the same bits. The loss terms are apart, with the totals (sum_totals).
   r_.N = N, r_.k = k, r_.S = S, r_.G = G, r_.C = C, r_.E = E;
   r_.expert.resize(size_t(N) * k);
   r_.slot.resize(size_t(N) * k);
@@ -130,26 +132,37 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
   dropped_.resize(size_t(N) * k);
   const RouterTotalsLayout at{.E = E, .bins = Routing<T>::kPlacedBins};
   group_stats_.resize(size_t(G) * size_t(at.group_width()));
-  for_each_index(G, RouterAssignGroup<T>{.probs = probs_.data(),
-                                         .top = top_.data(),
-                                         .norm = norm_.data(),
-                                         .want = want_.data(),
-                                         .expert = r_.expert.data(),
-                                         .slot = r_.slot.data(),
-                                         .gate = r_.gate.data(),
-                                         .count = count_.data(),
-                                         .position = position_.data(),
-                                         .dropped = dropped_.data(),
-                                         .stats = group_stats_.data(),
-                                         .at = at,
-                                         .S = S,
-                                         .k = k,
-                                         .E = E,
-                                         .C = C,
-                                         .ntlb = opt_.no_token_left_behind,
-                                         .declined_takes_slot = opt_.declined_takes_slot,
-                                         .bias = bias(),
-                                         .scale = opt_.routed_scale});
+  const RouterAssignGroup<T> assign{.probs = probs_.data(),
+                                   .top = top_.data(),
+                                   .norm = norm_.data(),
+                                   .want = want_.data(),
+                                   .expert = r_.expert.data(),
+                                   .slot = r_.slot.data(),
+                                   .gate = r_.gate.data(),
+                                   .count = count_.data(),
+                                   .position = position_.data(),
+                                   .dropped = dropped_.data(),
+                                   .stats = group_stats_.data(),
+                                   .at = at,
+                                   .S = S,
+                                   .k = k,
+                                   .E = E,
+                                   .C = C,
+                                   .ntlb = opt_.no_token_left_behind,
+                                   .declined_takes_slot = opt_.declined_takes_slot,
+                                   .bias = bias(),
+                                   .scale = opt_.routed_scale};
+  if (buffers_on_device()) {
+    const RouterSlotsByScan<T> scan{assign};
+#ifdef MESHMOE_CUDA
+    if (current_device() == Device::Cuda) launch_router_slots_by_scan(scan, int64_t(G) * E);
+    else
+#endif
+      for_each_index(int64_t(G) * E, scan, int64_t(S) * k);
+    for_each_index(G, RouterAssignRest<T>{assign});
+  } else {
+    for_each_index(G, assign);
+  }
 
   frac_.resize(size_t(G) * E);
   balance_term_.resize(size_t(G) * E);

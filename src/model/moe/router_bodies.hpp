@@ -287,28 +287,45 @@ struct RouterAssignGroup {
         if (pos[e] < C) place(cnt, pos, n, i, e);
         else drop[s * k + i] = 1;
       }
-    // NTLB: the best-ranked expert outside the token's k choices that holds none of its rerouted
-    // choices and has room (the first such expert in the token's sorted order).
-    if (ntlb)
-      for (int i = 0; i < k; ++i)
-        for (int s = 0; s < S; ++s) {
-          if (!drop[s * k + i]) continue;
-          const int n = n0 + s;
-          const T* p = probs + int64_t(n) * E;
-          int best = -1;
-          for (int e = 0; e < E; ++e) {
-            bool taken = pos[e] >= C;
-            for (int i2 = 0; i2 < k; ++i2)
-              taken = taken || top[int64_t(n) * k + i2] == e || expert[int64_t(n) * k + i2] == e;
-            if (taken) continue;
-            if (best < 0 || router_ranks_before(p, bias, e, best)) best = e;
-          }
-          if (best < 0) continue;
-          place(cnt, pos, n, i, best);
-          drop[s * k + i] = 0;
-          st[3] += 1;
-          st[at.group_expert_stat(2, best)] += 1;
+    if (ntlb) reroute_dropped(g);
+    count_dropped(g);
+  }
+
+  // NTLB over group g's dropped choices: each to the best-ranked expert outside the token's k
+  // choices that holds none of its rerouted choices and has room (the first such expert in the
+  // token's sorted order).
+  MESHMOE_HD void reroute_dropped(int64_t g) const {
+    int* cnt = count + g * E;
+    int* pos = position + g * E;
+    uint8_t* drop = dropped + g * S * k;
+    int64_t* st = stats + g * at.group_width();
+    const int n0 = int(g) * S;
+    for (int i = 0; i < k; ++i)
+      for (int s = 0; s < S; ++s) {
+        if (!drop[s * k + i]) continue;
+        const int n = n0 + s;
+        const T* p = probs + int64_t(n) * E;
+        int best = -1;
+        for (int e = 0; e < E; ++e) {
+          bool taken = pos[e] >= C;
+          for (int i2 = 0; i2 < k; ++i2)
+            taken = taken || top[int64_t(n) * k + i2] == e || expert[int64_t(n) * k + i2] == e;
+          if (taken) continue;
+          if (best < 0 || router_ranks_before(p, bias, e, best)) best = e;
         }
+        if (best < 0) continue;
+        place(cnt, pos, n, i, best);
+        drop[s * k + i] = 0;
+        st[3] += 1;
+        st[at.group_expert_stat(2, best)] += 1;
+      }
+  }
+
+  // Group g's dropped choices into its stats: the total and each chosen expert's (both 0 before).
+  MESHMOE_HD void count_dropped(int64_t g) const {
+    const uint8_t* drop = dropped + g * S * k;
+    int64_t* st = stats + g * at.group_width();
+    const int n0 = int(g) * S;
     for (int s = 0; s < S; ++s)
       for (int i = 0; i < k; ++i)
         if (drop[s * k + i]) {
@@ -317,6 +334,144 @@ struct RouterAssignGroup {
         }
   }
 };
+
+// popcount of a 32-bit mask, on either side.
+MESHMOE_HD inline int popcount32(uint32_t x) {
+#ifdef __CUDA_ARCH__
+  return __popc(x);
+#else
+  return __builtin_popcount(x);
+#endif
+}
+
+// RouterAssignGroup's plain assignment as a parallel scan (Tutel's fast_dispatch: slots by prefix
+// sums, docs/ARCHITECTURE.md "MoE launches"), one body per (group g, expert e), index
+// i = g * E + e, then RouterAssignRest per group. In round i (choice i of every token) the group's
+// choices for e that advance e's position counter (the wanted ones; the declined ones too when
+// declined_takes_slot) meet the counter in token order, and the counter stops at C; so such a
+// choice's position is pos0 plus the number of them before it in the round (a prefix sum), clipped
+// at C, and a wanted choice is placed at that slot when it is below C, dropped otherwise. The
+// tokens go by in chunks of kLanes: the chunk's flags make a mask (a warp's ballot on the GPU,
+// router.cu; a loop here) and a lane's count is the popcount of the mask below it. The body owns the
+// choices whose first-ranked expert top[c] is e (each choice has one), count and position [g, e] and
+// e's declined and dropped stats; the same writes, bit for bit, as RouterAssignGroup before NTLB.
+template <typename T>
+struct RouterSlotsByScan {
+  RouterAssignGroup<T> a;  // the routing's arrays and options (its ntlb is RouterAssignRest's)
+  static constexpr int kLanes = 32;
+  enum Kind { kNone = 0, kWanted = 1, kDeclinedChoice = 2 };
+
+  // Choice i of token s of group g, as seen by expert e's column.
+  MESHMOE_HD int kind(int g, int e, int i, int s) const {
+    if (s >= a.S) return kNone;
+    const int64_t c = (int64_t(g) * a.S + s) * a.k + i;
+    if (a.top[c] != e) return kNone;
+    return a.want[c] ? kWanted : kDeclinedChoice;
+  }
+  MESHMOE_HD bool advances(int kd) const { return kd == kWanted || (kd == kDeclinedChoice && a.declined_takes_slot); }
+
+  // Choice i of token s for e, of kind kd, meeting e's counter at `at` (unclipped): its triple and
+  // its drop flag.
+  MESHMOE_HD void settle(int g, int e, int i, int s, int kd, int at) const {
+    const int n = g * a.S + s;
+    const int64_t c = int64_t(n) * a.k + i;
+    a.dropped[int64_t(g) * a.S * a.k + int64_t(s) * a.k + i] = kd == kWanted && at >= a.C;
+    a.slot[c] = -1;
+    a.gate[c] = T(0);
+    if (kd == kDeclinedChoice) {
+      a.expert[c] = RouterAssignGroup<T>::kDeclined;
+    } else if (at < a.C) {
+      a.expert[c] = e;
+      a.slot[c] = at;
+      a.gate[c] = T(routed_gate(a.scale, double(a.probs[int64_t(n) * a.E + e]), a.norm[n]));
+    } else {
+      a.expert[c] = RouterAssignGroup<T>::kDropped;
+    }
+  }
+
+  // The column's totals after the last round.
+  MESHMOE_HD void finish(int g, int e, int placed, int pos, int64_t declined, int64_t dropped) const {
+    a.count[int64_t(g) * a.E + e] = placed;
+    a.position[int64_t(g) * a.E + e] = pos;
+    int64_t* st = a.stats + int64_t(g) * a.at.group_width();
+    st[a.at.group_expert_stat(0, e)] = declined;
+    st[a.at.group_expert_stat(1, e)] = dropped;
+    st[a.at.group_expert_stat(2, e)] = 0;
+  }
+
+  // The host's body: a warp's lanes one after another.
+  MESHMOE_HD void operator()(int64_t ge) const {
+    const int g = int(ge / a.E), e = int(ge % a.E);
+    int pos = 0, placed = 0;
+    int64_t declined = 0, dropped = 0;
+    for (int i = 0; i < a.k; ++i)
+      for (int s0 = 0; s0 < a.S; s0 += kLanes) {
+        uint32_t mask = 0;
+        for (int lane = 0; lane < kLanes; ++lane) mask |= uint32_t(advances(kind(g, e, i, s0 + lane))) << lane;
+        for (int lane = 0; lane < kLanes; ++lane) {
+          const int kd = kind(g, e, i, s0 + lane);
+          if (kd == kNone) continue;
+          const int at = pos + popcount32(mask & ((1u << lane) - 1u));
+          settle(g, e, i, s0 + lane, kd, at);
+          placed += kd == kWanted && at < a.C;
+          dropped += kd == kWanted && at >= a.C;
+          declined += kd == kDeclinedChoice;
+        }
+        pos = pos + popcount32(mask) < a.C ? pos + popcount32(mask) : a.C;
+      }
+    finish(g, e, placed, pos, declined, dropped);
+  }
+
+#ifdef __CUDACC__
+  // The GPU's body: lane `lane` of the warp that owns column ge (router.cu).
+  __device__ void warp(int64_t ge, int lane) const {
+    const int g = int(ge / a.E), e = int(ge % a.E);
+    const uint32_t all = 0xffffffffu;
+    int pos = 0, placed = 0;
+    int64_t declined = 0, dropped = 0;
+    for (int i = 0; i < a.k; ++i)
+      for (int s0 = 0; s0 < a.S; s0 += kLanes) {
+        const int kd = kind(g, e, i, s0 + lane);
+        const uint32_t mask = __ballot_sync(all, advances(kd));
+        const int at = pos + popcount32(mask & ((1u << lane) - 1u));
+        if (kd != kNone) settle(g, e, i, s0 + lane, kd, at);
+        placed += popcount32(__ballot_sync(all, kd == kWanted && at < a.C));
+        dropped += popcount32(__ballot_sync(all, kd == kWanted && at >= a.C));
+        declined += popcount32(__ballot_sync(all, kd == kDeclinedChoice));
+        pos = pos + popcount32(mask) < a.C ? pos + popcount32(mask) : a.C;
+      }
+    if (lane == 0) finish(g, e, placed, pos, declined, dropped);
+  }
+#endif
+};
+
+// Group g after RouterSlotsByScan: its wanted and declined totals, NTLB when asked (as
+// RouterAssignGroup, sequential in the group's dropped choices) and its dropped totals.
+template <typename T>
+struct RouterAssignRest {
+  RouterAssignGroup<T> a;
+  MESHMOE_HD void operator()(int64_t g) const {
+    const RouterTotalsLayout& at = a.at;
+    int64_t* st = a.stats + g * at.group_width();
+    st[1] = 0;
+    for (int e = 0; e < a.E; ++e) st[1] += st[at.group_expert_stat(0, e)];
+    st[0] = int64_t(a.S) * a.k - st[1];  // every choice is wanted or declined
+    st[2] = st[3] = 0;
+    if (a.ntlb) {
+      a.reroute_dropped(g);
+      for (int e = 0; e < a.E; ++e) st[at.group_expert_stat(1, e)] = 0;
+      a.count_dropped(g);
+      return;
+    }
+    for (int e = 0; e < a.E; ++e) st[2] += st[at.group_expert_stat(1, e)];
+  }
+};
+
+#ifdef MESHMOE_CUDA
+// RouterSlotsByScan on the GPU, a warp per column (router.cu).
+template <typename T>
+void launch_router_slots_by_scan(const RouterSlotsByScan<T>& body, int64_t columns);
+#endif
 
 // Expert-choice routing (Zhou et al. 2022, section 3.1), one body per (group g, expert e), index
 // i = g * E + e: expert e takes the C tokens of group g with the highest probability p[n, e], ties to
