@@ -1,7 +1,8 @@
 // The fused attention (model/fused_attention.hpp): its tiles against a plain loop in double, the
 // layer with model.attention_kernel = "fused" against the plain layer in fp32 and bf16, bitwise
-// determinism (twice, host loops reversed, threads, the deferred host device). Its finite
-// differences are in test_layers_fd.cpp with the other attention cases.
+// determinism (twice, host loops reversed, threads, the deferred host device), and with a GPU
+// ([cuda]) the kernel against the host's layer and bitwise twice. Its finite differences are in
+// test_layers_fd.cpp with the other attention cases.
 //
 // Tolerances (u = 2^-24 for fp32, 2^-53 for fp64, u_b = 2^-8 for a bf16 rounding):
 //  - every value here is a chain of at most three sums (S, then O or dP, then dS's products) of at
@@ -290,6 +291,32 @@ TEST_CASE("fused attention layer: the plain layer's output and every gradient, f
   }
 }
 
+namespace {
+
+// run_layer's fused layer with its inputs and outputs in device Buffers, reached only through the
+// transfer points' copies (the rule of the deferred host device and of a GPU's memory).
+LayerRun run_layer_in_buffers(const LayerPair& c, const StepContext& ctx, const std::vector<float>& x,
+                              const std::vector<float>& dy, int N, int T) {
+  Buffer<float> xb(x.size()), dyb(dy.size()), y(x.size()), dx(x.size());
+  copy_from_host(xb.data(), x.data(), x.size() * sizeof(float));
+  copy_from_host(dyb.data(), dy.data(), dy.size() * sizeof(float));
+  CausalSelfAttention<float> att(c.shape, 0.0, 5, c.causal, c.rope);
+  att.set_kernel(AttentionKernel::Fused);
+  ParamStore<float> store;
+  att.declare(store, "attn");
+  store.allocate();
+  store.init(19, 1.0);
+  att.forward(ctx, xb.data(), y.data(), N, T);
+  att.backward(StepContext{}, dyb.data(), dx.data(), N);
+  LayerRun r{std::vector<float>(x.size()), std::vector<float>(x.size()), std::vector<float>(store.size())};
+  copy_to_host(r.y.data(), y.data(), x.size() * sizeof(float));
+  copy_to_host(r.dx.data(), dx.data(), x.size() * sizeof(float));
+  copy_to_host(r.grads.data(), store.grads(), store.size() * sizeof(float));
+  return r;
+}
+
+}  // namespace
+
 TEST_CASE("fused attention layer: the deferred host device computes the same bits", "[attention][fused][device]") {
   std::mt19937 gen(74);
   const int M = 32, heads = 4, B = 2, T = 21, N = B * T;
@@ -303,28 +330,57 @@ TEST_CASE("fused attention layer: the deferred host device computes the same bit
     LayerRun queued;
     {
       meshmoe::test::DeferredHostDevice device;
-      // The layer's inputs in device Buffers (the rule: the host reaches them only after a wait).
-      Buffer<float> xb(x.size()), dyb(dy.size());
-      copy_from_host(xb.data(), x.data(), x.size() * sizeof(float));
-      copy_from_host(dyb.data(), dy.data(), dy.size() * sizeof(float));
-      CausalSelfAttention<float> att(pair.shape, 0.0, 5, true, pair.rope);
-      att.set_kernel(AttentionKernel::Fused);
-      ParamStore<float> store;
-      att.declare(store, "attn");
-      store.allocate();
-      store.init(19, 1.0);
-      Buffer<float> y(x.size()), dx(x.size());
-      att.forward(ctx, xb.data(), y.data(), N, T);
-      att.backward(ctx, dyb.data(), dx.data(), N);
-      queued.y.resize(x.size());
-      queued.dx.resize(x.size());
-      queued.grads.resize(store.size());
-      copy_to_host(queued.y.data(), y.data(), x.size() * sizeof(float));
-      copy_to_host(queued.dx.data(), dx.data(), x.size() * sizeof(float));
-      copy_to_host(queued.grads.data(), store.grads(), store.size() * sizeof(float));
+      queued = run_layer_in_buffers(pair, ctx, x, dy, N, T);
     }
     CHECK(bitwise_equal(host.y, queued.y));
     CHECK(bitwise_equal(host.dx, queued.dx));
     CHECK(bitwise_equal(host.grads, queued.grads));
+  }
+}
+
+// The kernel of the same bodies on a GPU (model/fused_attention.cu): the host's fused layer within
+// the layer case's bounds (the GPU's exp and log and cuBLAS's sums round in other orders), and two
+// GPU runs bitwise equal. Without a GPU it says so and passes.
+TEST_CASE("fused attention layer on the GPU: the host's within the bounds, bitwise twice", "[attention][fused][cuda]") {
+  if (!cuda_compiled() || cuda_device_count() == 0) {
+    WARN("skipped: no GPU");
+    return;
+  }
+  struct OnGpu {
+    OnGpu() {
+      cuda_bind(0);
+      set_device(Device::Cuda);
+    }
+    ~OnGpu() { set_device(Device::Cpu); }
+  };
+  std::mt19937 gen(75);
+  const int M = 64, heads = 4, B = 2, T = 45, N = B * T;
+  const LayerPair pair{attention_shape(M, heads, whole(heads), 2), 10000, true};
+  const auto x = random_values<float>(size_t(N) * M, gen), dy = random_values<float>(size_t(N) * M, gen);
+  const auto seg = random_segments(B, T, gen);
+  StepContext ctx;
+  Buffer<int32_t> segment;
+  for (const Precision p : {Precision::Fp32, Precision::Bf16}) {
+    INFO(option_name(p));
+    GemmPrecisionScope precision(p);
+    ctx.segment = seg.data();
+    const LayerRun host = run_layer(pair, AttentionKernel::Fused, ctx, x, dy, N, T);
+    LayerRun first, second;
+    {
+      OnGpu gpu;
+      segment = Buffer<int32_t>(seg.size());
+      copy_from_host(segment.data(), seg.data(), seg.size() * sizeof(int32_t));
+      ctx.segment = segment.data();
+      first = run_layer_in_buffers(pair, ctx, x, dy, N, T);
+      second = run_layer_in_buffers(pair, ctx, x, dy, N, T);
+      segment = Buffer<int32_t>();
+    }
+    const double tol = p == Precision::Bf16 ? 24 * std::ldexp(1.0, -8) : 24 * std::max(T, M) * std::ldexp(1.0, -24);
+    check_close("y", first.y, host.y, tol);
+    check_close("dx", first.dx, host.dx, tol);
+    check_close("weight gradients", first.grads, host.grads, tol);
+    CHECK(bitwise_equal(first.y, second.y));
+    CHECK(bitwise_equal(first.dx, second.dx));
+    CHECK(bitwise_equal(first.grads, second.grads));
   }
 }
