@@ -20,6 +20,7 @@ using ModelArch_t = ModelArch;
 using Activation_t = Activation;
 using NormKind_t = NormKind;
 using PositionKind_t = PositionKind;
+using AttentionKernel_t = AttentionKernel;
 using Recompute_t = Recompute;
 using Precision_t = Precision;
 using RouterKind_t = RouterKind;

@@ -340,6 +340,10 @@ void Parser::cross_checks(DeckUse use) {
          kv("model.kv_heads", m.kv_heads) + " with model.arch = \"encdec\": grouped-query attention is built for the "
          "decoder-only model (the cross-attention has num_heads key/value heads); remove model.kv_heads or set it to " +
              kv("model.num_heads", m.num_heads));
+  rule({"model.attention_kernel", "model.arch"},
+       m.attention_kernel != AttentionKernel::Fused || m.arch != ModelArch::EncDec,
+       "model.attention_kernel = \"fused\" with model.arch = \"encdec\": the cross-attention has no fused path "
+       "(it would keep its [B, heads, T, T] probabilities); use model.attention_kernel = \"plain\"");
   if (moe_layers && e.router == RouterKind::TopK)
     rule({"moe.top_k", "moe.num_experts", "moe.router"}, e.top_k <= e.num_experts,
          kv("moe.top_k", e.top_k) + " is greater than " + kv("moe.num_experts", e.num_experts) +

@@ -19,6 +19,7 @@ enum class ModelArch { Decoder, EncDec };                   // model.arch (model
 enum class Activation { Relu, Gelu, Geglu, Swiglu };        // model.activation (model/activation.hpp)
 enum class NormKind { LayerNorm, RmsNorm };                 // model.norm (model/layernorm.hpp)
 enum class PositionKind { Learned, Rope };                  // model.position (model/embedding.hpp, model/rope.hpp)
+enum class AttentionKernel { Plain, Fused };                // model.attention_kernel (model/fused_attention.hpp)
 enum class Recompute {                                      // model.recompute
   None,   // every in-flight micro-batch's saved activations (parked in an ActivationStash)
   Block,  // only its stage input; the forward runs again before the backward
@@ -48,6 +49,7 @@ MESHMOE_OPTION_NAMES(Activation, {Activation::Relu, "relu"}, {Activation::Gelu, 
                      {Activation::Swiglu, "swiglu"})
 MESHMOE_OPTION_NAMES(NormKind, {NormKind::LayerNorm, "layernorm"}, {NormKind::RmsNorm, "rmsnorm"})
 MESHMOE_OPTION_NAMES(PositionKind, {PositionKind::Learned, "learned"}, {PositionKind::Rope, "rope"})
+MESHMOE_OPTION_NAMES(AttentionKernel, {AttentionKernel::Plain, "plain"}, {AttentionKernel::Fused, "fused"})
 MESHMOE_OPTION_NAMES(Precision, {Precision::Fp32, "fp32"}, {Precision::Bf16, "bf16"})
 MESHMOE_OPTION_NAMES(Recompute, {Recompute::None, "none"}, {Recompute::Block, "block"})
 MESHMOE_OPTION_NAMES(RouterKind, {RouterKind::Top1, "top1"}, {RouterKind::Top2, "top2"}, {RouterKind::TopK, "topk"},

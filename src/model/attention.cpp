@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "model/attention_bodies.hpp"
 #include "model/attention_core.hpp"
+#include "model/fused_attention.hpp"
 #include "model/kv_heads.hpp"
 #include "model/rope.hpp"
 #include "tensor/blas.hpp"
@@ -63,7 +65,7 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   ensure(x_, size_t(N) * M_);
   copy_from(x_.data(), x, size_t(N) * M_);
   ensure(qkv_, 3 * N_A);
-  ensure(p_, size_t(B) * heads_l_ * Tq * Tq);
+  if (!fused()) ensure(p_, size_t(B) * heads_l_ * Tq * Tq);
   ensure(att_, N_A);
   T* q = qkv_.data();
   T* k = q + N_A;
@@ -89,7 +91,16 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
     rope_rotate(q, N, heads_l_, D, A_l, rope_position_.data(), Tq, rope_base_, false);
     rope_rotate(k, N, heads_l_, D, A_l, rope_position_.data(), Tq, rope_base_, false);
   }
-  if (!causal_) {
+  if (fused()) {
+    ensure(lse_, size_t(B) * heads_l_ * Tq);
+    if (ctx.segment) {
+      ensure(segment_, size_t(N));
+      copy_from(segment_.data(), ctx.segment, size_t(N));
+    } else {
+      segment_ = Buffer<int32_t>();
+    }
+    fused_attention_forward(fused_shape(ctx.segment, B), q, k, v, att_.data(), lse_.data());
+  } else if (!causal_) {
     const AttentionPairs a{.B = B, .heads_l = heads_l_, .D = D, .Tq = Tq, .Tk = Tq,
                            .query_segment = ctx.segment, .key_segment = ctx.segment};
     masked_attention_forward(a, q, k, v, p_.data(), att_.data());
@@ -100,6 +111,13 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   matmul(false, false, N, M_, A_l, att_.data(), wo.w, y);
   if (sharded() && tensor_allreduce) tensor_allreduce(y, size_t(N) * M_);
   dropout_.forward(ctx, y, N, M_);
+}
+
+// The fused core's shape for B sequences of this layer (its masks; bf16 operands where the GEMMs round theirs).
+template <typename T>
+FusedAttentionShape CausalSelfAttention<T>::fused_shape(const int32_t* segment, int B) const {
+  return {.B = B, .heads_l = heads_l_, .D = D_, .Tq = seq_len_, .causal = causal_, .segment = segment,
+          .bf16 = std::is_same_v<T, float> && gemm_precision() == Precision::Bf16};
 }
 
 // P and att of the causal mode from q, k, v [N, A_l] (forward's core)
@@ -145,7 +163,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   ensure(dy_, size_t(N) * M_);
   ensure(datt_, N_A);
   ensure(dqkv_, 3 * N_A);
-  ensure(dp_, size_t(B) * heads_l_ * Tq * Tq);
+  if (!fused()) ensure(dp_, size_t(B) * heads_l_ * Tq * Tq);
   copy_from(dy_.data(), dy, size_t(N) * M_);
   dropout_.backward(ctx, dy_.data(), N, M_);
   uint16_t* room = bf16_copy_room<T>(bf16_, copies_size(N));
@@ -159,7 +177,11 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   T* dq = dqkv_.data();
   T* dk = dq + N_A;
   T* dv = dk + N_A;
-  if (!causal_) {
+  if (fused()) {
+    ensure(delta_, size_t(B) * heads_l_ * Tq);
+    fused_attention_backward(fused_shape(segment_.empty() ? nullptr : segment_.data(), B), q, k, v, att_.data(), lse_.data(), datt_.data(), delta_.data(), dq,
+                             dk, dv);
+  } else if (!causal_) {
     const AttentionPairs a{.B = B, .heads_l = heads_l_, .D = D, .Tq = Tq, .Tk = Tq,
                            .query_segment = ctx.segment, .key_segment = ctx.segment};
     masked_attention_backward(a, q, k, v, p_.data(), datt_.data(), dp_.data(), dq, dk, dv);

@@ -15,14 +15,21 @@
 // (repeat_kv), and dk, dv summed back over each group. Key/value heads replicated over tensor
 // (layer_shapes.hpp) get the sum over tensor of their dk, dv (through `tensor_allreduce`) before
 // their weight gradients, so every tensor rank adds the same gradient to its copy.
+//
+// The core, softmax(q k^T / sqrt(D)) v of every (sequence, local head) pair, runs as [B, heads_l, T, T]
+// matrices (AttentionKernel::Plain) or as the fused tiles of model/fused_attention.hpp (Fused: no
+// [T, T] buffer; the forward saves each row's log-sum-exp instead of P). Rope and grouped-query
+// heads are applied around the core either way.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "deck/options.hpp"
 #include "model/context.hpp"
 #include "model/dropout.hpp"
+#include "model/fused_attention.hpp"
 #include "model/layer_shapes.hpp"
 #include "model/params.hpp"
 #include "tensor/device.hpp"
@@ -39,6 +46,10 @@ class CausalSelfAttention {
   // (model.position = rope, rope.hpp), at ctx.position (n % T_seq when null).
   CausalSelfAttention(const AttentionShape& shape, double dropout, uint32_t layer_id, bool causal = true,
                       double rope_base = 0);
+
+  // model.attention_kernel; Plain until set (before the first forward).
+  void set_kernel(AttentionKernel kernel) { kernel_ = kernel; }
+  AttentionKernel kernel() const { return kernel_; }
 
   // prefix.wq, .wk, .wv, .wo (attention_params, layer_shapes.hpp).
   void declare(ParamStore<T>& store, const std::string& prefix);
@@ -59,6 +70,8 @@ class CausalSelfAttention {
     f(p_);
     f(p16_);
     f(att_);
+    f(lse_);
+    f(segment_);
     f(rope_position_);
     dropout_.saved_state(f);
   }
@@ -83,12 +96,15 @@ class CausalSelfAttention {
   // when replicated, in dkv_sum_)
   void sum_kv_grads(int N);
   size_t copies_size(int N) const;  // bf16_'s room
+  bool fused() const { return kernel_ == AttentionKernel::Fused; }
+  FusedAttentionShape fused_shape(const int32_t* segment, int B) const;
 
   AttentionShape shape_;
   int M_, heads_, D_, h0_, heads_l_, A_l_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
   int seq_len_ = 0;
   bool causal_ = true;
   double rope_base_ = 0;
+  AttentionKernel kernel_ = AttentionKernel::Plain;
   Dropout<T> dropout_;
   // saved by forward
   Buffer<T> x_;    // [N, M]
@@ -100,11 +116,16 @@ class CausalSelfAttention {
   Buffer<uint16_t> p16_;  // [B, heads_l, T, T]
   Buffer<uint16_t> ds16_;  // [B, heads_l, T, T], backward scratch
   Buffer<T> att_;  // attention output before wo [N, A_l]
+  Buffer<T> lse_;  // fused: each query row's log-sum-exp [B, heads_l, T] (instead of p_)
+  // fused: the forward's segment ids [N] (ctx.segment; empty without), whose masks the backward
+  // recomputes (the Transformer's copy may hold another micro-batch's by then)
+  Buffer<int32_t> segment_;
   Buffer<int32_t> rope_position_;  // rope: the tokens' positions [N], for the backward's rotation
   // backward scratch
   Buffer<T> dy_, datt_, dqkv_, dxs_;
   Buffer<T> dkv_, dkv_sum_;  // grouped: dk, dv [N, KV_l] each; replicated over tensor: their sum over tensor
   Buffer<T> dp_;  // dP, then dS, of every (b, h) pair [B, heads_l, T, T]
+  Buffer<T> delta_;  // fused: each query row's dO . O [B, heads_l, T]
   // bf16 copies of the operands that several GEMMs read (tensor/blas.hpp bf16_operand_copies), in
   // one pass at a time [copies_size(N)]
   Buffer<uint16_t> bf16_;

@@ -164,6 +164,7 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
   // The layers' bf16 copies of GEMM operands (tensor/blas.hpp bf16_operand_copies): bf16 GEMMs on a GPU.
   const bool bf16_copies = plans_bf16_copies(cfg);
   using K = BufferKind;
+  const bool fused = cfg.model.attention_kernel == AttentionKernel::Fused;  // self-attention without [T, T] buffers
   for (LayerShapes& l : layers_) {
     auto buf = [&](const char* name, const char* letters, std::vector<int64_t> dims, size_t elem, K kind = K::Saved) {
       l.buffers.push_back(
@@ -212,7 +213,10 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         buf("x", "[N, M]", {N, M}, f32);
         buf("q, k, v", "3 x [N, A_l]", {3, N, A_l}, f32);
         if (s.attn.grouped()) buf("k, v projections", "2 x [N, KV_l]", {2, N, s.attn.KV_l}, f32, K::ForwardOnly);
-        buf("softmax probabilities", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32);
+        // fused (model/fused_attention.hpp): each row's log-sum-exp instead of the [T, T] probabilities
+        if (fused) buf("row log-sum-exp", "[B, heads_l, T]", {B, heads_l, T}, f32);
+        if (fused) buf("segment ids", "[N]", {N}, i32);
+        else buf("softmax probabilities", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32);
         buf("output before wo", "[N, A_l]", {N, A_l}, f32);
         if (cfg.model.position == PositionKind::Rope) buf("rope positions", "[N]", {N}, i32);
         if (dropout) buf("dropout keep mask", "[N, M]", {N, M}, u8);
@@ -222,12 +226,13 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         if (s.attn.grouped()) buf("dk, dv of the key/value heads", "2 x [N, KV_l]", {2, N, s.attn.KV_l}, f32, K::Scratch);
         if (s.attn.grouped() && s.attn.kv_replicated())
           buf("dk, dv summed over tensor", "2 x [N, KV_l]", {2, N, s.attn.KV_l}, f32, K::Scratch);
-        buf("dP", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32, K::Scratch);
+        if (fused) buf("row dO . O", "[B, heads_l, T]", {B, heads_l, T}, f32, K::Scratch);
+        else buf("dP", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32, K::Scratch);
         if (s.attn.sharded()) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
         if (bf16_copies && s.attn.grouped())
           buf("x, dq, dk, dv, bf16", "[N, M + A_l + 2 KV_l]", {N, M + A_l + 2 * s.attn.KV_l}, u16, K::Scratch);
         else if (bf16_copies) buf("x, dq, dk, dv, bf16", "[N, M + 3 A_l]", {N, M + 3 * A_l}, u16, K::Scratch);
-        if (bf16_copies && l.block >= s.encoder_layers) {  // causal: not the encoder's
+        if (bf16_copies && !fused && l.block >= s.encoder_layers) {  // causal: not the encoder's
           buf("softmax probabilities, bf16", "[B, heads_l, T, T]", {B, heads_l, T, T}, u16);
           buf("dS, bf16", "[B, heads_l, T, T]", {B, heads_l, T, T}, u16, K::Scratch);
         }

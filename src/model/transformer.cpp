@@ -42,6 +42,7 @@ Transformer<T>::Block::Block(const Config& cfg, const ShapeTable& table, int i, 
       ln2(table.letters().M, cfg.model.layernorm_eps, cfg.model.norm),
       attn(table.letters().attn, cfg.model.dropout, uint32_t(16 * i + 1), !table.model().is_encoder_block(i),
            cfg.model.position == PositionKind::Rope ? cfg.model.rope_base : 0.0) {
+  attn.set_kernel(cfg.model.attention_kernel);
   if (table.model().has_cross_attention(i)) {
     ln_cross = std::make_unique<LayerNorm<T>>(table.letters().M, cfg.model.layernorm_eps, cfg.model.norm);
     cross = std::make_unique<CrossAttention<T>>(table.letters().attn, cfg.model.dropout, uint32_t(16 * i + 4));

@@ -269,7 +269,7 @@ TEST_CASE("deck: option keys hold their enum; the deck, --set and the effective 
     CHECK_THAT(deck_errors("[" + k.section + "]\n" + k.key + " = \"no-such-name\"\n"),
                Catch::Contains(k.name() + ": must be one of " + k.constraint.describe(false)));
   }
-  CHECK(option_keys == 17);  // moe.gate, model.norm and model.position among them
+  CHECK(option_keys == 18);  // moe.gate, model.norm, model.position and model.attention_kernel among them
   // The enums themselves, and the names that used to be checked where each was used.
   const Deck d = parse_deck(R"(
 [run]

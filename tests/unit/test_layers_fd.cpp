@@ -11,6 +11,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "model/activation.hpp"
@@ -620,6 +621,28 @@ TEST_CASE("grouped-query attention: key/value heads split or replicated over ten
         else CHECK(std::abs(t0.a->wk.g[m * D + c] + t1.a->wk.g[m * D + c] - full_g) <= 1e-12);
       }
   }
+}
+
+TEST_CASE("fused attention: forward oracle and finite differences, packed examples, rope, kv_heads 2 of 4", "[layers][fused]") {
+  std::mt19937 gen(33);
+  const int M = 16, H = 4, T = 19, B = 2, N = B * T;  // T over one 16-row tile
+  std::vector<int32_t> segment(N, 0);
+  for (int i = 7; i < T; ++i) segment[size_t(i)] = i < 17 ? 1 : 2;  // row 0: three examples, row 1: one
+  for (const bool causal : {true, false})
+    for (const auto& [KV, rope, rate] : {std::tuple{4, 0.0, 0.0}, {2, 10000.0, 0.0}, {4, 0.0, 0.3}}) {
+      INFO((causal ? "causal" : "bidirectional") << ", kv_heads " << KV << (rope > 0 ? ", rope" : "") << ", dropout " << rate);
+      CausalSelfAttention<double> att(attention_shape(M, H, whole(H), KV), rate, 17, causal, rope);
+      att.set_kernel(AttentionKernel::Fused);
+      ParamStore<double> store;
+      declare_perturbed(att, store, "attn", 13, gen);
+      auto x = random_vec(size_t(N) * M, gen);
+      auto r = random_vec(size_t(N) * M, gen);
+      StepContext ctx = train_ctx(40);
+      ctx.segment = segment.data();
+      std::vector<double> y(x.size());
+      if (rope == 0 && KV == H && rate == 0) check_against_naive(att, ctx, x, y, N, T, M, H);
+      check_self_attention_fd(att, store, ctx, x, r, N, T, gen);
+    }
 }
 
 TEST_CASE("bidirectional attention: forward oracle and finite differences, packed examples, tensor blocks", "[layers]") {

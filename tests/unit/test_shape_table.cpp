@@ -144,6 +144,41 @@ TEST_CASE("shape table: the ranks' blocks tile every parameter on every mesh", "
     }
 }
 
+TEST_CASE("shape table: the fused attention keeps no [B, heads_l, T, T] buffer", "[shapes][fused]") {
+  for (const bool bf16_gpu : {false, true}) {
+    INFO((bf16_gpu ? "bf16 on a GPU" : "fp32 on the host"));
+    Config c = moe_deck("data", "gelu");
+    if (bf16_gpu) c.model.precision = Precision::Bf16, c.run.device = Device::Cuda;
+    const MeshShape mesh{1, 1, 2};  // tensor = 2: heads_l = 2 of 4
+    auto attention_buffers = [&](AttentionKernel k) {
+      c.model.attention_kernel = k;
+      const ShapeTable table(c, 50, mesh, {}, true);
+      std::vector<BufferShape> out;
+      for (const LayerShapes& l : table.layers())
+        if (l.kind == LayerKind::Attention && l.block == 0) out = l.buffers;
+      return out;
+    };
+    const int64_t B = 4, heads_l = 2, T = 8;  // as the case above
+    Checked plain_bytes = 0, fused_bytes = 0;
+    for (const BufferShape& b : attention_buffers(AttentionKernel::Plain)) plain_bytes += b.bytes();
+    int per_row = 0;
+    for (const BufferShape& b : attention_buffers(AttentionKernel::Fused)) {
+      INFO(b.name);
+      fused_bytes += b.bytes();
+      CHECK(b.dims != std::vector<int64_t>{B, heads_l, T, T});
+      if (b.dims == std::vector<int64_t>{B, heads_l, T}) {
+        ++per_row;
+        CHECK(b.kind == (std::string(b.name) == "row log-sum-exp" ? BufferKind::Saved : BufferKind::Scratch));
+      }
+    }
+    CHECK(per_row == 2);  // the log-sum-exp (saved) and the rows' dO . O (scratch)
+    // P and dP (4 bytes each), and their bf16 copies on a GPU (2 bytes each), become two [B, heads_l, T]
+    // rows and the segment ids [N].
+    const int64_t pairs = B * heads_l * T * T, rows = B * heads_l * T, N = B * T;
+    CHECK(plain_bytes.value() - fused_bytes.value() == 2 * pairs * (bf16_gpu ? 6 : 4) - 2 * rows * 4 - N * 4);
+  }
+}
+
 // The layers' bf16 copies of GEMM operands (tensor/blas.hpp bf16_operand_copies) are planned exactly
 // where the layers keep them: bf16 GEMMs on a GPU. Every self-attention keeps x, dq, dk, dv (scratch,
 // [N, M + 3 A_l]), every cross-attention the encoder output, dq, dk, dv (alike); the causal
