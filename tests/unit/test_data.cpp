@@ -393,7 +393,8 @@ TEST_CASE("dataset file: prep gettext writes, Dataset::open reads back the same"
   // Dataset::open fills (EXACT).
   const DatasetInfo info = Dataset::read_info(opt.output);
   for (const std::string split : {"train", "valid"}) {
-    const DataSplit& s = Dataset::open(opt.output, split).split();
+    const Dataset opened = Dataset::open(opt.output, split);
+    const DataSplit& s = opened.split();
     const size_t held = s.tokens16.size() * 2 + s.tokens32.size() * 4 + s.loss_mask.size() +
                         s.doc_offsets.size() * sizeof(int64_t) + s.lang.size() * sizeof(int32_t);
     CHECK(size_t(split == "train" ? info.train_bytes : info.valid_bytes) == held);
