@@ -50,7 +50,7 @@ TEST_CASE("check_output_path: inputs, links, other kinds of file, missing direct
   CHECK(same_file(input, dir + "/sub/../input.h5"));
   CHECK_FALSE(same_file(input, eval));
   CHECK_FALSE(same_file(input, dir + "/absent.h5"));
-  for (const std::string out : {input, dir + "/link.h5", dir + "/hard.h5", dir + "/sub/../input.h5"}) {
+  for (const std::string& out : {input, dir + "/link.h5", dir + "/hard.h5", dir + "/sub/../input.h5"}) {
     INFO(out);
     CHECK_THROWS_WITH(check_output_path(out, rules), Catch::Contains("is the input " + input + ": refusing to overwrite it"));
   }
