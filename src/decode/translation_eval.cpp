@@ -8,6 +8,19 @@
 
 namespace meshmoe {
 
+int64_t translation_forward_tokens(const std::vector<TextPairs>& pairs, const Tokenizer& tokenizer) {
+  int64_t tokens = 0;
+  std::vector<int32_t> ids;
+  for (const TextPairs& p : pairs)
+    for (size_t i = 0; i < p.sources.size(); ++i) {
+      ids.clear();
+      tokenizer.encode(p.sources[i], ids);
+      tokenizer.encode(p.references[i], ids);
+      tokens += int64_t(ids.size()) + 3;
+    }
+  return tokens;
+}
+
 std::vector<TextPairs> validation_pairs(const Dataset& valid, const Tokenizer& tokenizer, int64_t per_language) {
   const DataSplit& s = valid.split();
   const int32_t sep = int32_t(valid.info().sep_id), eos = int32_t(valid.info().eos_id);

@@ -30,6 +30,12 @@ struct TextPairs {
 // no example has one (data from `prep text` has no translation pairs).
 std::vector<TextPairs> validation_pairs(const Dataset& valid, const Tokenizer& tokenizer, int64_t per_language);
 
+// The tokens a greedy translation of `pairs` runs through the model, each translation taken as long
+// as its reference: per pair `<tag> source SEP` (the encoder's `<tag> source` and the decoder's BOS
+// alike) and the reference with EOS, src + ref + 3 tokens (docs/user-guide.md "Training": the ETA
+// counts translation scores not yet timed as these tokens' forwards).
+int64_t translation_forward_tokens(const std::vector<TextPairs>& pairs, const Tokenizer& tokenizer);
+
 struct TranslationScore {
   BleuStats bleu;
   ChrfStats chrf;

@@ -83,6 +83,7 @@ class Trainer {
       tokenizer_ = valid_.info().tokenizer_object();
       const int64_t n = cfg_.eval.bleu_examples > 0 ? cfg_.eval.bleu_examples : cfg_.eval.examples_per_language;
       bleu_pairs_ = validation_pairs(valid_, tokenizer_, n);
+      bleu_tokens_ = translation_forward_tokens(bleu_pairs_, tokenizer_);
     }
     // The start-up's placement and shape table (run/startup.hpp); the Comms now that the device is chosen.
     const Placement placement = start.placement_on(mesh);
@@ -387,15 +388,18 @@ class Trainer {
   }
 
   // Seconds left at the log of `step` (the run's first step `first`), the evaluations due from this
-  // step's on included (RunClock). A validation not yet timed counts as its batches' forwards, a
-  // third of a training step's FLOPs per token each; translation scores not yet timed count as 0.
+  // step's on included (RunClock). An evaluation not yet timed counts as the forwards of its tokens,
+  // a third of a training step's FLOPs per token each: a validation its batches, translation scores
+  // their pairs' tokens (translation_forward_tokens; a lower bound: decoding a token at a time runs
+  // below the training's rate).
   double eta(double now, int64_t step, int64_t first) const {
     const int64_t steps = cfg_.run.steps;
     const int64_t left[2] = {evaluations_due(cfg_.eval.every, step, steps), evaluations_due(cfg_.eval.bleu_every, step, steps)};
     const int64_t B = cfg_.optim.batch_size;
     const double batches = cfg_.eval.examples_per_language > 0 ? double((int64_t(eval_set_.num_examples()) + B - 1) / B)
                                                                : double(cfg_.eval.batches);
-    const double steps_estimate[2] = {batches / 3.0, 0.0};
+    const double step_tokens = double(B) * double(cfg_.model.seq_len);
+    const double steps_estimate[2] = {batches / 3.0, double(bleu_tokens_) / (3.0 * step_tokens)};
     return clock_->eta(now, step - first + 1, steps - first + 1, left, steps_estimate);
   }
 
@@ -473,6 +477,7 @@ class Trainer {
   Dataset eval_set_;  // valid_, or eval.examples_per_language examples of every language (eval_subset)
   Tokenizer tokenizer_;                // eval.bleu_every: the dataset's
   std::vector<TextPairs> bleu_pairs_;  // eval.bleu_every: the pairs translated, per language
+  int64_t bleu_tokens_ = 0;            // eval.bleu_every: translation_forward_tokens of bleu_pairs_
   int vocab_ = 0;
   std::unique_ptr<Transformer<float>> model_;
   std::unique_ptr<Transformer<float>> host_decoder_;  // eval.bleu_every on a device: model_'s host copy

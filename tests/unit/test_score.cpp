@@ -189,6 +189,9 @@ TEST_CASE("validation pairs as text: source between tag and SEP, reference after
   CHECK(all[1].sources == std::vector<std::string>{"fichier 2"});
   CHECK(all[1].references == std::vector<std::string>{"copied file 2"});
   CHECK(all[2].sources.empty());
+  // The ETA's tokens of translating them (bytes, by hand): src + ref + 3 (tag, SEP, EOS) a pair:
+  // 15 + 13, 8 + 8, 7 + 6 and 9 + 13, and 4 x 3.
+  CHECK(translation_forward_tokens(all, tok) == 91);
   // Two of each language: per_language_sample's, drawn before the pairs without SEP are left out.
   // Language 0's four examples rank 3, 1, 2, 0 by mix64(position): positions 1 (no SEP) and 3.
   const std::vector<TextPairs> two = validation_pairs(d, tok, 2);
