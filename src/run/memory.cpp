@@ -20,6 +20,7 @@
 #include "parallel/state_shards.hpp"
 #include "run/decode_bytes.hpp"
 #include "run/memory_limit.hpp"
+#include "tensor/host_threads.hpp"
 
 namespace meshmoe {
 
@@ -300,13 +301,8 @@ size_t runtime_memory_bytes(int blas_threads) {
 
 void add_process_memory(const Config& cfg, int vocab, size_t dataset_bytes, MemoryPlan& plan) {
   if (cfg.run.device != Device::Cpu) return;  // the plan counts the GPU's memory, these are the host's
-  int threads = int(cfg.run.threads);
-  if (threads <= 0) {  // apply_run_threads's rule (tensor/host_threads.hpp)
-    const char* env = std::getenv("OPENBLAS_NUM_THREADS");
-    threads = env && std::atoi(env) > 0 ? std::atoi(env) : 1;
-  }
   plan.dataset_bytes = dataset_bytes;
-  plan.runtime_bytes = runtime_memory_bytes(threads);
+  plan.runtime_bytes = runtime_memory_bytes(requested_run_threads(cfg.run.threads));
   plan.decoder_bytes = cfg.eval.bleu_every > 0 ? size_t(decode_memory_bytes(cfg, vocab, bleu_eval_shape(cfg))) : 0;
 }
 

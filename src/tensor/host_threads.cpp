@@ -108,12 +108,14 @@ int host_loop_threads() { return pool().threads(); }
 void set_host_loop_threads(int threads) { pool().set_threads(threads); }
 bool in_host_parts() { return t_in_parts; }
 
+int requested_run_threads(int64_t threads) {
+  if (threads > 0) return int(threads);
+  const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+  return env && std::atoi(env) > 0 ? std::atoi(env) : 1;
+}
+
 int apply_run_threads(int64_t threads) {
-  int n = int(threads);
-  if (n <= 0) {
-    const char* env = std::getenv("OPENBLAS_NUM_THREADS");
-    n = env && std::atoi(env) > 0 ? std::atoi(env) : 1;
-  }
+  const int n = requested_run_threads(threads);
   openblas_set_num_threads(n);
   set_host_loop_threads(n);  // the element-wise host loops use the same cores (tensor/launch.hpp)
   return openblas_get_num_threads();

@@ -22,6 +22,9 @@ void ensure_openblas_thread_timeout(char** argv);
 int host_loop_threads();
 void set_host_loop_threads(int threads);
 
+// The thread count run.threads asks for: `threads`, or for 0 OPENBLAS_NUM_THREADS (1 when unset).
+int requested_run_threads(int64_t threads);
+
 // run.threads (and bench-gemm --threads): this rank's BLAS and host-loop threads; 0 keeps
 // OPENBLAS_NUM_THREADS, or 1 when it is unset (OpenBLAS would start one thread per core in every
 // rank). Returns the count OpenBLAS reports afterwards.
