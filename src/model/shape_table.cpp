@@ -273,11 +273,16 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         buf("dgate", "[N k]", {N * k}, f32, K::Scratch);
         break;
       }
-      case LayerKind::Dispatcher:
+      case LayerKind::Dispatcher: {
         buf("slot -> token", "[E', G, C]", {Et, G, C}, i32);
         buf("slot -> global token", "[E', G, C]", {Et, G, C}, i64);
         buf("expert buffers in, out", "2 x [E', G, C, M]", {2, Et, G, C, M}, f32);
-        if (s.experts_over_data && s.expert_parallel > 1) {
+        // the gather's bf16 copy of the experts' input rows (the experts keep their own): the
+        // token side's rows where they are the experts' input, the expert side's after the all-to-all
+        const bool all_to_all = s.experts_over_data && s.expert_parallel > 1;
+        if (bf16_copies && !all_to_all) buf("expert input, bf16", "[E', G, C, M]", {Et, G, C, M}, u16, K::ForwardOnly);
+        if (bf16_copies && all_to_all) buf("expert input, bf16", "[R, M]", {R, M}, u16, K::ForwardOnly);
+        if (all_to_all) {
           // all-to-all: the receive buffer [R, M] (the expert-side input and output buffers live
           // only during the forward), the global token of each row, counts and offsets per source
           // and expert
@@ -290,14 +295,17 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         buf("dout", "[E' G C, M]", {Et * G * C, M}, f32, K::Scratch);
         if (!s.experts_over_data && mesh.tensor > 1) buf("dx", "[N, M]", {N, M}, f32, K::Scratch);
         break;
+      }
       case LayerKind::Experts:
         buf("x", "[R, M]", {R, M}, f32);
         buf("pre", "[R, W_l]", {R, We_l}, f32);
         buf("h", "[R, H_l]", {R, He_l}, f32);
+        if (bf16_copies) buf("x, h, bf16", "[R, M + H_l]", {R, M + He_l}, u16);
         if (s.moe_opt.expert_dropout > 0) buf("dropout scale", "[R, H_l]", {R, He_l}, f32);
         buf("dxe", "[R, M]", {R, M}, f32, K::Scratch);
         // every local expert's rows at once (a grouped GEMM per role); dh overwrites h
         buf("dpre", "[R, W_l]", {R, We_l}, f32, K::Scratch);
+        if (bf16_copies) buf("dy, dpre, bf16", "[R, max(M, W_l)]", {R, std::max(M, We_l)}, u16, K::Scratch);
         break;
       case LayerKind::Head:
         buf("x", "[N, M]", {N, M}, f32);

@@ -93,8 +93,8 @@ bool one_progression(std::span<const GemmGroup<T>> g, int64_t& sa, int64_t& sb, 
 
 void host_gemm(bool rounded, bool ta, bool tb, float alpha, float beta, const GemmGroup<float>& g) {
   if (rounded)
-    return gemm_bf16_operands_on_host(ta, tb, g.M, g.N, g.K, alpha, g.A, g.lda, g.B, g.ldb, beta, g.C, g.ldc, nullptr,
-                                      nullptr);
+    return gemm_bf16_operands_on_host(ta, tb, g.M, g.N, g.K, alpha, g.A, g.lda, g.B, g.ldb, beta, g.C, g.ldc, g.A16,
+                                      g.B16);
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g.M, g.N, g.K, alpha, g.A,
               g.lda, g.B, g.ldb, beta, g.C, g.ldc);
 }
@@ -115,9 +115,12 @@ void gemm_grouped(bool trans_a, bool trans_b, T alpha, T beta, std::span<const G
     return run_host_work([=, g = std::move(g)] {
       for (const GemmGroup<T>& x : g) host_gemm(rounded, trans_a, trans_b, alpha, beta, x);
     });
+  const int count = int(g.size());
+  if constexpr (std::is_same_v<T, float>)  // every operand read from its copy: one call that rounds nothing
+    if (rounded && std::all_of(g.begin(), g.end(), [](const GemmGroup<T>& x) { return x.A16 && x.B16; }))
+      return cuda_gemm_grouped_bf16(trans_a, trans_b, alpha, beta, g.data(), count);
   int64_t sa, sb, sc;
   const GemmGroup<T>& f = g[0];
-  const int count = int(g.size());
   if (one_progression<T>(g, sa, sb, sc)) {
     if constexpr (std::is_same_v<T, float>)
       if (rounded)
@@ -127,9 +130,9 @@ void gemm_grouped(bool trans_a, bool trans_b, T alpha, T beta, std::span<const G
                                      f.ldc, sc, count);
   }
   if constexpr (std::is_same_v<T, float>)
-    if (rounded) {
+    if (rounded) {  // a bf16 GEMM per group, each rounding what has no copy
       for (const GemmGroup<T>& x : g)
-        cuda_gemm_bf16(trans_a, trans_b, x.M, x.N, x.K, alpha, x.A, x.lda, x.B, x.ldb, beta, x.C, x.ldc);
+        cuda_gemm_bf16(trans_a, trans_b, x.M, x.N, x.K, alpha, x.A, x.lda, x.B, x.ldb, beta, x.C, x.ldc, x.A16, x.B16);
       return;
     }
   cuda_gemm_grouped(trans_a, trans_b, alpha, beta, g.data(), count);

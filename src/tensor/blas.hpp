@@ -192,8 +192,12 @@ void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, T alpha, Batc
 // it) running gemm's arithmetic for each group in order: the same bits as a gemm per group. On the
 // GPU one strided-batched cuBLAS call when the groups are one progression (equal shapes and leading
 // dimensions, each operand at a constant stride: experts padded to the same rows), otherwise one
-// grouped cuBLAS call (cuda_gemm_grouped); with bf16 GEMM operands (model.precision) the
-// progression is one bf16 strided-batched call and unequal groups fall back to a bf16 GEMM each.
+// grouped cuBLAS call (cuda_gemm_grouped). With bf16 GEMM operands (model.precision): where every
+// group carries both operands' bf16 copies (GemmGroup::A16, B16; the experts' with
+// bf16_operand_copies) one call that reads them and rounds nothing (cuda_gemm_grouped_bf16:
+// strided-batched or cublasGemmGroupedBatchedEx); otherwise the progression is one bf16
+// strided-batched call and unequal groups a bf16 GEMM each. The host reads the copies too (the
+// same bits as rounding).
 template <typename T>
 void gemm_grouped(bool trans_a, bool trans_b, T alpha, T beta, std::span<const GemmGroup<T>> groups);
 

@@ -53,6 +53,9 @@ void cuda_gemm_grouped(bool, bool, float, float, const GemmGroup<float>*, int) {
 void cuda_gemm_grouped(bool, bool, double, double, const GemmGroup<double>*, int) {
   throw Error("cuda_gemm_grouped: built without CUDA");
 }
+void cuda_gemm_grouped_bf16(bool, bool, float, float, const GemmGroup<float>*, int) {
+  throw Error("cuda_gemm_grouped_bf16: built without CUDA");
+}
 void cuda_profile_restart() {}
 
 }  // namespace meshmoe

@@ -94,7 +94,18 @@ template <typename T>
 struct StepResult {
   ForwardStats stats;
   std::vector<T> logits, grads;
+  size_t experts_with_rows = 0;  // over the MoE layers: experts that got a token
 };
+
+// Experts of the model's MoE layers that got a token in the last forward (each is a group, 12
+// operands, of the experts' grouped GEMMs of a step).
+template <typename T>
+size_t experts_with_rows(const Transformer<T>& model) {
+  size_t n = 0;
+  for (const MoeLayer<T>* l : model.moe_layers())
+    for (const int64_t load : l->stats().load) n += load > 0;
+  return n;
+}
 
 // run_step's micro-batch: B = 2 random sequences of the deck's length, a fifth of the tokens masked.
 struct TestBatch {
@@ -126,10 +137,46 @@ StepResult<T> run_step(const Config& cfg, int V) {
   model.params().zero_grad();
   StepResult<T> r;
   r.stats = model.forward(ctx, mb, w);
+  r.experts_with_rows = experts_with_rows(model);
   r.logits = download(model.logits());  // the host's copies of device results
   model.backward(ctx, w);
   r.grads.resize(model.params().size());
   copy_to_host(r.grads.data(), model.params().grads(), r.grads.size() * sizeof(T));
+  return r;
+}
+
+// Three AdamW steps of `cfg` (run_step's batch) on the host or on the deferred device
+// (DeviceAccess::Copies): the logits and weights after them, and each step's bf16 operand counts.
+struct TrainedSteps {
+  std::vector<float> weights, logits;
+  std::vector<Bf16OperandCounts> steps;  // each step's counts
+  std::vector<size_t> experts_with_rows;  // each step's (StepResult::experts_with_rows)
+};
+TrainedSteps train_steps(const Config& cfg, bool deferred) {
+  const int V = 13;
+  const TestBatch batch(cfg, V);
+  std::optional<test::DeferredHostDevice> guard;
+  if (deferred) guard.emplace(DeviceAccess::Copies);
+  Transformer<float> model(cfg, V);
+  model.init(5, 1.0);
+  AdamW opt(model.params(), all_entries(model.params()), AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+  TrainedSteps r;
+  for (int64_t t = 1; t <= 3; ++t) {
+    device_synchronize();
+    const Bf16OperandCounts c0 = bf16_operand_counts();
+    const StepContext ctx{42, uint32_t(t), true, 0, nullptr};
+    model.params().zero_grad();
+    model.forward(ctx, batch.micro_batch(), batch.weights(cfg));
+    r.experts_with_rows.push_back(experts_with_rows(model));
+    model.backward(ctx, batch.weights(cfg));
+    opt.step(model.params(), 1e-2, t);
+    device_synchronize();
+    const Bf16OperandCounts c1 = bf16_operand_counts();
+    r.steps.push_back({c1.rounded - c0.rounded, c1.from_copies - c0.from_copies, c1.copies_rounded - c0.copies_rounded});
+  }
+  r.logits = download(model.logits());
+  r.weights.resize(model.params().size());
+  copy_to_host(r.weights.data(), model.params().weights(), r.weights.size() * sizeof(float));
   return r;
 }
 
@@ -211,12 +258,13 @@ TEST_CASE("device: bf16 operands that several GEMMs read are rounded once, into 
   // (dy and dpre, each by a weight gradient and an input gradient) and 2 more (h, written by the
   // activation's kernel, by y = h w_out and w_out's weight gradient). The weights' bf16 copy
   // (ParamStore::weights16): a dense feed-forward's 4 GEMMs that read w_in or w_out (forward and
-  // input gradient), the tied head's 2 (logits, dx) read embed.wte's.
+  // input gradient), the tied head's 2 (logits, dx) read embed.wte's. An MoE layer's experts read
+  // every operand of their 6 GEMM roles from copies: 12 per expert with rows.
   const test::GemmPrecisionScope bf16(Precision::Bf16);
   for (const std::string router : {"dense", "top1"}) {
     INFO("router " << router);
     const Config cfg = device_test_config(router);
-    const size_t dense_ffns = router == "dense" ? 2 : 1, expected = 2 * 30 + dense_ffns * (6 + 4) + 2;
+    const size_t dense_ffns = router == "dense" ? 2 : 1;
     const Bf16OperandCounts c0 = bf16_operand_counts();
     const StepResult<float> host = run_step<float>(cfg, 13);
     const Bf16OperandCounts c1 = bf16_operand_counts();
@@ -227,6 +275,9 @@ TEST_CASE("device: bf16 operands that several GEMMs read are rounded once, into 
       device_synchronize();
     }
     const Bf16OperandCounts c2 = bf16_operand_counts();
+    CHECK(deferred.experts_with_rows == host.experts_with_rows);
+    CHECK((router == "dense") == (host.experts_with_rows == 0));
+    const size_t expected = 2 * 30 + dense_ffns * (6 + 4) + 2 + 12 * host.experts_with_rows;
     CHECK(c1.from_copies == c0.from_copies);  // the host keeps no copies
     CHECK(c2.from_copies - c1.from_copies == expected);
     CHECK(c2.rounded - c1.rounded + expected == c1.rounded - c0.rounded);
@@ -250,37 +301,7 @@ TEST_CASE("device: bf16 training steps read the weights' bf16 copy, which the op
   // feed-forward GEMMs, 2 of the tied head) and the 4 of h's (2 x 2) are 14 roundings fewer.
   const test::GemmPrecisionScope bf16(Precision::Bf16);
   const Config cfg = device_test_config("dense");
-  const int V = 13;
-  const TestBatch batch(cfg, V);
-  struct Run {
-    std::vector<float> weights, logits;
-    std::vector<Bf16OperandCounts> steps;  // each step's counts
-  };
-  const auto train = [&](bool deferred) {
-    std::optional<test::DeferredHostDevice> guard;
-    if (deferred) guard.emplace(DeviceAccess::Copies);
-    Transformer<float> model(cfg, V);
-    model.init(5, 1.0);
-    AdamW opt(model.params(), all_entries(model.params()), AdamWOptions{0.9, 0.95, 1e-8, 0.1});
-    Run r;
-    for (int64_t t = 1; t <= 3; ++t) {
-      device_synchronize();
-      const Bf16OperandCounts c0 = bf16_operand_counts();
-      const StepContext ctx{42, uint32_t(t), true, 0, nullptr};
-      model.params().zero_grad();
-      model.forward(ctx, batch.micro_batch(), batch.weights(cfg));
-      model.backward(ctx, batch.weights(cfg));
-      opt.step(model.params(), 1e-2, t);
-      device_synchronize();
-      const Bf16OperandCounts c1 = bf16_operand_counts();
-      r.steps.push_back({c1.rounded - c0.rounded, c1.from_copies - c0.from_copies, c1.copies_rounded - c0.copies_rounded});
-    }
-    r.logits = download(model.logits());
-    r.weights.resize(model.params().size());
-    copy_to_host(r.weights.data(), model.params().weights(), r.weights.size() * sizeof(float));
-    return r;
-  };
-  const Run host = train(false), device = train(true);
+  const TrainedSteps host = train_steps(cfg, false), device = train_steps(cfg, true);
   CHECK(host.logits == device.logits);
   CHECK(host.weights == device.weights);
   const size_t weight_reads = 2 * 4 + 2, h_reads = 2 * 2, activation_reads = 2 * 30 + 2 * 4,
@@ -297,6 +318,39 @@ TEST_CASE("device: bf16 training steps read the weights' bf16 copy, which the op
     CHECK(roundings == h.rounded - weight_reads - h_reads - activation_reads + activation_copies);
     CHECK(h.rounded == 174);  // every operand of the step's GEMMs
     CHECK(roundings == 104);  // 118 with the weights and h rounded per GEMM
+  }
+}
+
+TEST_CASE("device: bf16 Switch training steps: the experts' GEMMs read copies only; 12 roundings fewer per expert",
+          "[device][deferred][bf16][moe]") {
+  // Three AdamW steps of the Switch deck (top-1, geglu experts with expert dropout, jitter; block 0
+  // dense, block 1 MoE with 4 experts) with bf16 GEMMs on the deferred device against the host: the
+  // same bits. The experts' 6 grouped GEMM roles read all their operands from copies (the weights'
+  // from the store, x's from the dispatch gather, h's from the dropout scale's kernel, dy's and
+  // dpre's rounded once each into a copy): 12 reads per expert with rows, no rounding, where each
+  // group rounded its 2 operands before (on a GPU: a bf16 GEMM per expert, 2 rounding launches each);
+  // 2 copies rounded per MoE layer instead. The rest as in the dense case above: 2 self-attentions
+  // (30 reads, 4 copies each), a dense feed-forward (4 + 2 + 4 reads, 2 copies), the tied head (2).
+  const test::GemmPrecisionScope bf16(Precision::Bf16);
+  const Config cfg = device_test_config("top1");
+  const TrainedSteps host = train_steps(cfg, false), device = train_steps(cfg, true);
+  CHECK(host.logits == device.logits);
+  CHECK(host.weights == device.weights);
+  CHECK(host.experts_with_rows == device.experts_with_rows);
+  const size_t others_reads = 2 * 30 + (4 + 2 + 4) + 2, others_copies = 2 * 4 + 2, expert_copies = 2;
+  for (size_t t = 0; t < 3; ++t) {
+    INFO("step " << t + 1);
+    const Bf16OperandCounts h = host.steps[t], d = device.steps[t];
+    const size_t expert_reads = 12 * device.experts_with_rows[t];
+    CHECK(device.experts_with_rows[t] >= 2);
+    CHECK(h.from_copies + h.copies_rounded == 0);  // the host keeps no copies
+    CHECK(d.from_copies == others_reads + expert_reads);
+    CHECK(d.copies_rounded == others_copies + expert_copies);
+    CHECK(d.rounded + d.from_copies == h.rounded);  // the same GEMMs, reading as many operands
+    const size_t roundings = d.rounded + d.copies_rounded, before = roundings + expert_reads - expert_copies;
+    INFO("roundings a step: " << roundings << ", with the experts' operands rounded per GEMM " << before);
+    CHECK(roundings == h.rounded - others_reads - expert_reads + others_copies + expert_copies);
+    CHECK(roundings < before);
   }
 }
 

@@ -281,6 +281,39 @@ TEST_CASE("memory plan: the weights' bf16 copy with bf16 GEMMs on a GPU, 2 bytes
   }
 }
 
+TEST_CASE("memory plan: the layers' bf16 copies with bf16 GEMMs on a GPU, as the deferred device allocates them",
+          "[memory][bf16][deferred]") {
+  // Where the layers keep bf16 copies (plans_bf16_copies; the deferred host device takes the GPU's
+  // side and allocates them in its arena, which measure_memory then measures), the copies' bytes:
+  // the plan's activations and workspace with bf16 GEMMs less those with fp32 GEMMs, against the
+  // same difference of the first forward's and backward's arena growth. Exactly: the copies are
+  // Buffers of the arena, which rounds a block to 256 bytes, and each copy of this deck is a
+  // multiple of it (the feed-forwards' h and dy|dpre, attention's, the dispatch gather's copy of the
+  // experts' input, the experts' x|h and dy|dpre). The sum of the two, as the attention allocates its
+  // x|dq|dk|dv copy (planned as backward scratch) in the forward already. One rank, and tensor = 2
+  // (the experts' hidden units split); the all-to-all's expert-side copy is the shape table's ("shape
+  // table: the bf16 copies ..."): the stand-in Comms copy device memory as host memory.
+  const int V = 50;
+  test::DeferredHostDevice device;
+  for (const MeshShape mesh : {MeshShape{1, 1, 1}, MeshShape{1, 1, 2}}) {
+    INFO("mesh " << mesh.str());
+    int64_t planned[2], measured[2];
+    for (const Precision p : {Precision::Fp32, Precision::Bf16}) {
+      Config cfg = moe_config();
+      cfg.model.precision = p;
+      cfg.run.device = Device::Cuda;
+      const test::GemmPrecisionScope scope(p);
+      const MemoryPlan plan = plan_memory(cfg, V, mesh, 0, 0, 0);
+      const test::MemoryMeasured m = test::measure_memory(cfg, V, mesh, 0, 0, 0);
+      planned[int(p == Precision::Bf16)] = int64_t(plan.activation_bytes + plan.workspace_bytes);
+      measured[int(p == Precision::Bf16)] = m.forward_heap + m.backward_heap;
+    }
+    INFO("copies planned " << planned[1] - planned[0] << " B, allocated " << measured[1] - measured[0] << " B");
+    CHECK(planned[1] > planned[0]);
+    CHECK(planned[1] - planned[0] == measured[1] - measured[0]);
+  }
+}
+
 TEST_CASE("memory plan: active parameters of fine-grained experts with shared ones; the plan's count line", "[memory]") {
   // 16 experts of width 16 (moe.expert_d_ff) with top-8 and 2 shared experts against 4 experts of
   // width d_ff = 64 with top-2, M = 32, 2 MoE layers, gelu (one expert: w_in [M, H] + w_out [H, M]).

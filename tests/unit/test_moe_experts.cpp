@@ -1,6 +1,6 @@
 // The MoE experts as grouped GEMMs (model/moe/experts.cpp, tensor/blas.hpp gemm_grouped): bitwise
-// the loop of one GEMM per expert they replace, and a fixed number of device launches per forward
-// and backward whatever the number of local experts.
+// the loop of one GEMM per expert they replace, a fixed number of device launches per forward
+// and backward whatever the number of local experts, and with bf16 copies no GEMM rounding.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include "../test_util.hpp"
 #include "model/activation.hpp"
 #include "model/moe/experts.hpp"
+#include "tensor/bf16.hpp"
 #include "tensor/blas.hpp"
 #include "tensor/deferred_device.hpp"
 #include "test_moe_util.hpp"
@@ -144,4 +145,98 @@ TEST_CASE("moe experts: a forward and a backward queue as much device work with 
   const std::vector<size_t> dropout_one = queued(1, 0.1), dropout_eight = queued(8, 0.1);
   CHECK(dropout_eight[0] == dropout_one[0] + 7);
   CHECK(dropout_eight[1] == dropout_one[1]);
+}
+
+TEST_CASE("moe experts: with bf16 copies the grouped GEMMs round nothing and give the host's per-GEMM rounding bitwise",
+          "[moe][device][deferred][bf16]") {
+  // On the deferred host device (the GPU's side: tensor/blas.hpp bf16_operand_copies) every operand
+  // of the experts' 6 grouped GEMM roles comes from a bf16 copy: the weights' from the store
+  // (ParamStore::weights16), x's from the caller (as a dispatcher's gather writes it) or kept with x,
+  // h's from the activation's kernel (or the dropout scale's), dy's and dpre's rounded once each
+  // (round_to_bf16). Each group reads its copies in the host loop that stands for the GPU's one
+  // grouped call (cuda_gemm_grouped_bf16): 12 operands per expert with rows, none rounded. The
+  // oracle: the same layer on the host, which rounds every operand per GEMM (and, without dropout,
+  // the loop of one bf16 GEMM per expert, per_expert_loop): the same bits.
+  struct Case {
+    Activation act;
+    std::vector<int> rows;
+    double dropout;
+    bool given_x16;
+  };
+  const std::vector<Case> cases = {{Activation::Geglu, {0, 9, 2, 4, 0}, 0.0, true},
+                                   {Activation::Gelu, {3, 1, 6}, 0.2, true},
+                                   {Activation::Swiglu, {5, 0, 2}, 0.0, false}};
+  const GemmPrecisionScope bf16(Precision::Bf16);
+  for (const Case& c : cases) {
+    INFO("activation " << int(c.act) << ", " << c.rows.size() << " experts, dropout " << c.dropout << ", x16 given "
+                       << c.given_x16);
+    MoeOptions o = expert_options(int(c.rows.size()), c.act);
+    o.expert_dropout = c.dropout;
+    int total = 0, with_rows = 0;
+    for (int r : c.rows) total += r, with_rows += r > 0;
+    const int M = o.d_model;
+    const std::vector<float> x = normal_floats(size_t(total) * M, 1), dy = normal_floats(size_t(total) * M, 2),
+                             dx0 = normal_floats(x.size(), 3);
+    std::vector<int64_t> tokens(static_cast<size_t>(total));
+    for (int i = 0; i < total; ++i) tokens[size_t(i)] = 3 * i + 1;
+    StepContext ctx;
+    ctx.training = true;
+    ctx.seed = 7;
+    struct Out {
+      std::vector<float> y, dx, g_in, g_out;
+    };
+    Out host;
+    std::vector<float> w_in, w_out;
+    {
+      ExpertsHarness hs(o);
+      Experts<float>& ex = hs.experts;
+      host.y.resize(x.size());
+      host.dx = dx0;
+      ex.forward(ctx, x.data(), host.y.data(), c.rows, tokens.data());
+      ex.backward(ctx, dy.data(), host.dx.data());
+      host.g_in.assign(ex.w_in.g, ex.w_in.g + ex.w_in.size);
+      host.g_out.assign(ex.w_out.g, ex.w_out.g + ex.w_out.size);
+      w_in.assign(ex.w_in.w, ex.w_in.w + ex.w_in.size);
+      w_out.assign(ex.w_out.w, ex.w_out.w + ex.w_out.size);
+    }
+    Out dev;
+    Bf16OperandCounts before, after;
+    {
+      DeferredHostDevice guard(DeviceAccess::Copies);
+      ExpertsHarness hs(o);
+      Experts<float>& ex = hs.experts;
+      std::vector<uint16_t> x16_host(x.size());
+      for (size_t i = 0; i < x.size(); ++i) x16_host[i] = bf16_bits(x[i]);
+      const Buffer<float> xd(x.begin(), x.end()), dyd(dy.begin(), dy.end());
+      const Buffer<uint16_t> x16(x16_host.begin(), x16_host.end());
+      const Buffer<int64_t> tok(tokens.begin(), tokens.end());
+      Buffer<float> y(x.size()), dx(dx0.begin(), dx0.end());
+      device_synchronize();
+      before = bf16_operand_counts();
+      ex.forward(ctx, xd.data(), y.data(), c.rows, tok.data(), c.given_x16 ? x16.data() : nullptr);
+      ex.backward(ctx, dyd.data(), dx.data());
+      device_synchronize();
+      after = bf16_operand_counts();
+      dev.y = download(y);
+      dev.dx = download(dx);
+      dev.g_in.resize(ex.w_in.size);
+      dev.g_out.resize(ex.w_out.size);
+      copy_to_host(dev.g_in.data(), ex.w_in.g, dev.g_in.size() * sizeof(float));
+      copy_to_host(dev.g_out.data(), ex.w_out.g, dev.g_out.size() * sizeof(float));
+    }
+    CHECK(after.rounded == before.rounded);  // no GEMM rounds an operand
+    CHECK(after.from_copies - before.from_copies == size_t(12 * with_rows));
+    CHECK(after.copies_rounded - before.copies_rounded == 2);  // dy's and dpre's
+    CHECK(dev.y == host.y);
+    CHECK(dev.dx == host.dx);
+    CHECK(dev.g_in == host.g_in);
+    CHECK(dev.g_out == host.g_out);
+    if (c.dropout == 0) {
+      std::vector<float> dx_ref = dx0, g_in(w_in.size(), 0.f), g_out(w_out.size(), 0.f);
+      CHECK(per_expert_loop(o, w_in.data(), w_out.data(), x, c.rows, dy, dx_ref, g_in, g_out) == dev.y);
+      CHECK(dx_ref == dev.dx);
+      CHECK(g_in == dev.g_in);
+      CHECK(g_out == dev.g_out);
+    }
+  }
 }

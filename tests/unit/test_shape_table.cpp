@@ -185,13 +185,16 @@ TEST_CASE("shape table: the fused attention keeps no [B, heads_l, T, T] buffer",
 // self-attentions (decoder-only blocks and the decoder of encdec, not the encoder's bidirectional
 // one) also P (saved for the backward) and dS (scratch), 2 bytes x [B, heads_l, T, T]; every
 // feed-forward, dense or shared expert, its activation's output h (saved, [N, H_l]) and dy then
-// dpre (scratch, [N, max(M, W_l)]). Oracle: the letters of the deck, counted by hand.
+// dpre (scratch, [N, max(M, W_l)]); every MoE layer's dispatcher the gather's copy of the experts'
+// input (forward only: [E', G, C, M] on one expert rank, the expert side's [R, M] behind an
+// all-to-all), and its experts x and h (saved, [R, M + H_l]) and dy then dpre (scratch, [R, max(M,
+// W_l)]). Oracle: the letters of the deck, counted by hand.
 TEST_CASE("shape table: the bf16 copies of GEMM operands on a GPU", "[shapes]") {
   for (const bool encdec : {false, true}) {
     INFO("encdec " << encdec);
     Config c = moe_deck("data", "gelu");
     if (encdec) c.model.arch = ModelArch::EncDec;
-    const MeshShape mesh{1, 1, 2};  // tensor = 2: heads_l = 2 of 4
+    const MeshShape mesh{1, 1, 2};  // tensor = 2: heads_l = 2 of 4; the experts' hidden units 24 / 2
     std::set<std::string> layers;
     auto copies = [&](Precision p, Device d) {
       c.model.precision = p, c.run.device = d;
@@ -242,7 +245,36 @@ TEST_CASE("shape table: the bf16 copies of GEMM operands on a GPU", "[shapes]") 
       CHECK(found.at(ffn)[1].dims == std::vector<int64_t>{N, dense ? 16 : 24});
       CHECK(found.at(ffn)[1].kind == BufferKind::Scratch);
       with_copies += 2;
+      if (dense) continue;
+      // top-2 (the default), 4 experts, groups of S = 8 at capacity factor 1.25: C = ceil(2 x 8 x
+      // 1.25 / 4) = 5, G = 32 / 8 = 4; every expert here (data = 1): R = 4 x 4 x 5 rows; H_l = W_l = 12.
+      const int64_t G = 4, C = 5, R = 4 * G * C;
+      REQUIRE(found.count(b + ".moe.dispatch") == 1);
+      REQUIRE(found.at(b + ".moe.dispatch").size() == 1);
+      CHECK(found.at(b + ".moe.dispatch")[0].dims == std::vector<int64_t>{4, G, C, 16});
+      CHECK(found.at(b + ".moe.dispatch")[0].kind == BufferKind::ForwardOnly);
+      REQUIRE(found.count(b + ".moe.experts") == 1);
+      const auto& experts = found.at(b + ".moe.experts");
+      REQUIRE(experts.size() == 2);
+      CHECK(experts[0].dims == std::vector<int64_t>{R, 16 + 12});
+      CHECK(experts[0].kind == BufferKind::Saved);
+      CHECK(experts[1].dims == std::vector<int64_t>{R, 16});
+      CHECK(experts[1].kind == BufferKind::Scratch);
+      with_copies += 2;
     }
     CHECK(found.size() == with_copies);  // no other layer keeps copies
   }
+  // Behind the all-to-all (data = 2, an expert group of 2): the dispatcher's copy is the expert
+  // side's, [R, M] with R = E_l x 2 sources x G x C = 2 x 2 x 2 x 5 (B = 8 / (2 x 2), N = 16, G = 2).
+  Config c = moe_deck("data", "gelu");
+  c.model.precision = Precision::Bf16, c.run.device = Device::Cuda;
+  const ShapeTable table(c, 50, MeshShape{1, 2, 1}, {}, true);
+  size_t dispatchers = 0;
+  for (const LayerShapes& l : table.layers())
+    for (const BufferShape& b : l.buffers)
+      if (l.kind == LayerKind::Dispatcher && b.elem_bytes == 2) {
+        CHECK(b.dims == std::vector<int64_t>{2 * 2 * 2 * 5, 16});
+        ++dispatchers;
+      }
+  CHECK(dispatchers == 2);  // blocks 1 and 3
 }

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "model/moe/dispatcher_bodies.hpp"
+#include "tensor/blas.hpp"
 #include "tensor/elementwise.hpp"
 #include "tensor/launch.hpp"
 
@@ -14,7 +15,7 @@ namespace meshmoe {
 
 template <typename T>
 AllToAllDispatcher<T>::AllToAllDispatcher(const Placement& place, int E, int M)
-    : local_(E, M),
+    : local_(E, M, {}, false),
       comm_(place.expert_group),
       P_(place.expert_parallel),
       E_(E),
@@ -37,14 +38,15 @@ void AllToAllDispatcher<T>::dispatch(const StepContext& ctx, const Routing<T>& r
   if (room_ > 0) reserve(room_);
   plan(ctx, local_.expert_rows(), local_.expert_row_token().data());
   xin_.resize(expert_total_ * size_t(M_));
-  to_experts(ctx, local_.rows(), xin_.data());
+  to_experts(ctx, local_.rows(), xin_.data(), bf16_copy_room<T>(xin16_, xin_.size()));
 }
 
 template <typename T>
 ExpertRows<T> AllToAllDispatcher<T>::expert_input() {
   expert_side_elems_ = xin_.size();
   xout_.resize(xin_.size());
-  return {xin_.data(), xout_.data(), expert_rows_, expert_token_.data(), room_};
+  return {xin_.data(), xout_.data(), expert_rows_, expert_token_.data(), room_,
+          xin16_.empty() ? nullptr : xin16_.data()};
 }
 
 // The experts keep their own copy of their input (forward) and are done with their output
@@ -52,6 +54,7 @@ ExpertRows<T> AllToAllDispatcher<T>::expert_input() {
 template <typename T>
 void AllToAllDispatcher<T>::release_expert_input() {
   Buffer<T>().swap(xin_);
+  Buffer<uint16_t>().swap(xin16_);
   Buffer<T>().swap(dexp_);
 }
 
@@ -172,16 +175,16 @@ void AllToAllDispatcher<T>::exchange(const U* send, U* recv, size_t width, bool 
   comm_->all_to_allv(send, std::span<const size_t>(sc_), recv, std::span<const size_t>(rc_));
 }
 
-// local [local_rows, M] -> recv [P, El, rows, M] -> expert [El, P, rows, M]
+// local [local_rows, M] -> recv [P, El, rows, M] -> expert [El, P, rows, M] (+ its bf16 copy)
 template <typename T>
-void AllToAllDispatcher<T>::to_experts(const StepContext& ctx, const T* local, T* expert) {
+void AllToAllDispatcher<T>::to_experts(const StepContext& ctx, const T* local, T* expert, uint16_t* expert16) {
   recv_.resize(expert_total_ * M_);
   {
     ScopedPhase t(ctx.timers, "moe_alltoall");
     exchange(local, recv_.data(), size_t(M_), false);
   }
   for_each_index_2d(expert_total_, M_,
-                 GatherRows<T, int64_t>{recv_.data(), expert_from_recv_.data(), expert, M_});
+                 GatherRows<T, int64_t>{recv_.data(), expert_from_recv_.data(), expert, M_, expert16});
 }
 
 // expert [El, P, rows, M] -> recv order [P, El, rows, M] -> local [local_rows, M]

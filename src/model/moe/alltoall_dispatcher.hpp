@@ -78,8 +78,9 @@ class AllToAllDispatcher {
   void plan(const StepContext& ctx, std::span<const int> send_rows, const int64_t* row_token);
   // Room for `rows` expert-side rows, so that plan() and the exchanges do not reallocate below it.
   void reserve(size_t rows);
-  // local [local_rows, M] -> expert [expert_rows_total, M] (overwritten)
-  void to_experts(const StepContext& ctx, const T* local, T* expert);
+  // local [local_rows, M] -> expert [expert_rows_total, M] (overwritten); expert16 (optional): its
+  // bf16 copy, written by the same gather
+  void to_experts(const StepContext& ctx, const T* local, T* expert, uint16_t* expert16 = nullptr);
   // expert [expert_rows_total, M] -> local [local_rows, M] (overwritten)
   void from_experts(const StepContext& ctx, const T* expert, T* local);
   template <typename U>
@@ -109,6 +110,9 @@ class AllToAllDispatcher {
   // Expert side, alive only during a pass: input and output [rows', M] of the forward, the output
   // gradient [rows', M] of the backward. dxe [rows', M], the input gradient, is backward scratch.
   Buffer<T> xin_, xout_, dexp_, dxe_;
+  // xin's bf16 copy [rows', M], written with it where the experts' GEMMs read copies (tensor/blas.hpp
+  // bf16_operand_copies), alive as xin
+  Buffer<uint16_t> xin16_;
   size_t expert_side_elems_ = 0;  // rows' * M of the last forward (saved)
   size_t room_ = 0, room_per_expert_ = 0;  // expert-side rows of the full layout, as the token side's
 };

@@ -59,8 +59,8 @@ void IndexDispatcher<T>::reserve(size_t rows) {
 
 // x [N, M] -> buf [rows, M]
 template <typename T>
-void IndexDispatcher<T>::dispatch(const Routing<T>& r, const T* x, T* buf, int M) const {
-  for_each_index_2d(rows(), M, GatherRows<T, int>{x, slot_token_.data(), buf, M});
+void IndexDispatcher<T>::dispatch(const Routing<T>& r, const T* x, T* buf, int M, uint16_t* buf16) const {
+  for_each_index_2d(rows(), M, GatherRows<T, int>{x, slot_token_.data(), buf, M, buf16});
 }
 
 // dbuf [rows, M] -> dx [N, M] (added)

@@ -40,8 +40,8 @@ class IndexDispatcher {
   // Room for `rows` rows in the maps, so that map_rows() does not reallocate below it.
   void reserve(size_t rows);
 
-  // x [N, M] -> buf [rows, M] (overwritten)
-  void dispatch(const Routing<T>& r, const T* x, T* buf, int M) const;
+  // x [N, M] -> buf [rows, M] (overwritten); buf16 (optional): buf's bf16 copy, in the same pass
+  void dispatch(const Routing<T>& r, const T* x, T* buf, int M, uint16_t* buf16 = nullptr) const;
   // dbuf [rows, M] -> dx [N, M] (added)
   void dispatch_backward(const Routing<T>& r, const T* dbuf, T* dx, int M) const;
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/hd.hpp"
+#include "tensor/bf16.hpp"
 
 namespace meshmoe {
 
@@ -104,16 +105,19 @@ struct PlanScatterToken {
 };
 
 // Index i = row * M + m: dst[row, m] = src[index[row], m], 0 where index[row] < 0 (an empty slot).
+// dst16 (optional, float): the gathered value's bf16 copy (bf16_bits), for the experts' GEMMs.
 template <typename T, typename I>
 struct GatherRows {
   const T* src;
   const I* index;
   T* dst;
   int M;
+  uint16_t* dst16 = nullptr;
   MESHMOE_HD void operator()(int64_t row, int64_t m) const {
     const int64_t i = row * M + m;
     const int64_t s = int64_t(index[row]);
     dst[i] = s < 0 ? T(0) : src[s * M + m];
+    if (dst16) dst16[i] = bf16_bits(float(dst[i]));
   }
 };
 

@@ -44,6 +44,9 @@ struct ExpertRows {
   // Rows of the full [E_local, sources x G x C] layout, that the buffers keep room for (capacity
   // routing, MoeLayer's reserve; 0 until a capacity-routed pass).
   size_t room = 0;
+  // [rows, M] x's bf16 copy (bf16_bits), written by the dispatcher's gather where the experts'
+  // GEMMs read copies (tensor/blas.hpp bf16_operand_copies); null otherwise.
+  const uint16_t* x16 = nullptr;
 };
 
 // The experts' rows of one backward, in the forward's row order: the gradient of their output and
@@ -69,10 +72,13 @@ class Experts {
   // x [rows, M] -> y [rows, M] (overwritten), the rows of local expert el being the rows[el] rows
   // after those of experts < el (rows.size() == E_local).
   // row_token [sum rows]: global index of the token in each row, -1 for an empty row (keys the
-  // expert dropout, so sharding cannot change it).
-  void forward(const StepContext& ctx, const T* x, T* y, std::span<const int> rows, const int64_t* row_token);
+  // expert dropout, so sharding cannot change it). x16 (optional): x's bf16 copy, which the first
+  // GEMM reads and the backward's copy of x takes; where the GEMMs read copies and none is given,
+  // the experts round x as they keep it.
+  void forward(const StepContext& ctx, const T* x, T* y, std::span<const int> rows, const int64_t* row_token,
+               const uint16_t* x16 = nullptr);
   // The rows a token dispatcher hands over: their room reserved (when the dispatcher keeps one),
-  // then forward(ctx, rows.x, rows.y, rows.count, rows.token).
+  // then forward(ctx, rows.x, rows.y, rows.count, rows.token, rows.x16).
   void forward(const StepContext& ctx, const ExpertRows<T>& rows);
   // The same with R rows for every expert (x [E_local, R, M]).
   void forward(const StepContext& ctx, const T* x, T* y, int R, const int64_t* row_token);
@@ -88,8 +94,10 @@ class Experts {
   void saved_state(F&& f) {
     f(start_);
     f(x_);
+    f(x16_);
     f(pre_);
     f(h_);
+    f(h16_);
     f(mask_);
   }
 
@@ -111,6 +119,11 @@ class Experts {
   Buffer<T> mask_;  // [rows, H_l] dropout scale: 0 or 1/(1-p) (empty without dropout)
   Buffer<T> dxs_;   // [rows, M] partial input gradient (hidden split only)
   Buffer<T> dpre_;  // backward scratch: [rows, W]
+  // bf16 copies of the GEMM operands where the GEMMs read copies (tensor/blas.hpp
+  // bf16_operand_copies; empty otherwise): x's [rows, M] (kept with x) and h's [rows, H_l] (written
+  // by the activation's kernel, or by the dropout scale's after it), saved; the backward's dy, then
+  // dpre, in one room [rows, max(M, W)], scratch. The weights' are the store's (ParamView::w16).
+  Buffer<uint16_t> x16_, h16_, bf16_;
   size_t reserve_rows_ = 0;
 };
 

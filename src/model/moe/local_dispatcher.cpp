@@ -1,12 +1,13 @@
 #include "model/moe/local_dispatcher.hpp"
 
+#include "tensor/blas.hpp"
 #include "tensor/elementwise.hpp"
 
 namespace meshmoe {
 
 template <typename T>
-LocalDispatcher<T>::LocalDispatcher(int E, int M, DispatchLayout held)
-    : M_(M), held_(held), E_held_(held.count < 0 ? E - held.e0 : held.count) {}
+LocalDispatcher<T>::LocalDispatcher(int E, int M, DispatchLayout held, bool feeds_experts)
+    : M_(M), held_(held), E_held_(held.count < 0 ? E - held.e0 : held.count), feeds_experts_(feeds_experts) {}
 
 // Capacity routing: the row buffers get the room of the full [E, G, C, M] layout once, what the
 // memory plan counts (run/memory.cpp), so that no step reallocates them as the filled rows vary.
@@ -20,9 +21,11 @@ void LocalDispatcher<T>::reserve_full_layout(const Routing<T>& r) {
   index_.reserve(room_);
   rows_.reserve(room_ * size_t(M_));
   out_.reserve(room_ * size_t(M_));
+  if (feeds_experts_ && bf16_operand_copies<T>()) rows16_.reserve(room_ * size_t(M_));
 }
 
-// x [N, M] -> rows [rows, M] (the held experts', expert-major)
+// x [N, M] -> rows [rows, M] (the held experts', expert-major), with their bf16 copy when they are
+// the experts' input and the experts' GEMMs read copies
 template <typename T>
 void LocalDispatcher<T>::dispatch(const StepContext& ctx, const Routing<T>& r, const T* x,
                                   const AtDispatchWait& at_wait) {
@@ -33,7 +36,8 @@ void LocalDispatcher<T>::dispatch(const StepContext& ctx, const Routing<T>& r, c
   index_.map_rows(r, ctx.token_offset);
   reserve_full_layout(r);
   rows_.resize(index_.rows() * size_t(M_));
-  index_.dispatch(r, x, rows_.data(), M_);
+  uint16_t* rows16 = feeds_experts_ ? bf16_copy_room<T>(rows16_, rows_.size()) : nullptr;
+  index_.dispatch(r, x, rows_.data(), M_, rows16);
 }
 
 template <typename T>
@@ -45,7 +49,8 @@ T* LocalDispatcher<T>::output_rows() {
 template <typename T>
 ExpertRows<T> LocalDispatcher<T>::expert_input() {
   T* y = output_rows();
-  return {rows_.data(), y, index_.expert_rows(), index_.slot_token_global().data(), room_};
+  return {rows_.data(), y, index_.expert_rows(), index_.slot_token_global().data(), room_,
+          rows16_.empty() ? nullptr : rows16_.data()};
 }
 
 // out [rows, M] -> y [N, M] (+ shared [N, M]: DeepSeekMoE eq. 3, routed + shared)

@@ -28,8 +28,10 @@ using AtDispatchWait = std::function<void()>;
 template <typename T>
 class LocalDispatcher {
  public:
-  // E experts of width M; this rank holds those of `held` (all of them by default).
-  LocalDispatcher(int E, int M, DispatchLayout held = {});
+  // E experts of width M; this rank holds those of `held` (all of them by default). feeds_experts:
+  // the rows are the experts' input (false: the token side of the all-to-all, whose rows travel
+  // first), so the gather writes their bf16 copy where the experts' GEMMs read copies.
+  LocalDispatcher(int E, int M, DispatchLayout held = {}, bool feeds_experts = true);
 
   // The stages (token_dispatcher.hpp says what each does).
   void dispatch(const StepContext& ctx, const Routing<T>& r, const T* x, const AtDispatchWait& at_wait);
@@ -68,9 +70,13 @@ class LocalDispatcher {
   DispatchLayout held_;
   int E_held_;
   IndexDispatcher<T> index_;
+  bool feeds_experts_;
   // Saved by the forward for the backward (with the plan): the rows (the backward reads their
   // count) and the experts' outputs (the gate gradient reads them).
   Buffer<T> rows_, out_;
+  // The rows' bf16 copy [rows, M], written by the gather with them (feeds_experts and
+  // tensor/blas.hpp bf16_operand_copies; empty otherwise); the experts keep their own copy.
+  Buffer<uint16_t> rows16_;
   // Backward scratch, not saved state: overwritten by every backward, members so that a step does
   // not allocate them. dout [rows, M], dgate [N k], dxe [rows, M].
   Buffer<T> dout_, dgate_, dxe_;
