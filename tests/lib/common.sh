@@ -78,6 +78,16 @@ TINY_DECK=(run.steps=4 run.log_every=1
            moe.num_experts=4 moe.every=2 moe.group_size=16
            optim.batch_size=8 optim.warmup_steps=2)
 
+# Keys that tests on demo_pairs set alike (write_tiny_deck "$T" "${DECODE_KEYS[@]}" KEY=VALUE...):
+# DECODE_KEYS, the decoding tests' model (d_model 32, 4 heads, top-2 with room at evaluation) that
+# learns to translate; EXPORT_KEYS, the export tests' (sequences of 48, a constant learning rate).
+# shellcheck disable=SC2034  # used by the scripts
+DECODE_KEYS=(run.seed=3 model.seq_len=40 model.d_model=32 model.num_heads=4 model.d_ff=64 moe.router=top2
+             moe.capacity_factor_eval=4 optim.lr=0.01 optim.warmup_steps=10)
+# shellcheck disable=SC2034
+EXPORT_KEYS=(model.seq_len=48 model.d_model=32 model.d_ff=64 optim.batch_size=4 optim.lr=1e-2 optim.schedule=constant
+             eval.every=0 eval.examples_per_language=5)
+
 # write_tiny_deck DIR [SECTION.KEY=VALUE...]: DIR/deck.toml, the TINY_DECK with data.path =
 # DIR/data.h5 (tiny_data's) and each SECTION.KEY=VALUE set in order, replacing the key's value or
 # adding the key. VALUE is written as TOML reads it: a number, true, false, quoted text or an array
