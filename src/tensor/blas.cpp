@@ -43,8 +43,7 @@ void gemm_bf16_operands_on_host(bool trans_a, bool trans_b, int M, int N, int K,
   const float* b = rounded_copy(B, B16, b_rows, b_cols, ldb, b_bf16);
   g_operands_rounded.fetch_add(size_t(!A16) + size_t(!B16), std::memory_order_relaxed);
   g_operands_from_copies.fetch_add(size_t(bool(A16)) + size_t(bool(B16)), std::memory_order_relaxed);
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-              alpha, a, std::max(1, a_cols), b, std::max(1, b_cols), beta, C, ldc);
+  cblas_gemm(trans_a, trans_b, M, N, K, alpha, a, std::max(1, a_cols), b, std::max(1, b_cols), beta, C, ldc);
 }
 }  // namespace
 
@@ -91,16 +90,13 @@ bool one_progression(std::span<const GemmGroup<T>> g, int64_t& sa, int64_t& sb, 
   return true;
 }
 
-void host_gemm(bool rounded, bool ta, bool tb, float alpha, float beta, const GemmGroup<float>& g) {
-  if (rounded)
-    return gemm_bf16_operands_on_host(ta, tb, g.M, g.N, g.K, alpha, g.A, g.lda, g.B, g.ldb, beta, g.C, g.ldc, g.A16,
-                                      g.B16);
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g.M, g.N, g.K, alpha, g.A,
-              g.lda, g.B, g.ldb, beta, g.C, g.ldc);
-}
-void host_gemm(bool, bool ta, bool tb, double alpha, double beta, const GemmGroup<double>& g) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g.M, g.N, g.K, alpha, g.A,
-              g.lda, g.B, g.ldb, beta, g.C, g.ldc);
+template <typename T>
+void host_gemm(bool rounded, bool ta, bool tb, T alpha, T beta, const GemmGroup<T>& g) {
+  if constexpr (std::is_same_v<T, float>)
+    if (rounded)
+      return gemm_bf16_operands_on_host(ta, tb, g.M, g.N, g.K, alpha, g.A, g.lda, g.B, g.ldb, beta, g.C, g.ldc, g.A16,
+                                        g.B16);
+  cblas_gemm(ta, tb, g.M, g.N, g.K, alpha, g.A, g.lda, g.B, g.ldb, beta, g.C, g.ldc);
 }
 }  // namespace
 

@@ -8,11 +8,10 @@
 // fp32 result); `gemm_fp32` and `matmul_fp32` always take the operands as they are (the router).
 // The double GEMMs never round.
 #pragma once
-#include <cblas.h>
-
 #include <span>
 #include <type_traits>
 
+#include "tensor/cblas_gemm.hpp"
 #include "tensor/compute_kinds.hpp"
 #include "tensor/cuda_gemm_bf16.hpp"
 #include "tensor/cuda_gemm_grouped.hpp"
@@ -37,20 +36,12 @@ void gemm_bf16_operands(bool trans_a, bool trans_b, int M, int N, int K, float a
 inline void gemm_fp32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                       const float* B, int ldb, float beta, float* C, int ldc) {
   if (current_device() == Device::Cuda) return cuda_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  const auto run = [=] {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
-                lda, B, ldb, beta, C, ldc);
-  };
-  run_host_work(run);
+  run_host_work([=] { cblas_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); });
 }
 inline void gemm_fp32(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A, int lda,
                       const double* B, int ldb, double beta, double* C, int ldc) {
   if (current_device() == Device::Cuda) return cuda_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  const auto run = [=] {
-    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
-                lda, B, ldb, beta, C, ldc);
-  };
-  run_host_work(run);
+  run_host_work([=] { cblas_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); });
 }
 
 // A16 / B16 (optional): as gemm_bf16_operands', read only by the bf16 GEMMs.

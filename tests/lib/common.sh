@@ -2,8 +2,9 @@
 # Set-up shared by the end-to-end test scripts of tests/scripts/. Sourced, not run: a script does
 #   cd "$(dirname "$0")/../.."; source tests/env.sh; source tests/lib/common.sh
 # and sets M (the meshmoe binary) itself. It is not a test case: run-tests.sh runs only
-# tests/scripts/*.sh. Each test's deck stays in its own script (its values are what the test is
-# about); what is here only creates directories and data sets, runs meshmoe, and fails.
+# tests/scripts/*.sh. What is here creates directories, data sets and the tiny deck, runs meshmoe,
+# and fails; each test's own deck values (what the test is about) stay in its script, as the keys
+# it sets on the tiny deck.
 
 # test_dir NAME: sets T to an empty directory $MESHMOE_TEST_TMPDIR/NAME (under a new temporary
 # directory when the script runs on its own), removing what an earlier run left there.
@@ -68,6 +69,51 @@ demo_pairs() {
     msgfmt -o "$dir/locale/$lang/LC_MESSAGES/demo.mo" "$dir/$lang.po"
   done
   "$M" prep gettext -q --root "$dir/locale" --valid-percent 20 -o "$dir/data.h5" >/dev/null
+}
+
+# The tiny MoE deck of the end-to-end tests (two blocks, moe.every = 2, four experts): what
+# write_tiny_deck writes before a script's own keys.
+TINY_DECK=(run.steps=4 run.log_every=1
+           model.seq_len=16 model.d_model=16 model.num_layers=2 model.num_heads=2 model.d_ff=32
+           moe.num_experts=4 moe.every=2 moe.group_size=16
+           optim.batch_size=8 optim.warmup_steps=2)
+
+# Keys that tests on demo_pairs set alike (write_tiny_deck "$T" "${DECODE_KEYS[@]}" KEY=VALUE...):
+# DECODE_KEYS, the decoding tests' model (d_model 32, 4 heads, top-2 with room at evaluation) that
+# learns to translate; EXPORT_KEYS, the export tests' (sequences of 48, a constant learning rate).
+# shellcheck disable=SC2034  # used by the scripts
+DECODE_KEYS=(run.seed=3 model.seq_len=40 model.d_model=32 model.num_heads=4 model.d_ff=64 moe.router=top2
+             moe.capacity_factor_eval=4 optim.lr=0.01 optim.warmup_steps=10)
+# shellcheck disable=SC2034
+EXPORT_KEYS=(model.seq_len=48 model.d_model=32 model.d_ff=64 optim.batch_size=4 optim.lr=1e-2 optim.schedule=constant
+             eval.every=0 eval.examples_per_language=5)
+
+# write_tiny_deck DIR [SECTION.KEY=VALUE...]: DIR/deck.toml, the TINY_DECK with data.path =
+# DIR/data.h5 (tiny_data's) and each SECTION.KEY=VALUE set in order, replacing the key's value or
+# adding the key. VALUE is written as TOML reads it: a number, true, false, quoted text or an array
+# as it is, other text quoted (as `--set` reads it). A table a section, in the deck's order.
+write_tiny_deck() {
+  local dir=$1 kv key sec head v order=() sections=(run mesh model moe optim data eval checkpoint distill debug)
+  local -A value
+  shift
+  for kv in "${TINY_DECK[@]}" data.path="$dir/data.h5" "$@"; do
+    key=${kv%%=*}
+    [[ $kv == *=* && " ${sections[*]} " == *" ${key%%.*} "* && $key == *.?* ]] ||
+      fail "write_tiny_deck: '$kv' is not SECTION.KEY=VALUE with one of the sections ${sections[*]}"
+    [ -n "${value[$key]+set}" ] || order+=("$key")
+    value[$key]=${kv#*=}
+  done
+  for sec in "${sections[@]}"; do
+    head="[$sec]"
+    for key in "${order[@]}"; do
+      [ "${key%%.*}" = "$sec" ] || continue
+      [ -z "$head" ] || { echo "$head"; head=""; }
+      v=${value[$key]}
+      [[ $v =~ ^[+-]?[0-9][0-9_]*(\.[0-9]+)?([eE][+-]?[0-9]+)?$ || $v =~ ^(true|false)$ || $v =~ ^[\"\'[] ]] ||
+        v="\"$v\""
+      echo "${key#*.} = $v"
+    done
+  done >"$dir/deck.toml"
 }
 
 # fail MESSAGE...: prints "FAIL: MESSAGE" and ends the test with exit code 1.

@@ -26,35 +26,8 @@ ulimit -c 0
 
 # ---- fixtures -------------------------------------------------------------------------------
 tiny_data "$T" "$PWD"/src/model/*.cpp
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "bad"
-steps = 4
-log_every = 1
-seed = 3
-[mesh]
-data = 4
-[model]
-seq_len = 16
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-[moe]
-num_experts = 4
-every = 2
-group_size = 16
-[optim]
-batch_size = 8
-warmup_steps = 2
-[data]
-path = "$T/data.h5"
-[eval]
-every = 0
-[checkpoint]
-every = 2
-keep_last = 3
-DECK
+write_tiny_deck "$T" run.name=bad run.seed=3 mesh.data=4 eval.every=0 checkpoint.every=2 \
+  checkpoint.keep_last=3
 D="$T/deck.toml"
 REF="$T/ref"  # a finished run with checkpoints at steps 2 and 4: must never change
 train_or_fail ref 4 --set mesh.data=4

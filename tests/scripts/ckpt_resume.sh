@@ -21,40 +21,9 @@ source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir ckpt-resume
 tiny_data "$T"
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "resume"
-steps = 20
-log_every = 1
-seed = 11
-[model]
-seq_len = 16
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-dropout = 0.1
-[moe]
-num_experts = 4
-every = 2
-router = "top2"
-group_size = 16
-capacity_factor_train = 1.0
-jitter_eps = 0.01
-[optim]
-name = "adamw"
-batch_size = 8
-lr = 0.01
-warmup_steps = 3
-[data]
-path = "$T/data.h5"
-[eval]
-every = 5
-batches = 2
-[checkpoint]
-every = 5
-keep_last = 2
-DECK
+write_tiny_deck "$T" run.name=resume run.steps=20 run.seed=11 model.dropout=0.1 moe.router=top2 \
+  moe.capacity_factor_train=1.0 moe.jitter_eps=0.01 optim.name=adamw optim.lr=0.01 optim.warmup_steps=3 \
+  eval.every=5 eval.batches=2 checkpoint.every=5 checkpoint.keep_last=2
 train() {  # np dir overrides...
   local np=$1 dir=$2; shift 2
   mpirun -np "$np" $M train "$T/deck.toml" --set run.out_dir="$T/$dir" "$@" >>"$T/$dir.log" 2>&1

@@ -26,34 +26,8 @@ M=$(realpath "${MESHMOE:-build/meshmoe}")
 test_dir cluster-faults
 ulimit -c 0
 tiny_data "$T" "$PWD"/src/model/*.cpp
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "cluster"
-steps = 20
-log_every = 1
-seed = 3
-[model]
-seq_len = 16
-d_model = 32
-num_layers = 2
-num_heads = 2
-d_ff = 64
-[moe]
-num_experts = 4
-every = 2
-router = "top1"
-group_size = 16
-[optim]
-batch_size = 4
-warmup_steps = 2
-[data]
-path = "$T/data.h5"
-[eval]
-every = 0
-[checkpoint]
-every = 10
-keep_last = 1
-DECK
+write_tiny_deck "$T" run.name=cluster run.steps=20 run.seed=3 model.d_model=32 model.d_ff=64 moe.router=top1 \
+  optim.batch_size=4 eval.every=0 checkpoint.every=10 checkpoint.keep_last=1
 D="$T/deck.toml"
 
 failed=0 n=0

@@ -60,34 +60,8 @@ PY
 
 # ---- fixtures -------------------------------------------------------------------------------
 tiny_data "$T"
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "faults"
-steps = 4
-log_every = 1
-seed = 7
-max_bad_steps = 2
-[model]
-seq_len = 16
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-[moe]
-num_experts = 4
-every = 2
-group_size = 16
-[optim]
-batch_size = 8
-lr = 0.01
-warmup_steps = 0
-[data]
-path = "$T/data.h5"
-[eval]
-every = 0
-[checkpoint]
-every = 2
-DECK
+write_tiny_deck "$T" run.name=faults run.seed=7 run.max_bad_steps=2 optim.lr=0.01 optim.warmup_steps=0 \
+  eval.every=0 checkpoint.every=2
 train_or_fail good 1
 [ "$(cat "$T/good/ckpt/LATEST")" = step_00000004.h5 ] || fail "the reference run did not checkpoint step 4"
 $PYTHON - "$T" <<'PY'

@@ -34,37 +34,11 @@ with h5py.File(sys.argv[1], "r+") as f:
 PY
 )
 eval_batches=$(((valid_examples + 1) / 2))
-cat >"$T/deck.toml" <<DECK
-[run]
-steps = 5
-log_every = 5
-seed = 3
-[model]
-seq_len = 40
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-[moe]
-num_experts = 2
-every = 2
-group_size = 40
-aux_loss_coef = 0.01
-z_loss_coef = 0.001
-[optim]
-batch_size = 2
-lr = 0.01
-warmup_steps = 1
-[data]
-path = "$T/data.h5"
-shuffle = false
-[eval]
-every = 5
-examples_per_language = 1000  # all the validation examples (fewer), in file order: eval_batches batches
-[checkpoint]
-every = 1
-keep_last = 10
-DECK
+# eval.examples_per_language: all the validation examples (fewer), in file order: eval_batches batches
+write_tiny_deck "$T" run.steps=5 run.log_every=5 run.seed=3 model.seq_len=40 moe.num_experts=2 \
+  moe.group_size=40 moe.aux_loss_coef=0.01 moe.z_loss_coef=0.001 optim.batch_size=2 optim.lr=0.01 \
+  optim.warmup_steps=1 data.shuffle=false eval.every=5 eval.examples_per_language=1000 checkpoint.every=1 \
+  checkpoint.keep_last=10
 train_or_fail run 2 --set mesh.data=2
 for s in 1 2 3; do
   grep -q "warning: step $s: no target token in the batch; no update ($s empty steps so far)" "$T/run.log" ||

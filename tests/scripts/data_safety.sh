@@ -28,34 +28,9 @@ ulimit -c 0
 mkdir -p "$T/a" "$T/b"
 demo_pairs "$T/a"        # de, fr: the data trained on
 demo_pairs "$T/b" long   # de, fr, other sentences: the same vocabulary, other data
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "safety"
-steps = 10
-log_every = 5
-seed = 3
-[model]
-seq_len = 48
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-[moe]
-num_experts = 2
-every = 2
-router = "top1"
-group_size = 16
-[optim]
-batch_size = 4
-warmup_steps = 2
-[data]
-path = "$T/a/data.h5"
-[eval]
-every = 0
-examples_per_language = 2
-[checkpoint]
-every = 10
-DECK
+write_tiny_deck "$T" run.name=safety run.steps=10 run.log_every=5 run.seed=3 model.seq_len=48 \
+  moe.num_experts=2 moe.router=top1 optim.batch_size=4 data.path="$T/a/data.h5" eval.every=0 \
+  eval.examples_per_language=2 checkpoint.every=10
 D="$T/deck.toml"
 
 failed=0 n=0

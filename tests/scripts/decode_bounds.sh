@@ -27,31 +27,8 @@ M=${MESHMOE:-$PWD/${BUILD:-build}/meshmoe}
 [ -x "$M" ] || { echo "decode_bounds: $M not built"; exit 1; }
 test_dir decode_bounds
 tiny_data "$T"
-cat >"$T/deck.toml" <<DECK
-[run]
-steps = 2
-log_every = 1
-[model]
-seq_len = 16
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-[moe]
-num_experts = 4
-every = 2
-group_size = 16
-[optim]
-batch_size = 4
-warmup_steps = 1
-[data]
-path = "$T/data.h5"
-[eval]
-every = 0
-[checkpoint]
-every = 1
-keep_last = 1
-DECK
+write_tiny_deck "$T" run.steps=2 optim.batch_size=4 optim.warmup_steps=1 eval.every=0 checkpoint.every=1 \
+  checkpoint.keep_last=1
 
 # run NAME CMD ARGS...: meshmoe on 1 rank (a singleton, without mpirun: quicker) under timeout;
 # output in $T/NAME.log, exit code in $rc.

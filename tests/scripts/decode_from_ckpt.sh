@@ -19,35 +19,8 @@ source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir decode-from-ckpt
 demo_pairs "$T"
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "decode"
-steps = 150
-log_every = 50
-seed = 3
-[model]
-seq_len = 40
-d_model = 32
-num_layers = 2
-num_heads = 4
-d_ff = 64
-[moe]
-num_experts = 4
-every = 2
-router = "top2"
-group_size = 16
-capacity_factor_eval = 4
-[optim]
-batch_size = 8
-lr = 0.01
-warmup_steps = 10
-[data]
-path = "$T/data.h5"
-[eval]
-examples_per_language = 8
-[checkpoint]
-every = 150
-DECK
+write_tiny_deck "$T" "${DECODE_KEYS[@]}" run.name=decode run.steps=150 run.log_every=50 \
+  eval.examples_per_language=8 checkpoint.every=150
 train_or_fail run 4 --set mesh.data=2 --set mesh.tensor=2
 printf 'Datei 7 kopiert\nOrdner 12 entfernt\nDatei 31 kopiert\nOrdner 3 entfernt\n' > "$T/in.txt"
 

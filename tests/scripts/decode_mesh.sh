@@ -19,33 +19,7 @@ source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir decode-mesh
 demo_pairs "$T"
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "decode"
-steps = 300
-log_every = 100
-seed = 3
-[model]
-seq_len = 40
-d_model = 32
-num_layers = 2
-num_heads = 4
-d_ff = 64
-[moe]
-num_experts = 4
-every = 2
-router = "top2"
-group_size = 16
-capacity_factor_eval = 4
-[optim]
-batch_size = 8
-lr = 0.01
-warmup_steps = 10
-[data]
-path = "$T/data.h5"
-[checkpoint]
-every = 300
-DECK
+write_tiny_deck "$T" "${DECODE_KEYS[@]}" run.name=decode run.steps=300 run.log_every=100 checkpoint.every=300
 train_or_fail run 1
 printf 'Datei 7 kopiert\nOrdner 12 entfernt\nDatei 31 kopiert\n' > "$T/in.txt"
 

@@ -24,38 +24,8 @@ source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir eval-bleu
 demo_pairs "$T" long
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "evalbleu"
-steps = 120
-log_every = 10
-seed = 3
-[model]
-seq_len = 48
-d_model = 32
-num_layers = 2
-num_heads = 4
-d_ff = 64
-[moe]
-num_experts = 4
-every = 2
-router = "top2"
-group_size = 16
-capacity_factor_eval = 4
-[optim]
-batch_size = 8
-lr = 0.01
-warmup_steps = 10
-[data]
-path = "$T/data.h5"
-[eval]
-every = 40
-examples_per_language = 6
-bleu_every = 0
-bleu_examples = 8
-[checkpoint]
-every = 120
-DECK
+write_tiny_deck "$T" "${DECODE_KEYS[@]}" run.name=evalbleu run.steps=120 run.log_every=10 model.seq_len=48 \
+  eval.every=40 eval.examples_per_language=6 eval.bleu_every=0 eval.bleu_examples=8 checkpoint.every=120
 train_or_fail on 1 --set eval.bleu_every=40
 train_or_fail off 1
 train_or_fail on2 2 --set eval.bleu_every=40 --set mesh.data=2

@@ -18,48 +18,9 @@ M=${MESHMOE:-$PWD/${BUILD:-build}/meshmoe}
 [ -x "$M" ] || { echo "export_hf: $M not built"; exit 1; }
 test_dir export_hf
 demo_pairs "$T"
-cat >"$T/deck.toml" <<EOF
-[run]
-name = "export_hf"
-steps = 6
-log_every = 1
-seed = 7
-
-[model]
-seq_len = 48
-d_model = 32
-num_layers = 2
-num_heads = 4
-kv_heads = 2
-d_ff = 64
-norm = "rmsnorm"
-position = "rope"
-activation = "swiglu"
-tied_embeddings = false
-
-[moe]
-num_experts = 4
-router = "topk"
-top_k = 2
-gate = "softmax_topk"
-every = 1
-group_size = 16
-expert_d_ff = 24
-dropless = true
-
-[optim]
-batch_size = 4
-lr = 1e-2
-warmup_steps = 2
-schedule = "constant"
-
-[eval]
-every = 0
-examples_per_language = 5
-
-[data]
-path = "$T/data.h5"
-EOF
+write_tiny_deck "$T" "${EXPORT_KEYS[@]}" run.name=export_hf run.steps=6 run.seed=7 model.num_heads=4 \
+  model.kv_heads=2 model.norm=rmsnorm model.position=rope model.activation=swiglu model.tied_embeddings=false \
+  moe.router=topk moe.top_k=2 moe.gate=softmax_topk moe.every=1 moe.expert_d_ff=24 moe.dropless=true
 CHECK="/usr/bin/python3 tests/scripts/export_hf_check.py"
 train_or_fail src 1
 mkdir -p "$T/hf"

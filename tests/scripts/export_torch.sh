@@ -17,40 +17,8 @@ M=${MESHMOE:-$PWD/${BUILD:-build}/meshmoe}
 [ -x "$M" ] || { echo "export_torch: $M not built"; exit 1; }
 test_dir export_torch
 demo_pairs "$T"
-cat >"$T/deck.toml" <<EOF
-[run]
-name = "export"
-steps = 6
-log_every = 1
-seed = 5
-
-[model]
-seq_len = 48
-d_model = 32
-num_layers = 2
-num_heads = 2
-d_ff = 64
-
-[moe]
-num_experts = 4
-router = "top1"
-every = 2
-group_size = 16
-capacity_factor_eval = 1.0
-
-[optim]
-batch_size = 4
-lr = 1e-2
-warmup_steps = 2
-schedule = "constant"
-
-[eval]
-every = 0
-examples_per_language = 5
-
-[data]
-path = "$T/data.h5"
-EOF
+write_tiny_deck "$T" "${EXPORT_KEYS[@]}" run.name=export run.steps=6 run.seed=5 moe.router=top1 \
+  moe.capacity_factor_eval=1.0
 CHECK="/usr/bin/python3 tests/scripts/export_check.py"
 train_or_fail src 1
 "$M" export "$T/src" -o "$T/src.safetensors" >"$T/export.log" 2>&1 || { cat "$T/export.log"; fail "export failed"; }

@@ -21,28 +21,7 @@ M=${MESHMOE:-$PWD/${BUILD:-build}/meshmoe}
 [ -x "$M" ] || { echo "memory_limits: $M not built"; exit 1; }
 test_dir memory_limits
 tiny_data "$T"
-cat >"$T/deck.toml" <<DECK
-[run]
-steps = 2
-log_every = 1
-[model]
-seq_len = 16
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-[moe]
-num_experts = 4
-every = 2
-group_size = 16
-[optim]
-batch_size = 4
-warmup_steps = 1
-[data]
-path = "$T/data.h5"
-[eval]
-every = 0
-DECK
+write_tiny_deck "$T" run.steps=2 optim.batch_size=4 optim.warmup_steps=1 eval.every=0
 
 # run NAME NP CMD ARGS...: meshmoe CMD under mpirun and timeout; output in $T/NAME.log, exit code in
 # $rc, seconds in $secs.

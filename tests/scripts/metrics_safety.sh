@@ -16,33 +16,8 @@ M=$(realpath "${MESHMOE:-build/meshmoe}")
 test_dir metrics-safety
 ulimit -c 0
 tiny_data "$T"
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "metrics"
-steps = 8
-log_every = 1
-seed = 3
-[model]
-seq_len = 16
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-[moe]
-num_experts = 2
-every = 2
-router = "top1"
-group_size = 16
-[optim]
-batch_size = 4
-warmup_steps = 2
-[data]
-path = "$T/data.h5"
-[eval]
-every = 0
-[checkpoint]
-every = 10
-DECK
+write_tiny_deck "$T" run.name=metrics run.steps=8 run.seed=3 moe.num_experts=2 moe.router=top1 \
+  optim.batch_size=4 eval.every=0 checkpoint.every=10
 D="$T/deck.toml"
 
 echo "== readers see consistent rows"

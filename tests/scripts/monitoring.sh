@@ -37,38 +37,9 @@ with h5py.File(sys.argv[1], "r+") as f:
     f["valid/tokens"][...] = tokens
 PY
 
-cat >"$T/deck.toml" <<DECK
-[run]
-name = "mon"
-steps = 12
-log_every = 2
-seed = 5
-[mesh]
-data = 2
-[model]
-seq_len = 32
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-[moe]
-num_experts = 4
-every = 2
-router = "top2"
-second_expert = "random"
-group_size = 16
-capacity_factor_train = 0.5
-no_token_left_behind = true
-[optim]
-batch_size = 8
-lr = 0.01
-warmup_steps = 2
-[data]
-path = "$T/data.h5"
-[eval]
-every = 6
-batches = 60
-DECK
+write_tiny_deck "$T" run.name=mon run.steps=12 run.log_every=2 run.seed=5 mesh.data=2 model.seq_len=32 \
+  moe.router=top2 moe.second_expert=random moe.capacity_factor_train=0.5 moe.no_token_left_behind=true \
+  optim.lr=0.01 eval.every=6 eval.batches=60
 train_or_fail run 2
 train_or_fail verbose 2 --set run.steps=2 --set eval.every=0 --verbose
 

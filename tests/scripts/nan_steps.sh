@@ -15,40 +15,12 @@ source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir nan-steps
 tiny_data "$T"
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "nan"
-steps = 12
-log_every = 1
-seed = 5
-max_bad_steps = 3
-[model]
-seq_len = 16
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-# gelu, not relu: rounding differences between np=1 and np=2 can flip the derivative of a relu whose
-# input is ~0 (a jump in the gradient no tolerance bounds, which Adam then carries into the loss).
-activation = "gelu"
-dropout = 0.1
-[moe]
-num_experts = 4
-every = 2
-router = "top2"
-group_size = 16
-jitter_eps = 0.01
-[optim]
-batch_size = 8
-lr = 0.01
-warmup_steps = 3
-[data]
-path = "$T/data.h5"
-[eval]
-every = 0
-[checkpoint]
-every = 0
-DECK
+# model.activation = gelu, not relu: rounding differences between np=1 and np=2 can flip the
+# derivative of a relu whose input is ~0 (a jump in the gradient no tolerance bounds, which Adam then
+# carries into the loss).
+write_tiny_deck "$T" run.name=nan run.steps=12 run.seed=5 run.max_bad_steps=3 model.activation=gelu \
+  model.dropout=0.1 moe.router=top2 moe.jitter_eps=0.01 optim.lr=0.01 optim.warmup_steps=3 eval.every=0 \
+  checkpoint.every=0
 train() {  # np dir overrides... ; sets $rc
   local np=$1 dir=$2; shift 2
   set +e

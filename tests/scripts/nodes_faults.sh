@@ -22,37 +22,9 @@ M=${MESHMOE:-build/meshmoe}
 test_dir nodes-faults
 tiny_data "$T"
 STEPS=10
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "nodes-faults"
-steps = $STEPS
-log_every = 1
-seed = 5
-[mesh]
-data = 2
-tensor = 2
-[model]
-seq_len = 16
-d_model = 32
-num_layers = 2
-num_heads = 2
-d_ff = 64
-dropout = 0.1
-[moe]
-num_experts = 4
-every = 2
-router = "top2"
-group_size = 16
-jitter_eps = 0.01
-[optim]
-batch_size = 8
-lr = 0.01
-warmup_steps = 2
-[data]
-path = "$T/data.h5"
-[checkpoint]
-every = 1
-DECK
+write_tiny_deck "$T" run.name=nodes-faults run.steps="$STEPS" run.seed=5 mesh.data=2 mesh.tensor=2 \
+  model.d_model=32 model.d_ff=64 model.dropout=0.1 moe.router=top2 moe.jitter_eps=0.01 optim.lr=0.01 \
+  checkpoint.every=1
 assert_two_nodes "$T/deck.toml"
 
 echo "== 1. a run directory that differs per node"

@@ -32,39 +32,9 @@ source tests/lib/fake_nodes.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir nodes-mesh
 tiny_data "$T"
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "nodes"
-steps = 3
-log_every = 1
-seed = 7
-[model]
-seq_len = 16
-d_model = 16
-num_layers = 2
-num_heads = 4
-d_ff = 32
-dropout = 0.1
-[moe]
-num_experts = 4
-every = 2
-router = "top2"
-second_expert = "random"
-group_size = 16
-capacity_factor_train = 1.0
-jitter_eps = 0.01
-z_loss_coef = 0.001
-[optim]
-batch_size = 8
-micro_batches = 2
-lr = 0.01
-warmup_steps = 2
-[data]
-path = "$T/data.h5"
-[eval]
-every = 3
-batches = 1
-DECK
+write_tiny_deck "$T" run.name=nodes run.steps=3 run.seed=7 model.num_heads=4 model.dropout=0.1 moe.router=top2 \
+  moe.second_expert=random moe.capacity_factor_train=1.0 moe.jitter_eps=0.01 moe.z_loss_coef=0.001 \
+  optim.micro_batches=2 optim.lr=0.01 eval.every=3 eval.batches=1
 assert_two_nodes "$T/deck.toml" --set mesh.data=4
 MESHMOE_TEST_NODES=2 MPIRUN_ARGS="-x MESHMOE_TEST_NODES" timeout 120 tools/fake-nodes.sh build/meshmoe_tests '[nodes]' \
   >"$T/catch-nodes.log" 2>&1 || { cat "$T/catch-nodes.log"; fail "the [nodes] case failed on 2 nodes x 2 ranks"; }

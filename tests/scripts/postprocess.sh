@@ -32,33 +32,8 @@ PY
 for l in de fr ja sv; do msgfmt -o "$T/locale/$l/LC_MESSAGES/t.mo" "$T/locale/$l.po"; done
 $M prep gettext --root "$T/locale" --valid-percent 25 -o "$T/data.h5" >"$T/prep.log"
 
-cat >"$T/deck.toml" <<DECK
-[run]
-name = "pp"
-steps = 12
-log_every = 2
-seed = 3
-[model]
-seq_len = 64
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-[moe]
-num_experts = 4
-every = 2
-group_size = 32
-capacity_factor_train = 1.0
-[optim]
-batch_size = 8
-lr = 0.01
-warmup_steps = 2
-[data]
-path = "$T/data.h5"
-[eval]
-every = 4
-batches = 4
-DECK
+write_tiny_deck "$T" run.name=pp run.steps=12 run.log_every=2 run.seed=3 model.seq_len=64 moe.group_size=32 \
+  moe.capacity_factor_train=1.0 optim.lr=0.01 eval.every=4 eval.batches=4
 train_or_fail moe-d1 1
 train_or_fail moe-d2 2 --set mesh.data=2
 train_or_fail dense 2 --set mesh.data=2 --set moe.every=0

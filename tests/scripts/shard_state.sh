@@ -20,36 +20,8 @@ source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir shard_state
 tiny_data "$T"
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "zero"
-steps = 4
-log_every = 1
-seed = 11
-[model]
-seq_len = 16
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-dropout = 0.1
-[moe]
-num_experts = 4
-every = 2
-router = "top2"
-group_size = 16
-jitter_eps = 0.01
-[optim]
-batch_size = 8
-micro_batches = 2
-lr = 0.01
-warmup_steps = 2
-grad_clip = 0.5
-[data]
-path = "$T/data.h5"
-[checkpoint]
-every = 2
-DECK
+write_tiny_deck "$T" run.name=zero run.seed=11 model.dropout=0.1 moe.router=top2 moe.jitter_eps=0.01 \
+  optim.micro_batches=2 optim.lr=0.01 optim.grad_clip=0.5 checkpoint.every=2
 declare -A mesh=(
   [d2]="2 --set mesh.data=2" [d4]="4 --set mesh.data=4" [d2t2]="4 --set mesh.data=2 --set mesh.tensor=2"
   [p2d2]="4 --set mesh.pipe=2 --set mesh.data=2"

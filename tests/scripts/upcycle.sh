@@ -24,34 +24,8 @@ M=${MESHMOE:-$PWD/${BUILD:-build}/meshmoe}
 test_dir upcycle
 demo_pairs "$T"
 CHECK="/usr/bin/python3 tests/scripts/export_check.py"
-cat >"$T/deck.toml" <<EOF
-[run]
-steps = 8
-log_every = 4
-seed = 11
-[model]
-seq_len = 48
-d_model = 32
-num_layers = 2
-num_heads = 2
-d_ff = 64
-[moe]
-num_experts = 4
-router = "top2"
-every = 0
-group_size = 16
-capacity_factor_eval = 2.0
-[optim]
-batch_size = 4
-lr = 1e-2
-warmup_steps = 2
-schedule = "constant"
-[eval]
-every = 0
-examples_per_language = 5
-[data]
-path = "$T/data.h5"
-EOF
+write_tiny_deck "$T" "${EXPORT_KEYS[@]}" run.steps=8 run.log_every=4 run.seed=11 moe.router=top2 moe.every=0 \
+  moe.capacity_factor_eval=2.0
 export_or_fail() { "$M" export "$T/$1" -o "$T/$1.safetensors" >/dev/null 2>"$T/$1.export.log" || { cat "$T/$1.export.log"; fail "export $1"; }; }
 eval_loss() {  # eval_loss NAME NP SET...: meshmoe eval's valid_loss of run NAME
   local name=$1 np=$2; shift 2
