@@ -55,7 +55,8 @@ void CausalSelfAttention<T>::declare(ParamStore<T>& store, const std::string& pr
 
 // x [N, M] -> y [N, M]
 template <typename T>
-void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, int N, int T_seq) {
+void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, int N, int T_seq,
+                                     const uint16_t* x16_in) {
   if (T_seq < 1 || N % T_seq != 0)
     throw Error("CausalSelfAttention: " + std::to_string(N) + " tokens are not whole sequences of " +
                 std::to_string(T_seq));
@@ -70,18 +71,19 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   T* q = qkv_.data();
   T* k = q + N_A;
   T* v = k + N_A;
-  // q, k, v [N, A_l] = x [N, M] W [M, A_l]
-  const uint16_t* x16 = rounded_once(x, size_t(N) * M_, bf16_copy_room<T>(bf16_, copies_size(N)));
-  matmul(false, false, N, A_l, M_, x, wq.w, q, false, x16);
+  // q, k, v [N, A_l] = x [N, M] W [M, A_l]; the weights' bf16 copies (ParamView::w16) where the store keeps them
+  uint16_t* room = bf16_copy_room<T>(bf16_, copies_size(N));
+  const uint16_t* x16 = x16_in ? x16_in : rounded_once(x, size_t(N) * M_, room);
+  matmul(false, false, N, A_l, M_, x, wq.w, q, false, x16, wq.w16);
   if (!shape_.grouped()) {
-    matmul(false, false, N, A_l, M_, x, wk.w, k, false, x16);
-    matmul(false, false, N, A_l, M_, x, wv.w, v, false, x16);
+    matmul(false, false, N, A_l, M_, x, wk.w, k, false, x16, wk.w16);
+    matmul(false, false, N, A_l, M_, x, wv.w, v, false, x16, wv.w16);
   } else {  // k, v [N, KV_l] = x W [M, KV_l], then repeated for the query heads (repeat_kv)
     const int KV_l = shape_.KV_l;
     const size_t N_KV = size_t(N) * KV_l;
     ensure(kv_, 2 * N_KV);
-    matmul(false, false, N, KV_l, M_, x, wk.w, kv_.data(), false, x16);
-    matmul(false, false, N, KV_l, M_, x, wv.w, kv_.data() + N_KV, false, x16);
+    matmul(false, false, N, KV_l, M_, x, wk.w, kv_.data(), false, x16, wk.w16);
+    matmul(false, false, N, KV_l, M_, x, wv.w, kv_.data() + N_KV, false, x16, wv.w16);
     repeat_kv_heads(shape_, kv_.data(), k, N);
     repeat_kv_heads(shape_, kv_.data() + N_KV, v, N);
   }
@@ -108,7 +110,7 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
     causal_attention_forward(ctx, q, k, v, B, Tq);
   }
   // y [N, M] = att [N, A_l] wo [A_l, M]  (partial over heads when sharded)
-  matmul(false, false, N, M_, A_l, att_.data(), wo.w, y);
+  matmul(false, false, N, M_, A_l, att_.data(), wo.w, y, false, nullptr, wo.w16);
   if (sharded() && tensor_allreduce) tensor_allreduce(y, size_t(N) * M_);
   dropout_.forward(ctx, y, N, M_);
 }
@@ -156,7 +158,7 @@ void CausalSelfAttention<T>::causal_attention_forward(const StepContext& ctx, co
 
 // dy [N, M] -> dx [N, M] (+=)
 template <typename T>
-void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
+void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N, const uint16_t* x16) {
   if (seq_len_ == 0) throw std::logic_error("CausalSelfAttention::backward before forward");
   const int B = N / seq_len_, Tq = seq_len_, A_l = A_l_, D = D_;
   const size_t N_A = size_t(N) * A_l;
@@ -170,7 +172,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   // wo.g [A_l, M] += att^T dy; datt [N, A_l] = dy wo^T
   const uint16_t* dy16 = rounded_once(dy_.data(), size_t(N) * M_, room);
   matmul(true, false, A_l, M_, N, att_.data(), dy_.data(), wo.g, true, nullptr, dy16);
-  matmul(false, true, N, A_l, M_, dy_.data(), wo.w, datt_.data(), false, dy16);
+  matmul(false, true, N, A_l, M_, dy_.data(), wo.w, datt_.data(), false, dy16, wo.w16);
   const T* q = qkv_.data();
   const T* k = q + N_A;
   const T* v = k + N_A;
@@ -193,7 +195,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
     rope_rotate(dk, N, heads_l_, D, A_l, rope_position_.data(), Tq, rope_base_, true);
   }
   if (shape_.grouped()) sum_kv_grads(N);
-  accumulate_input_grads(dx, N, room);
+  accumulate_input_grads(dx, N, room, x16);
 }
 
 // dq, dk, dv [N, A_l] of the causal mode from datt_ (backward's core)
@@ -254,9 +256,9 @@ void CausalSelfAttention<T>::sum_kv_grads(int N) {
 }
 
 // From dq, dk, dv in dqkv_ (grouped: dk, dv in dkv_); room: the backward's bf16_copy_room (dy's copy
-// is done with).
+// is done with); x16: x's copy from its producer, or null (then rounded into the room).
 template <typename T>
-void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N, uint16_t* room) {
+void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N, uint16_t* room, const uint16_t* x16_in) {
   const int A_l = A_l_;
   const size_t N_M = size_t(N) * M_, N_A = size_t(N) * A_l;
   if (shape_.grouped()) {
@@ -265,7 +267,7 @@ void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N, uint16_t* room
     const T* dq = dqkv_.data();
     const T* dk = dkv_.data();
     const T* dv = dk + N_KV;
-    const uint16_t* x16 = rounded_once(x_.data(), N_M, room);
+    const uint16_t* x16 = x16_in ? x16_in : rounded_once(x_.data(), N_M, room);
     const uint16_t* dq16 = rounded_once(dq, N_A, room ? room + N_M : nullptr);
     const uint16_t* dk16 = rounded_once(dk, 2 * N_KV, room ? room + N_M + N_A : nullptr);
     const uint16_t* dv16 = dk16 ? dk16 + N_KV : nullptr;
@@ -276,15 +278,17 @@ void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N, uint16_t* room
     matmul(true, false, M_, A_l, N, x_.data(), dq, wq.g, true, x16, dq16);
     matmul(true, false, M_, KV_l, N, x_.data(), dk_w, wk.g, true, x16, summed ? nullptr : dk16);
     matmul(true, false, M_, KV_l, N, x_.data(), dv_w, wv.g, true, x16, summed ? nullptr : dv16);
-    add_projection_input_grads<T>({{dq, wq.w, dq16, A_l}, {dk, wk.w, dk16, KV_l}, {dv, wv.w, dv16, KV_l}}, dx, N,
-                                  M_, A_l, tensor_allreduce, sharded(), dxs_);
+    add_projection_input_grads<T>({{.d = dq, .w = wq.w, .d16 = dq16, .width = A_l, .w16 = wq.w16},
+                                   {.d = dk, .w = wk.w, .d16 = dk16, .width = KV_l, .w16 = wk.w16},
+                                   {.d = dv, .w = wv.w, .d16 = dv16, .width = KV_l, .w16 = wv.w16}},
+                                  dx, N, M_, A_l, tensor_allreduce, sharded(), dxs_);
     return;
   }
   const T* dq = dqkv_.data();
   const T* dk = dq + N_A;
   const T* dv = dk + N_A;
-  // Copies of x and of dq, dk, dv (one span), each read by two or three GEMMs below.
-  const uint16_t* x16 = rounded_once(x_.data(), N_M, room);
+  // Copies of x (unless its producer's) and of dq, dk, dv (one span), each read by two or three GEMMs below.
+  const uint16_t* x16 = x16_in ? x16_in : rounded_once(x_.data(), N_M, room);
   const uint16_t* dq16 = rounded_once(dq, 3 * N_A, room ? room + N_M : nullptr);
   const uint16_t* dk16 = dq16 ? dq16 + N_A : nullptr;
   const uint16_t* dv16 = dk16 ? dk16 + N_A : nullptr;
@@ -292,8 +296,10 @@ void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N, uint16_t* room
   matmul(true, false, M_, A_l, N, x_.data(), dq, wq.g, true, x16, dq16);
   matmul(true, false, M_, A_l, N, x_.data(), dk, wk.g, true, x16, dk16);
   matmul(true, false, M_, A_l, N, x_.data(), dv, wv.g, true, x16, dv16);
-  add_projection_input_grads<T>({{dq, wq.w, dq16}, {dk, wk.w, dk16}, {dv, wv.w, dv16}}, dx, N, M_, A_l,
-                                tensor_allreduce, sharded(), dxs_);
+  add_projection_input_grads<T>({{.d = dq, .w = wq.w, .d16 = dq16, .w16 = wq.w16},
+                                 {.d = dk, .w = wk.w, .d16 = dk16, .w16 = wk.w16},
+                                 {.d = dv, .w = wv.w, .d16 = dv16, .w16 = wv.w16}},
+                                dx, N, M_, A_l, tensor_allreduce, sharded(), dxs_);
 }
 
 // The copies' room: x (forward); dy, then x and dq, dk, dv (backward; grouped: dk, dv [N, KV_l]).

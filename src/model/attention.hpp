@@ -56,10 +56,12 @@ class CausalSelfAttention {
 
   // x [N, M] -> y [N, M]; N = B*T tokens, B sequences of T_seq tokens each, contiguous. A query
   // attends to the keys j <= i (causal) or to all keys (bidirectional) of its own packed example
-  // (ctx.segment; the whole sequence when null).
-  void forward(const StepContext& ctx, const T* x, T* y, int N, int T_seq);
-  // dy [N, M] -> dx [N, M] (+=), wq/wk/wv/wo .g (+=)
-  void backward(const StepContext& ctx, const T* dy, T* dx, int N);
+  // (ctx.segment; the whole sequence when null). x16 (optional): x's bf16 copy (bf16_bits) written
+  // by its producer (the LayerNorm before: LayerNorm::output16), which the bf16 GEMMs read instead
+  // of a copy rounded here; the backward then gets the same copy.
+  void forward(const StepContext& ctx, const T* x, T* y, int N, int T_seq, const uint16_t* x16 = nullptr);
+  // dy [N, M] -> dx [N, M] (+=), wq/wk/wv/wo .g (+=); x16: the forward's
+  void backward(const StepContext& ctx, const T* dy, T* dx, int N, const uint16_t* x16 = nullptr);
 
   // What backward reads of the last forward (activation_stash.hpp).
   template <class F>
@@ -91,7 +93,7 @@ class CausalSelfAttention {
   void causal_attention_forward(const StepContext& ctx, const T* q, const T* k, const T* v, int B, int Tq);
   void causal_attention_backward(const T* q, const T* k, const T* v, T* dq, T* dk, T* dv, int B, int Tq);
   // x^T d into wq/wk/wv .g, and dx += the input gradient (add_projection_input_grads)
-  void accumulate_input_grads(T* dx, int N, uint16_t* room);
+  void accumulate_input_grads(T* dx, int N, uint16_t* room, const uint16_t* x16);
   // grouped: dk, dv [N, A_l] of the repeated heads -> dkv_ [N, KV_l] each (+ their sum over tensor
   // when replicated, in dkv_sum_)
   void sum_kv_grads(int N);

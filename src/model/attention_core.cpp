@@ -60,14 +60,14 @@ void add_projection_input_grads(std::initializer_list<ProjectionGrad<T>> grads, 
     if (scratch.size() < size_t(N) * M) scratch.resize(size_t(N) * M);
     bool first = true;
     for (const ProjectionGrad<T>& g : grads) {
-      matmul(false, true, N, M, g.width > 0 ? g.width : A_l, g.d, g.w, scratch.data(), !first, g.d16);
+      matmul(false, true, N, M, g.width > 0 ? g.width : A_l, g.d, g.w, scratch.data(), !first, g.d16, g.w16);
       first = false;
     }
     tensor_allreduce(scratch.data(), size_t(N) * M);
     add_into(dx, scratch.data(), size_t(N) * M);
   } else {
     for (const ProjectionGrad<T>& g : grads)
-      matmul(false, true, N, M, g.width > 0 ? g.width : A_l, g.d, g.w, dx, true, g.d16);
+      matmul(false, true, N, M, g.width > 0 ? g.width : A_l, g.d, g.w, dx, true, g.d16, g.w16);
   }
 }
 

@@ -50,6 +50,7 @@ struct ProjectionGrad {
   const T* w;
   const uint16_t* d16 = nullptr;
   int width = 0;  // d's and W's columns when not A_l (grouped-query k, v: KV_l)
+  const uint16_t* w16 = nullptr;  // W's bf16 copy (ParamView::w16), or null
 };
 
 // The input gradient of head-sharded projections: dx [N, M] += sum over (d, W) of d [N, A_l] W^T, W [M, A_l]

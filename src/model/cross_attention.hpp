@@ -30,10 +30,14 @@ class CrossAttention {
 
   // x [N, M]: B = N / Tq decoder sequences, segment ids ctx.segment; enc [B*Tk, M]: the encoder
   // output, segment ids enc_segment [B*Tk] (both null: every query sees its whole row) -> y [N, M].
+  // x16, enc16 (optional): x's and enc's bf16 copies (bf16_bits) written by their producers (the
+  // LayerNorms before: LayerNorm::output16), which the bf16 GEMMs read instead of rounding x, or a
+  // copy of enc rounded here; the backward then gets the same copies.
   void forward(const StepContext& ctx, const T* x, int Tq, const T* enc, int Tk, const int32_t* enc_segment, T* y,
-               int N);
-  // dy [N, M] -> dx [N, M] (+=), denc [B*Tk, M] (+=), wq/wk/wv/wo .g (+=)
-  void backward(const StepContext& ctx, const T* dy, T* dx, T* denc, int N);
+               int N, const uint16_t* x16 = nullptr, const uint16_t* enc16 = nullptr);
+  // dy [N, M] -> dx [N, M] (+=), denc [B*Tk, M] (+=), wq/wk/wv/wo .g (+=); x16, enc16: the forward's
+  void backward(const StepContext& ctx, const T* dy, T* dx, T* denc, int N, const uint16_t* x16 = nullptr,
+                const uint16_t* enc16 = nullptr);
 
   // What backward reads of the last forward (activation_stash.hpp).
   template <class F>

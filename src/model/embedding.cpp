@@ -101,17 +101,17 @@ void OutputHead<T>::declare(ParamStore<T>& store, const std::string& prefix, Par
 
 // x [N, M] -> logits [N, V]
 template <typename T>
-void OutputHead<T>::forward(const StepContext& ctx, const T* x, T* logits, int N) {
+void OutputHead<T>::forward(const StepContext& ctx, const T* x, T* logits, int N, const uint16_t* x16) {
   if (x_.size() < size_t(N) * M_) x_.resize(size_t(N) * M_);
   copy_from(x_.data(), x, size_t(N) * M_);
-  matmul(false, true, N, V_, M_, x, W_->w, logits, false, nullptr, W_->w16);
+  matmul(false, true, N, V_, M_, x, W_->w, logits, false, x16, W_->w16);
 }
 
 // dlogits [N, V] -> dx [N, M] (+=), W.g [V, M] (+=)
 template <typename T>
-void OutputHead<T>::backward(const StepContext& ctx, const T* dlogits, T* dx, int N) {
+void OutputHead<T>::backward(const StepContext& ctx, const T* dlogits, T* dx, int N, const uint16_t* x16) {
   matmul(false, false, N, M_, V_, dlogits, W_->w, dx, true, nullptr, W_->w16);
-  matmul(true, false, V_, M_, N, dlogits, x_.data(), W_->g, true);
+  matmul(true, false, V_, M_, N, dlogits, x_.data(), W_->g, true, nullptr, x16);
 }
 
 template class Embedding<float>;

@@ -70,10 +70,11 @@ class OutputHead {
   // gradient then receives both contributions.
   void declare(ParamStore<T>& store, const std::string& prefix, ParamView<T>* tied = nullptr);
 
-  // x [N, M] -> logits [N, V]
-  void forward(const StepContext& ctx, const T* x, T* logits, int N);
-  // dlogits [N, V] -> adds into W.g and dx [N, M]
-  void backward(const StepContext& ctx, const T* dlogits, T* dx, int N);
+  // x [N, M] -> logits [N, V]. x16 (optional): x's bf16 copy (bf16_bits) written by its producer
+  // (the final LayerNorm: LayerNorm::output16), which the bf16 GEMMs read instead of rounding x.
+  void forward(const StepContext& ctx, const T* x, T* logits, int N, const uint16_t* x16 = nullptr);
+  // dlogits [N, V] -> adds into W.g and dx [N, M]; x16: the forward's
+  void backward(const StepContext& ctx, const T* dlogits, T* dx, int N, const uint16_t* x16 = nullptr);
 
   // What backward reads of the last forward (activation_stash.hpp).
   template <class F>

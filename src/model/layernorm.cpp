@@ -2,6 +2,7 @@
 
 #include "model/layer_shapes.hpp"
 #include "model/layernorm_bodies.hpp"
+#include "tensor/blas.hpp"
 #include "tensor/launch.hpp"
 #include "tensor/launch_rows.hpp"
 
@@ -20,10 +21,12 @@ template <typename T>
 void LayerNorm<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
   if (xhat_.size() < size_t(N) * M_) xhat_.resize(size_t(N) * M_);
   if (rstd_.size() < size_t(N)) rstd_.resize(N);
+  uint16_t* y16 = feeds_gemms_ ? bf16_copy_room<T>(y16_, size_t(N) * M_) : nullptr;
+  if (!y16) y16_ = Buffer<uint16_t>();
   if (kind_ == NormKind::RmsNorm) {
     for_each_row(N,
-                 RmsNormForwardRow<T>{
-                     .x = x, .gain = gain.w, .xhat = xhat_.data(), .rstd = rstd_.data(), .y = y, .M = M_, .eps = T(eps_)},
+                 RmsNormForwardRow<T>{.x = x, .gain = gain.w, .xhat = xhat_.data(), .rstd = rstd_.data(), .y = y,
+                                      .M = M_, .eps = T(eps_), .y16 = y16},
                  M_);
     return;
   }
@@ -35,7 +38,8 @@ void LayerNorm<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
                                       .rstd = rstd_.data(),
                                       .y = y,
                                       .M = M_,
-                                      .eps = T(eps_)},
+                                      .eps = T(eps_),
+                                      .y16 = y16},
                M_);
 }
 

@@ -19,6 +19,13 @@ class LayerNorm {
   // prefix.gain [M] (Ones), and with layernorm prefix.bias [M] (Zeros); neither gets weight decay.
   void declare(ParamStore<T>& store, const std::string& prefix);
 
+  // Whether a GEMM reads the output (an attention's input projections, a dense feed-forward's
+  // w_in, the head): then, where the layers keep bf16 copies of GEMM operands (tensor/blas.hpp
+  // bf16_operand_copies), the forward also writes output16(), and those GEMMs read it instead of
+  // rounding y themselves. Off until set.
+  void set_feeds_gemms(bool on) { feeds_gemms_ = on; }
+  bool feeds_gemms() const { return feeds_gemms_; }
+
   // x [N, M] -> y [N, M]
   void forward(const StepContext& ctx, const T* x, T* y, int N);
   // dy [N, M] -> dx [N, M] (+=), gain.g, bias.g (+=; layernorm)
@@ -29,7 +36,13 @@ class LayerNorm {
   void saved_state(F&& f) {
     f(xhat_);
     f(rstd_);
+    f(y16_);
   }
+
+  // The last forward's y rounded to bf16 (bf16_bits) [N, M], written by its rows; null where it
+  // keeps no copy (set_feeds_gemms).
+  const uint16_t* output16() const { return y16_.empty() ? nullptr : y16_.data(); }
+  size_t output16_bytes() const { return y16_.size() * sizeof(uint16_t); }
 
   ParamView<T> gain, bias;  // bias: layernorm only
   NormKind kind() const { return kind_; }
@@ -38,7 +51,9 @@ class LayerNorm {
   int M_;
   double eps_;
   NormKind kind_;
+  bool feeds_gemms_ = false;
   Buffer<T> xhat_;  // [N, M]
+  Buffer<uint16_t> y16_;  // output16(), or empty
   Buffer<T> rstd_;  // [N]
   Buffer<T> partials_;  // the parameter gradients' partial sums per row chunk [2, chunks, M] ([chunks, M]: rmsnorm)
 };

@@ -5,16 +5,19 @@
 #include <cstdint>
 
 #include "core/hd.hpp"
+#include "tensor/bf16.hpp"
 
 namespace meshmoe {
 
-// Row n of x [N, M]: xhat, rstd and y.
+// Row n of x [N, M]: xhat, rstd and y. y16 (optional, float): y's bf16 copy (bf16_bits, y's
+// layout), written with it for the bf16 GEMMs that read y (tensor/blas.hpp bf16_operand_copies).
 template <typename T>
 struct LayerNormForwardRow {
   const T *x, *gain, *bias;
   T *xhat, *rstd, *y;
   int M;
   T eps;
+  uint16_t* y16 = nullptr;
   template <class Lanes>
   MESHMOE_HD void operator()(int64_t n, const Lanes& lanes) const {
     const T* xr = x + n * M;
@@ -32,6 +35,7 @@ struct LayerNormForwardRow {
     for (int m = lanes.first; m < M; m += lanes.step) {
       xh[m] = (xr[m] - mean) * r;
       yr[m] = xh[m] * gain[m] + bias[m];
+      if (y16) y16[n * M + m] = bf16_bits(float(yr[m]));
     }
   }
 };
@@ -60,13 +64,14 @@ struct LayerNormBackwardRow {
 };
 
 // RMSNorm (Zhang and Sennrich 2019; model.norm = rmsnorm) row n: rstd = 1 / sqrt(mean(x^2) + eps),
-// xhat = x rstd, y = xhat gain (no bias).
+// xhat = x rstd, y = xhat gain (no bias); y16 as LayerNormForwardRow's.
 template <typename T>
 struct RmsNormForwardRow {
   const T *x, *gain;
   T *xhat, *rstd, *y;
   int M;
   T eps;
+  uint16_t* y16 = nullptr;
   template <class Lanes>
   MESHMOE_HD void operator()(int64_t n, const Lanes& lanes) const {
     const T* xr = x + n * M;
@@ -80,6 +85,7 @@ struct RmsNormForwardRow {
     for (int m = lanes.first; m < M; m += lanes.step) {
       xh[m] = xr[m] * r;
       yr[m] = xh[m] * gain[m];
+      if (y16) y16[n * M + m] = bf16_bits(float(yr[m]));
     }
   }
 };

@@ -29,13 +29,13 @@ void MLP<T>::declare(ParamStore<T>& store, const std::string& prefix) {
 
 // x [N, M] -> y [N, M]
 template <typename T>
-void MLP<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
+void MLP<T>::forward(const StepContext& ctx, const T* x, T* y, int N, const uint16_t* x16) {
   ensure(x_, size_t(N) * M_);
   copy_from(x_.data(), x, size_t(N) * M_);
   ensure(pre_, size_t(N) * W_);
   ensure(h_, size_t(N) * H_l_);
   // pre [N, W] = x [N, M] w_in [M, W]; h [N, H_l] = act(pre); y [N, M] = h w_out [H_l, M]
-  matmul(false, false, N, W_, M_, x, w_in.w, pre_.data(), false, nullptr, w_in.w16);
+  matmul(false, false, N, W_, M_, x, w_in.w, pre_.data(), false, x16, w_in.w16);
   uint16_t* h16 = bf16_copy_room<T>(h16_, size_t(N) * H_l_);
   activation_forward(act_, pre_.data(), h_.data(), N, H_l_, 0, 0, h16);
   matmul(false, false, N, M_, H_l_, h_.data(), w_out.w, y, false, h16, w_out.w16);
@@ -45,7 +45,7 @@ void MLP<T>::forward(const StepContext& ctx, const T* x, T* y, int N) {
 
 // dy [N, M] -> dx [N, M] (+=)
 template <typename T>
-void MLP<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
+void MLP<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N, const uint16_t* x16) {
   ensure(dy_, size_t(N) * M_);
   ensure(dh_, size_t(N) * H_l_);
   ensure(dpre_, size_t(N) * W_);
@@ -61,7 +61,7 @@ void MLP<T>::backward(const StepContext& ctx, const T* dy, T* dx, int N) {
   activation_backward(act_, pre_.data(), dh_.data(), dpre_.data(), N, H_l_);
   // w_in.g [M, W] += x^T dpre; dx [N, M] += dpre w_in^T
   const uint16_t* dpre16 = rounded_once(dpre_.data(), size_t(N) * W_, room);
-  matmul(true, false, M_, W_, N, x_.data(), dpre_.data(), w_in.g, true, nullptr, dpre16);
+  matmul(true, false, M_, W_, N, x_.data(), dpre_.data(), w_in.g, true, x16, dpre16);
   if (sharded() && tensor_allreduce) {
     ensure(dxs_, size_t(N) * M_);
     matmul(false, true, N, M_, W_, dpre_.data(), w_in.w, dxs_.data(), false, dpre16, w_in.w16);

@@ -33,10 +33,11 @@ class MLP {
   // prefix.w_in, prefix.w_out (mlp_params, layer_shapes.hpp)
   void declare(ParamStore<T>& store, const std::string& prefix);
 
-  // x [N, M] -> y [N, M]
-  void forward(const StepContext& ctx, const T* x, T* y, int N);
-  // dy [N, M] -> dx [N, M] (+=), w_in.g, w_out.g (+=)
-  void backward(const StepContext& ctx, const T* dy, T* dx, int N);
+  // x [N, M] -> y [N, M]. x16 (optional): x's bf16 copy (bf16_bits) written by its producer (the
+  // LayerNorm before: LayerNorm::output16), which the bf16 GEMMs read instead of rounding x.
+  void forward(const StepContext& ctx, const T* x, T* y, int N, const uint16_t* x16 = nullptr);
+  // dy [N, M] -> dx [N, M] (+=), w_in.g, w_out.g (+=); x16: the forward's
+  void backward(const StepContext& ctx, const T* dy, T* dx, int N, const uint16_t* x16 = nullptr);
 
   // What backward reads of the last forward (activation_stash.hpp).
   template <class F>

@@ -208,6 +208,10 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
             {cfg.model.norm == NormKind::RmsNorm ? 1 : 2,
              (N + LayerNormParamGradPartials<float>::kRows - 1) / LayerNormParamGradPartials<float>::kRows, M},
             f32, K::Scratch);
+        // the output's bf16 copy where GEMMs read it (LayerNorm::set_feeds_gemms: every norm but the
+        // ln2 before an MoE layer)
+        if (bf16_copies && !(l.prefix.ends_with(".ln2") && is_moe_block(l.block)))
+          buf("output, bf16", "[N, M]", {N, M}, u16);
         break;
       case LayerKind::Attention:
         buf("x", "[N, M]", {N, M}, f32);

@@ -43,8 +43,14 @@ Transformer<T>::Block::Block(const Config& cfg, const ShapeTable& table, int i, 
       attn(table.letters().attn, cfg.model.dropout, uint32_t(16 * i + 1), !table.model().is_encoder_block(i),
            cfg.model.position == PositionKind::Rope ? cfg.model.rope_base : 0.0) {
   attn.set_kernel(cfg.model.attention_kernel);
+  // The norms whose outputs GEMMs read keep bf16 copies of them where the layers keep copies
+  // (LayerNorm::set_feeds_gemms): ln1 and ln_cross for the attentions' projections, ln2 for a dense
+  // feed-forward's w_in (an MoE layer's router reads fp32, its experts the dispatched rows).
+  ln1.set_feeds_gemms(true);
+  ln2.set_feeds_gemms(!table.is_moe_block(i));
   if (table.model().has_cross_attention(i)) {
     ln_cross = std::make_unique<LayerNorm<T>>(table.letters().M, cfg.model.layernorm_eps, cfg.model.norm);
+    ln_cross->set_feeds_gemms(true);
     cross = std::make_unique<CrossAttention<T>>(table.letters().attn, cfg.model.dropout, uint32_t(16 * i + 4));
   }
   if (table.is_moe_block(i)) {
@@ -78,6 +84,8 @@ Transformer<T>::Transformer(const Config& cfg, const ShapeTable& table, const Pl
       head_(table.letters().V, int(cfg.model.d_model)),
       placement_(placement) {
   if (placement_.tensor_size > 1 && !placement_.tensor) throw std::logic_error("Transformer: tensor_size > 1 without a Comm");
+  lnf_.set_feeds_gemms(true);  // the head's
+  lne_.set_feeds_gemms(true);  // the cross-attentions' key and value projections
   auto tensor_allreduce = [this](T* buf, size_t n) {
     ScopedPhase t(timers_, "tensor_allreduce");
     placement_.tensor->all_reduce(buf, n, Op::Sum);
@@ -185,13 +193,14 @@ void Transformer<T>::forward_blocks(const StepContext& ctx, size_t begin, size_t
     b.ln1.forward(ctx, x_.data(), h_.data(), N_);
     {
       ScopedPhase t(ctx.timers, "attention");
-      b.attn.forward(ctx, h_.data(), f_.data(), N_, seq_len_);
+      b.attn.forward(ctx, h_.data(), f_.data(), N_, seq_len_, b.ln1.output16());
     }
     add_into(x_.data(), f_.data(), NM);
     if (b.cross) {
       b.ln_cross->forward(ctx, x_.data(), h_.data(), N_);
       ScopedPhase t(ctx.timers, "attention");
-      b.cross->forward(ctx, h_.data(), seq_len_, enc_out_.data(), seq_len_, enc_segment_.data(), f_.data(), N_);
+      b.cross->forward(ctx, h_.data(), seq_len_, enc_out_.data(), seq_len_, enc_segment_.data(), f_.data(), N_,
+                       b.ln_cross->output16(), encoder_output16());
       add_into(x_.data(), f_.data(), NM);
     }
     b.ln2.forward(ctx, x_.data(), h_.data(), N_);
@@ -201,7 +210,7 @@ void Transformer<T>::forward_blocks(const StepContext& ctx, size_t begin, size_t
       st.z_sum += b.moe->stats().z_sum;
     } else {
       ScopedPhase t(ctx.timers, "dense_ffn");
-      b.mlp->forward(ctx, h_.data(), f_.data(), N_);
+      b.mlp->forward(ctx, h_.data(), f_.data(), N_, b.ln2.output16());
     }
     add_into(x_.data(), f_.data(), NM);
     check_finite(x_, NM, "blocks." + std::to_string(first_block_ + int(k)));
@@ -270,7 +279,7 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
   lnf_.forward(ctx, x_.data(), h_.data(), N_);
   ScopedPhase t(ctx.timers, "head_loss");
   logits_.resize(size_t(N_) * V);
-  head_.forward(ctx, h_.data(), logits_.data(), N_);
+  head_.forward(ctx, h_.data(), logits_.data(), N_, lnf_.output16());
   check_finite(logits_, logits_.size(), "head");
   // The targets, the mask and the soft targets are host memory: CrossEntropy uploads them.
   const T *mask = nullptr, *soft = nullptr;
@@ -387,7 +396,7 @@ void Transformer<T>::backward(const StepContext& ctx, const LossWeights& w, cons
     {
       ScopedPhase t(ctx.timers, "head_loss");
       ce_.backward(ctx, logits_.data(), logits_.data(), N_);  // logits_ now holds dlogits
-      head_.backward(ctx, logits_.data(), dh_.data(), N_);
+      head_.backward(ctx, logits_.data(), dh_.data(), N_, lnf_.output16());
     }
     lnf_.backward(ctx, dh_.data(), d_.data(), N_);
   } else {
@@ -449,7 +458,7 @@ void Transformer<T>::backward_blocks(const StepContext& ctx, const LossWeights& 
       b.moe->backward(ctx, d_.data(), dh_.data(), N_, w.aux, w.z);
     } else {
       ScopedPhase t(ctx.timers, "dense_ffn");
-      b.mlp->backward(ctx, d_.data(), dh_.data(), N_);
+      b.mlp->backward(ctx, d_.data(), dh_.data(), N_, b.ln2.output16());
     }
     final_from(block_grads_[block].ffn);
     b.ln2.backward(ctx, dh_.data(), d_.data(), N_);  // d_ = residual grad + ln2 path
@@ -457,7 +466,7 @@ void Transformer<T>::backward_blocks(const StepContext& ctx, const LossWeights& 
       fill_with(dh_.data(), NM, T(0));
       {
         ScopedPhase t(ctx.timers, "attention");
-        b.cross->backward(ctx, d_.data(), dh_.data(), denc_.data(), N_);
+        b.cross->backward(ctx, d_.data(), dh_.data(), denc_.data(), N_, b.ln_cross->output16(), encoder_output16());
       }
       final_from(block_grads_[block].cross);
       b.ln_cross->backward(ctx, dh_.data(), d_.data(), N_);
@@ -465,7 +474,7 @@ void Transformer<T>::backward_blocks(const StepContext& ctx, const LossWeights& 
     fill_with(dh_.data(), NM, T(0));
     {
       ScopedPhase t(ctx.timers, "attention");
-      b.attn.backward(ctx, d_.data(), dh_.data(), N_);
+      b.attn.backward(ctx, d_.data(), dh_.data(), N_, b.ln1.output16());
     }
     final_from(block_grads_[block].attn);
     b.ln1.backward(ctx, dh_.data(), d_.data(), N_);

@@ -234,6 +234,8 @@ class Transformer {
   bool encoder_residual_out() const { return blocks_end() <= shape_.encoder_layers; }
   bool has_ln_enc() const { return encoder_residual_in() && !encoder_residual_out(); }
   bool encoder_output_here() const { return !encoder_residual_out(); }
+  // The encoder output's bf16 copy, where ln_enc wrote it here (LayerNorm::output16); else null.
+  const uint16_t* encoder_output16() const { return has_ln_enc() ? lne_.output16() : nullptr; }
   size_t decoder_begin_local() const {
     return size_t(std::clamp(shape_.encoder_layers - first_block_, 0, int(blocks_.size())));
   }

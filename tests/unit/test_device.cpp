@@ -252,14 +252,16 @@ TEST_CASE("device: bf16 operands that several GEMMs read are rounded once, into 
   // pass read once, into a copy the GEMMs read (tensor/blas.hpp bf16_operand_copies); the host
   // rounds per GEMM. Both give the same bits, and the GEMMs read as many operands. The copies'
   // reads, counted by hand for run_step (B = 2 sequences, 2 heads, T = 8: one row block, so each
-  // batched GEMM over P or dS is 4 host GEMMs): a causal self-attention 30 (forward: x by q, k, v
-  // 3, P by P V 4; backward: dy by wo.g and datt 2, P by dV 4, dS by dQ and dK 8, x by the three
-  // weight gradients 3, dq, dk, dv each by its weight gradient and dx 6), a dense feed-forward 4
-  // (dy and dpre, each by a weight gradient and an input gradient) and 2 more (h, written by the
-  // activation's kernel, by y = h w_out and w_out's weight gradient). The weights' bf16 copy
-  // (ParamStore::weights16): a dense feed-forward's 4 GEMMs that read w_in or w_out (forward and
-  // input gradient), the tied head's 2 (logits, dx) read embed.wte's. An MoE layer's experts read
-  // every operand of their 6 GEMM roles from copies: 12 per expert with rows.
+  // batched GEMM over P or dS is 4 host GEMMs): a causal self-attention 38 (forward: x by q, k, v
+  // 3, P by P V 4, wq, wk, wv, wo 4; backward: dy by wo.g and datt 2, wo by datt 1, P by dV 4, dS by
+  // dQ and dK 8, x by the three weight gradients 3, dq, dk, dv each by its weight gradient and dx
+  // 6, wq, wk, wv by dx 3), a dense feed-forward 4 (dy and dpre, each by a weight gradient and an
+  // input gradient) and 8 more (h, written by the activation's kernel, by y = h w_out and w_out's
+  // weight gradient 2; x, written by ln2's kernel, by pre = x w_in and w_in's weight gradient 2;
+  // w_in and w_out by the forward and the input gradient 4); the head 4 (x, written by ln_f's
+  // kernel, by the logits and the weight gradient; embed.wte by the logits and dx). The weights'
+  // copies are the store's (ParamStore::weights16), x's in the attentions the LayerNorm ln1's.
+  // An MoE layer's experts read every operand of their 6 GEMM roles from copies: 12 per expert with rows.
   const test::GemmPrecisionScope bf16(Precision::Bf16);
   for (const std::string router : {"dense", "top1"}) {
     INFO("router " << router);
@@ -277,7 +279,7 @@ TEST_CASE("device: bf16 operands that several GEMMs read are rounded once, into 
     const Bf16OperandCounts c2 = bf16_operand_counts();
     CHECK(deferred.experts_with_rows == host.experts_with_rows);
     CHECK((router == "dense") == (host.experts_with_rows == 0));
-    const size_t expected = 2 * 30 + dense_ffns * (6 + 4) + 2 + 12 * host.experts_with_rows;
+    const size_t expected = 2 * 38 + dense_ffns * (4 + 8) + 4 + 12 * host.experts_with_rows;
     CHECK(c1.from_copies == c0.from_copies);  // the host keeps no copies
     CHECK(c2.from_copies - c1.from_copies == expected);
     CHECK(c2.rounded - c1.rounded + expected == c1.rounded - c0.rounded);
@@ -290,34 +292,50 @@ TEST_CASE("device: bf16 operands that several GEMMs read are rounded once, into 
 
 TEST_CASE("device: bf16 training steps read the weights' bf16 copy, which the optimizer writes; fewer roundings a step",
           "[device][deferred][bf16]") {
-  // Three AdamW steps of the dense deck with bf16 GEMMs on the deferred device: the GEMMs read the
-  // weights' bf16 copy (ParamStore::weights16), rounded once by init and from then on written by the
-  // optimizer's update; the host rounds the weights per GEMM. The same bits (a stale copy after an
-  // update would differ from step 2 on). The roundings of a step, each a launch on a GPU: the
-  // operands the GEMMs round plus the copies round_to_bf16 writes, the 12 of the layers' activation
-  // copies (a self-attention's x, dy, x and dq|dk|dv: 4; a feed-forward's dy and dpre: 2; 2 blocks);
-  // the weights' copy and h's (written by the optimizer and the activation) cost none. Against the
-  // path that rounded the weights and h per GEMM, the 10 reads of the weights' copy (2 x 4
-  // feed-forward GEMMs, 2 of the tied head) and the 4 of h's (2 x 2) are 14 roundings fewer.
+  // Three AdamW steps of the dense deck and of the Switch deck (block 0 dense, block 1 top-1 MoE)
+  // with bf16 GEMMs on the deferred device: the GEMMs read the weights' bf16 copy
+  // (ParamStore::weights16), rounded once by init and from then on written by the optimizer's
+  // update; the host rounds the weights per GEMM. The same bits (a stale copy after an update would
+  // differ from step 2 on). The roundings of a step, each a launch on a GPU: the operands the GEMMs
+  // round plus the copies round_to_bf16 writes, the layers' activation copies (a self-attention's
+  // dy and dq|dk|dv: 2; a dense feed-forward's dy and dpre: 2); the copies of the weights, of h and
+  // of the LayerNorms' outputs cost none (written by the optimizer, the activation and the norm's
+  // rows). The copies' reads a step: the weights' 2 x 4 by each dense feed-forward and 8 by each
+  // self-attention, 2 by the tied head; h's 2 a dense feed-forward; the norms' outputs 3 + 3 by each
+  // self-attention's projections (ln1), 2 by a dense feed-forward's w_in GEMMs (ln2), 2 by the
+  // head's (ln_f); the layers' own copies 24 a self-attention (30 with x, before ln1 wrote it), 4
+  // a dense feed-forward.
+  // The step's roundings before the attention's weights and the norms' outputs had copies (x
+  // rounded into a copy by each self-attention in both passes, ln2's and ln_f's outputs and the
+  // attention's weights by each GEMM): dense 104, Switch 148 (the top-1 layer's experts keep no
+  // copies: their 6 GEMMs of a step round both operands, 4 experts, 48 roundings). Now dense 78,
+  // Switch 124.
   const test::GemmPrecisionScope bf16(Precision::Bf16);
   const Config cfg = device_test_config("dense");
   const TrainedSteps host = train_steps(cfg, false), device = train_steps(cfg, true);
   CHECK(host.logits == device.logits);
   CHECK(host.weights == device.weights);
-  const size_t weight_reads = 2 * 4 + 2, h_reads = 2 * 2, activation_reads = 2 * 30 + 2 * 4,
-               activation_copies = 2 * (4 + 2);
+  const size_t attentions = 2, dense_ffns = 2;
+  const size_t weight_reads = dense_ffns * 4 + attentions * 8 + 2, h_reads = dense_ffns * 2,
+               norm_reads = attentions * 6 + dense_ffns * 2 + 2, activation_reads = attentions * 24 + dense_ffns * 4,
+               activation_copies = attentions * 2 + dense_ffns * 2;
+  // What the path before rounded besides (see above): the attentions' weights and ln2's and ln_f's
+  // outputs per GEMM, and x into a copy twice a self-attention.
+  const size_t before_extra = attentions * 8 + dense_ffns * 2 + 2 + attentions * 2;
   for (size_t t = 0; t < 3; ++t) {
     INFO("step " << t + 1);
     const Bf16OperandCounts h = host.steps[t], d = device.steps[t];
     CHECK(h.from_copies + h.copies_rounded == 0);  // the host keeps no copies
-    CHECK(d.from_copies == weight_reads + h_reads + activation_reads);
+    CHECK(d.from_copies == weight_reads + h_reads + norm_reads + activation_reads);
     CHECK(d.copies_rounded == activation_copies);
     CHECK(d.rounded + d.from_copies == h.rounded);  // the same GEMMs, reading as many operands
-    const size_t roundings = d.rounded + d.copies_rounded, before = roundings + weight_reads + h_reads;
-    INFO("roundings a step: " << roundings << ", with the weights and h rounded per GEMM " << before);
-    CHECK(roundings == h.rounded - weight_reads - h_reads - activation_reads + activation_copies);
+    const size_t roundings = d.rounded + d.copies_rounded;
+    INFO("roundings a step: " << roundings << ", before the attentions' weights and the norms' outputs had copies "
+                              << roundings + before_extra);
+    CHECK(roundings == h.rounded - weight_reads - h_reads - norm_reads - activation_reads + activation_copies);
     CHECK(h.rounded == 174);  // every operand of the step's GEMMs
-    CHECK(roundings == 104);  // 118 with the weights and h rounded per GEMM
+    CHECK(roundings == 78);
+    CHECK(roundings + before_extra == 104);  // 118 with the weights and h rounded per GEMM
   }
 }
 
@@ -330,14 +348,14 @@ TEST_CASE("device: bf16 Switch training steps: the experts' GEMMs read copies on
   // dpre's rounded once each into a copy): 12 reads per expert with rows, no rounding, where each
   // group rounded its 2 operands before (on a GPU: a bf16 GEMM per expert, 2 rounding launches each);
   // 2 copies rounded per MoE layer instead. The rest as in the dense case above: 2 self-attentions
-  // (30 reads, 4 copies each), a dense feed-forward (4 + 2 + 4 reads, 2 copies), the tied head (2).
+  // (38 reads, 2 copies each), a dense feed-forward (4 + 2 + 2 + 4 reads, 2 copies), the tied head (4).
   const test::GemmPrecisionScope bf16(Precision::Bf16);
   const Config cfg = device_test_config("top1");
   const TrainedSteps host = train_steps(cfg, false), device = train_steps(cfg, true);
   CHECK(host.logits == device.logits);
   CHECK(host.weights == device.weights);
   CHECK(host.experts_with_rows == device.experts_with_rows);
-  const size_t others_reads = 2 * 30 + (4 + 2 + 4) + 2, others_copies = 2 * 4 + 2, expert_copies = 2;
+  const size_t others_reads = 2 * 38 + (4 + 2 + 2 + 4) + 4, others_copies = 2 * 2 + 2, expert_copies = 2;
   for (size_t t = 0; t < 3; ++t) {
     INFO("step " << t + 1);
     const Bf16OperandCounts h = host.steps[t], d = device.steps[t];

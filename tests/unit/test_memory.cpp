@@ -314,6 +314,42 @@ TEST_CASE("memory plan: the layers' bf16 copies with bf16 GEMMs on a GPU, as the
   }
 }
 
+TEST_CASE("memory plan: the norms' bf16 output copies with bf16 GEMMs on a GPU, as the layers hold them",
+          "[memory][bf16]") {
+  // A norm whose output GEMMs read keeps its bf16 copy (LayerNorm::output16) where the layers keep
+  // copies (the deferred host device takes the GPU's side): the shape table's "output, bf16"
+  // buffers of the norms against the copies the first forward of a micro-batch of the plan's rows
+  // allocates, exactly; the ln2 before an MoE layer keeps none (its router reads fp32).
+  const int V = 50;
+  for (Config cfg : {dense_config(), moe_config()}) {
+    INFO("moe.every " << cfg.moe.every);
+    cfg.model.precision = Precision::Bf16;
+    cfg.run.device = Device::Cuda;
+    const ShapeTable table(cfg, V, MeshShape{}, {}, true);
+    size_t planned = 0;
+    for (const LayerShapes& l : table.layers())
+      for (const BufferShape& b : l.buffers)
+        if (l.kind == LayerKind::LayerNorm && std::string(b.name) == "output, bf16") planned += size_t(b.bytes().value());
+    const int B = table.letters().B, T = table.letters().T, N = B * T;
+    CHECK(planned == size_t(N) * 32 * 2 * (cfg.moe.every > 0 ? 4 + 2 + 1 : 4 + 4 + 1));  // ln1 x 4, dense ln2, ln_f
+    const test::GemmPrecisionScope bf16(Precision::Bf16);
+    test::DeferredHostDevice device;
+    Transformer<float> model(cfg, table, placement_at(cfg, MeshShape{}, {}));
+    model.init(5, 1.0);
+    std::vector<int32_t> tokens(size_t(N), 3);
+    std::vector<float> mask(size_t(N), 1.f);
+    const MicroBatch mb{B, T, tokens.data(), tokens.data(), mask.data()};
+    model.forward(StepContext{42, 1, true, 0, nullptr}, mb, LossWeights{1.0 / N, 0, 0});
+    device_synchronize();
+    size_t held = model.final_norm().output16_bytes();
+    for (auto& b : model.blocks()) {
+      held += b.ln1.output16_bytes() + b.ln2.output16_bytes();
+      CHECK((b.ln2.output16_bytes() == 0) == bool(b.moe));
+    }
+    CHECK(held == planned);
+  }
+}
+
 TEST_CASE("memory plan: active parameters of fine-grained experts with shared ones; the plan's count line", "[memory]") {
   // 16 experts of width 16 (moe.expert_d_ff) with top-8 and 2 shared experts against 4 experts of
   // width d_ff = 64 with top-2, M = 32, 2 MoE layers, gelu (one expert: w_in [M, H] + w_out [H, M]).

@@ -185,7 +185,9 @@ TEST_CASE("shape table: the fused attention keeps no [B, heads_l, T, T] buffer",
 // self-attentions (decoder-only blocks and the decoder of encdec, not the encoder's bidirectional
 // one) also P (saved for the backward) and dS (scratch), 2 bytes x [B, heads_l, T, T]; every
 // feed-forward, dense or shared expert, its activation's output h (saved, [N, H_l]) and dy then
-// dpre (scratch, [N, max(M, W_l)]); every MoE layer's dispatcher the gather's copy of the experts'
+// dpre (scratch, [N, max(M, W_l)]); every norm whose output GEMMs read (ln1, ln_cross, the ln2
+// before a dense feed-forward, ln_f, ln_enc; not the ln2 before an MoE layer) that output (saved,
+// [N, M]); every MoE layer's dispatcher the gather's copy of the experts'
 // input (forward only: [E', G, C, M] on one expert rank, the expert side's [R, M] behind an
 // all-to-all), and its experts x and h (saved, [R, M + H_l]) and dy then dpre (scratch, [R, max(M,
 // W_l)]). Oracle: the letters of the deck, counted by hand.
@@ -245,6 +247,19 @@ TEST_CASE("shape table: the bf16 copies of GEMM operands on a GPU", "[shapes]") 
       CHECK(found.at(ffn)[1].dims == std::vector<int64_t>{N, dense ? 16 : 24});
       CHECK(found.at(ffn)[1].kind == BufferKind::Scratch);
       with_copies += 2;
+      // the norms' output copies
+      auto norm_copy = [&](const std::string& norm) {
+        INFO(norm);
+        REQUIRE(found.count(norm) == 1);
+        REQUIRE(found.at(norm).size() == 1);
+        CHECK(found.at(norm)[0].dims == std::vector<int64_t>{N, 16});
+        CHECK(found.at(norm)[0].kind == BufferKind::Saved);
+        ++with_copies;
+      };
+      norm_copy(b + ".ln1");
+      if (encdec && i >= encoder_layers) norm_copy(b + ".ln_cross");
+      if (dense) norm_copy(b + ".ln2");
+      else CHECK(found.count(b + ".ln2") == 0);
       if (dense) continue;
       // top-2 (the default), 4 experts, groups of S = 8 at capacity factor 1.25: C = ceil(2 x 8 x
       // 1.25 / 4) = 5, G = 32 / 8 = 4; every expert here (data = 1): R = 4 x 4 x 5 rows; H_l = W_l = 12.
@@ -261,6 +276,13 @@ TEST_CASE("shape table: the bf16 copies of GEMM operands on a GPU", "[shapes]") 
       CHECK(experts[1].dims == std::vector<int64_t>{R, 16});
       CHECK(experts[1].kind == BufferKind::Scratch);
       with_copies += 2;
+    }
+    for (const std::string norm : {"ln_f", "ln_enc"}) {
+      INFO(norm);
+      if (norm == "ln_enc" && !encdec) continue;
+      REQUIRE(found.count(norm) == 1);
+      CHECK(found.at(norm)[0].dims == std::vector<int64_t>{N, 16});
+      ++with_copies;
     }
     CHECK(found.size() == with_copies);  // no other layer keeps copies
   }
