@@ -12,8 +12,8 @@
 #           deck to bench/results/gpu.json (until TRAIN_SECONDS + 20 s before the end; each run at
 #           most RUN_TIMEOUT, 120 s)
 #   train   tests/scripts/gpu_train.sh: GPU training against the host     (TRAIN_SECONDS, 110)
-# A deck whose data set is missing is prepared there by bench/gpu.sh (SentencePiece training is
-# single-threaded: minutes for the real-size decks' 32k vocabulary; carry it instead).
+# A deck whose data set is missing is prepared there by bench/gpu.sh on all cores (the real-size
+# decks' 32k vocabulary over the whole corpus: about 20 s estimated, docs/gpu.md; carry it instead).
 # What comes back (OUT, the device tool's folder, else runs/gpu-session): session.log (all of the
 # above), gpu.json (bench/results/gpu.json after the run: copy it over the repository's and commit),
 # logs.tar.xz (every stage's logs and the bench folder without metrics.h5's, ~100 kB).

@@ -296,6 +296,12 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   prep_gettext->add_option("--spm-pieces", gettext_opt.spm_pieces, "SentencePiece vocabulary size (--tokenizer spm)")
       ->capture_default_str();
+  prep_gettext->add_option("--spm-sample", gettext_opt.spm_sample,
+                           "Train the SentencePiece vocabulary on a fixed sample of this many train texts (0: all); "
+                           "every pair is encoded with it")
+      ->capture_default_str();
+  prep_gettext->add_option("--threads", gettext_opt.threads,
+                           "Threads encoding the pairs (default 0: OPENBLAS_NUM_THREADS, or 1); the file does not depend on it");
   prep_gettext->add_option("--direction", gettext_opt.direction,
                            "xx-en: translation (source, tagged with its language) to English (target); en-xx: English "
                            "to the translation, the tag naming the target language")
@@ -312,6 +318,9 @@ int run(int argc, char** argv) {
   prep_text->add_option("--tokenizer", text_opt.tokenizer, "Text tokens: bytes, or spm (SentencePiece trained on the train split)")
       ->capture_default_str();
   prep_text->add_option("--spm-pieces", text_opt.spm_pieces, "SentencePiece vocabulary size (--tokenizer spm)")
+      ->capture_default_str();
+  prep_text->add_option("--spm-sample", text_opt.spm_sample,
+                        "Train the SentencePiece vocabulary on a fixed sample of this many train lines (0: all)")
       ->capture_default_str();
   prep_text->add_flag("-q,--quiet", text_opt.quiet, "No progress lines");
 

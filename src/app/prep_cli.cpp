@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -34,20 +35,45 @@ std::string prep_summary(const PreparedDataset& d) {
   return o.str();
 }
 
-TokenizerKind parse_tokenizer_options(const std::string& cmd, const std::string& tokenizer, int64_t spm_pieces) {
+TokenizerKind parse_tokenizer_options(const std::string& cmd, const std::string& tokenizer, int64_t spm_pieces,
+                                      int64_t spm_sample) {
   const std::optional<TokenizerKind> kind = parse_option<TokenizerKind>(tokenizer);
   if (!kind) throw InputError(cmd + ": --tokenizer must be bytes or spm (got " + tokenizer + ")");
   if (*kind == TokenizerKind::Spm && (spm_pieces < 16 || spm_pieces > 1000000))
     throw InputError(cmd + ": --spm-pieces must be in 16..1000000 (got " + std::to_string(spm_pieces) + ")");
+  if (spm_sample != 0 && (spm_sample < 100 || spm_sample > 1000000000))
+    throw InputError(cmd + ": --spm-sample must be 0 (every text) or in 100..1000000000 (got " +
+                     std::to_string(spm_sample) + ")");
   return *kind;
 }
 
-Tokenizer prep_tokenizer(const std::string& cmd, TokenizerKind kind, int64_t spm_pieces, std::vector<std::string> languages,
-                         const std::vector<std::string_view>& train_texts, bool quiet, std::ostream& log) {
+std::vector<std::string_view> spm_training_sample(const std::vector<std::string_view>& texts, int64_t n) {
+  if (n == 0 || size_t(n) >= texts.size()) return texts;
+  std::vector<std::pair<uint64_t, size_t>> keys(texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) keys[i] = {mix64(fnv1a64(texts[i])), i};
+  std::nth_element(keys.begin(), keys.begin() + std::ptrdiff_t(n), keys.end());
+  keys.resize(size_t(n));
+  std::sort(keys.begin(), keys.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  std::vector<std::string_view> sample;
+  sample.reserve(keys.size());
+  for (const auto& k : keys) sample.push_back(texts[k.second]);
+  return sample;
+}
+
+Tokenizer prep_tokenizer(const std::string& cmd, TokenizerKind kind, int64_t spm_pieces, int64_t spm_sample,
+                         std::vector<std::string> languages, const std::vector<std::string_view>& train_texts, bool quiet,
+                         std::ostream& log) {
   if (kind == TokenizerKind::Bytes) return Tokenizer(std::move(languages));
-  if (!quiet) log << cmd << ": training a SentencePiece model of " << spm_pieces << " pieces on " << train_texts.size()
-                  << " texts of the train split\n" << std::flush;
-  return Tokenizer(std::move(languages), Tokenizer::train_spm(train_texts, int(spm_pieces), quiet));
+  const std::vector<std::string_view> sample = spm_training_sample(train_texts, spm_sample);
+  if (!quiet) {
+    log << cmd << ": training a SentencePiece model of " << spm_pieces << " pieces on ";
+    if (sample.size() < train_texts.size())
+      log << sample.size() << " of the " << train_texts.size() << " texts of the train split (--spm-sample)\n";
+    else
+      log << train_texts.size() << " texts of the train split\n";
+    log << std::flush;
+  }
+  return Tokenizer(std::move(languages), Tokenizer::train_spm(sample, int(spm_pieces), quiet ? nullptr : &log));
 }
 
 void refuse_output_overwriting_input(const std::string& cmd, const std::string& output,

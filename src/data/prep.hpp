@@ -6,7 +6,8 @@
 //   prep text: one example per line (or paragraph) of UTF-8 files;
 //     example = <text> text EOS, loss on the text and EOS.
 // Text tokens are bytes, or with --tokenizer spm SentencePiece pieces of a model trained on the
-// train split's text (every translation, each English string once) and stored in the file.
+// train split's text (every translation, each English string once), or on a sample of it of
+// --spm-sample texts, and stored in the file; every example is encoded with it.
 // The split is a pure function of the English text (gettext) or the line (text): FNV-1a 64 of it,
 // valid when hash % 100 < valid_percent, so one English string never lands on both sides.
 #pragma once
@@ -20,6 +21,10 @@
 
 namespace meshmoe {
 
+// --spm-sample's default: the SentencePiece vocabulary of a larger train split learns from this many
+// of its texts (spm_training_sample).
+inline constexpr int64_t kSpmSampleDefault = 300000;
+
 struct PrepGettextOptions {
   std::string root = "/usr/share/locale";  // scanned as <root>/<lang>/LC_MESSAGES/*.mo
   std::string output;                      // -o, the dataset file to write
@@ -29,6 +34,8 @@ struct PrepGettextOptions {
   std::vector<std::string> languages;      // keep only these (empty = all)
   std::string tokenizer = "bytes";         // bytes | spm (data.tokenizer's names; parsed by prep)
   int64_t spm_pieces = 8000;               // SentencePiece vocabulary (tokenizer = spm)
+  int64_t spm_sample = kSpmSampleDefault;  // texts the vocabulary learns from (0 = all)
+  int64_t threads = 0;                     // encoding threads; 0: OPENBLAS_NUM_THREADS, or 1
   std::string direction = "xx-en";         // xx-en (translation -> English) | en-xx (English -> translation)
   bool quiet = false;                      // no progress lines
 };
@@ -41,6 +48,7 @@ struct PrepTextOptions {
   bool paragraphs = false;    // one example per paragraph (blank-line separated) instead of per line
   std::string tokenizer = "bytes";  // bytes | spm (data.tokenizer's names; parsed by prep)
   int64_t spm_pieces = 8000;        // SentencePiece vocabulary (tokenizer = spm)
+  int64_t spm_sample = kSpmSampleDefault;  // texts the vocabulary learns from (0 = all)
   bool quiet = false;
 };
 
@@ -78,11 +86,19 @@ void refuse_output_overwriting_input(const std::string& cmd, const std::string& 
 void check_split_sizes(const std::string& cmd, const PreparedDataset& d, int64_t valid_percent, std::ostream& log);
 
 // The --tokenizer of a prep as its enum (a name of data.tokenizer: bytes | spm), with --spm-pieces
-// checked for spm; InputError otherwise.
-TokenizerKind parse_tokenizer_options(const std::string& cmd, const std::string& tokenizer, int64_t spm_pieces);
-// The tokenizer of a prep: bytes, or SentencePiece of spm_pieces pieces trained on `train_texts`.
-Tokenizer prep_tokenizer(const std::string& cmd, TokenizerKind kind, int64_t spm_pieces, std::vector<std::string> languages,
-                         const std::vector<std::string_view>& train_texts, bool quiet, std::ostream& log);
+// checked for spm and --spm-sample (0, or 100..10^9); InputError otherwise.
+TokenizerKind parse_tokenizer_options(const std::string& cmd, const std::string& tokenizer, int64_t spm_pieces,
+                                      int64_t spm_sample);
+// The tokenizer of a prep: bytes, or SentencePiece of spm_pieces pieces trained on
+// spm_training_sample(train_texts, spm_sample).
+Tokenizer prep_tokenizer(const std::string& cmd, TokenizerKind kind, int64_t spm_pieces, int64_t spm_sample,
+                         std::vector<std::string> languages, const std::vector<std::string_view>& train_texts, bool quiet,
+                         std::ostream& log);
+// The texts a SentencePiece vocabulary learns from: all of them when n is 0 or at least their number,
+// else the n whose mix64(fnv1a64(text)) are smallest (ties by position), in their order in `texts`. A
+// pure function of the texts, independent of their order: a uniform sample that two runs (and
+// any machine) draw alike, in which a language has its share of the texts.
+std::vector<std::string_view> spm_training_sample(const std::vector<std::string_view>& texts, int64_t n);
 
 // Whether an example goes to the valid split: FNV-1a 64 of its key (gettext: the English text;
 // text: the line or paragraph) % 100 < valid_percent.

@@ -2,11 +2,13 @@
 #include <chrono>
 #include <filesystem>
 #include <ostream>
+#include <span>
 #include <unordered_set>
 
 #include "core/error.hpp"
 #include "data/mo_file.hpp"
 #include "data/prep.hpp"
+#include "tensor/host_threads.hpp"
 
 namespace meshmoe {
 namespace fs = std::filesystem;
@@ -59,7 +61,9 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
   if (opt.valid_percent < 0 || opt.valid_percent > 100)
     throw InputError("prep gettext: --valid-percent must be in 0..100 (got " + std::to_string(opt.valid_percent) + ")");
   if (opt.min_pairs < 0) throw InputError("prep gettext: --min-pairs must be >= 0");
-  const TokenizerKind tokenizer = parse_tokenizer_options("prep gettext", opt.tokenizer, opt.spm_pieces);
+  const TokenizerKind tokenizer = parse_tokenizer_options("prep gettext", opt.tokenizer, opt.spm_pieces, opt.spm_sample);
+  if (opt.threads < 0 || opt.threads > 1024)
+    throw InputError("prep gettext: --threads must be in 0..1024 (got " + std::to_string(opt.threads) + ")");
   if (opt.direction != "xx-en" && opt.direction != "en-xx")
     throw InputError("prep gettext: --direction must be xx-en (translation to English) or en-xx (English to the "
                      "translation) (got " + opt.direction + ")");
@@ -155,7 +159,8 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
       }
     }
   }
-  const Tokenizer tok = prep_tokenizer("prep gettext", tokenizer, opt.spm_pieces, kept, train_texts, opt.quiet, log);
+  const Tokenizer tok =
+      prep_tokenizer("prep gettext", tokenizer, opt.spm_pieces, opt.spm_sample, kept, train_texts, opt.quiet, log);
   DatasetInfo& info = out.info;
   info.tokenizer = tok.name();
   info.spm_model = tok.spm_model();
@@ -168,23 +173,50 @@ PreparedDataset prepare_gettext(const PrepGettextOptions& opt, std::ostream& log
   info.direction = opt.direction;
   out.train.wide = out.valid.wide = info.vocab_size > 65535;
 
+  // xx-en: <lang> translation SEP English EOS; en-xx: <lang> English SEP translation EOS, the tag
+  // then naming the language to translate into. Both sides of every kept pair are encoded at once on
+  // --threads threads, then laid out in order.
+  std::vector<std::string_view> sides;  // source then target, pair after pair
+  for (const auto& lp : langs) {
+    if (tok.language_index(lp.name) < 0) continue;
+    for (const auto& p : lp.pairs) {
+      const std::string_view src(lp.bytes.data() + p.offset, p.src_len);
+      const std::string_view eng(lp.bytes.data() + p.offset + p.src_len, p.eng_len);
+      sides.push_back(from_english ? eng : src);
+      sides.push_back(from_english ? src : eng);
+    }
+  }
+  const int threads = requested_run_threads(opt.threads);
+  const auto t_encode = std::chrono::steady_clock::now();
+  const Tokenizer::EncodedTexts encoded = tok.encode_all(sides, threads);
+  if (!opt.quiet && !bytes_tokens) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_encode).count();
+    size_t bytes = 0;
+    for (const auto& t : sides) bytes += t.size();
+    log << "prep gettext: encoded " << sides.size() << " texts (" << bytes / 1000000.0 << " MB) into "
+        << encoded.ids.size() << " pieces on " << threads << " thread" << (threads > 1 ? "s" : "") << " in " << s
+        << " s (" << bytes / 1000000.0 / std::max(s, 1e-9) << " MB/s)\n" << std::flush;
+  }
+  auto side = [&](size_t i) {
+    return std::span<const int32_t>(encoded.ids.data() + encoded.offsets[i], encoded.offsets[i + 1] - encoded.offsets[i]);
+  };
+
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
+  size_t next_side = 0;
   for (const auto& lp : langs) {
     const int li = tok.language_index(lp.name);
     if (li < 0) continue;
     info.sources.insert(info.sources.end(), lp.sources.begin(), lp.sources.end());
     for (const auto& p : lp.pairs) {
-      const std::string_view src(lp.bytes.data() + p.offset, p.src_len);
       const std::string_view eng(lp.bytes.data() + p.offset + p.src_len, p.eng_len);
-      // xx-en: <lang> translation SEP English EOS; en-xx: <lang> English SEP translation EOS, the
-      // tag then naming the language to translate into.
+      const auto source = side(next_side++), target = side(next_side++);
       ids.clear();
       ids.push_back(Tokenizer::kFirstLang + li);
-      tok.encode(from_english ? eng : src, ids);
+      ids.insert(ids.end(), source.begin(), source.end());
       ids.push_back(Tokenizer::kSep);
       const size_t first_target = ids.size();
-      tok.encode(from_english ? src : eng, ids);
+      ids.insert(ids.end(), target.begin(), target.end());
       ids.push_back(Tokenizer::kEos);
       if (int64_t(ids.size()) > opt.max_len) {
         ++st.too_long;

@@ -55,7 +55,7 @@ PreparedDataset prepare_text(const PrepTextOptions& opt, std::ostream& log) {
   if (opt.valid_percent < 0 || opt.valid_percent > 100)
     throw InputError("prep text: --valid-percent must be in 0..100 (got " + std::to_string(opt.valid_percent) + ")");
   refuse_output_overwriting_input("prep text", opt.output, opt.files);
-  const TokenizerKind tokenizer = parse_tokenizer_options("prep text", opt.tokenizer, opt.spm_pieces);
+  const TokenizerKind tokenizer = parse_tokenizer_options("prep text", opt.tokenizer, opt.spm_pieces, opt.spm_sample);
 
   // Every file's lines (or paragraphs) first: a SentencePiece model learns from the train split's.
   std::vector<std::vector<std::string>> units(opt.files.size());
@@ -73,7 +73,8 @@ PreparedDataset prepare_text(const PrepTextOptions& opt, std::ostream& log) {
       if (!in_valid_split(u, opt.valid_percent)) train_texts.push_back(u);
 
   PreparedDataset out;
-  const Tokenizer tok = prep_tokenizer("prep text", tokenizer, opt.spm_pieces, {"text"}, train_texts, opt.quiet, log);
+  const Tokenizer tok = prep_tokenizer("prep text", tokenizer, opt.spm_pieces, opt.spm_sample, {"text"}, train_texts,
+                                       opt.quiet, log);
   DatasetInfo& info = out.info;
   info.tokenizer = tok.name();
   info.spm_model = tok.spm_model();

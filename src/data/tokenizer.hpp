@@ -8,6 +8,7 @@
 // so ids 0..255 are unused there.
 #pragma once
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -30,9 +31,14 @@ class Tokenizer {
   // spm_model: a serialized SentencePiece model (train_spm), or empty for the byte tokenizer.
   explicit Tokenizer(std::vector<std::string> languages, std::string spm_model = "");
 
+  // The trainer's work is split into this many shards (its num_threads) on any machine: it sums the
+  // shards' expected piece counts in shard order, so the model depends on the shard count and not
+  // on the cores (same texts, same model bits).
+  static constexpr int kSpmTrainShards = 16;
   // Trains a SentencePiece unigram model of `pieces` pieces (byte fallback on) on `texts`; returns
-  // it serialized. Throws InputError when the texts cannot give that many pieces.
-  static std::string train_spm(const std::vector<std::string_view>& texts, int pieces, bool quiet);
+  // it serialized. Throws InputError when the texts cannot give that many pieces. With `progress`,
+  // the trainer's phases are written there, one line each with the seconds since the start.
+  static std::string train_spm(const std::vector<std::string_view>& texts, int pieces, std::ostream* progress);
 
   bool is_spm() const { return spm_ != nullptr; }
   const char* name() const { return is_spm() ? kSpmName : kName; }
@@ -51,6 +57,13 @@ class Tokenizer {
   // Text -> its bytes or its pieces (appended to `out`).
   void encode(std::string_view text, std::vector<int32_t>& out) const;
   std::vector<int32_t> encode(std::string_view text) const;
+  // Every text's ids, text i's at ids[offsets[i], offsets[i + 1]), on `threads` threads (each one
+  // a contiguous range of texts): the same ids on any number of threads.
+  struct EncodedTexts {
+    std::vector<int32_t> ids;
+    std::vector<size_t> offsets;  // texts.size() + 1
+  };
+  EncodedTexts encode_all(const std::vector<std::string_view>& texts, int threads) const;
   // Ids -> text: bytes as themselves, pieces as SentencePiece decodes them, specials as "<pad>",
   // "<bos>", "<eos>", "<sep>", tags as "<de>". Throws Error on an id outside the vocabulary.
   std::string decode(const std::vector<int32_t>& ids) const;

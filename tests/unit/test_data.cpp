@@ -940,8 +940,8 @@ TEST_CASE("SentencePiece tokenizer: pieces after the tags, round trip, byte fall
   for (int i = 0; i < 600; ++i)
     lines.push_back(vocab[size_t(i * 7 % 120)] + " " + vocab[size_t(i * 13 % 120)] + " " + vocab[size_t(i % 120)]);
   const std::vector<std::string_view> texts(lines.begin(), lines.end());
-  const std::string model = Tokenizer::train_spm(texts, 320, true);
-  CHECK(Tokenizer::train_spm(texts, 320, true) == model);  // the same texts give the same model
+  const std::string model = Tokenizer::train_spm(texts, 320, nullptr);
+  CHECK(Tokenizer::train_spm(texts, 320, nullptr) == model);  // the same texts give the same model
 
   const Tokenizer tok({"fr", "de"}, model);
   REQUIRE(tok.is_spm());
@@ -976,4 +976,73 @@ TEST_CASE("SentencePiece tokenizer: pieces after the tags, round trip, byte fall
   CHECK(tok.decode(ids) == "<de>" + vocab[1] + "<sep>" + vocab[2] + "<eos>");
   CHECK_THROWS_AS(tok.token_text(tok.vocab_size()), Error);
   CHECK_THROWS_AS(Tokenizer({"de"}, "not a model"), InputError);
+}
+
+TEST_CASE("SentencePiece training sample: a fixed uniform subset in the texts' order", "[data]") {
+  std::vector<std::string> lines;
+  for (int i = 0; i < 1000; ++i) lines.push_back("text " + std::to_string(i * 7919 % 1000));
+  const std::vector<std::string_view> texts(lines.begin(), lines.end());
+  CHECK(spm_training_sample(texts, 0) == texts);
+  CHECK(spm_training_sample(texts, 1000) == texts);
+  CHECK(spm_training_sample(texts, 5000) == texts);
+  const std::vector<std::string_view> sample = spm_training_sample(texts, 300);
+  REQUIRE(sample.size() == 300);
+  // The oracle: the 300 texts of the smallest mix64(fnv1a64(text)), by a full sort.
+  std::vector<std::pair<uint64_t, std::string_view>> keyed;
+  for (const auto t : texts) keyed.emplace_back(mix64(fnv1a64(t)), t);
+  std::sort(keyed.begin(), keyed.end());
+  std::set<std::string_view> want;
+  for (size_t i = 0; i < 300; ++i) want.insert(keyed[i].second);
+  CHECK(std::set<std::string_view>(sample.begin(), sample.end()) == want);
+  // In the order of `texts`: a subsequence of it.
+  size_t at = 0;
+  for (const auto s : sample) {
+    while (at < texts.size() && texts[at] != s) ++at;
+    CHECK(at < texts.size());
+    ++at;
+  }
+  // The same set from the texts in another order.
+  std::vector<std::string_view> reversed(texts.rbegin(), texts.rend());
+  const std::vector<std::string_view> sample_r = spm_training_sample(reversed, 300);
+  CHECK(std::set<std::string_view>(sample_r.begin(), sample_r.end()) == want);
+  // A uniform sample: each tenth of the texts (by value) holds its share, 30 +- 15 (a binomial's
+  // standard deviation is ~5: a 3-sigma bound).
+  std::map<int, int> per_tenth;
+  for (const auto s : sample) ++per_tenth[std::stoi(std::string(s.substr(5))) / 100];
+  for (int d = 0; d < 10; ++d) CHECK(std::abs(per_tenth[d] - 30) <= 15);
+  CHECK_THROWS_AS(parse_tokenizer_options("prep gettext", "spm", 300, 99), InputError);
+  CHECK_THROWS_AS(parse_tokenizer_options("prep gettext", "spm", 300, -1), InputError);
+  CHECK(parse_tokenizer_options("prep gettext", "spm", 300, 0) == TokenizerKind::Spm);
+  CHECK(parse_tokenizer_options("prep gettext", "spm", 300, 100) == TokenizerKind::Spm);
+}
+
+TEST_CASE("SentencePiece: encode_all on any number of threads, the trainer's phases as progress lines", "[data]") {
+  std::vector<std::string> lines;
+  const char* words[] = {"open", "close", "fichier", "\u00f6ffnen", "\u958b\u304f", "speichern", "drucken", "view"};
+  for (int i = 0; i < 400; ++i)
+    lines.push_back(std::string(words[i % 8]) + " " + words[(i / 8) % 8] + " " + words[(i * 3) % 8] + " " +
+                    std::to_string(i % 37));
+  const std::vector<std::string_view> texts(lines.begin(), lines.end());
+  std::ostringstream progress;
+  const std::string model = Tokenizer::train_spm(texts, 290, &progress);
+  CHECK(Tokenizer::train_spm(texts, 290, nullptr) == model);  // the progress lines change nothing
+  const std::string p = progress.str();
+  for (const char* phase : {"Loaded all 400 sentences", "Alphabet size=", "Making suffix array", "EM sub_iter="})
+    CHECK(p.find(phase) != std::string::npos);
+  CHECK(p.find("trainer_spec") == std::string::npos);     // the options dump is dropped,
+  CHECK(p.find("Starts training") == std::string::npos);  // and the lines of no phase
+  CHECK(p.find("  spm ") == 0);
+
+  const Tokenizer tok({"de"}, model);
+  std::vector<std::string_view> some(texts.begin(), texts.begin() + 50);
+  some.push_back("");  // an empty text has no ids
+  for (const int threads : {1, 3, 7, 64}) {
+    const Tokenizer::EncodedTexts e = tok.encode_all(some, threads);
+    REQUIRE(e.offsets.size() == some.size() + 1);
+    CHECK(e.offsets.back() == e.ids.size());
+    for (size_t i = 0; i < some.size(); ++i)
+      CHECK(std::vector<int32_t>(e.ids.begin() + std::ptrdiff_t(e.offsets[i]), e.ids.begin() + std::ptrdiff_t(e.offsets[i + 1])) ==
+            tok.encode(some[i]));
+  }
+  CHECK(tok.encode_all({}, 4).offsets == std::vector<size_t>{0});
 }
