@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "model/fused_attention_bodies.hpp"
+#include "model/fused_attention_tc.hpp"
 #include "tensor/launch.hpp"
 
 namespace meshmoe {
@@ -18,10 +19,24 @@ FusedAttentionOperands<T> operands(const FusedAttentionShape& s, const T* q, con
 }
 }  // namespace
 
+bool fused_attention_uses_tensor_cores(const FusedAttentionShape& s) {
+#ifdef MESHMOE_CUDA
+  return current_device() == Device::Cuda && s.bf16 && fused_attention_tc_width(s.D) && s.B < 65536 &&
+         s.heads_l < 65536 && fused_attention_tc_ready(s.D);
+#else
+  (void)s;
+  return false;
+#endif
+}
+
 // One index per (b, h, tile); its work: the tile's rows times the keys and the head width.
 template <typename T>
 void fused_attention_forward(const FusedAttentionShape& s, const T* q, const T* k, const T* v, T* O, T* lse) {
   const FusedAttentionOperands<T> a = operands(s, q, k, v);
+#ifdef MESHMOE_CUDA
+  if constexpr (std::is_same_v<T, float>)
+    if (fused_attention_uses_tensor_cores(s)) return fused_attention_tc_forward(a, O, lse);
+#endif
   const int64_t tiles = int64_t(s.B) * s.heads_l * a.tiles();
   for_each_index(tiles, FusedAttentionForwardTile<T>{.a = a, .O = O, .lse = lse},
                  int64_t(kFusedTile) * s.Tq * s.D);
@@ -35,6 +50,10 @@ void fused_attention_backward(const FusedAttentionShape& s, const T* q, const T*
   const int64_t rows = int64_t(s.B) * s.heads_l * s.Tq, tiles = int64_t(s.B) * s.heads_l * a.tiles();
   const int64_t tile_work = int64_t(kFusedTile) * s.Tq * s.D;
   for_each_index(rows, FusedAttentionRowDot<T>{.a = a, .O = O, .dO = dO, .delta = delta}, s.D);
+#ifdef MESHMOE_CUDA
+  if constexpr (std::is_same_v<T, float>)
+    if (fused_attention_uses_tensor_cores(s)) return fused_attention_tc_backward(a, lse, dO, delta, dq, dk, dv);
+#endif
   for_each_index(tiles, FusedAttentionBackwardQueryTile<T>{.a = a, .lse = lse, .dO = dO, .delta = delta, .dq = dq},
                  tile_work);
   for_each_index(tiles,

@@ -1,7 +1,7 @@
 // The fused attention (model/fused_attention.hpp): its tiles against a plain loop in double, the
 // layer with model.attention_kernel = "fused" against the plain layer in fp32 and bf16, bitwise
 // determinism (twice, host loops reversed, threads, the deferred host device), and with a GPU
-// ([cuda]) the kernel against the host's layer and bitwise twice. Its finite differences are in
+// ([cuda]) the kernels (tile and tensor cores) against the host and bitwise twice. Its finite differences are in
 // test_layers_fd.cpp with the other attention cases.
 //
 // Tolerances (u = 2^-24 for fp32, 2^-53 for fp64, u_b = 2^-8 for a bf16 rounding):
@@ -17,6 +17,12 @@
 //    changes a product by at most u_b of its magnitude, so each path is within 3 u_b (P, then dS
 //    through dP's chain) of the unrounded sums and the two within 6 u_b, which the same factor 4
 //    takes to 24 u_b < 0.1 of max(1, largest magnitude), elementwise; the fp32 part is far below.
+//  - the tensor-core kernels against the host's bf16 tiles: both read the same bf16 q, k, v, dO
+//    (rounded alike from the same fp32 values) and round the same intermediates (P per key tile
+//    with the same running maximum, dS) from fp32 values that differ only by sums in other orders
+//    (the tensor cores' inside each 16-term chunk), so one such rounding may land on the
+//    neighbouring bf16 value; each path is within 3 u_b of its own unrounded sums as above, so
+//    the two within the same 24 u_b. lse rounds nothing past the operands: the fp32 bound 24 n u.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -293,6 +299,15 @@ TEST_CASE("fused attention layer: the plain layer's output and every gradient, f
 
 namespace {
 
+// The scope's launches go to the GPU.
+struct OnGpu {
+  OnGpu() {
+    cuda_bind(0);
+    set_device(Device::Cuda);
+  }
+  ~OnGpu() { set_device(Device::Cpu); }
+};
+
 // run_layer's fused layer with its inputs and outputs in device Buffers, reached only through the
 // transfer points' copies (the rule of the deferred host device and of a GPU's memory).
 LayerRun run_layer_in_buffers(const LayerPair& c, const StepContext& ctx, const std::vector<float>& x,
@@ -338,49 +353,119 @@ TEST_CASE("fused attention layer: the deferred host device computes the same bit
   }
 }
 
-// The kernel of the same bodies on a GPU (model/fused_attention.cu): the host's fused layer within
-// the layer case's bounds (the GPU's exp and log and cuBLAS's sums round in other orders), and two
-// GPU runs bitwise equal. Without a GPU it says so and passes.
+// The fused layer on a GPU: at D = 16 the kernel of the same bodies (model/fused_attention.cu), at
+// D = 64 in bf16 the tensor-core kernels (model/fused_attention_tc.cu); the host's fused layer within
+// the layer case's bounds (the GPU's exp and log and cuBLAS's sums round in other orders, and the
+// tensor cores' sums: the header's bf16 argument), and two GPU runs bitwise equal. Without a GPU it
+// says so and passes.
 TEST_CASE("fused attention layer on the GPU: the host's within the bounds, bitwise twice", "[attention][fused][cuda]") {
   if (!cuda_compiled() || cuda_device_count() == 0) {
     WARN("skipped: no GPU");
     return;
   }
-  struct OnGpu {
-    OnGpu() {
-      cuda_bind(0);
-      set_device(Device::Cuda);
-    }
-    ~OnGpu() { set_device(Device::Cpu); }
-  };
   std::mt19937 gen(75);
-  const int M = 64, heads = 4, B = 2, T = 45, N = B * T;
-  const LayerPair pair{attention_shape(M, heads, whole(heads), 2), 10000, true};
-  const auto x = random_values<float>(size_t(N) * M, gen), dy = random_values<float>(size_t(N) * M, gen);
-  const auto seg = random_segments(B, T, gen);
-  StepContext ctx;
+  const int B = 2, T = 45, N = B * T;
+  struct Case {
+    int M, heads, kv_heads;
+  };
+  for (const Case& c : {Case{64, 4, 2}, Case{128, 2, 1}}) {
+    INFO("M " << c.M << ", heads " << c.heads << " (D " << c.M / c.heads << ")");
+    const LayerPair pair{attention_shape(c.M, c.heads, whole(c.heads), c.kv_heads), 10000, true};
+    const auto x = random_values<float>(size_t(N) * c.M, gen), dy = random_values<float>(size_t(N) * c.M, gen);
+    const auto seg = random_segments(B, T, gen);
+    StepContext ctx;
+    Buffer<int32_t> segment;
+    for (const Precision p : {Precision::Fp32, Precision::Bf16}) {
+      INFO(option_name(p));
+      GemmPrecisionScope precision(p);
+      ctx.segment = seg.data();
+      const LayerRun host = run_layer(pair, AttentionKernel::Fused, ctx, x, dy, N, T);
+      LayerRun first, second;
+      {
+        OnGpu gpu;
+        segment = Buffer<int32_t>(seg.size());
+        copy_from_host(segment.data(), seg.data(), seg.size() * sizeof(int32_t));
+        ctx.segment = segment.data();
+        first = run_layer_in_buffers(pair, ctx, x, dy, N, T);
+        second = run_layer_in_buffers(pair, ctx, x, dy, N, T);
+        segment = Buffer<int32_t>();
+      }
+      const double tol =
+          p == Precision::Bf16 ? 24 * std::ldexp(1.0, -8) : 24 * std::max(T, c.M) * std::ldexp(1.0, -24);
+      check_close("y", first.y, host.y, tol);
+      check_close("dx", first.dx, host.dx, tol);
+      check_close("weight gradients", first.grads, host.grads, tol);
+      CHECK(bitwise_equal(first.y, second.y));
+      CHECK(bitwise_equal(first.dx, second.dx));
+      CHECK(bitwise_equal(first.grads, second.grads));
+    }
+  }
+}
+
+namespace {
+
+// run_fused on the GPU: the operands (and the segment ids) in device Buffers, the results copied back.
+FusedRun<float> run_fused_on_gpu(const FusedAttentionShape& s, const std::vector<float>& q,
+                                 const std::vector<float>& k, const std::vector<float>& v,
+                                 const std::vector<float>& dO) {
+  const size_t n = q.size(), rows = size_t(s.B) * s.heads_l * s.Tq;
+  Buffer<float> qb, kb, vb, dOb, O(n), lse(rows), delta(rows), dq(n), dk(n), dv(n);
+  upload(qb, q.data(), n);
+  upload(kb, k.data(), n);
+  upload(vb, v.data(), n);
+  upload(dOb, dO.data(), n);
   Buffer<int32_t> segment;
-  for (const Precision p : {Precision::Fp32, Precision::Bf16}) {
-    INFO(option_name(p));
-    GemmPrecisionScope precision(p);
-    ctx.segment = seg.data();
-    const LayerRun host = run_layer(pair, AttentionKernel::Fused, ctx, x, dy, N, T);
-    LayerRun first, second;
+  FusedAttentionShape on_gpu = s;
+  if (s.segment) {
+    upload(segment, s.segment, size_t(s.B) * s.Tq);
+    on_gpu.segment = segment.data();
+  }
+  fused_attention_forward(on_gpu, qb.data(), kb.data(), vb.data(), O.data(), lse.data());
+  fused_attention_backward(on_gpu, qb.data(), kb.data(), vb.data(), O.data(), lse.data(), dOb.data(), delta.data(),
+                           dq.data(), dk.data(), dv.data());
+  return {download(O), download(lse), download(delta), download(dq), download(dk), download(dv)};
+}
+
+}  // namespace
+
+// The tensor-core kernels (model/fused_attention_tc.cu) against the host's bf16 tiles at head widths
+// 64 and 128: causal and bidirectional, packed examples, T short of, equal to and past the 64-row
+// blocks (the last block's rows and tiles past T); bitwise twice; and which shapes take them (fp32
+// and other widths the tile kernel, the host never). Bounds: the header's tensor-core item.
+TEST_CASE("fused attention on tensor cores: the host's bf16 tiles within the bound, bitwise twice", "[attention][fused][cuda]") {
+  CHECK_FALSE(fused_attention_uses_tensor_cores({.B = 1, .heads_l = 1, .D = 64, .Tq = 16, .bf16 = true}));
+  if (!cuda_compiled() || cuda_device_count() == 0) {
+    WARN("skipped: no GPU");
+    return;
+  }
+  std::mt19937 gen(76);
+  for (const CoreCase& c : {CoreCase{2, 2, 64, 45, true, true}, CoreCase{1, 3, 64, 130, true, false},
+                            CoreCase{2, 1, 64, 77, false, true}, CoreCase{2, 2, 128, 100, true, true},
+                            CoreCase{1, 1, 128, 64, true, false}}) {
+    INFO("B " << c.B << ", heads " << c.heads << ", D " << c.D << ", T " << c.T << (c.causal ? ", causal" : "")
+              << (c.packed ? ", packed" : ""));
+    const size_t n = size_t(c.B) * c.T * c.heads * c.D;
+    const auto q = random_values<float>(n, gen), k = random_values<float>(n, gen), v = random_values<float>(n, gen),
+               dO = random_values<float>(n, gen);
+    const auto seg = random_segments(c.B, c.T, gen);
+    const FusedAttentionShape s{.B = c.B, .heads_l = c.heads, .D = c.D, .Tq = c.T, .causal = c.causal,
+                                .segment = c.packed ? seg.data() : nullptr, .bf16 = true};
+    const FusedRun<float> host = run_fused(s, q, k, v, dO);
+    FusedRun<float> first, second;
     {
       OnGpu gpu;
-      segment = Buffer<int32_t>(seg.size());
-      copy_from_host(segment.data(), seg.data(), seg.size() * sizeof(int32_t));
-      ctx.segment = segment.data();
-      first = run_layer_in_buffers(pair, ctx, x, dy, N, T);
-      second = run_layer_in_buffers(pair, ctx, x, dy, N, T);
-      segment = Buffer<int32_t>();
+      REQUIRE(fused_attention_uses_tensor_cores(s));
+      CHECK_FALSE(fused_attention_uses_tensor_cores({.B = 1, .heads_l = 1, .D = c.D, .Tq = 16, .bf16 = false}));
+      CHECK_FALSE(fused_attention_uses_tensor_cores({.B = 1, .heads_l = 1, .D = 32, .Tq = 16, .bf16 = true}));
+      first = run_fused_on_gpu(s, q, k, v, dO);
+      second = run_fused_on_gpu(s, q, k, v, dO);
     }
-    const double tol = p == Precision::Bf16 ? 24 * std::ldexp(1.0, -8) : 24 * std::max(T, M) * std::ldexp(1.0, -24);
-    check_close("y", first.y, host.y, tol);
-    check_close("dx", first.dx, host.dx, tol);
-    check_close("weight gradients", first.grads, host.grads, tol);
-    CHECK(bitwise_equal(first.y, second.y));
-    CHECK(bitwise_equal(first.dx, second.dx));
-    CHECK(bitwise_equal(first.grads, second.grads));
+    const double tol = 24 * std::ldexp(1.0, -8);
+    check_close("O", first.O, host.O, tol);
+    check_close("lse", first.lse, host.lse, 24 * std::max(c.T, c.D) * std::ldexp(1.0, -24));
+    check_close("dq", first.dq, host.dq, tol);
+    check_close("dk", first.dk, host.dk, tol);
+    check_close("dv", first.dv, host.dv, tol);
+    CHECK(bitwise_equal(first, second));
   }
 }
