@@ -121,8 +121,9 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
   //
   // On the host each group is one body, sequential in its tokens (RouterAssignGroup). Where the
   // buffers live on a device the slots come from prefix sums instead, a warp per (group, expert)
-  // on the GPU (RouterSlotsByScan), then a body per group for its totals and NTLB
-  // (RouterAssignRest): the same bits. The loss terms are apart, with the totals (sum_totals).
+  // on the GPU (RouterSlotsByScan), then a warp per group for its totals and NTLB, whose dropped
+  // choices are found by ballots and whose experts are ranked by the lanes (RouterAssignRest): the
+  // same bits. The loss terms are apart, with the totals (sum_totals).
   r_.N = N, r_.k = k, r_.S = S, r_.G = G, r_.C = C, r_.E = E;
   r_.expert.resize(size_t(N) * k);
   r_.slot.resize(size_t(N) * k);
@@ -154,12 +155,17 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
                                    .scale = opt_.routed_scale};
   if (buffers_on_device()) {
     const RouterSlotsByScan<T> scan{assign};
+    const RouterAssignRest<T> rest{assign};
 #ifdef MESHMOE_CUDA
-    if (current_device() == Device::Cuda) launch_router_slots_by_scan(scan, int64_t(G) * E);
-    else
+    if (current_device() == Device::Cuda) {
+      launch_router_warps(scan, int64_t(G) * E, "RouterSlotsByScan (a warp per group and expert)");
+      launch_router_warps(rest, G, "RouterAssignRest (a warp per group)");
+    } else
 #endif
+    {
       for_each_index(int64_t(G) * E, scan, int64_t(S) * k);
-    for_each_index(G, RouterAssignRest<T>{assign});
+      for_each_index(G, rest, int64_t(S) * k * E);
+    }
   } else {
     for_each_index(G, assign);
   }
