@@ -176,7 +176,7 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
 }
 
 // The routing's loss terms and totals over tokens and groups, on the device into totals_
-// (RouterGroupTerms, then RouterTotals; read by read_totals). group_stats and top nullptr: expert
+// (RouterGroupTerms, then RouterTotals; the host's copy into take_totals). group_stats and top nullptr: expert
 // choice (no load-balancing loss).
 template <typename T>
 void Router<T>::sum_totals(const int64_t* group_stats, const int* top) {
@@ -208,10 +208,14 @@ void Router<T>::sum_totals(const int64_t* group_stats, const int* top) {
 
 template <typename T>
 void Router<T>::read_totals() {
+  const std::vector<double> totals = download(totals_);
+  take_totals(totals.data());
+}
+
+template <typename T>
+void Router<T>::take_totals(const double* totals) {
   const int E = opt_.num_experts;
   const RouterTotalsLayout at{.E = E, .bins = Routing<T>::kPlacedBins};
-  std::vector<double> totals(totals_.size());
-  download(totals_, 0, totals.size(), totals.data());  // a transfer point: the host reads the routing's totals
   const auto count = [&](int i) { return int64_t(totals[size_t(i)]); };
   r_.load.resize(size_t(E));
   for (int e = 0; e < E; ++e) r_.load[size_t(e)] = count(at.load() + e);
