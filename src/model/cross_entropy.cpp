@@ -1,6 +1,7 @@
 #include "model/cross_entropy.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <type_traits>
 #include <string>
@@ -9,6 +10,7 @@
 #include "model/cross_entropy_bodies.hpp"
 #include "tensor/launch.hpp"
 #include "tensor/launch_rows.hpp"
+#include "tensor/step_scalars.hpp"
 
 namespace meshmoe {
 
@@ -32,7 +34,6 @@ double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, con
                                     double weight, const T* soft, double alpha, T* dlogits) {
   V_ = V;
   weight_ = weight;
-  count_ = 0;
   gradient_done_ = dlogits != nullptr;
   lse_.resize(std::max<size_t>(lse_.size(), N));
   // Transfer points: the host checks the targets and uploads them and the mask.
@@ -85,23 +86,31 @@ double CrossEntropy<T>::run_forward(const T* logits, const int32_t* targets, con
              V);
   }
   // The sum over tokens stays on the host, in token order (a transfer point: the per-token losses,
-  // one copy).
-  host_losses_.resize(losses_.size());
-  download(losses_, 0, losses_.size(), host_losses_.data());
-  const std::span<const double> objective = host_losses(soft ? 2 : 0);
-  double total = 0;
-  for (int n = 0; n < N; ++n) {
-    const T m = host_mask_[size_t(n)];
-    if (m == T(0)) continue;
-    count_ += double(m);
-    total += double(m) * objective[size_t(n)];
-  }
-  return weight * total;
+  // one copy; while a training step collects its scalars, at their one read: StepScalars).
+  sum_ = std::numeric_limits<double>::quiet_NaN();
+  const int rows = soft ? 3 : 1;
+  step_scalars().defer(losses_.data(), losses_.size() * sizeof(double),
+                       [this, mask = host_mask_, rows, N, weight](const void* host) {
+                         const double* losses = static_cast<const double*>(host);
+                         host_losses_.assign(losses, losses + size_t(rows) * N);
+                         loss_rows_ = rows;
+                         const std::span<const double> objective = host_losses(rows == 3 ? 2 : 0);
+                         double total = 0;
+                         count_ = 0;
+                         for (int n = 0; n < N; ++n) {
+                           const T m = mask[size_t(n)];
+                           if (m == T(0)) continue;
+                           count_ += double(m);
+                           total += double(m) * objective[size_t(n)];
+                         }
+                         sum_ = weight * total;
+                       });
+  return sum_;
 }
 
 template <typename T>
 std::span<const double> CrossEntropy<T>::host_losses(int row) const {
-  const size_t n = host_losses_.size() / (soft_.empty() ? 1 : 3);
+  const size_t n = host_losses_.size() / size_t(loss_rows_);
   return {host_losses_.data() + size_t(row) * n, n};
 }
 

@@ -51,9 +51,13 @@ class CrossEntropy {
 
   // From the last forward: unweighted per-token loss [N] against the ground truth (0 where
   // masked), the masked-token count; with soft targets, the unweighted per-token cross-entropy
-  // against them (else empty).
+  // against them (else empty). While a training step collects its scalars (tensor/step_scalars.hpp)
+  // these, and forward's sum, are known from the step's read on: the forward's figures in a
+  // callback after it (StepScalars::then), its sum returned NaN.
   std::span<const double> per_token_loss() const { return host_losses(0); }
-  std::span<const double> per_token_soft_loss() const { return soft_.empty() ? std::span<const double>{} : host_losses(1); }
+  std::span<const double> per_token_soft_loss() const {
+    return loss_rows_ == 3 ? host_losses(1) : std::span<const double>{};
+  }
   double count() const { return count_; }
 
  private:
@@ -73,6 +77,8 @@ class CrossEntropy {
   Buffer<int32_t> targets_;
   std::vector<T> host_mask_;                          // [N] the host's mask (1 where none)
   std::vector<double> host_losses_;                   // the host's copy of losses_
+  int loss_rows_ = 1;                                 // its rows: 1, or 3 with soft targets
+  double sum_ = 0;                                    // the last forward's weighted sum
   std::span<const double> host_losses(int row) const;  // its row [N]: 0 hard, 1 soft, 2 mixed
 };
 

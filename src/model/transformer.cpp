@@ -11,6 +11,7 @@
 #include "model/moe/moe_options.hpp"
 #include "model/shape_table.hpp"
 #include "tensor/elementwise.hpp"
+#include "tensor/step_scalars.hpp"
 
 namespace meshmoe {
 
@@ -206,8 +207,12 @@ void Transformer<T>::forward_blocks(const StepContext& ctx, size_t begin, size_t
     b.ln2.forward(ctx, x_.data(), h_.data(), N_);
     if (b.moe) {
       b.moe->forward(ctx, h_.data(), f_.data(), N_);
-      st.aux_sum += b.moe->stats().aux_sum;
-      st.z_sum += b.moe->stats().z_sum;
+      // The layer's loss terms are its router's totals, on the host from the read of the step's
+      // scalars on (tensor/step_scalars.hpp): added there, in order.
+      step_scalars().then([&st, moe = b.moe.get()] {
+        st.aux_sum += moe->stats().aux_sum;
+        st.z_sum += moe->stats().z_sum;
+      });
     } else {
       ScopedPhase t(ctx.timers, "dense_ffn");
       b.mlp->forward(ctx, h_.data(), f_.data(), N_, b.ln2.output16());
@@ -218,7 +223,7 @@ void Transformer<T>::forward_blocks(const StepContext& ctx, size_t begin, size_t
 }
 
 template <typename T>
-ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBatch& mb, const LossWeights& w,
+void Transformer<T>::run_forward(const StepContext& step_ctx, const MicroBatch& mb, const LossWeights& w,
                                      const T* x_in) {
   seq_len_ = mb.seq_len;
   N_ = mb.rows * mb.seq_len;
@@ -246,7 +251,7 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
     scan.where = where;
     flag_nonfinite(v.data(), n, scan.flags);
   };
-  ForwardStats st;
+  ForwardStats& st = stats_;  // filled at the read of the step's scalars (forward)
   size_t decoder_begin = 0;  // the first decoder block in blocks_
   if (encdec()) {
     if (mb.enc_len != seq_len_ || !mb.enc_inputs || !mb.enc_segment || !mb.enc_position || !mb.segment)
@@ -274,7 +279,7 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
       if (encoder_output_here()) copy_from(message_.data(), enc_out_.data(), NM);
       copy_from(message_.data() + NM, x_.data(), NM);
     }
-    return st;
+    return;
   }
   lnf_.forward(ctx, x_.data(), h_.data(), N_);
   ScopedPhase t(ctx.timers, "head_loss");
@@ -303,10 +308,46 @@ ForwardStats Transformer<T>::forward(const StepContext& step_ctx, const MicroBat
     ce_.forward_with_gradient(ctx, logits_.data(), mb.targets, mask, N_, V, w.ce, soft, w.distill_alpha);
   else
     ce_.forward(ctx, logits_.data(), mb.targets, mask, N_, V, w.ce, soft, w.distill_alpha);
-  for (double l : ce_.per_token_loss()) st.ce_sum += l;
-  for (double l : ce_.per_token_soft_loss()) st.soft_sum += l;
-  st.mask_sum = ce_.count();
-  return st;
+  step_scalars().then([this] {
+    for (double l : ce_.per_token_loss()) stats_.ce_sum += l;
+    for (double l : ce_.per_token_soft_loss()) stats_.soft_sum += l;
+    stats_.mask_sum = ce_.count();
+  });
+}
+
+template <typename T>
+void Transformer<T>::forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w, const T* x_in,
+                             std::function<void(const ForwardStats&)> done) {
+  step_scalars().then([this] { stats_ = {}; });
+  run_forward(ctx, mb, w, x_in);
+  if (step_scalars().collecting()) resolve_finite_at_read();
+  if (done) step_scalars().then([this, done = std::move(done)] { done(stats_); });
+}
+
+template <typename T>
+ForwardStats Transformer<T>::forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w, const T* x_in) {
+  ForwardStats out;
+  std::function<void(const ForwardStats&)> keep;
+  if (!step_scalars().collecting()) keep = [&out](const ForwardStats& f) { out = f; };
+  forward(ctx, mb, w, x_in, std::move(keep));
+  return out;
+}
+
+// While the step's scalars are collected: every scan's flags into their read, where the first
+// non-finite scan is found as first_nonfinite() finds it.
+template <typename T>
+void Transformer<T>::resolve_finite_at_read() {
+  step_scalars().then([this] { first_nonfinite_.clear(); });
+  for (size_t i = 0; i < finite_scans_used_; ++i) {
+    const FiniteScan& scan = finite_scans_[i];
+    step_scalars().defer(scan.flags.data(), scan.flags.size() * sizeof(int32_t),
+                         [this, where = scan.where, n = scan.flags.size()](const void* host) {
+                           const int32_t* flags = static_cast<const int32_t*>(host);
+                           if (first_nonfinite_.empty() && std::find(flags, flags + n, 1) != flags + n)
+                             first_nonfinite_ = where;
+                         });
+  }
+  step_scalars().then([this] { finite_resolved_ = true; });
 }
 
 template <typename T>
@@ -380,8 +421,7 @@ void Transformer<T>::encode(const StepContext& ctx, int rows, int len, const int
   f_.resize(NM);
   upload(enc_segment_, segment, size_t(N_));  // transfer points: the encoder's packing
   upload(enc_position_, position, size_t(N_));
-  ForwardStats unused;
-  encoder_stage(ctx, x_in, tokens, position, unused, [](const Buffer<T>&, size_t, const std::string&) {});
+  encoder_stage(ctx, x_in, tokens, position, stats_, [](const Buffer<T>&, size_t, const std::string&) {});
 }
 
 template <typename T>

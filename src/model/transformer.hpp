@@ -106,6 +106,12 @@ class Transformer {
   // stage starts from x_in [N, M] (the previous stage's output; encdec: [2, N, M], the encoder's
   // and the decoder's streams, see stage_streams()). The last stage computes the loss; an earlier
   // one leaves its output in stage_output(). Keeps what backward needs.
+  // done(the forward's ForwardStats) when they are known: at once, or, while a training step
+  // collects its scalars (tensor/step_scalars.hpp), at their read, in the forwards' order.
+  void forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w, const T* x_in,
+               std::function<void(const ForwardStats&)> done);
+  // The same with the stats returned: outside a step's collection (evaluation, decoding, tests);
+  // within one (the pipeline's recomputed forward) they are not known yet and zeros are returned.
   ForwardStats forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w, const T* x_in = nullptr);
   // Backward of the last forward: adds every parameter gradient. The last stage starts from the
   // loss; an earlier one from d_out [stage_streams(), N, M] (the next stage's input gradient). A
@@ -221,6 +227,9 @@ class Transformer {
   // Notes the first part whose output is not finite: (values, count, part name).
   using CheckFinite = std::function<void(const Buffer<T>&, size_t, const std::string&)>;
   // Forward of blocks_[begin, end) on x_ (ctx: their tokens' segments); stats and finiteness as forward.
+  void run_forward(const StepContext& ctx, const MicroBatch& mb, const LossWeights& w, const T* x_in);
+  void resolve_finite_at_read();  // the scans' flags into the step's read (StepScalars)
+  ForwardStats stats_;            // the forward's, as the host learns them
   void forward_blocks(const StepContext& ctx, size_t begin, size_t end, ForwardStats& st,
                       const CheckFinite& check_finite);
   // encdec: the N_ tokens host_tokens (seq_len_ a sequence, enc_segment_, enc_position_) through this

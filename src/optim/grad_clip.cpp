@@ -6,6 +6,7 @@
 
 #include "tensor/elementwise.hpp"
 #include "tensor/launch_rows.hpp"
+#include "tensor/step_scalars.hpp"
 #include "optim/optimizer.hpp"
 
 namespace meshmoe {
@@ -25,15 +26,23 @@ EntrySumSquares::EntrySumSquares(const ParamStore<float>& store, const std::vect
   partials_.resize(pieces.size());
 }
 
-// The chunk sums on the device, then each entry's chunks added in order (the sums of sum_squares).
-std::vector<double> EntrySumSquares::operator()(const ParamStore<float>& store) {
+// The chunk sums on the device, then each entry's chunks added in order (the sums of sum_squares)
+// on the host, from the step's read of its scalars (a transfer point).
+void EntrySumSquares::queue(const ParamStore<float>& store, std::vector<double>& sums) {
   for_each_row(int64_t(pieces_.size()), SumSquaresPieces<float>{pieces_.data(), store.grads(), partials_.data()},
                SumSquaresChunk<float>::kChunk);
-  std::vector<double> host;
-  const std::span<const double> chunks = host_view(partials_, host);  // a transfer point: the chunk sums
-  std::vector<double> sums(first_.size() - 1, 0.0);
-  for (size_t k = 0; k < sums.size(); ++k)
-    for (int64_t c = first_[k]; c < first_[k + 1]; ++c) sums[k] += chunks[size_t(c)];
+  sums.assign(first_.size() - 1, 0.0);
+  step_scalars().defer(partials_.data(), partials_.size() * sizeof(double), [this, &sums](const void* host) {
+    const double* chunks = static_cast<const double*>(host);
+    for (size_t k = 0; k < sums.size(); ++k)
+      for (int64_t c = first_[k]; c < first_[k + 1]; ++c) sums[k] += chunks[size_t(c)];
+  });
+}
+
+std::vector<double> EntrySumSquares::operator()(const ParamStore<float>& store) {
+  std::vector<double> sums;
+  queue(store, sums);
+  step_scalars().read();
   return sums;
 }
 

@@ -15,13 +15,17 @@ namespace meshmoe {
 
 // The sum of squared gradients of each of a fixed list of entries (indices into store.infos()),
 // called each step (the gradient norm): the entries' chunks are listed on the device once, and a
-// call is one launch over all of them (not one per entry) and one wait. An entry's sum is
-// sum_squares's of its gradient, the same bits.
+// call is one launch over all of them (not one per entry) and one wait: the read of the step's
+// scalars (tensor/step_scalars.hpp), the chunk sums with the rest. An entry's sum is sum_squares's
+// of its gradient, the same bits.
 class EntrySumSquares {
  public:
   EntrySumSquares() = default;
   EntrySumSquares(const ParamStore<float>& store, const std::vector<size_t>& entries);
   std::vector<double> operator()(const ParamStore<float>& store);  // per entry, in the list's order
+  // The launch alone: `sums` (per entry, kept alive by the caller) is filled at the next
+  // step_scalars().read(), or at once outside a step's collection.
+  void queue(const ParamStore<float>& store, std::vector<double>& sums);
 
  private:
   std::vector<int64_t> first_;      // entry k's chunks: [first_[k], first_[k + 1]); one more than the entries

@@ -1,5 +1,7 @@
 #include "parallel/gradient_sync.hpp"
 
+#include "tensor/step_scalars.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -239,11 +241,13 @@ void GradientSync::plan_norm() {
 double GradientSync::owned_norm_squares() {
   const ParamStore<float>& store = model_.params();
   const auto& infos = store.infos();
-  const std::vector<double> share_sums = share_sums_(store);
+  std::vector<double> share_sums, split_sums;
+  share_sums_.queue(store, share_sums);
+  split_sums_.queue(store, split_sums);
+  step_scalars().read();  // both with the step's other scalars, in one copy
   std::vector<double> replicated(norm_replicated_.size(), 0.0);
   for (size_t j = 0; j < share_.size(); ++j) replicated[share_[j]] = share_sums[j];
   mesh_.axis(Axis::Data).all_reduce(replicated.data(), replicated.size(), Op::Sum);
-  const std::vector<double> split_sums = split_sums_(store);
   double sq = 0.0;
   size_t r = 0, b = 0;
   for (size_t e : norm_entries_) {

@@ -85,8 +85,12 @@ void PipelineExecutor::train(std::vector<Micro>& micros, const LossWeights& w,
         pipe.recv(in.data(), message, stage - 1, tag);
       }
       if (park_states && in_layers >= 0) park(in_layers);
-      on_forward(model_.forward(mb.ctx, mb.view(), w, in.data()));
-      if (first_nonfinite_.empty()) first_nonfinite_ = model_.first_nonfinite();
+      // Its figures and finite flags as the host learns them: at the read of the step's scalars
+      // (tensor/step_scalars.hpp), in the forwards' order.
+      model_.forward(mb.ctx, mb.view(), w, in.data(), [this, on_forward](const ForwardStats& f) {
+        on_forward(f);
+        if (first_nonfinite_.empty()) first_nonfinite_ = model_.first_nonfinite();
+      });
       in_layers = op.micro;
       if (!model_.last_stage()) {
         x_out[op.micro] = model_.stage_output();

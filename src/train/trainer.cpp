@@ -29,6 +29,7 @@
 #include "train/evaluate.hpp"
 #include "optim/grad_clip.hpp"
 #include "tensor/device.hpp"
+#include "tensor/step_scalars.hpp"
 #include "run/startup.hpp"
 #include "optim/optimizer.hpp"
 #include "run/run_checkpoints.hpp"
@@ -307,17 +308,23 @@ class Trainer {
     const size_t last_micro_tokens = size_t(B / cfg_.optim.micro_batches) * T;  // all data ranks' rows
     if (hooks_) hooks_->before_loss(micros, w, timers_);
     grad_sync_->begin_step(int(micros.size()), std::span(batch.inputs).last(last_micro_tokens));
+    // The step's scalars (each forward's losses, routing totals and finite flags, the gradient
+    // norm's sums) reach the host in one copy, where the norm is read: until then each is a copy
+    // queued on the device and the host's work on it waits in order (tensor/step_scalars.hpp;
+    // docs/ARCHITECTURE.md "Device work and transfer points"). So `sums` fills at global_norm().
+    StepScalars::Collect scalars(step_scalars());
     pipeline_->train(micros, w, [&](const ForwardStats& f) { sums.add(f, moe, first_moe_layer_); });
     {
       ScopedPhase t(&timers_, "grad_allreduce");  // with buckets: what the backward did not hide
       pipeline_->sync_tied_embedding(cfg_.model.tied_embeddings);
       grad_sync_->reduce_over_data();
-      sums.all_reduce(mesh_.axis(Axis::Pipe), data_comm_);
     }
+    ScopedPhase t(&timers_, "optimizer");
+    const double grad_norm = grad_sync_->global_norm();  // the read of the step's scalars
+    sums.all_reduce(mesh_.axis(Axis::Pipe), data_comm_);
     StepStats s = sums.stats(double(B) * T, double(B) * T / double(cfg_.moe.group_size));
     s.distill = hooks_ != nullptr;
-    ScopedPhase t(&timers_, "optimizer");
-    s.grad_norm = grad_sync_->global_norm();
+    s.grad_norm = grad_norm;
     s.lr = schedule_(step);
     if (!std::isfinite(s.grad_norm) || (sums.target_tokens() > 0 && !std::isfinite(s.loss))) {
       s.skipped = true;

@@ -4,19 +4,21 @@
 # GPU's backend does: MESHMOE_TEST_HOST_WAITS prints each rank's waits per step (the copies to the
 # host and the other waits, from the step's boundary through its update and its logged line).
 # Dense and Switch, fp32 and bf16, on one rank and on data = 2, 3 steps each: every rank's every
-# step waits at most the bound below, and the host path counts none. The bounds, per step with one
-# micro-batch and one MoE layer:
-#   one rank, dense 3: the forward's loss (the per-token losses, summed on the host in token
-#     order), the forward's finite scans (every scan's flags in one copy), the gradient norm's
-#     chunk sums (the clip scale and the skip decision are the host's, before the update);
-#   one rank, Switch 5: those 3 and the MoE layer's 2 (the router's totals and the dispatch plan's
-#     row counts, which size the plan's maps on the host);
-#   data = 2, dense 4: those 3 and the gradient all-reduce; Switch 13: its 5, the gradient
-#     norm's second sum (the experts', split over data, apart from the replicated weights'), the
+# step waits at most the bound below, and the host path counts none. The step's scalars (each
+# forward's per-token losses, its finite scans' flags and its MoE layers' routing totals, and the
+# gradient norm's chunk sums) reach the host in one copy where the norm is read (StepScalars,
+# tensor/step_scalars.hpp); the bounds, per step with one micro-batch and one MoE layer:
+#   one rank, dense 1: the step's scalars (the clip scale and the skip decision are the host's,
+#     before the update);
+#   one rank, Switch 2: that and the MoE layer's dispatch plan's row counts, which size the plan's
+#     maps on the host mid-step;
+#   data = 2, dense 2: the scalars (both of the norm's sums, the replicated weights' share and the
+#     experts' split over data, in the same copy) and the gradient all-reduce; Switch 9: its 2, the
 #     gradient all-reduce's 2 ranges of replicated weights and the all-to-all's 5 (the plan's row
 #     tokens, the forward's and the backward's two transfers of token rows). The deferred host
 #     device's data axis is MPI, through host copies that wait (HostStaged): on a GPU NCCL queues
-#     the all-reduce and the all-to-all instead (by this count 6 a step; not yet run on a GPU).
+#     the all-reduce and the all-to-all instead (by this count 2 a step; not yet run on a GPU).
+# Before the one copy of the scalars: dense 3 and Switch 5 on one rank, 4 and 13 on data = 2.
 # The host's values that MPI reduces (the step's sums, the stop decision, the log's timings) wait
 # for nothing (mesh/mpi_comm.cpp).
 set -euo pipefail
@@ -77,10 +79,10 @@ PY
 }
 for precision in fp32 bf16; do
   p="--set model.precision=$precision"
-  check dense-$precision 3 1 1 --set moe.every=0 $p
-  check switch-$precision 5 1 1 $p
-  check dense-data2-$precision 4 1 2 --set moe.every=0 --set mesh.data=2 $p
-  check switch-data2-$precision 13 1 2 --set mesh.data=2 $p
+  check dense-$precision 1 1 1 --set moe.every=0 $p
+  check switch-$precision 2 1 1 $p
+  check dense-data2-$precision 2 1 2 --set moe.every=0 --set mesh.data=2 $p
+  check switch-data2-$precision 9 1 2 --set mesh.data=2 $p
 done
 check switch-host 0 0 1
 echo "host_waits: ok"

@@ -740,96 +740,126 @@ TEST_CASE("moe gates: softmax_topk routes top-2 and top-k bitwise as softmax", "
   }
 }
 
+namespace {
+
+// Routing-control counts of the groups compared: groups with dropped, declined, rerouted choices.
+struct ControlTrials {
+  int dropped = 0, declined = 0, rerouted = 0;
+};
+
+// One random routing straight into the bodies: probabilities with ties, k distinct first-ranked
+// experts per token, random declines, capacities from 0 to past the group, groups across several
+// 32-token chunks, NTLB (always when always_ntlb, with tighter capacities), declined_takes_slot, a selection bias. The
+// device's path (RouterSlotsByScan's columns in a shuffled order, each owns its writes, then
+// RouterAssignRest per group in reverse order) against the one-body-per-group reference
+// (RouterAssignGroup) in group order: every output bitwise.
+void compare_routing_control(std::mt19937& gen, int max_E, bool always_ntlb, ControlTrials& trials) {
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
+  const int E = uni(1, max_E), k = uni(1, std::min(E, 4)), S = uni(1, 80), G = uni(1, 3), N = G * S;
+  // always_ntlb: capacities about the mean load S k / E and below, where most groups drop.
+  const int C = uni(0, always_ntlb ? (S * k + E - 1) / E + 1 : S + 2);
+  std::vector<double> probs(size_t(N) * E), norm(static_cast<size_t>(N));
+  for (double& p : probs) p = uni(0, 3) == 0 ? 0.25 : std::uniform_real_distribution<double>(0, 1)(gen);
+  std::vector<int> top(size_t(N) * k);
+  std::vector<uint8_t> want(size_t(N) * k);
+  const double decline = uni(0, 1) ? 0.3 : 0.0;
+  for (int n = 0; n < N; ++n) {
+    std::vector<int> order(E);
+    for (int e = 0; e < E; ++e) order[e] = e;
+    std::shuffle(order.begin(), order.end(), gen);
+    for (int i = 0; i < k; ++i) {
+      top[size_t(n) * k + i] = order[i];
+      want[size_t(n) * k + i] = std::uniform_real_distribution<double>(0, 1)(gen) >= decline;
+    }
+    norm[n] = std::uniform_real_distribution<double>(0.5, 2)(gen);
+  }
+  std::vector<float> bias(static_cast<size_t>(E));
+  for (float& b : bias) b = float(std::uniform_real_distribution<double>(-0.5, 0.5)(gen));
+  const RouterTotalsLayout at{.E = E, .bins = Routing<double>::kPlacedBins};
+  struct Out {
+    std::vector<int> expert, slot, count, position;
+    std::vector<double> gate;
+    std::vector<uint8_t> dropped;
+    std::vector<int64_t> stats;
+  };
+  // Filled with garbage first: every output must be written.
+  auto make = [&] {
+    return Out{std::vector<int>(size_t(N) * k, 77), std::vector<int>(size_t(N) * k, 77),
+               std::vector<int>(size_t(G) * E, 77),  std::vector<int>(size_t(G) * E, 77),
+               std::vector<double>(size_t(N) * k, 7.0), std::vector<uint8_t>(size_t(N) * k, 7),
+               std::vector<int64_t>(size_t(G) * at.group_width(), 77)};
+  };
+  const bool ntlb = uni(0, 1) || always_ntlb, declined_takes_slot = uni(0, 1), with_bias = uni(0, 1);
+  auto body = [&](Out& o) {
+    return RouterAssignGroup<double>{.probs = probs.data(),
+                                     .top = top.data(),
+                                     .norm = norm.data(),
+                                     .want = want.data(),
+                                     .expert = o.expert.data(),
+                                     .slot = o.slot.data(),
+                                     .gate = o.gate.data(),
+                                     .count = o.count.data(),
+                                     .position = o.position.data(),
+                                     .dropped = o.dropped.data(),
+                                     .stats = o.stats.data(),
+                                     .at = at,
+                                     .S = S,
+                                     .k = k,
+                                     .E = E,
+                                     .C = C,
+                                     .ntlb = ntlb,
+                                     .declined_takes_slot = declined_takes_slot,
+                                     .bias = with_bias ? bias.data() : nullptr,
+                                     .scale = 1.5};
+  };
+  Out ref = make(), scan = make();
+  for (int g = 0; g < G; ++g) body(ref)(g);
+  std::vector<int64_t> columns(size_t(G) * E);
+  for (size_t i = 0; i < columns.size(); ++i) columns[i] = int64_t(i);
+  std::shuffle(columns.begin(), columns.end(), gen);
+  const RouterSlotsByScan<double> by_scan{body(scan)};
+  for (int64_t ge : columns) by_scan(ge);
+  for (int g = G; g-- > 0;) RouterAssignRest<double>{body(scan)}(g);
+  INFO("E=" << E << " k=" << k << " S=" << S << " G=" << G << " C=" << C << " ntlb=" << ntlb
+                << " declined_takes_slot=" << declined_takes_slot);
+  REQUIRE(scan.expert == ref.expert);
+  REQUIRE(scan.slot == ref.slot);
+  REQUIRE(scan.gate == ref.gate);
+  REQUIRE(scan.count == ref.count);
+  REQUIRE(scan.position == ref.position);
+  REQUIRE(scan.dropped == ref.dropped);
+  REQUIRE(scan.stats == ref.stats);
+  for (int g = 0; g < G; ++g) {
+    const int64_t* st = ref.stats.data() + size_t(g) * at.group_width();
+    trials.dropped += st[2] > 0, trials.declined += st[1] > 0, trials.rerouted += st[3] > 0;
+  }
+}
+
+}  // namespace
+
 TEST_CASE("moe routing control by prefix sums (RouterSlotsByScan, RouterAssignRest) equals RouterAssignGroup bitwise",
           "[moe]") {
-  // Random routings straight into the bodies: probabilities with ties, k distinct first-ranked
-  // experts per token, random declines, capacities from 0 to past the group, groups across several
-  // 32-token chunks, NTLB, declined_takes_slot, a selection bias. The scan's columns run in a shuffled
-  // order (each owns its writes), the one-body-per-group reference in group order.
   std::mt19937 gen(31);
-  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
-  int dropped_trials = 0, rerouted_trials = 0, declined_trials = 0;
+  ControlTrials trials;
   for (int trial = 0; trial < 400; ++trial) {
-    const int E = uni(1, 24), k = uni(1, std::min(E, 4)), S = uni(1, 80), G = uni(1, 3), N = G * S;
-    const int C = uni(0, S + 2);
-    std::vector<double> probs(size_t(N) * E), norm(static_cast<size_t>(N));
-    for (double& p : probs) p = uni(0, 3) == 0 ? 0.25 : std::uniform_real_distribution<double>(0, 1)(gen);
-    std::vector<int> top(size_t(N) * k);
-    std::vector<uint8_t> want(size_t(N) * k);
-    const double decline = uni(0, 1) ? 0.3 : 0.0;
-    for (int n = 0; n < N; ++n) {
-      std::vector<int> order(E);
-      for (int e = 0; e < E; ++e) order[e] = e;
-      std::shuffle(order.begin(), order.end(), gen);
-      for (int i = 0; i < k; ++i) {
-        top[size_t(n) * k + i] = order[i];
-        want[size_t(n) * k + i] = std::uniform_real_distribution<double>(0, 1)(gen) >= decline;
-      }
-      norm[n] = std::uniform_real_distribution<double>(0.5, 2)(gen);
-    }
-    std::vector<float> bias(static_cast<size_t>(E));
-    for (float& b : bias) b = float(std::uniform_real_distribution<double>(-0.5, 0.5)(gen));
-    const RouterTotalsLayout at{.E = E, .bins = Routing<double>::kPlacedBins};
-    struct Out {
-      std::vector<int> expert, slot, count, position;
-      std::vector<double> gate;
-      std::vector<uint8_t> dropped;
-      std::vector<int64_t> stats;
-    };
-    // Filled with garbage first: every output must be written.
-    auto make = [&] {
-      return Out{std::vector<int>(size_t(N) * k, 77), std::vector<int>(size_t(N) * k, 77),
-                 std::vector<int>(size_t(G) * E, 77),  std::vector<int>(size_t(G) * E, 77),
-                 std::vector<double>(size_t(N) * k, 7.0), std::vector<uint8_t>(size_t(N) * k, 7),
-                 std::vector<int64_t>(size_t(G) * at.group_width(), 77)};
-    };
-    const bool ntlb = uni(0, 1), declined_takes_slot = uni(0, 1), with_bias = uni(0, 1);
-    auto body = [&](Out& o) {
-      return RouterAssignGroup<double>{.probs = probs.data(),
-                                       .top = top.data(),
-                                       .norm = norm.data(),
-                                       .want = want.data(),
-                                       .expert = o.expert.data(),
-                                       .slot = o.slot.data(),
-                                       .gate = o.gate.data(),
-                                       .count = o.count.data(),
-                                       .position = o.position.data(),
-                                       .dropped = o.dropped.data(),
-                                       .stats = o.stats.data(),
-                                       .at = at,
-                                       .S = S,
-                                       .k = k,
-                                       .E = E,
-                                       .C = C,
-                                       .ntlb = ntlb,
-                                       .declined_takes_slot = declined_takes_slot,
-                                       .bias = with_bias ? bias.data() : nullptr,
-                                       .scale = 1.5};
-    };
-    Out ref = make(), scan = make();
-    for (int g = 0; g < G; ++g) body(ref)(g);
-    std::vector<int64_t> columns(size_t(G) * E);
-    for (size_t i = 0; i < columns.size(); ++i) columns[i] = int64_t(i);
-    std::shuffle(columns.begin(), columns.end(), gen);
-    const RouterSlotsByScan<double> by_scan{body(scan)};
-    for (int64_t ge : columns) by_scan(ge);
-    for (int g = G; g-- > 0;) RouterAssignRest<double>{body(scan)}(g);
-    INFO("trial " << trial << " E=" << E << " k=" << k << " S=" << S << " G=" << G << " C=" << C << " ntlb=" << ntlb
-                  << " declined_takes_slot=" << declined_takes_slot);
-    REQUIRE(scan.expert == ref.expert);
-    REQUIRE(scan.slot == ref.slot);
-    REQUIRE(scan.gate == ref.gate);
-    REQUIRE(scan.count == ref.count);
-    REQUIRE(scan.position == ref.position);
-    REQUIRE(scan.dropped == ref.dropped);
-    REQUIRE(scan.stats == ref.stats);
-    for (int g = 0; g < G; ++g) {
-      const int64_t* st = ref.stats.data() + size_t(g) * at.group_width();
-      dropped_trials += st[2] > 0, declined_trials += st[1] > 0, rerouted_trials += st[3] > 0;
-    }
+    INFO("trial " << trial);
+    compare_routing_control(gen, 24, false, trials);
   }
   // The trials reach what they claim to compare.
-  CHECK(dropped_trials > 50);
-  CHECK(declined_trials > 50);
-  CHECK(rerouted_trials > 50);
+  CHECK(trials.dropped > 50);
+  CHECK(trials.declined > 50);
+  CHECK(trials.rerouted > 50);
+}
+
+TEST_CASE("moe No-Token-Left-Behind by a warp per group (RouterAssignRest) equals the serial reroute bitwise", "[moe]") {
+  // NTLB in every routing, up to 80 experts: a lane ranks 1 to 3 experts (or none), and the
+  // lanes' reduction picks the choice's expert.
+  std::mt19937 gen(47);
+  ControlTrials trials;
+  for (int trial = 0; trial < 400; ++trial) {
+    INFO("trial " << trial);
+    compare_routing_control(gen, 80, true, trials);
+  }
+  CHECK(trials.dropped > 300);
+  CHECK(trials.rerouted > 300);
 }

@@ -1,5 +1,7 @@
 #include "model/moe/moe_layer.hpp"
 
+#include "tensor/step_scalars.hpp"
+
 namespace meshmoe {
 
 namespace {
@@ -40,27 +42,33 @@ void MoeLayer<T>::declare(ParamStore<T>& store, const std::string& prefix) {
                    {&shared->w_in, &shared->w_out});
 }
 
-// The router's totals into stats_ (dispatch: the wait for them is also the row counts' wait).
+// The router's totals into stats_, read with the step's other scalars while a training step
+// collects them (tensor/step_scalars.hpp), else at once (called in dispatch, whose row counts' wait
+// then reads them too). The routing's shapes are this forward's, taken now.
 template <typename T>
 void MoeLayer<T>::record_stats() {
-  router.read_totals();
   const Routing<T>& r = router.routing();
-  stats_.aux_sum = router.aux_sum;
-  stats_.z_sum = router.z_sum;
-  stats_.load.assign(r.load.begin(), r.load.end());
-  stats_.wanted = r.wanted;
-  stats_.dropped = r.dropped;
-  stats_.rerouted = r.rerouted;
-  stats_.declined = r.declined;
-  stats_.expert_dropped = r.expert_dropped;
-  stats_.expert_rerouted = r.expert_rerouted;
-  stats_.expert_declined = r.expert_declined;
-  stats_.tokens = r.N;
-  stats_.second_choices = int64_t(r.N) * (r.k - 1);
-  stats_.capacity = r.C;
-  stats_.entropy_sum = router.entropy_sum;
-  stats_.bias_max_abs = router.bias_max_abs();
-  stats_.experts_per_token = r.experts_per_token;
+  const int64_t N = r.N, k = r.k, C = r.C;
+  step_scalars().defer(router.totals().data(), router.totals().size() * sizeof(double), [this, N, k, C](const void* host) {
+    router.take_totals(static_cast<const double*>(host));
+    const Routing<T>& r = router.routing();
+    stats_.aux_sum = router.aux_sum;
+    stats_.z_sum = router.z_sum;
+    stats_.load.assign(r.load.begin(), r.load.end());
+    stats_.wanted = r.wanted;
+    stats_.dropped = r.dropped;
+    stats_.rerouted = r.rerouted;
+    stats_.declined = r.declined;
+    stats_.expert_dropped = r.expert_dropped;
+    stats_.expert_rerouted = r.expert_rerouted;
+    stats_.expert_declined = r.expert_declined;
+    stats_.tokens = N;
+    stats_.second_choices = N * (k - 1);
+    stats_.capacity = C;
+    stats_.entropy_sum = router.entropy_sum;
+    stats_.bias_max_abs = router.bias_max_abs();
+    stats_.experts_per_token = r.experts_per_token;
+  });
 }
 
 // x [N, M] -> shared_out [N, M]: the shared experts' sum (this rank's partial sum when the

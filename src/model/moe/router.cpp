@@ -121,8 +121,9 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
   //
   // On the host each group is one body, sequential in its tokens (RouterAssignGroup). Where the
   // buffers live on a device the slots come from prefix sums instead, a warp per (group, expert)
-  // on the GPU (RouterSlotsByScan), then a body per group for its totals and NTLB
-  // (RouterAssignRest): the same bits. The loss terms are apart, with the totals (sum_totals).
+  // on the GPU (RouterSlotsByScan), then a warp per group for its totals and NTLB, whose dropped
+  // choices are found by ballots and whose experts are ranked by the lanes (RouterAssignRest): the
+  // same bits. The loss terms are apart, with the totals (sum_totals).
   r_.N = N, r_.k = k, r_.S = S, r_.G = G, r_.C = C, r_.E = E;
   r_.expert.resize(size_t(N) * k);
   r_.slot.resize(size_t(N) * k);
@@ -154,12 +155,17 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
                                    .scale = opt_.routed_scale};
   if (buffers_on_device()) {
     const RouterSlotsByScan<T> scan{assign};
+    const RouterAssignRest<T> rest{assign};
 #ifdef MESHMOE_CUDA
-    if (current_device() == Device::Cuda) launch_router_slots_by_scan(scan, int64_t(G) * E);
-    else
+    if (current_device() == Device::Cuda) {
+      launch_router_warps(scan, int64_t(G) * E, "RouterSlotsByScan (a warp per group and expert)");
+      launch_router_warps(rest, G, "RouterAssignRest (a warp per group)");
+    } else
 #endif
+    {
       for_each_index(int64_t(G) * E, scan, int64_t(S) * k);
-    for_each_index(G, RouterAssignRest<T>{assign});
+      for_each_index(G, rest, int64_t(S) * k * E);
+    }
   } else {
     for_each_index(G, assign);
   }
@@ -170,7 +176,7 @@ void Router<T>::route(const StepContext& ctx, const T* x, int N) {
 }
 
 // The routing's loss terms and totals over tokens and groups, on the device into totals_
-// (RouterGroupTerms, then RouterTotals; read by read_totals). group_stats and top nullptr: expert
+// (RouterGroupTerms, then RouterTotals; the host's copy into take_totals). group_stats and top nullptr: expert
 // choice (no load-balancing loss).
 template <typename T>
 void Router<T>::sum_totals(const int64_t* group_stats, const int* top) {
@@ -202,10 +208,14 @@ void Router<T>::sum_totals(const int64_t* group_stats, const int* top) {
 
 template <typename T>
 void Router<T>::read_totals() {
+  const std::vector<double> totals = download(totals_);
+  take_totals(totals.data());
+}
+
+template <typename T>
+void Router<T>::take_totals(const double* totals) {
   const int E = opt_.num_experts;
   const RouterTotalsLayout at{.E = E, .bins = Routing<T>::kPlacedBins};
-  std::vector<double> totals(totals_.size());
-  download(totals_, 0, totals.size(), totals.data());  // a transfer point: the host reads the routing's totals
   const auto count = [&](int i) { return int64_t(totals[size_t(i)]); };
   r_.load.resize(size_t(E));
   for (int e = 0; e < E; ++e) r_.load[size_t(e)] = count(at.load() + e);

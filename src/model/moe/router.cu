@@ -16,31 +16,33 @@ MESHMOE_CUDA_BODY(meshmoe::RouterTotals)
 
 namespace meshmoe {
 
-// A warp per (group, expert) column of RouterSlotsByScan; every lane of a warp takes the same
-// columns, so the warp's ballots see all 32 lanes.
-template <typename T>
-__global__ void router_slots_by_scan_kernel(RouterSlotsByScan<T> body, int64_t columns) {
+// A warp per index i < count (a (group, expert) column of RouterSlotsByScan, a group of
+// RouterAssignRest); every lane of a warp takes the same indices, so the warp's ballots and
+// shuffles see all 32 lanes.
+template <class Body>
+__global__ void router_warps_kernel(Body body, int64_t count) {
   const int lane = int(threadIdx.x % 32);
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  for (int64_t ge = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; ge < columns; ge += warps)
-    body.warp(ge, lane);
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < count; i += warps) body.warp(i, lane);
 }
 
-template <typename T>
-void launch_router_slots_by_scan(const RouterSlotsByScan<T>& body, int64_t columns) {
-  if (columns <= 0) return;
+template <class Body>
+void launch_router_warps(const Body& body, int64_t count, const char* what) {
+  if (count <= 0) return;
   before_device_work();
   constexpr int kThreads = 256, kWarps = kThreads / 32;
-  const int64_t blocks = std::min<int64_t>((columns + kWarps - 1) / kWarps, int64_t(1) << 16);
+  const int64_t blocks = std::min<int64_t>((count + kWarps - 1) / kWarps, int64_t(1) << 16);
   profiled(
       [&] {
-        router_slots_by_scan_kernel<T><<<unsigned(blocks), kThreads, 0, cuda_stream()>>>(body, columns);
+        router_warps_kernel<Body><<<unsigned(blocks), kThreads, 0, cuda_stream()>>>(body, count);
         cuda_check(cudaGetLastError(), "kernel launch");
       },
-      [] { return "RouterSlotsByScan (a warp per group and expert)"; });
+      [what] { return what; });
 }
 
-template void launch_router_slots_by_scan<float>(const RouterSlotsByScan<float>&, int64_t);
-template void launch_router_slots_by_scan<double>(const RouterSlotsByScan<double>&, int64_t);
+template void launch_router_warps(const RouterSlotsByScan<float>&, int64_t, const char*);
+template void launch_router_warps(const RouterSlotsByScan<double>&, int64_t, const char*);
+template void launch_router_warps(const RouterAssignRest<float>&, int64_t, const char*);
+template void launch_router_warps(const RouterAssignRest<double>&, int64_t, const char*);
 
 }  // namespace meshmoe

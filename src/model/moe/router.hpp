@@ -56,15 +56,18 @@ class Router {
   // prefix.wg [M, E], fan_in M.
   void declare(ParamStore<T>& store, const std::string& prefix);
 
-  // The forward in two parts, so that the MoE layer waits once (it reads the totals at its dispatch
-  // plan's wait): route, x [N, M] -> routing()'s triples and the totals, device work only;
-  // read_totals, a wait, then the host's copy of the totals: routing()'s load and counts, aux_sum
+  // The forward in two parts, so that the totals reach the host with the step's other scalars
+  // (MoeLayer::record_stats, tensor/step_scalars.hpp): route, x [N, M] -> routing()'s triples and
+  // the totals (totals(), device memory), device work only; take_totals(the host's copy of them):
+  // routing()'s load and counts, aux_sum
   // (sum over local groups of the load-balancing loss of moe.aux_loss_form: Switch eq. 4 without
   // alpha, or GShard Algorithm 1 line 13; router_equations.hpp), z_sum (sum over tokens of the
   // z-loss terms logsumexp(logits)^2: each group's in token order, then over the groups) and
   // entropy_sum. N must be a multiple of group_size.
   void route(const StepContext& ctx, const T* x, int N);
-  void read_totals();
+  const Buffer<double>& totals() const { return totals_; }
+  void take_totals(const double* totals);
+  void read_totals();  // take_totals of a copy of totals() (a transfer point: a wait)
   // dgate [N*k] (d loss / d gate of each choice; ignored where not dispatched) -> dx [N, M] (added),
   // wg.g (added). The aux and z terms enter with weights aux_weight and z_weight (the trainer's
   // balance_loss_weight and z_loss_weight, router_equations.hpp).

@@ -295,10 +295,8 @@ struct RouterAssignGroup {
   // choices that holds none of its rerouted choices and has room (the first such expert in the
   // token's sorted order).
   MESHMOE_HD void reroute_dropped(int64_t g) const {
-    int* cnt = count + g * E;
-    int* pos = position + g * E;
-    uint8_t* drop = dropped + g * S * k;
-    int64_t* st = stats + g * at.group_width();
+    const int* pos = position + g * E;
+    const uint8_t* drop = dropped + g * S * k;
     const int n0 = int(g) * S;
     for (int i = 0; i < k; ++i)
       for (int s = 0; s < S; ++s) {
@@ -307,18 +305,29 @@ struct RouterAssignGroup {
         const T* p = probs + int64_t(n) * E;
         int best = -1;
         for (int e = 0; e < E; ++e) {
-          bool taken = pos[e] >= C;
-          for (int i2 = 0; i2 < k; ++i2)
-            taken = taken || top[int64_t(n) * k + i2] == e || expert[int64_t(n) * k + i2] == e;
-          if (taken) continue;
+          if (!reroute_free(pos, n, e)) continue;
           if (best < 0 || router_ranks_before(p, bias, e, best)) best = e;
         }
-        if (best < 0) continue;
-        place(cnt, pos, n, i, best);
-        drop[s * k + i] = 0;
-        st[3] += 1;
-        st[at.group_expert_stat(2, best)] += 1;
+        if (best >= 0) reroute_to(g, s, i, best);
       }
+  }
+
+  // Whether expert e (position counters pos of the token's group) can take a dropped choice of
+  // token n: it has room and is none of the token's k choices nor holds one of its rerouted ones.
+  MESHMOE_HD bool reroute_free(const int* pos, int n, int e) const {
+    if (pos[e] >= C) return false;
+    for (int i2 = 0; i2 < k; ++i2)
+      if (top[int64_t(n) * k + i2] == e || expert[int64_t(n) * k + i2] == e) return false;
+    return true;
+  }
+
+  // Token s's dropped choice i of group g, placed by NTLB at expert e.
+  MESHMOE_HD void reroute_to(int64_t g, int s, int i, int e) const {
+    int64_t* st = stats + g * at.group_width();
+    place(count + g * E, position + g * E, int(g) * S + s, i, e);
+    dropped[g * S * k + int64_t(s) * k + i] = 0;
+    st[3] += 1;
+    st[at.group_expert_stat(2, e)] += 1;
   }
 
   // Group g's dropped choices into its stats: the total and each chosen expert's (both 0 before).
@@ -341,6 +350,15 @@ MESHMOE_HD inline int popcount32(uint32_t x) {
   return __popc(x);
 #else
   return __builtin_popcount(x);
+#endif
+}
+
+// The index of the lowest set bit of a non-zero 32-bit mask, on either side.
+MESHMOE_HD inline int lowest_bit32(uint32_t x) {
+#ifdef __CUDA_ARCH__
+  return __ffs(int(x)) - 1;
+#else
+  return __builtin_ctz(x);
 #endif
 }
 
@@ -445,32 +463,129 @@ struct RouterSlotsByScan {
 #endif
 };
 
-// Group g after RouterSlotsByScan: its wanted and declined totals, NTLB when asked (as
-// RouterAssignGroup, sequential in the group's dropped choices) and its dropped totals.
+// Group g after RouterSlotsByScan: its wanted and declined totals, NTLB when asked and its
+// dropped totals, a warp per group on the GPU (router.cu; operator() is the host's, the lanes one
+// after another). NTLB's dropped choices still go one at a time in RouterAssignGroup's order (each
+// takes room that a later one may want), but they are found 32 tokens at a time (a ballot of the
+// drop flags), and a choice's expert is a reduction over the lanes, lane l ranking the experts
+// e = l (mod 32): the best-ranked free expert under router_ranks_before, a strict total order, is
+// the same whatever order the reduction takes, so the slots are RouterAssignGroup's, bit for bit.
+// (With a NaN probability the order is not total; such a step is not finite and skips its update.)
 template <typename T>
 struct RouterAssignRest {
   RouterAssignGroup<T> a;
-  MESHMOE_HD void operator()(int64_t g) const {
-    const RouterTotalsLayout& at = a.at;
-    int64_t* st = a.stats + g * at.group_width();
-    st[1] = 0;
-    for (int e = 0; e < a.E; ++e) st[1] += st[at.group_expert_stat(0, e)];
-    st[0] = int64_t(a.S) * a.k - st[1];  // every choice is wanted or declined
+  static constexpr int kLanes = 32;
+
+  MESHMOE_HD int64_t* stats(int64_t g) const { return a.stats + g * a.at.group_width(); }
+  // The per-expert counts `which` (RouterTotalsLayout::group_expert_stat) of lane's experts, summed.
+  MESHMOE_HD int64_t lane_expert_sum(int64_t g, int lane, int which) const {
+    int64_t sum = 0;
+    for (int e = lane; e < a.E; e += kLanes) sum += stats(g)[a.at.group_expert_stat(which, e)];
+    return sum;
+  }
+  MESHMOE_HD bool dropped_choice(int64_t g, int s, int i) const {
+    return s < a.S && a.dropped[g * a.S * a.k + int64_t(s) * a.k + i];
+  }
+  // Lane's candidate for a dropped choice of token n: its best-ranked free expert, or -1.
+  MESHMOE_HD int lane_best(int64_t g, int n, int lane) const {
+    const int* pos = a.position + g * a.E;
+    const T* p = a.probs + int64_t(n) * a.E;
+    int best = -1;
+    for (int e = lane; e < a.E; e += kLanes)
+      if (a.reroute_free(pos, n, e) && (best < 0 || router_ranks_before(p, a.bias, e, best))) best = e;
+    return best;
+  }
+  // The better-ranked of two candidates for token n (-1: none).
+  MESHMOE_HD int better(int n, int x, int y) const {
+    if (x < 0 || y < 0) return x < 0 ? y : x;
+    return router_ranks_before(a.probs + int64_t(n) * a.E, a.bias, y, x) ? y : x;
+  }
+  // Lane's share of the dropped choices after NTLB, c = lane, lane + 32, ...: each into its chosen
+  // expert's count (integers: the same in any order); returns how many.
+  MESHMOE_HD int64_t count_lane_dropped(int64_t g, int lane) const {
+    int64_t* st = stats(g);
+    int64_t n = 0;
+    for (int64_t c = lane; c < int64_t(a.S) * a.k; c += kLanes) {
+      if (!a.dropped[g * a.S * a.k + c]) continue;
+      int64_t* to = st + a.at.group_expert_stat(1, a.top[g * a.S * a.k + c]);
+#ifdef __CUDA_ARCH__
+      atomicAdd(reinterpret_cast<unsigned long long*>(to), 1ull);
+#else
+      *to += 1;
+#endif
+      ++n;
+    }
+    return n;
+  }
+  MESHMOE_HD void begin(int64_t g, int64_t declined) const {
+    int64_t* st = stats(g);
+    st[1] = declined;
+    st[0] = int64_t(a.S) * a.k - declined;  // every choice is wanted or declined
     st[2] = st[3] = 0;
+  }
+
+  MESHMOE_HD void operator()(int64_t g) const {
+    int64_t declined = 0, dropped = 0;
+    for (int lane = 0; lane < kLanes; ++lane) declined += lane_expert_sum(g, lane, 0);
+    begin(g, declined);
     if (a.ntlb) {
-      a.reroute_dropped(g);
-      for (int e = 0; e < a.E; ++e) st[at.group_expert_stat(1, e)] = 0;
-      a.count_dropped(g);
+      for (int i = 0; i < a.k; ++i)
+        for (int s0 = 0; s0 < a.S; s0 += kLanes) {
+          uint32_t mask = 0;
+          for (int lane = 0; lane < kLanes; ++lane) mask |= uint32_t(dropped_choice(g, s0 + lane, i)) << lane;
+          for (; mask; mask &= mask - 1) {
+            const int s = s0 + lowest_bit32(mask), n = int(g) * a.S + s;
+            int best = -1;
+            for (int lane = 0; lane < kLanes; ++lane) best = better(n, best, lane_best(g, n, lane));
+            if (best >= 0) a.reroute_to(g, s, i, best);
+          }
+        }
+      for (int e = 0; e < a.E; ++e) stats(g)[a.at.group_expert_stat(1, e)] = 0;
+      for (int lane = 0; lane < kLanes; ++lane) dropped += count_lane_dropped(g, lane);
+    } else {
+      for (int lane = 0; lane < kLanes; ++lane) dropped += lane_expert_sum(g, lane, 1);
+    }
+    stats(g)[2] = dropped;
+  }
+
+#ifdef __CUDACC__
+  __device__ static int64_t warp_sum(int64_t v) {
+    for (int d = kLanes / 2; d > 0; d /= 2) v += __shfl_xor_sync(0xffffffffu, v, d);
+    return v;
+  }
+  // The GPU's body: lane `lane` of the warp that owns group g (router.cu).
+  __device__ void warp(int64_t g, int lane) const {
+    const uint32_t all = 0xffffffffu;
+    const int64_t declined = warp_sum(lane_expert_sum(g, lane, 0));
+    if (lane == 0) begin(g, declined);
+    if (!a.ntlb) {
+      const int64_t dropped = warp_sum(lane_expert_sum(g, lane, 1));
+      if (lane == 0) stats(g)[2] = dropped;
       return;
     }
-    for (int e = 0; e < a.E; ++e) st[2] += st[at.group_expert_stat(1, e)];
+    __syncwarp();  // begin's writes before the reroutes' counts
+    for (int i = 0; i < a.k; ++i)
+      for (int s0 = 0; s0 < a.S; s0 += kLanes)
+        for (uint32_t mask = __ballot_sync(all, dropped_choice(g, s0 + lane, i)); mask; mask &= mask - 1) {
+          const int s = s0 + lowest_bit32(mask), n = int(g) * a.S + s;
+          int best = lane_best(g, n, lane);
+          for (int d = kLanes / 2; d > 0; d /= 2) best = better(n, best, __shfl_xor_sync(all, best, d));
+          if (lane == 0 && best >= 0) a.reroute_to(g, s, i, best);
+          __syncwarp();  // the placement's counters before the next choice's ranking
+        }
+    for (int e = lane; e < a.E; e += kLanes) stats(g)[a.at.group_expert_stat(1, e)] = 0;
+    __syncwarp();
+    const int64_t dropped = warp_sum(count_lane_dropped(g, lane));
+    if (lane == 0) stats(g)[2] = dropped;
   }
+#endif
 };
 
 #ifdef MESHMOE_CUDA
-// RouterSlotsByScan on the GPU, a warp per column (router.cu).
-template <typename T>
-void launch_router_slots_by_scan(const RouterSlotsByScan<T>& body, int64_t columns);
+// RouterSlotsByScan (a warp per group and expert) and RouterAssignRest (a warp per group) on the
+// GPU: `body.warp(i, lane)` for i < count, a warp per i (router.cu).
+template <class Body>
+void launch_router_warps(const Body& body, int64_t count, const char* what);
 #endif
 
 // Expert-choice routing (Zhou et al. 2022, section 3.1), one body per (group g, expert e), index
