@@ -385,6 +385,10 @@ void Parser::cross_checks(DeckUse use) {
     rule({"run.grad_bucket_mb"}, cfg.run.grad_bucket_mb == 0 || cfg.run.grad_bucket_mb >= 1e-4,
          "run.grad_bucket_mb = " + deck::toml_value(cfg.run.grad_bucket_mb) +
              " is too small: either 0 (no overlap) or in [0.0001, 65536] MiB");
+    rule({"run.cuda_graphs", "optim.name"}, !cfg.run.cuda_graphs || o.name == OptimizerKind::AdamW,
+         "run.cuda_graphs = true captures AdamW's update, not optim.name = \"" + std::string(option_name(o.name)) +
+             "\"'s (its sums over the ranks holding a parameter's other blocks run between its launches): set "
+             "optim.name = \"adamw\" or run.cuda_graphs = false");
     rule({"optim.shard_state", "run.grad_bucket_mb"}, !(o.shard_state && cfg.run.grad_bucket_mb > 0),
          "optim.shard_state = true does not combine with run.grad_bucket_mb = " + deck::toml_value(cfg.run.grad_bucket_mb) +
              " (the buckets all-reduce the gradients that sharded state reduce-scatters): set run.grad_bucket_mb = 0");

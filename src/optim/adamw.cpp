@@ -1,6 +1,7 @@
 #include "optim/adamw.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 
@@ -42,30 +43,65 @@ void AdamW::step(ParamStore<float>& store, double lr, int64_t t, double grad_sca
   // operation order, each scalar rounded to float once.
   const double bc1 = 1.0 - std::pow(opt_.beta1, double(t));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(opt_.beta2, double(t)));
-  const float decay = float(1.0 - lr * opt_.weight_decay);
-  const float b1 = float(opt_.beta1), one_m_b1 = float(1.0 - opt_.beta1);
-  const float b2 = float(opt_.beta2), one_m_b2 = float(1.0 - opt_.beta2);
-  const float bc2s = float(bc2_sqrt), eps = float(opt_.eps), neg_step = float(-(lr / bc1));
+  const AdamWStepValues now{.grad_scale = float(grad_scale),
+                            .decay = float(1.0 - lr * opt_.weight_decay),
+                            .bc2s = float(bc2_sqrt),
+                            .neg_step = float(-(lr / bc1))};
+  if (!graphs_) return launch_update(store, now, nullptr);
+  // run.cuda_graphs: the step's values uploaded (in order with the queued work) for the update to
+  // read; the update captured at its first step, launched as a graph at every step.
+  upload(step_values_, &now, 1);
+  const std::array<const void*, 3> store_now{store.weights(), store.grads(), store.weights16()};
+  if (!graph_) {
+    begin_capture();
+    launch_update(store, AdamWStepValues{}, step_values_.data());
+    graph_ = end_capture();
+    graph_store_ = store_now;
+    graph_.uses(store.weights(), store.size() * sizeof(float));
+    graph_.uses(store.grads(), store.size() * sizeof(float));
+    if (store.weights16()) graph_.uses(store.weights16(), store.size() * sizeof(uint16_t));
+    graph_.uses(pieces_.data(), pieces_.size() * sizeof(AdamWPiece));
+    graph_.uses(step_values_.data(), sizeof(AdamWStepValues));
+    for (size_t k = 0; k < m_.size(); ++k) {
+      graph_.uses(m_[k].data(), m_[k].size() * sizeof(float));
+      graph_.uses(v_[k].data(), v_[k].size() * sizeof(float));
+    }
+  }
+  if (store_now != graph_store_) throw std::logic_error("AdamW: the update's graph was captured for another ParamStore");
+  launch(graph_);
+}
+
+bool AdamW::set_update_graph(bool on) {
+  graphs_ = on;
+  graph_ = DeviceGraph();  // captured again at the next step
+  step_values_.resize(on ? 1 : 0);
+  return true;
+}
+
+// The update of every owned parameter, one launch (AdamWUpdatePieces), with the step's values
+// `now`, or those at `step` (device memory) when the launch reads them there.
+void AdamW::launch_update(ParamStore<float>& store, const AdamWStepValues& now, const AdamWStepValues* step) {
   const AdamWUpdateElement scalars{.x = nullptr,
                                    .m = nullptr,
                                    .v = nullptr,
                                    .g = nullptr,
-                                   .grad_scale = float(grad_scale),
-                                   .decay = decay,
-                                   .b1 = b1,
-                                   .one_m_b1 = one_m_b1,
-                                   .b2 = b2,
-                                   .one_m_b2 = one_m_b2,
-                                   .bc2s = bc2s,
-                                   .eps = eps,
-                                   .neg_step = neg_step};
+                                   .grad_scale = now.grad_scale,
+                                   .decay = now.decay,
+                                   .b1 = float(opt_.beta1),
+                                   .one_m_b1 = float(1.0 - opt_.beta1),
+                                   .b2 = float(opt_.beta2),
+                                   .one_m_b2 = float(1.0 - opt_.beta2),
+                                   .bc2s = now.bc2s,
+                                   .eps = float(opt_.eps),
+                                   .neg_step = now.neg_step};
   for_each_row(int64_t(pieces_.size()),
                AdamWUpdatePieces{
                    .pieces = pieces_.data(),
                    .x = store.weights(),
                    .g = store.grads(),
                    .scalars = scalars,
-                   .x16 = store.weights16()},
+                   .x16 = store.weights16(),
+                   .step = step},
                AdamWUpdatePieces::kPiece);
 }
 

@@ -56,6 +56,11 @@ class Optimizer {
   virtual ~Optimizer() = default;
   virtual void step(ParamStore<float>& store, double lr, int64_t t, double grad_scale = 1.0) = 0;
   virtual std::vector<StateTensor> state() = 0;
+  // run.cuda_graphs (tensor/device_graph.hpp): step() captures its update at the first step and
+  // launches it as a device graph from then on, the step's values read from a device Buffer. False
+  // (and nothing changes) where the update is not one static piece of device work (Adafactor: a
+  // parameter split over ranks sums over them, DimReduce's collectives, between its launches).
+  virtual bool set_update_graph(bool on) { return !on; }
 
  protected:
   Optimizer(const ParamStore<float>& store, std::vector<size_t> owned);

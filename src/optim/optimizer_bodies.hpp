@@ -100,6 +100,13 @@ struct AdamWPiece {
   int32_t decayed;      // 1: the parameter takes weight decay
 };
 
+// The values of one AdamW update that change from step to step (AdamWUpdateElement's), which the
+// update reads from a device Buffer written before it, so that a device graph of the update
+// (run.cuda_graphs, tensor/device_graph.hpp) reads each step's own.
+struct AdamWStepValues {
+  float grad_scale, decay, bc2s, neg_step;
+};
+
 // One AdamW update of every owned parameter in one launch (a row body, tensor/launch_rows.hpp):
 // row r is piece r. On the host the piece is AdamWUpdateElement's vector block, on the GPU a warp
 // (adjacent lanes, adjacent elements). Each element gets AdamWUpdateElement's arithmetic: the same
@@ -113,6 +120,9 @@ struct AdamWUpdatePieces {
   const float* g;  // and gradients
   AdamWUpdateElement scalars;  // x, m, v, g and decay set per piece
   uint16_t* x16 = nullptr;
+  // Where set (a device graph of the update), the step's values are read from here, one element in
+  // device memory, instead of taken from `scalars`.
+  const AdamWStepValues* step = nullptr;
   template <class Lanes>
   MESHMOE_HD void operator()(int64_t r, const Lanes& lanes) const {
     const AdamWPiece p = pieces[r];
@@ -121,6 +131,13 @@ struct AdamWUpdatePieces {
     e.g = g + p.flat_offset;
     e.m = p.m;
     e.v = p.v;
+    if (step) {
+      const AdamWStepValues now = *step;
+      e.grad_scale = now.grad_scale;
+      e.decay = now.decay;
+      e.bc2s = now.bc2s;
+      e.neg_step = now.neg_step;
+    }
     if (!p.decayed) e.decay = 1.0f;
     uint16_t* e16 = x16 ? x16 + p.flat_offset : nullptr;
     if constexpr (Lanes::step == 1) {

@@ -210,6 +210,41 @@ Arena* cuda_arena() {
   return arena;
 }
 
+// Device graphs (tensor/device_graph.hpp): stream capture of the rank's stream in thread-local
+// mode (another thread's unsafe CUDA calls stay legal), instantiated once per capture and launched
+// on the same stream. cuBLAS under capture may not allocate its workspace: it gets one of its own
+// before the first capture, of the size cuBLAS takes by default on Hopper (its documentation's
+// 32 MiB), kept for the process's lifetime. The profile's per-launch events are not for graphs.
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+void* g_cublas_workspace = nullptr;
+void cuda_begin_capture() {
+  if (cuda_profiling())
+    throw Error("MESHMOE_DEVICE_PROFILE times every launch with its own events: not with device graphs (run.cuda_graphs)");
+  if (g_cublas && !g_cublas_workspace) {
+    cuda_check(cudaMalloc(&g_cublas_workspace, kCublasWorkspaceBytes), "cudaMalloc (cuBLAS workspace for graphs)");
+    check_cublas(cublasSetWorkspace(g_cublas, g_cublas_workspace, kCublasWorkspaceBytes), "cublasSetWorkspace");
+  }
+  cuda_check(cudaStreamBeginCapture(cuda_stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+}
+void* cuda_end_capture() {
+  cudaGraph_t graph = nullptr;
+  cuda_check(cudaStreamEndCapture(cuda_stream(), &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  cuda_check(e, "cudaGraphInstantiate");
+  return exec;
+}
+void cuda_cancel_capture() {
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(cuda_stream(), &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // an invalidated capture's error is the abandoned capture's
+}
+void cuda_launch_graph(void* graph) {
+  cuda_check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), cuda_stream()), "cudaGraphLaunch");
+}
+void cuda_destroy_graph(void* graph) { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph)); }
+
 const DeviceBackend kCudaBackend = {
     .name = "cuda",
     .device = Device::Cuda,
@@ -222,6 +257,11 @@ const DeviceBackend kCudaBackend = {
     .copy_from_host = cuda_copy_from_host,
     .copy_to_host = cuda_copy_to_host,
     .wait = cuda_wait,
+    .begin_capture = cuda_begin_capture,
+    .end_capture = cuda_end_capture,
+    .cancel_capture = cuda_cancel_capture,
+    .launch_graph = cuda_launch_graph,
+    .destroy_graph = cuda_destroy_graph,
 };
 }  // namespace
 

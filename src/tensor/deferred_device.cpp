@@ -25,8 +25,11 @@ namespace {
 
 // The queued work, and the Buffers' chunks: mapped pages, made inaccessible while device work is
 // queued, and with DeviceAccess::Copies always, but inside the copies to and from the host.
+using WorkItems = std::vector<std::function<void()>>;
 struct DeferredDevice {
-  std::vector<std::function<void()>> queue;
+  WorkItems queue;
+  WorkItems* recording = nullptr;  // a device graph's capture (tensor/device_graph.hpp): work goes here
+  WorkItems& work() { return recording ? *recording : queue; }
   std::vector<std::pair<void*, size_t>> chunks;
   DeviceAccess access = DeviceAccess::AfterWait;
   bool locked = false;  // chunks inaccessible
@@ -136,20 +139,32 @@ Arena* deferred_arena() {
 // before the queued ones and device_synchronize before copy_to_host.
 void queue_host_work(std::function<void()> work) {
   before_device_work();
-  g_deferred.queue.push_back(std::move(work));
+  g_deferred.work().push_back(std::move(work));
 }
 void lock_pages() { g_deferred.lock(true); }
 void queue_zero(void* p, size_t bytes) {
-  g_deferred.queue.push_back([p, bytes] { std::memset(p, 0, bytes); });
+  g_deferred.work().push_back([p, bytes] { std::memset(p, 0, bytes); });
 }
 void queue_copy(void* dst, const void* src, size_t bytes) {
-  g_deferred.queue.push_back([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  g_deferred.work().push_back([dst, src, bytes] { std::memcpy(dst, src, bytes); });
 }
 void queue_copy_from_host(void* device, const void* host, size_t bytes) {
   // From the host's bytes as they are now (cudaMemcpy's semantics).
   auto bytes_now = std::make_shared<std::vector<char>>(static_cast<const char*>(host), static_cast<const char*>(host) + bytes);
   g_deferred.queue.push_back([device, bytes_now] { std::memcpy(device, bytes_now->data(), bytes_now->size()); });
 }
+// Device graphs, CUDA graphs' model: the capture records the work items (each with its arguments
+// as they were then: the closures' copies of the loop bodies and sizes), and a launch queues copies
+// of them, which run at the next wait in order with the rest.
+void begin_recording() { g_deferred.recording = new WorkItems; }
+void* end_recording() { return std::exchange(g_deferred.recording, nullptr); }
+void cancel_recording() { delete std::exchange(g_deferred.recording, nullptr); }
+void queue_recording(void* graph) {
+  const WorkItems& items = *static_cast<const WorkItems*>(graph);
+  g_deferred.queue.insert(g_deferred.queue.end(), items.begin(), items.end());
+}
+void free_recording(void* graph) { delete static_cast<WorkItems*>(graph); }
+
 void copy_to_host_opened(void* host, const void* device, size_t bytes) {
   g_deferred.lock(false);
   std::memcpy(host, device, bytes);
@@ -176,6 +191,11 @@ const DeviceBackend kDeferredBackend = {
     .copy_from_host = queue_copy_from_host,
     .copy_to_host = copy_to_host_opened,
     .wait = run_queue,
+    .begin_capture = begin_recording,
+    .end_capture = end_recording,
+    .cancel_capture = cancel_recording,
+    .launch_graph = queue_recording,
+    .destroy_graph = free_recording,
 };
 
 }  // namespace

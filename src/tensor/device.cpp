@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "tensor/arena.hpp"
+#include "tensor/device_graph.hpp"
 
 namespace meshmoe {
 
@@ -30,6 +31,11 @@ const DeviceBackend kHostBackend = {
     .copy_from_host = host_copy,
     .copy_to_host = host_copy,
     .wait = host_wait,
+    .begin_capture = nullptr,
+    .end_capture = nullptr,
+    .cancel_capture = nullptr,
+    .launch_graph = nullptr,
+    .destroy_graph = nullptr,
 };
 
 void set_device_backend(const DeviceBackend& b) {
@@ -56,6 +62,7 @@ void queue_pending_zero() {
   char* p = g_pending_zero.begin;
   const size_t bytes = size_t(g_pending_zero.end - g_pending_zero.begin);
   g_pending_zero = {};
+  capture_uses(p, bytes);
   device_backend().zero(p, bytes);
 }
 }  // namespace
@@ -74,6 +81,7 @@ void zero_on_device_later_slow(char* p, size_t bytes) {
 }
 
 void device_synchronize() {
+  refuse_in_capture("a host wait (device_synchronize)");
   queue_pending_zero();
   if (!g_work_queued) return;
   g_work_queued = false;
@@ -94,12 +102,15 @@ HostSection::~HostSection() { g_device_backend = saved_; }
 void copy_buffer_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   if (buffers_on_device()) before_device_work();
+  capture_uses(dst, bytes);
+  capture_uses(src, bytes);
   device_backend().copy(dst, src, bytes);
 }
 
 void copy_to_host(void* host, const void* device, size_t bytes) {
   if (bytes == 0) return;
   if (!buffers_on_device()) return device_backend().copy_to_host(host, device, bytes);
+  refuse_in_capture("a copy to the host (a host wait)");
   ++g_host_waits.copies;
   const size_t others = g_host_waits.synchronize;
   device_synchronize();
@@ -109,6 +120,7 @@ void copy_to_host(void* host, const void* device, size_t bytes) {
 
 void copy_from_host(void* device, const void* host, size_t bytes) {
   if (bytes == 0) return;
+  refuse_in_capture("a copy from the host (pinned staging on the GPU)");
   if (buffers_on_device()) before_device_work();
   device_backend().copy_from_host(device, host, bytes);
 }
@@ -165,7 +177,10 @@ void HostStaged::write_back() {
 }
 
 void* buffer_alloc(size_t bytes) {
-  if (const auto arena = device_backend().arena) return arena()->allocate(bytes);  // device memory: no header
+  if (const auto arena = device_backend().arena) {  // device memory: no header
+    refuse_in_capture("a device Buffer allocated (or grown into new storage)");
+    return arena()->allocate(bytes);
+  }
   BlockHeader header{kHostBlock, g_host_arena};
   char* base = nullptr;
   if (header.arena) {
@@ -181,7 +196,10 @@ void* buffer_alloc(size_t bytes) {
 void buffer_free(void* p) noexcept {
   if (!p) return;
   for (int i = 0; i < g_device_arena_count; ++i)
-    if (g_device_arenas[i]->owns(p)) return g_device_arenas[i]->deallocate(p);
+    if (g_device_arenas[i]->owns(p)) {
+      device_block_freed(p);
+      return g_device_arenas[i]->deallocate(p);
+    }
   char* base = static_cast<char*>(p) - kHeader;
   const BlockHeader header = *reinterpret_cast<const BlockHeader*>(base);
   if (header.tag == kArenaBlock) {

@@ -38,6 +38,14 @@ struct DeviceBackend {
   void (*copy_to_host)(void* host, const void* device, size_t bytes);
   // Waits for (or runs) the work queued so far.
   void (*wait)();
+  // Device graphs (tensor/device_graph.hpp; all null where the work runs at once): the work queued
+  // from begin_capture on is recorded instead; end_capture returns the recording (the backend's
+  // graph), cancel_capture drops it, launch_graph queues it again, destroy_graph frees it.
+  void (*begin_capture)();
+  void* (*end_capture)();
+  void (*cancel_capture)();
+  void (*launch_graph)(void* graph);
+  void (*destroy_graph)(void* graph);
 };
 
 extern const DeviceBackend kHostBackend;  // tensor/device.cpp

@@ -29,6 +29,7 @@
 #include "train/evaluate.hpp"
 #include "optim/grad_clip.hpp"
 #include "tensor/device.hpp"
+#include "tensor/device_graph.hpp"
 #include "tensor/step_scalars.hpp"
 #include "run/startup.hpp"
 #include "optim/optimizer.hpp"
@@ -138,6 +139,10 @@ class Trainer {
                                                                                    : mesh_.axis(Axis::Data);
                                   over.all_reduce(buf, n, Op::Sum);
                                 });
+    // run.cuda_graphs: the optimizer's update launched as a device graph (tensor/device_graph.hpp);
+    // on the host's backend nothing is queued, so nothing is captured.
+    if (cfg_.run.cuda_graphs && device_graphs_supported() && optimizer_->set_update_graph(true) && mesh.rank() == 0)
+      std::printf("run.cuda_graphs: the optimizer's update captured at its first step, launched as a device graph\n");
     schedule_ = Schedule::from_config(cfg_);
     batcher_ = std::make_unique<Batcher>(train_, int(cfg_.model.seq_len), uint64_t(cfg_.run.seed), cfg_.data.shuffle,
                                          cfg_.data.temperature, cfg_.model.arch);

@@ -1,5 +1,6 @@
 """Comparison of two training runs' metrics.h5, shared by the test scripts that hold a run on one
-mesh against the single-rank run (train_invariance.sh, bf16_train.sh). Each returns the number of
+mesh against the single-rank run (train_invariance.sh, bf16_train.sh), or a run against the same run
+another way (deferred_device.sh, cuda_graphs.sh: every logged number). Each returns the number of
 mismatches and prints one line per quantity compared, so that a failing script shows all of them.
 Import with sys.path.insert(0, "tests/lib") (the scripts run from the repository root)."""
 import numpy as np
@@ -8,6 +9,23 @@ import numpy as np
 SCALARS = ["loss", "aux_loss", "z_loss", "grad_norm", "eval/loss"]
 # Routing counts are sums of integers over the ranks: equal on every mesh.
 ROUTING_COUNTS = ["dropped_fraction", "rerouted_fraction", "declined_fraction", "capacity", "experts_per_token"]
+
+
+# Names of metrics.h5's datasets that hold timings (or text), which differ between equal runs.
+TIMINGS = ("time", "throughput", "tokens_per_s", "mfu", "deck", "wall", "bubble")
+
+
+def logged_numbers(f, prefix=""):
+    """Every numeric dataset of metrics.h5 (an open h5py file or group) but the timings, by path."""
+    import h5py
+    out = {}
+    for k, v in f.items():
+        name = prefix + k
+        if isinstance(v, h5py.Group):
+            out.update(logged_numbers(v, name + "/"))
+        elif not any(s in name for s in TIMINGS) and v.dtype.kind in "fiub":
+            out[name] = v[()]
+    return out
 
 
 def max_rel_diff(a, b):

@@ -69,18 +69,10 @@ compare() {
   $PYTHON - "$@" <<'PY'
 import sys, h5py, numpy as np
 now, deferred = sys.argv[1], sys.argv[2]
-skip = ("time", "throughput", "tokens_per_s", "mfu", "deck", "wall", "bubble")  # timings
-def walk(f, prefix=""):
-    out = {}
-    for k, v in f.items():
-        name = prefix + k
-        if isinstance(v, h5py.Group):
-            out.update(walk(v, name + "/"))
-        elif not any(s in name for s in skip) and v.dtype.kind in "fiub":
-            out[name] = v[()]
-    return out
+sys.path.insert(0, "tests/lib")
+from compare_runs import logged_numbers
 with h5py.File(f"{now}/metrics.h5") as a, h5py.File(f"{deferred}/metrics.h5") as b:
-    x, y = walk(a), walk(b)
+    x, y = logged_numbers(a), logged_numbers(b)
 assert x.keys() == y.keys(), f"datasets differ: {sorted(set(x) ^ set(y))}"
 if now.split("/")[-1].startswith("bleu"):
     scored = x["eval/chrf_all"][~np.isnan(x["eval/chrf_all"])]
