@@ -88,6 +88,13 @@ DECODE_KEYS=(run.seed=3 model.seq_len=40 model.d_model=32 model.num_heads=4 mode
 EXPORT_KEYS=(model.seq_len=48 model.d_model=32 model.d_ff=64 optim.batch_size=4 optim.lr=1e-2 optim.schedule=constant
              eval.every=0 eval.examples_per_language=5)
 
+# DEVICE_KEYS, the deck of the GPU-path tests on the deferred host device (deferred_device.sh,
+# cuda_graphs.sh): 6 steps of a model of d_model 32 and 4 heads with dropout, evaluation at steps 3
+# and 6 and a checkpoint at step 3 (where their resumed runs start).
+# shellcheck disable=SC2034
+DEVICE_KEYS=(run.steps=6 model.d_model=32 model.num_heads=4 model.d_ff=64 model.dropout=0.1 optim.lr=0.003
+             eval.every=3 eval.batches=2 checkpoint.every=3)
+
 # write_tiny_deck DIR [SECTION.KEY=VALUE...]: DIR/deck.toml, the TINY_DECK with data.path =
 # DIR/data.h5 (tiny_data's) and each SECTION.KEY=VALUE set in order, replacing the key's value or
 # adding the key. VALUE is written as TOML reads it: a number, true, false, quoted text or an array
@@ -127,6 +134,18 @@ train_or_fail() {
   mpirun -np "$np" "$M" train "$T/deck.toml" --set run.out_dir="$T/$name" "$@" >"$T/$name.log" 2>&1 ||
     { cat "$T/$name.log"; fail "run $name failed"; }
 }
+
+# deferred_run NP NAME ACCESS COMMAND [ARG...]: `meshmoe COMMAND $T/deck.toml` on NP ranks into
+# $T/NAME, output to $T/NAME.log, extra arguments after the deck, with
+# MESHMOE_TEST_DEFERRED_DEVICE=ACCESS: 0 the host path, 1 or copies the deferred host device under
+# that access rule (tensor/deferred_device.hpp). A run that fails or passes 300 s shows the end of
+# its log and fails the test. train_deferred NP NAME ACCESS [ARG...]: the same for `meshmoe train`.
+deferred_run() {
+  local np=$1 name=$2 access=$3 command=$4; shift 4
+  MESHMOE_TEST_DEFERRED_DEVICE=$access timeout 300 mpirun -np "$np" "$M" "$command" "$T/deck.toml" \
+    --set run.out_dir="$T/$name" "$@" >"$T/$name.log" 2>&1 || { tail -20 "$T/$name.log"; fail "run $name"; }
+}
+train_deferred() { local np=$1 name=$2 access=$3; shift 3; deferred_run "$np" "$name" "$access" train "$@"; }
 
 # Scripts of many cases (one line each, "ok NAME" or "FAIL NAME: why") set failed=0 n=0 and use:
 ok() { n=$((n + 1)); echo "ok   $1"; }

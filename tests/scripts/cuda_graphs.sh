@@ -17,42 +17,8 @@ source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir cuda-graphs
 tiny_data "$T"
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "graphs"
-steps = 6
-log_every = 1
-seed = 5
-[model]
-seq_len = 16
-d_model = 32
-num_layers = 2
-num_heads = 4
-d_ff = 64
-dropout = 0.1
-[moe]
-num_experts = 4
-every = 0
-group_size = 16
-[optim]
-batch_size = 8
-lr = 0.003
-warmup_steps = 3
-weight_decay = 0.1
-grad_clip = 0.5
-[data]
-path = "$T/data.h5"
-[eval]
-every = 3
-batches = 2
-[checkpoint]
-every = 3
-DECK
-train() {  # ranks dir env overrides...
-  local np=$1 dir=$2 env=$3; shift 3
-  env MESHMOE_TEST_DEFERRED_DEVICE=$env timeout 300 mpirun -np "$np" $M train "$T/deck.toml" \
-    --set run.out_dir="$T/$dir" "$@" >"$T/$dir.log" 2>&1 || { tail -20 "$T/$dir.log"; fail "run $dir"; }
-}
+write_tiny_deck "$T" run.name=graphs "${DEVICE_KEYS[@]}" run.seed=5 moe.every=0 optim.warmup_steps=3 \
+  optim.weight_decay=0.1 optim.grad_clip=0.5
 # compare OFF ON: metrics.h5's numbers bitwise equal, the step lines too with their timings out.
 compare() {
   $PYTHON - "$T/$1" "$T/$2" <<'PY'
@@ -79,16 +45,16 @@ for variant in "dense-fp32:1:" "dense-bf16:1:--set model.precision=bf16" "switch
                "bf16-shard-state:2:--set model.precision=bf16 --set mesh.data=2 --set optim.shard_state=true"; do
   name=${variant%%:*}; rest=${variant#*:}; np=${rest%%:*}; sets=${rest#*:}
   echo "== $name ($np rank(s))"
-  train $np "$name-off" copies $sets
-  train $np "$name-on" copies $sets --set run.cuda_graphs=true
+  train_deferred $np "$name-off" copies $sets
+  train_deferred $np "$name-on" copies $sets --set run.cuda_graphs=true
   grep -q "launched as a device graph" "$T/$name-on.log" || fail "the run with the key does not say so"
   compare "$name-off" "$name-on"
 done
 echo "== dense-fp32 resumed from step 3 with the key; the key on the host path"
 cp -r "$T/dense-fp32-on" "$T/resumed"
 rm -f "$T/resumed/ckpt/step_00000006.h5"; echo step_00000003.h5 > "$T/resumed/ckpt/LATEST"
-train 1 resumed copies --set run.cuda_graphs=true --set run.resume=auto
-train 1 host-on 0 --set run.cuda_graphs=true
+train_deferred 1 resumed copies --set run.cuda_graphs=true --set run.resume=auto
+train_deferred 1 host-on 0 --set run.cuda_graphs=true
 $PYTHON - "$T" <<'PY'
 import sys, h5py
 t = sys.argv[1]

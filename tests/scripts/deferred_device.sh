@@ -4,7 +4,9 @@
 # queued until the next device_synchronize(), and the device Buffers' pages inaccessible while work
 # is queued. A host read or write of a Buffer that does not wait for the device stops the run
 # (SIGSEGV); a wait in the wrong place changes a value. Switch, GShard with Adafactor, dense,
-# expert choice, dropless bf16 with bias balancing, and on 2 ranks data = 2 (all-to-all; sharded
+# expert choice, dropless bf16 with bias balancing, Switch with No-Token-Left-Behind (capacity 3 of
+# a group's 16 tokens per expert, so that choices overflow and are rerouted at every step: its
+# metrics must show it), and on 2 ranks data = 2 (all-to-all; sharded
 # optimizer state with a shared expert), tensor = 2 (index-select experts) and pipe = 2, and in bf16
 # (the layers' bf16 copies of GEMM operands, tensor/blas.hpp, and the weights' bf16 copy that the
 # optimizer writes, model/params.hpp) tensor = 2 with a shared expert, data = 2 with sharded
@@ -28,41 +30,7 @@ test_dir deferred-device
 tiny_data "$T"
 mkdir -p "$T/pairs"
 demo_pairs "$T/pairs" long
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "deferred"
-steps = 6
-log_every = 1
-seed = 9
-[model]
-seq_len = 16
-d_model = 32
-num_layers = 2
-num_heads = 4
-d_ff = 64
-dropout = 0.1
-[moe]
-num_experts = 4
-every = 2
-group_size = 16
-jitter_eps = 0.01
-[optim]
-batch_size = 8
-lr = 0.003
-warmup_steps = 2
-[data]
-path = "$T/data.h5"
-[eval]
-every = 3
-batches = 2
-[checkpoint]
-every = 3
-DECK
-train() {  # ranks dir env overrides...
-  local np=$1 dir=$2 env=$3; shift 3
-  env MESHMOE_TEST_DEFERRED_DEVICE=$env timeout 300 mpirun -np "$np" $M train "$T/deck.toml" \
-    --set run.out_dir="$T/$dir" "$@" >"$T/$dir.log" 2>&1 || { tail -20 "$T/$dir.log"; fail "run $dir"; }
-}
+write_tiny_deck "$T" run.name=deferred "${DEVICE_KEYS[@]}" run.seed=9 moe.jitter_eps=0.01
 # compare NOW DEFERRED [RESUMED]: every logged number of the two runs bitwise equal; the resumed
 # run's final loss the deferred run's.
 compare() {
@@ -74,6 +42,9 @@ from compare_runs import logged_numbers
 with h5py.File(f"{now}/metrics.h5") as a, h5py.File(f"{deferred}/metrics.h5") as b:
     x, y = logged_numbers(a), logged_numbers(b)
 assert x.keys() == y.keys(), f"datasets differ: {sorted(set(x) ^ set(y))}"
+if now.split("/")[-1].startswith("ntlb"):
+    rerouted = [v for k, v in x.items() if k.endswith("/rerouted_fraction")]
+    assert rerouted and all((v > 0).all() for v in rerouted), f"NTLB rerouted no choice at a step: {rerouted}"
 if now.split("/")[-1].startswith("bleu"):
     scored = x["eval/chrf_all"][~np.isnan(x["eval/chrf_all"])]
     assert len(scored) == 2 and scored.max() > 0, f"translation scores of steps 3 and 6: {scored}"
@@ -95,6 +66,7 @@ bleu="--set data.path=$T/pairs/data.h5 --set model.seq_len=48 --set moe.router=t
 for variant in "switch:1:--set moe.router=top1" "gshard:1:--set moe.router=top2 --set optim.name=adafactor" \
                "dense:1:--set moe.every=0" "expert-choice:1:--set moe.router=expert_choice" \
                "dropless-bf16-bias:1:--set moe.dropless=true --set model.precision=bf16 --set moe.balance=bias" \
+               "ntlb:1:--set moe.router=top1 --set moe.no_token_left_behind=true --set moe.capacity_factor_train=0.75" \
                "switch-data2:2:--set moe.router=top1 --set mesh.data=2" \
                "shard-state-shared:2:--set mesh.data=2 --set optim.shard_state=true --set moe.shared_experts=1" \
                "isel-tensor2:2:--set moe.expert_axis=tensor --set mesh.tensor=2" "pipe2:2:--set mesh.pipe=2 --set optim.micro_batches=4" \
@@ -108,25 +80,23 @@ for variant in "switch:1:--set moe.router=top1" "gshard:1:--set moe.router=top2 
   name=${variant%%:*}; rest=${variant#*:}; np=${rest%%:*}; sets=${rest#*:}
   echo "== $name ($np rank(s))"
   access=copies
-  train $np "$name-now" 0 $sets
-  train $np "$name-deferred" $access $sets
+  train_deferred $np "$name-now" 0 $sets
+  train_deferred $np "$name-deferred" $access $sets
   grep -q "deferred as a GPU" "$T/$name-deferred.log" || fail "the deferred run does not say so"
   # The deferred run resumes from its own step-3 checkpoint.
   cp -r "$T/$name-deferred" "$T/$name-resumed"
   rm -f "$T/$name-resumed/ckpt/step_00000006.h5"; echo step_00000003.h5 > "$T/$name-resumed/ckpt/LATEST"
-  train $np "$name-resumed" $access $sets --set run.resume=auto
+  train_deferred $np "$name-resumed" $access $sets --set run.resume=auto
   compare "$T/$name-now" "$T/$name-deferred" "$T/$name-resumed"
 done
 # Distillation (soft targets, the teacher's forward each step): a dense student of the Switch run.
 echo "== distill (1 rank)"
-for env in 0 copies; do
-  env MESHMOE_TEST_DEFERRED_DEVICE=$env timeout 300 mpirun -np 1 $M distill "$T/deck.toml" --set moe.every=0 \
-    --teacher "$T/switch-now" --set run.out_dir="$T/distill-$env" >"$T/distill-$env.log" 2>&1 ||
-    { tail -20 "$T/distill-$env.log"; fail "distill $env"; }
+for access in 0 copies; do
+  deferred_run 1 "distill-$access" $access distill --set moe.every=0 --teacher "$T/switch-now"
 done
 compare "$T/distill-0" "$T/distill-copies"
 echo "== switch under the queue-order rule (=1)"
-train 1 switch-managed 1 --set moe.router=top1
+train_deferred 1 switch-managed 1 --set moe.router=top1
 $PYTHON - "$T" <<'PY'
 import sys, h5py, numpy as np
 with h5py.File(f"{sys.argv[1]}/switch-now/metrics.h5") as a, h5py.File(f"{sys.argv[1]}/switch-managed/metrics.h5") as b:

@@ -60,8 +60,7 @@ DECK
 # waits at most BOUND times (DEVICE = 0: the host path, none).
 check() {
   local name=$1 bound=$2 device=$3 np=$4; shift 4
-  env MESHMOE_TEST_DEFERRED_DEVICE=$device MESHMOE_TEST_HOST_WAITS=1 timeout 300 mpirun -np "$np" $M train \
-    "$T/deck.toml" --set run.out_dir="$T/$name" "$@" >"$T/$name.log" 2>&1 || { tail -20 "$T/$name.log"; fail "run $name"; }
+  MESHMOE_TEST_HOST_WAITS=1 train_deferred "$np" "$name" "$device" "$@"
   $PYTHON - "$T/$name.log" "$name" "$bound" "$np" <<'PY'
 import re, sys
 log, name, bound, np_ = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
