@@ -22,38 +22,8 @@ test_dir ckpt-kill
 RANDOM=20240605  # seeded: the same kill moments (in steps) every time
 STEPS=80
 tiny_data "$T"
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "kill"
-steps = $STEPS
-log_every = 1
-seed = 7
-[model]
-seq_len = 16
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-dropout = 0.1
-[moe]
-num_experts = 4
-every = 2
-router = "top2"
-group_size = 16
-jitter_eps = 0.01
-[optim]
-batch_size = 8
-lr = 0.01
-warmup_steps = 3
-[data]
-path = "$T/data.h5"
-[eval]
-every = 10
-batches = 2
-[checkpoint]
-every = 1
-keep_last = 2
-DECK
+write_tiny_deck "$T" run.name=kill run.steps=$STEPS run.seed=7 model.dropout=0.1 moe.router=top2 moe.jitter_eps=0.01 \
+  optim.lr=0.01 optim.warmup_steps=3 eval.every=10 eval.batches=2 checkpoint.every=1 checkpoint.keep_last=2
 RUN="$T/killed"
 launch() {  # log: starts the job in its own session, in the background; sets $job
   setsid mpirun -np 2 $M train "$T/deck.toml" --set run.out_dir="$RUN" --set mesh.data=2 >"$1" 2>&1 &

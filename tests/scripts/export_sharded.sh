@@ -30,76 +30,14 @@ case_run() {
   $CHECK loss "$T/$name.safetensors" "$T/data.h5" "$T/$name.eval.h5" || fail "$name: PyTorch loss"
 }
 
-cat >"$T/deck.toml" <<EOF
-[run]
-steps = 6
-log_every = 3
-seed = 9
-[model]
-seq_len = 48
-d_model = 32
-num_layers = 2
-num_heads = 2
-d_ff = 64
-[moe]
-num_experts = 4
-router = "top2"
-every = 2
-group_size = 16
-capacity_factor_eval = 0.75
-shared_experts = 1
-no_token_left_behind = true
-balance = "bias"
-bias_update_rate = 0.01
-[optim]
-batch_size = 4
-lr = 1e-2
-warmup_steps = 2
-schedule = "constant"
-[eval]
-every = 0
-batches = 3
-[mesh]
-data = 2
-tensor = 2
-[data]
-path = "$T/data.h5"
-EOF
+write_tiny_deck "$T" run.steps=6 run.log_every=3 run.seed=9 model.seq_len=48 model.d_model=32 model.d_ff=64 \
+  moe.router=top2 moe.capacity_factor_eval=0.75 moe.shared_experts=1 moe.no_token_left_behind=true moe.balance=bias \
+  moe.bias_update_rate=0.01 optim.batch_size=4 optim.lr=1e-2 optim.schedule=constant eval.every=0 eval.batches=3 \
+  mesh.data=2 mesh.tensor=2
 case_run gshard_d2t2 4
 
-cat >"$T/deck.toml" <<EOF
-[run]
-steps = 6
-log_every = 3
-seed = 3
-[model]
-arch = "encdec"
-seq_len = 24
-d_model = 32
-num_layers = 2
-num_heads = 2
-d_ff = 32
-activation = "geglu"
-tied_embeddings = false
-[moe]
-num_experts = 4
-router = "top2"
-every = 2
-group_size = 16
-capacity_factor_eval = 1.0
-[optim]
-batch_size = 4
-micro_batches = 2
-lr = 1e-2
-warmup_steps = 2
-schedule = "constant"
-[eval]
-every = 0
-examples_per_language = 6
-[mesh]
-pipe = 2
-[data]
-path = "$T/data.h5"
-EOF
+write_tiny_deck "$T" run.steps=6 run.log_every=3 run.seed=3 model.arch=encdec model.seq_len=24 model.d_model=32 \
+  model.activation=geglu model.tied_embeddings=false moe.router=top2 moe.capacity_factor_eval=1.0 optim.batch_size=4 \
+  optim.micro_batches=2 optim.lr=1e-2 optim.schedule=constant eval.every=0 eval.examples_per_language=6 mesh.pipe=2
 case_run encdec_p2 2
 echo "PASS export_sharded"

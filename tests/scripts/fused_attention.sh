@@ -16,40 +16,14 @@ source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir fused-attention
 tiny_data "$T"
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "fused"
-steps = 6
-log_every = 1
-seed = 5
-[model]
-seq_len = 40
-d_model = 32
-num_layers = 2
-num_heads = 4
-kv_heads = 2
-position = "rope"
-d_ff = 64
-dropout = 0.1
-[moe]
-num_experts = 4
-every = 2
-group_size = 40
-[optim]
-batch_size = 4
-lr = 0.003
-warmup_steps = 2
-[data]
-path = "$T/data.h5"
-[eval]
-every = 3
-batches = 2
-DECK
+write_tiny_deck "$T" run.name=fused run.steps=6 run.seed=5 model.seq_len=40 model.d_model=32 model.num_heads=4 \
+  model.kv_heads=2 model.position=rope model.d_ff=64 model.dropout=0.1 moe.group_size=40 optim.batch_size=4 optim.lr=0.003 \
+  eval.every=3 eval.batches=2
 for p in fp32 bf16; do
   train_or_fail "plain-$p" 1 --set model.precision=$p
   train_or_fail "fused-$p" 1 --set model.precision=$p --set model.attention_kernel=fused
 done
-MESHMOE_TEST_DEFERRED_DEVICE=copies train_or_fail fused-fp32-deferred 1 --set model.attention_kernel=fused
+train_deferred 1 fused-fp32-deferred copies --set model.attention_kernel=fused
 grep -q "deferred as a GPU" "$T/fused-fp32-deferred.log" || fail "the deferred run does not say so"
 # Bounds: fp32, the kernels sum the attention in other orders (each sum within n 2^-24 of its
 # terms' magnitudes, n <= 40 keys or 32 widths), and the step's loss and gradient agree to about

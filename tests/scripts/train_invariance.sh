@@ -13,39 +13,9 @@ source tests/lib/common.sh
 M=${MESHMOE:-build/meshmoe}
 test_dir invariance
 tiny_data "$T"
-cat > "$T/deck.toml" <<DECK
-[run]
-name = "inv"
-steps = 4
-log_every = 1
-seed = 7
-[model]
-seq_len = 16
-d_model = 16
-num_layers = 2
-num_heads = 2
-d_ff = 32
-dropout = 0.1
-[moe]
-num_experts = 4
-every = 2
-router = "top2"
-second_expert = "random"
-group_size = 16
-capacity_factor_train = 1.0
-jitter_eps = 0.01
-expert_dropout = 0.1
-z_loss_coef = 0.001
-[optim]
-batch_size = 8
-lr = 0.01
-warmup_steps = 2
-[data]
-path = "$T/data.h5"
-[eval]
-every = 2
-batches = 2
-DECK
+write_tiny_deck "$T" run.name=inv run.seed=7 model.dropout=0.1 moe.router=top2 moe.second_expert=random \
+  moe.capacity_factor_train=1.0 moe.jitter_eps=0.01 moe.expert_dropout=0.1 moe.z_loss_coef=0.001 optim.lr=0.01 \
+  eval.every=2 eval.batches=2
 # The matrix: four models on eight meshes (micro_batches = 2 everywhere, so pipe = 2 can run).
 declare -A model=(
   [dense]="--set moe.every=0 --set moe.num_experts=1"
