@@ -71,9 +71,11 @@ void CausalSelfAttention<T>::forward(const StepContext& ctx, const T* x, T* y, i
   T* q = qkv_.data();
   T* k = q + N_A;
   T* v = k + N_A;
-  // q, k, v [N, A_l] = x [N, M] W [M, A_l]; the weights' bf16 copies (ParamView::w16) where the store keeps them
-  uint16_t* room = bf16_copy_room<T>(bf16_, copies_size(N));
-  const uint16_t* x16 = x16_in ? x16_in : rounded_once(x, size_t(N) * M_, room);
+  // q, k, v [N, A_l] = x [N, M] W [M, A_l]; the weights' bf16 copies (ParamView::w16) where the store
+  // keeps them. x's copy is its producer's (the Transformer's ln1), else rounded here: only then does
+  // the forward take room (docs/ARCHITECTURE.md "Precision").
+  const uint16_t* x16 =
+      x16_in ? x16_in : rounded_once(x, size_t(N) * M_, bf16_copy_room<T>(bf16_, size_t(N) * M_));
   matmul(false, false, N, A_l, M_, x, wq.w, q, false, x16, wq.w16);
   if (!shape_.grouped()) {
     matmul(false, false, N, A_l, M_, x, wk.w, k, false, x16, wk.w16);
@@ -168,7 +170,7 @@ void CausalSelfAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx
   if (!fused()) ensure(dp_, size_t(B) * heads_l_ * Tq * Tq);
   copy_from(dy_.data(), dy, size_t(N) * M_);
   dropout_.backward(ctx, dy_.data(), N, M_);
-  uint16_t* room = bf16_copy_room<T>(bf16_, copies_size(N));
+  uint16_t* room = bf16_copy_room<T>(bf16_, backward_copies_size(N, x16 != nullptr));
   // wo.g [A_l, M] += att^T dy; datt [N, A_l] = dy wo^T
   const uint16_t* dy16 = rounded_once(dy_.data(), size_t(N) * M_, room);
   matmul(true, false, A_l, M_, N, att_.data(), dy_.data(), wo.g, true, nullptr, dy16);
@@ -261,15 +263,18 @@ template <typename T>
 void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N, uint16_t* room, const uint16_t* x16_in) {
   const int A_l = A_l_;
   const size_t N_M = size_t(N) * M_, N_A = size_t(N) * A_l;
+  // Copies of x (unless its producer's) and of dq, dk, dv (one span, after x's own), each read by two
+  // or three GEMMs below.
+  const uint16_t* x16 = x16_in ? x16_in : rounded_once(x_.data(), N_M, room);
+  uint16_t* d_room = room && !x16_in ? room + N_M : room;
   if (shape_.grouped()) {
     const int KV_l = shape_.KV_l;
     const size_t N_KV = size_t(N) * KV_l;
     const T* dq = dqkv_.data();
     const T* dk = dkv_.data();
     const T* dv = dk + N_KV;
-    const uint16_t* x16 = x16_in ? x16_in : rounded_once(x_.data(), N_M, room);
-    const uint16_t* dq16 = rounded_once(dq, N_A, room ? room + N_M : nullptr);
-    const uint16_t* dk16 = rounded_once(dk, 2 * N_KV, room ? room + N_M + N_A : nullptr);
+    const uint16_t* dq16 = rounded_once(dq, N_A, d_room);
+    const uint16_t* dk16 = rounded_once(dk, 2 * N_KV, d_room ? d_room + N_A : nullptr);
     const uint16_t* dv16 = dk16 ? dk16 + N_KV : nullptr;
     // The weights' gradients read the sum over tensor of replicated heads (its bf16 rounding done by the GEMM).
     const bool summed = !dkv_sum_.empty() && shape_.kv_replicated() && tensor_allreduce;
@@ -287,9 +292,7 @@ void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N, uint16_t* room
   const T* dq = dqkv_.data();
   const T* dk = dq + N_A;
   const T* dv = dk + N_A;
-  // Copies of x (unless its producer's) and of dq, dk, dv (one span), each read by two or three GEMMs below.
-  const uint16_t* x16 = x16_in ? x16_in : rounded_once(x_.data(), N_M, room);
-  const uint16_t* dq16 = rounded_once(dq, 3 * N_A, room ? room + N_M : nullptr);
+  const uint16_t* dq16 = rounded_once(dq, 3 * N_A, d_room);
   const uint16_t* dk16 = dq16 ? dq16 + N_A : nullptr;
   const uint16_t* dv16 = dk16 ? dk16 + N_A : nullptr;
   // W.g [M, A_l] += x^T dW-input; dx [N, M] += dq wq^T + dk wk^T + dv wv^T
@@ -302,11 +305,12 @@ void CausalSelfAttention<T>::accumulate_input_grads(T* dx, int N, uint16_t* room
                                 dx, N, M_, A_l, tensor_allreduce, sharded(), dxs_);
 }
 
-// The copies' room: x (forward); dy, then x and dq, dk, dv (backward; grouped: dk, dv [N, KV_l]).
+// The backward's room: dy, then x (unless its producer's copy) and dq, dk, dv (grouped: dk, dv
+// [N, KV_l]); the shape table plans the same.
 template <typename T>
-size_t CausalSelfAttention<T>::copies_size(int N) const {
-  if (shape_.grouped()) return size_t(N) * (size_t(M_) + size_t(A_l_) + 2 * size_t(shape_.KV_l));
-  return size_t(N) * (size_t(M_) + 3 * size_t(A_l_));
+size_t CausalSelfAttention<T>::backward_copies_size(int N, bool x_copy_given) const {
+  const size_t grads = shape_.grouped() ? size_t(A_l_) + 2 * size_t(shape_.KV_l) : 3 * size_t(A_l_);
+  return size_t(N) * std::max(size_t(M_), (x_copy_given ? 0 : size_t(M_)) + grads);
 }
 
 template class CausalSelfAttention<float>;

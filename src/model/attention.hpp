@@ -97,7 +97,7 @@ class CausalSelfAttention {
   // grouped: dk, dv [N, A_l] of the repeated heads -> dkv_ [N, KV_l] each (+ their sum over tensor
   // when replicated, in dkv_sum_)
   void sum_kv_grads(int N);
-  size_t copies_size(int N) const;  // bf16_'s room
+  size_t backward_copies_size(int N, bool x_copy_given) const;  // bf16_'s room in the backward
   bool fused() const { return kernel_ == AttentionKernel::Fused; }
   FusedAttentionShape fused_shape(const int32_t* segment, int B) const;
 
@@ -129,7 +129,8 @@ class CausalSelfAttention {
   Buffer<T> dp_;  // dP, then dS, of every (b, h) pair [B, heads_l, T, T]
   Buffer<T> delta_;  // fused: each query row's dO . O [B, heads_l, T]
   // bf16 copies of the operands that several GEMMs read (tensor/blas.hpp bf16_operand_copies), in
-  // one pass at a time [copies_size(N)]
+  // one pass at a time: the forward's copy of x where no producer gave one [N, M], the backward's
+  // [backward_copies_size(N, ...)]
   Buffer<uint16_t> bf16_;
 };
 

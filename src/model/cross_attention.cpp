@@ -45,9 +45,10 @@ void CrossAttention<T>::forward(const StepContext& ctx, const T* x, int Tq, cons
   T* k = kv_.data();
   T* v = k + Nk * A_l;
   // q [N, A_l] = x wq; k, v [B*Tk, A_l] = enc wk, enc wv; the weights' bf16 copies (ParamView::w16)
-  // where the store keeps them
-  uint16_t* room = bf16_copy_room<T>(bf16_, copies_size(N, B));
-  const uint16_t* enc16 = enc16_in ? enc16_in : rounded_once(enc, Nk * M_, room);
+  // where the store keeps them. enc's copy is its producer's (ln_enc on this stage), else rounded
+  // here: only then does the forward take room (docs/ARCHITECTURE.md "Precision").
+  const uint16_t* enc16 =
+      enc16_in ? enc16_in : rounded_once(enc, Nk * M_, bf16_copy_room<T>(bf16_, Nk * M_));
   matmul(false, false, N, A_l, M_, x, wq.w, q_.data(), false, x16, wq.w16);
   matmul(false, false, int(Nk), A_l, M_, enc, wk.w, k, false, enc16, wk.w16);
   matmul(false, false, int(Nk), A_l, M_, enc, wv.w, v, false, enc16, wv.w16);
@@ -74,7 +75,7 @@ void CrossAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx, T* 
   ensure(dp_, size_t(B) * heads_l_ * Tq_ * Tk_);
   copy_from(dy_.data(), dy, size_t(N) * M_);
   dropout_.backward(ctx, dy_.data(), N, M_);
-  uint16_t* room = bf16_copy_room<T>(bf16_, copies_size(N, B));
+  uint16_t* room = bf16_copy_room<T>(bf16_, backward_copies_size(N, B, enc16_in != nullptr));
   // wo.g [A_l, M] += att^T dy; datt [N, A_l] = dy wo^T
   const uint16_t* dy16 = rounded_once(dy_.data(), size_t(N) * M_, room);
   matmul(true, false, A_l, M_, N, att_.data(), dy_.data(), wo.g, true, nullptr, dy16);
@@ -91,7 +92,7 @@ void CrossAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx, T* 
   const size_t NkA = size_t(Nk) * A_l, NkM = size_t(Nk) * M_;
   const uint16_t* dq16 = rounded_once(dq_.data(), N_A, room);
   const uint16_t* enc16 = enc16_in ? enc16_in : rounded_once(enc_.data(), NkM, room ? room + N_A : nullptr);
-  const uint16_t* dk16 = rounded_once(dkv_.data(), 2 * NkA, room ? room + N_A + NkM : nullptr);
+  const uint16_t* dk16 = rounded_once(dkv_.data(), 2 * NkA, room ? room + N_A + (enc16_in ? 0 : NkM) : nullptr);
   const uint16_t* dv16 = dk16 ? dk16 + NkA : nullptr;
   // wq.g += x^T dq; wk.g, wv.g += enc^T dk, enc^T dv
   matmul(true, false, M_, A_l, N, x_.data(), dq_.data(), wq.g, true, x16, dq16);
@@ -105,11 +106,12 @@ void CrossAttention<T>::backward(const StepContext& ctx, const T* dy, T* dx, T* 
                                 denc, Nk, M_, A_l, tensor_allreduce, sharded(), dxs_);
 }
 
-// The copies' room: enc (forward); dy, then dq, enc and dk, dv (backward).
+// The backward's room: dy, then dq, enc (unless its producer's copy) and dk, dv; the shape table
+// plans the same.
 template <typename T>
-size_t CrossAttention<T>::copies_size(int N, int B) const {
+size_t CrossAttention<T>::backward_copies_size(int N, int B, bool enc_copy_given) const {
   const size_t Nk = size_t(B) * Tk_;
-  return std::max(size_t(N) * M_, size_t(N) * A_l_ + Nk * (M_ + 2 * size_t(A_l_)));
+  return std::max(size_t(N) * M_, size_t(N) * A_l_ + Nk * ((enc_copy_given ? 0 : M_) + 2 * size_t(A_l_)));
 }
 
 template class CrossAttention<float>;

@@ -61,7 +61,7 @@ class CrossAttention {
   bool sharded() const { return heads_l_ != heads_; }
 
  private:
-  size_t copies_size(int N, int B) const;  // bf16_'s room
+  size_t backward_copies_size(int N, int B, bool enc_copy_given) const;  // bf16_'s room in the backward
 
   int M_, heads_, D_, h0_, heads_l_, A_l_;  // M, heads, D, head0, heads_l, A_l (layer_shapes.hpp)
   int Tq_ = 0, Tk_ = 0;
@@ -76,7 +76,8 @@ class CrossAttention {
   // backward scratch
   Buffer<T> dy_, datt_, dq_, dkv_, dp_, dxs_;
   // bf16 copies of the operands that several GEMMs read (tensor/blas.hpp bf16_operand_copies), in
-  // one pass at a time [copies_size(N, B)]
+  // one pass at a time: the forward's copy of enc where no producer gave one [B*Tk, M], the
+  // backward's [backward_copies_size(N, B, ...)]
   Buffer<uint16_t> bf16_;
 };
 

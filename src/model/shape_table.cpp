@@ -165,6 +165,9 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
   const bool bf16_copies = plans_bf16_copies(cfg);
   using K = BufferKind;
   const bool fused = cfg.model.attention_kernel == AttentionKernel::Fused;  // self-attention without [T, T] buffers
+  // The cross-attentions read ln_enc's output copy where ln_enc is this stage's (Transformer::encoder_output16).
+  const bool enc_copy_here =
+      std::any_of(layers_.begin(), layers_.end(), [](const LayerShapes& l) { return l.prefix == "ln_enc"; });
   for (LayerShapes& l : layers_) {
     auto buf = [&](const char* name, const char* letters, std::vector<int64_t> dims, size_t elem, K kind = K::Saved) {
       l.buffers.push_back(
@@ -233,9 +236,13 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         if (fused) buf("row dO . O", "[B, heads_l, T]", {B, heads_l, T}, f32, K::Scratch);
         else buf("dP", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32, K::Scratch);
         if (s.attn.sharded()) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
+        // the backward's copies of dy, then of dq, dk, dv (x's is ln1's output copy: the forward
+        // rounds nothing of its own)
         if (bf16_copies && s.attn.grouped())
-          buf("x, dq, dk, dv, bf16", "[N, M + A_l + 2 KV_l]", {N, M + A_l + 2 * s.attn.KV_l}, u16, K::Scratch);
-        else if (bf16_copies) buf("x, dq, dk, dv, bf16", "[N, M + 3 A_l]", {N, M + 3 * A_l}, u16, K::Scratch);
+          buf("dy | dq, dk, dv, bf16", "[N, max(M, A_l + 2 KV_l)]", {N, std::max(M, A_l + 2 * s.attn.KV_l)}, u16,
+              K::Scratch);
+        else if (bf16_copies)
+          buf("dy | dq, dk, dv, bf16", "[N, max(M, 3 A_l)]", {N, std::max(M, 3 * A_l)}, u16, K::Scratch);
         if (bf16_copies && !fused && l.block >= s.encoder_layers) {  // causal: not the encoder's
           buf("softmax probabilities, bf16", "[B, heads_l, T, T]", {B, heads_l, T, T}, u16);
           buf("dS, bf16", "[B, heads_l, T, T]", {B, heads_l, T, T}, u16, K::Scratch);
@@ -251,7 +258,15 @@ void ShapeTable::add_buffers(const Config& cfg, const MeshShape& mesh) {
         buf("datt, dq, dk, dv", "4 x [N, A_l]", {4, N, A_l}, f32, K::Scratch);
         buf("dP", "[B, heads_l, T, T]", {B, heads_l, T, T}, f32, K::Scratch);
         if (s.attn.sharded()) buf("partial dx", "[N, M]", {N, M}, f32, K::Scratch);
-        if (bf16_copies) buf("encoder output, dq, dk, dv, bf16", "[N, M + 3 A_l]", {N, M + 3 * A_l}, u16, K::Scratch);
+        // the backward's copies of dy, then of dq, dk, dv; of the encoder output too where ln_enc's
+        // output copy is another stage's: then the forward rounds it into the same room, which the
+        // backward grows
+        if (bf16_copies && enc_copy_here)
+          buf("dy | dq, dk, dv, bf16", "[N, max(M, 3 A_l)]", {N, std::max(M, 3 * A_l)}, u16, K::Scratch);
+        if (bf16_copies && !enc_copy_here) {
+          buf("encoder output, bf16", "[N, M]", {N, M}, u16, K::ForwardOnly);
+          buf("dq, dk, dv, bf16", "[N, 3 A_l]", {N, 3 * A_l}, u16, K::Scratch);
+        }
         break;
       case LayerKind::DenseFfn:
         ffn_buffers(s.ffn, dropout, s.ffn.sharded());

@@ -198,6 +198,7 @@ class Transformer {
   // The layers around the blocks, for incremental decoding (src/decode/cached_model.hpp).
   Embedding<T>& embedding() { return emb_; }
   LayerNorm<T>& final_norm() { return lnf_; }
+  const LayerNorm<T>& encoder_norm() const { return lne_; }  // encdec: ln_enc (tests: its output copy)
   OutputHead<T>& output_head() { return head_; }
   const CrossEntropy<T>& loss() const { return ce_; }
   // Logits [N, V] of the last forward; backward overwrites them with dlogits (or, with

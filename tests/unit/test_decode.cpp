@@ -17,9 +17,11 @@
 #include <random>
 
 #include "decode/cached_model.hpp"
+#include "decode/decoder.hpp"
 #include "decode_test_util.hpp"
 #include "mesh/mesh.hpp"
 #include "parallel/pipeline_executor.hpp"
+#include "run/decode_bytes.hpp"
 #include "../test_util.hpp"
 
 using namespace meshmoe;
@@ -240,6 +242,54 @@ TEST_CASE("decode: with moe.decode_capacity = eval a step's group has capacity_f
   REQUIRE(st.wanted == 4);
   REQUIRE(st.dropped == 4 - placed);
   REQUIRE(st.dropped > 0);
+}
+
+TEST_CASE("decode: decoding keeps no bf16 copies of the norms' outputs, as the decode memory plan counts none",
+          "[decode][memory][bf16][deferred]") {
+  // On a bf16 GPU run the norms whose outputs GEMMs read keep bf16 copies in training
+  // (LayerNorm::output16; the memory plan's "output, bf16"), but decoding never runs on the device:
+  // generate and translate refuse run.device = "cuda" (check_decodable), and the translation scores
+  // of a GPU run decode with the model's host copy in a HostSection (Trainer), whose Buffers are the
+  // host's, where the layers keep no copies. So decode_memory_bytes counts none: with bf16 GEMMs on
+  // a GPU it equals the fp32 bound, and the norms of the host copy hold no copy after a prefill of S
+  // streams of P tokens and a step (the deferred host device takes the GPU's side around it, as
+  // in the trainer). Dense and GShard top-2, decoder-only and encdec (ln_enc, ln_cross too).
+  const int V = 23, S = 3, P = 5;
+  const DecodeShape shape{S, 1, 2, P};
+  for (const bool encdec : {false, true})
+    for (const std::string ffn : {"dense", "top2"}) {
+      INFO(ffn << (encdec ? ", encdec" : ""));
+      Config cfg = arch_config(ffn, encdec);
+      cfg.model.precision = Precision::Bf16;
+      cfg.run.device = Device::Cuda;
+      CHECK_THROWS_AS(check_decodable(cfg), InputError);
+      Config fp32 = cfg;
+      fp32.model.precision = Precision::Fp32;
+      CHECK(decode_memory_bytes(cfg, V, shape) == decode_memory_bytes(fp32, V, shape));
+
+      const test::GemmPrecisionScope bf16(Precision::Bf16);
+      test::DeferredHostDevice device;
+      REQUIRE(bf16_operand_copies<float>());  // the training model's side
+      const HostSection host;
+      Transformer<float> model(cfg, V);
+      model.init(7, 1.0);
+      std::vector<std::vector<int32_t>> prompts(S);
+      for (int s = 0; s < S; ++s)
+        for (int t = 0; t < P; ++t) prompts[size_t(s)].push_back(int32_t((5 * s + 3 * t + 1) % V));
+      CachedModel<float> cached(model);
+      if (encdec) cached.encode(prompts);
+      cached.reset(S, P + 1);
+      std::vector<int> last_row;
+      cached.prefill(prompts, last_row);
+      std::vector<int32_t> tokens(S, 2), stream, position(S, P);
+      for (int s = 0; s < S; ++s) stream.push_back(s);
+      cached.step(tokens.data(), {S, stream.data(), position.data()});
+      device_synchronize();
+      size_t held = model.final_norm().output16_bytes() + model.encoder_norm().output16_bytes();
+      for (auto& b : model.blocks())
+        held += b.ln1.output16_bytes() + b.ln2.output16_bytes() + (b.ln_cross ? b.ln_cross->output16_bytes() : 0);
+      CHECK(held == 0);
+    }
 }
 
 TEST_CASE("decode: a full cache stream is an error, not an overwrite", "[decode]") {

@@ -284,33 +284,59 @@ TEST_CASE("memory plan: the weights' bf16 copy with bf16 GEMMs on a GPU, 2 bytes
 TEST_CASE("memory plan: the layers' bf16 copies with bf16 GEMMs on a GPU, as the deferred device allocates them",
           "[memory][bf16][deferred]") {
   // Where the layers keep bf16 copies (plans_bf16_copies; the deferred host device takes the GPU's
-  // side and allocates them in its arena, which measure_memory then measures), the copies' bytes:
-  // the plan's activations and workspace with bf16 GEMMs less those with fp32 GEMMs, against the
-  // same difference of the first forward's and backward's arena growth. Exactly: the copies are
-  // Buffers of the arena, which rounds a block to 256 bytes, and each copy of this deck is a
-  // multiple of it (the feed-forwards' h and dy|dpre, attention's, the dispatch gather's copy of the
-  // experts' input, the experts' x|h and dy|dpre). The sum of the two, as the attention allocates its
-  // x|dq|dk|dv copy (planned as backward scratch) in the forward already. One rank, and tensor = 2
-  // (the experts' hidden units split); the all-to-all's expert-side copy is the shape table's ("shape
-  // table: the bf16 copies ..."): the stand-in Comms copy device memory as host memory.
+  // side and allocates them in its arena, which measure_memory then measures), the copies' bytes of
+  // each phase: the plan's activations with bf16 GEMMs less those with fp32 GEMMs against the same
+  // difference of the first forward's arena growth, and the plan's backward workspace against the
+  // first backward's. Exactly: the copies are Buffers of the arena, which rounds a block to 256
+  // bytes, and each copy of these decks is a multiple of it (the norms' outputs, the feed-forwards'
+  // h and dy|dpre, attention's and cross-attention's backward copies, the dispatch gather's copy of
+  // the experts' input, the experts' x|h and dy|dpre). MoE on one rank and tensor = 2 (the experts'
+  // hidden units split); dense with dropout, tensor = 2; grouped key/value heads; the fused attention
+  // kernel; encdec on one rank and every stage of pipe = 4, whose last stage's cross-attentions round
+  // the encoder output themselves (ln_enc is the stage before's). The all-to-all's expert-side copy
+  // is the shape table's ("shape table: the bf16 copies ..."): the stand-in Comms copy device memory
+  // as host memory.
   const int V = 50;
   test::DeferredHostDevice device;
-  for (const MeshShape mesh : {MeshShape{1, 1, 1}, MeshShape{1, 1, 2}}) {
-    INFO("mesh " << mesh.str());
-    int64_t planned[2], measured[2];
+  struct Case {
+    const char* what;
+    Config cfg;
+    MeshShape mesh;
+    RankCoords at;
+  };
+  Config grouped = dense_config(), fused = dense_config(), encdec = dense_config();
+  grouped.model.kv_heads = 2;
+  fused.model.attention_kernel = AttentionKernel::Fused;
+  encdec.model.arch = ModelArch::EncDec;
+  std::vector<Case> cases{{"moe", moe_config(), {1, 1, 1}, {}},
+                          {"moe", moe_config(), {1, 1, 2}, {}},
+                          {"dense", dense_config(), {1, 1, 1}, {}},
+                          {"dense", dense_config(), {1, 1, 2}, {0, 0, 1}},
+                          {"grouped", grouped, {1, 1, 2}, {}},
+                          {"fused attention", fused, {1, 1, 1}, {}},
+                          {"encdec", encdec, {1, 1, 1}, {}}};
+  for (int stage = 0; stage < 4; ++stage) cases.push_back({"encdec", encdec, {4, 1, 1}, {stage, 0, 0}});
+  for (const Case& c : cases) {
+    INFO(c.what << " on mesh " << c.mesh.str() << " at pipe " << c.at.pipe << " tensor " << c.at.tensor);
+    int64_t forward[2], backward[2], activations[2], workspace[2];
     for (const Precision p : {Precision::Fp32, Precision::Bf16}) {
-      Config cfg = moe_config();
+      Config cfg = c.cfg;
       cfg.model.precision = p;
       cfg.run.device = Device::Cuda;
       const test::GemmPrecisionScope scope(p);
-      const MemoryPlan plan = plan_memory(cfg, V, mesh, 0, 0, 0);
-      const test::MemoryMeasured m = test::measure_memory(cfg, V, mesh, 0, 0, 0);
-      planned[int(p == Precision::Bf16)] = int64_t(plan.activation_bytes + plan.workspace_bytes);
-      measured[int(p == Precision::Bf16)] = m.forward_heap + m.backward_heap;
+      const MemoryPlan plan = plan_memory(cfg, V, c.mesh, c.at.pipe, c.at.data, c.at.tensor);
+      const test::MemoryMeasured m = test::measure_memory(cfg, V, c.mesh, c.at.pipe, c.at.data, c.at.tensor);
+      const int bf16 = int(p == Precision::Bf16);
+      activations[bf16] = int64_t(plan.activation_bytes), workspace[bf16] = int64_t(plan.workspace_bytes);
+      forward[bf16] = m.forward_heap, backward[bf16] = m.backward_heap;
     }
-    INFO("copies planned " << planned[1] - planned[0] << " B, allocated " << measured[1] - measured[0] << " B");
-    CHECK(planned[1] > planned[0]);
-    CHECK(planned[1] - planned[0] == measured[1] - measured[0]);
+    INFO("forward copies planned " << activations[1] - activations[0] << " B, allocated " << forward[1] - forward[0]
+                                   << " B; backward copies planned " << workspace[1] - workspace[0] << " B, allocated "
+                                   << backward[1] - backward[0] << " B");
+    CHECK(activations[1] > activations[0]);
+    CHECK(workspace[1] > workspace[0]);
+    CHECK(activations[1] - activations[0] == forward[1] - forward[0]);
+    CHECK(workspace[1] - workspace[0] == backward[1] - backward[0]);
   }
 }
 

@@ -180,8 +180,10 @@ TEST_CASE("shape table: the fused attention keeps no [B, heads_l, T, T] buffer",
 }
 
 // The layers' bf16 copies of GEMM operands (tensor/blas.hpp bf16_operand_copies) are planned exactly
-// where the layers keep them: bf16 GEMMs on a GPU. Every self-attention keeps x, dq, dk, dv (scratch,
-// [N, M + 3 A_l]), every cross-attention the encoder output, dq, dk, dv (alike); the causal
+// where the layers keep them: bf16 GEMMs on a GPU. Every self-attention keeps dy, then dq, dk, dv
+// (scratch, [N, max(M, 3 A_l)]: its x's copy is ln1's), every cross-attention alike where ln_enc is
+// on its stage (its output copy is the encoder output's), else also the encoder output's copy (forward
+// only, [N, M]) that the scratch then follows (dq, dk, dv: [N, 3 A_l]); the causal
 // self-attentions (decoder-only blocks and the decoder of encdec, not the encoder's bidirectional
 // one) also P (saved for the backward) and dS (scratch), 2 bytes x [B, heads_l, T, T]; every
 // feed-forward, dense or shared expert, its activation's output h (saved, [N, H_l]) and dy then
@@ -224,7 +226,7 @@ TEST_CASE("shape table: the bf16 copies of GEMM operands on a GPU", "[shapes]") 
       REQUIRE(found.count(b + ".attn") == 1);
       const auto& attn = found.at(b + ".attn");
       REQUIRE(attn.size() == (i < encoder_layers ? 1 : 3));
-      CHECK(attn[0].dims == std::vector<int64_t>{N, 16 + 3 * 8});
+      CHECK(attn[0].dims == std::vector<int64_t>{N, 3 * 8});
       CHECK(attn[0].kind == BufferKind::Scratch);
       if (i >= encoder_layers) {
         for (size_t j : {1, 2}) CHECK(attn[j].dims == std::vector<int64_t>{B, 2, T, T});
@@ -234,7 +236,8 @@ TEST_CASE("shape table: the bf16 copies of GEMM operands on a GPU", "[shapes]") 
       if (encdec && i >= encoder_layers) {
         REQUIRE(found.count(b + ".cross") == 1);
         REQUIRE(found.at(b + ".cross").size() == 1);
-        CHECK(found.at(b + ".cross")[0].dims == std::vector<int64_t>{N, 16 + 3 * 8});
+        CHECK(found.at(b + ".cross")[0].dims == std::vector<int64_t>{N, 3 * 8});
+        CHECK(found.at(b + ".cross")[0].kind == BufferKind::Scratch);
         ++with_copies;
       }
       const bool dense = layers.count(b + ".mlp") == 1;
@@ -299,4 +302,44 @@ TEST_CASE("shape table: the bf16 copies of GEMM operands on a GPU", "[shapes]") 
         ++dispatchers;
       }
   CHECK(dispatchers == 2);  // blocks 1 and 3
+
+  // tensor = 4: A_l = 4, and the attentions' scratch holds dy [N, M] first, the wider (N = 32).
+  c.model.arch = ModelArch::EncDec;
+  int scratches = 0;
+  const ShapeTable quarter(c, 50, MeshShape{1, 1, 4}, {}, true);
+  for (const LayerShapes& l : quarter.layers())
+    for (const BufferShape& b : l.buffers)
+      if ((l.kind == LayerKind::Attention || l.kind == LayerKind::CrossAttention) && b.elem_bytes == 2 &&
+          std::string(b.name) == "dy | dq, dk, dv, bf16") {
+        CHECK(b.dims == std::vector<int64_t>{32, 16});
+        ++scratches;
+      }
+  CHECK(scratches == 8 + 4);  // every block's self-attention, the decoder's cross-attentions
+  // pipe = 4 (2 of the 8 blocks a stage, A_l = 16): ln_enc is stage 2's, whose cross-attentions read
+  // its copy; stage 3's round the encoder output themselves in the forward.
+  for (const int stage : {2, 3}) {
+    INFO("stage " << stage);
+    const ShapeTable staged(c, 50, MeshShape{4, 1, 1}, {stage, 0, 0}, true);
+    const int64_t N = staged.letters().N;
+    int crosses = 0;
+    for (const LayerShapes& l : staged.layers()) {
+      if (l.kind != LayerKind::CrossAttention) continue;
+      std::vector<BufferShape> copies;
+      for (const BufferShape& b : l.buffers)
+        if (b.elem_bytes == 2) copies.push_back(b);
+      ++crosses;
+      if (stage == 2) {
+        REQUIRE(copies.size() == 1);
+        CHECK(copies[0].dims == std::vector<int64_t>{N, 3 * 16});
+        CHECK(copies[0].kind == BufferKind::Scratch);
+      } else {
+        REQUIRE(copies.size() == 2);
+        CHECK(copies[0].dims == std::vector<int64_t>{N, 16});
+        CHECK(copies[0].kind == BufferKind::ForwardOnly);
+        CHECK(copies[1].dims == std::vector<int64_t>{N, 3 * 16});
+        CHECK(copies[1].kind == BufferKind::Scratch);
+      }
+    }
+    CHECK(crosses == 2);
+  }
 }
